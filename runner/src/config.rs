@@ -1,0 +1,252 @@
+//! Configuration: the only reader of command-line flags and `EGGTIMER_*` environment variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// eggtimer: a durable, millisecond-precise delayed-task runner with WebAssembly plugins.
+#[derive(Parser, Debug)]
+#[command(name = "eggtimer", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Flags of `serve` (the default command).
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the runner: admin API, pollers, executor (the default).
+    Serve,
+    /// Manage plugins on a running eggtimer over its HTTP API.
+    Plugin {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: PluginCmd,
+    },
+    /// Manage tasks on a running eggtimer over its HTTP API.
+    Task {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: TaskCmd,
+    },
+    /// Act on all tasks of an owner.
+    Owner {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: OwnerCmd,
+    },
+    /// The dead-letter set.
+    Dead {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: DeadCmd,
+    },
+}
+
+/// Where the runner's API is.
+#[derive(Args, Debug, Clone)]
+pub struct RemoteArgs {
+    /// Base URL of the runner's HTTP API.
+    #[arg(long, env = "EGGTIMER_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "EGGTIMER_TOKEN")]
+    pub token: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PluginCmd {
+    /// Upload a plugin (a .wasm component).
+    Push { name: String, file: PathBuf },
+    /// List plugins with their current versions.
+    List,
+    /// Show a plugin and its history.
+    Get { name: String },
+    /// Go back to the previous version.
+    Rollback { name: String },
+    /// Delete a plugin.
+    Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCmd {
+    /// Schedule a task.
+    Add {
+        plugin: String,
+        /// The payload (JSON).
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// When: ms since the epoch.
+        #[arg(long, conflicts_with = "r#in")]
+        at: Option<i64>,
+        /// When: a delay from now, e.g. 30m, 2h, 500ms.
+        #[arg(long = "in")]
+        r#in: Option<String>,
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        max_attempts: Option<u32>,
+    },
+    /// Show a task.
+    Get { id: String },
+    /// Cancel a task.
+    Cancel { id: String },
+    /// Run a task now.
+    Run { id: String },
+    /// Move a task: to a time (--at) or by a signed duration (--by -2h).
+    Move {
+        id: String,
+        #[arg(long, conflicts_with = "by")]
+        at: Option<i64>,
+        #[arg(long, allow_hyphen_values = true)]
+        by: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OwnerCmd {
+    /// Move all scheduled tasks of an owner by a signed duration (--by -2h).
+    Shift {
+        owner: String,
+        #[arg(long, allow_hyphen_values = true)]
+        by: String,
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+    /// List an owner's scheduled tasks.
+    List { owner: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DeadCmd {
+    /// List dead tasks.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Put a dead task back (due now).
+    Retry { id: String },
+    /// Drop a dead task.
+    Drop { id: String },
+}
+
+/// Flags of `eggtimer serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address of the HTTP API.
+    #[arg(long, env = "EGGTIMER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Redis URL (redis://host:port, or redis+cluster://host:port,host:port). None: start a
+    /// private redis-server with append-only persistence under --data-dir.
+    #[arg(long, env = "EGGTIMER_REDIS")]
+    pub redis: Option<String>,
+    /// Data directory of the private redis-server.
+    #[arg(long, env = "EGGTIMER_DATA_DIR", default_value = "./eggtimer-data")]
+    pub data_dir: PathBuf,
+    /// fsync policy of the private redis-server's append-only file (always | everysec).
+    #[arg(long, env = "EGGTIMER_REDIS_FSYNC", default_value = "everysec")]
+    pub redis_fsync: String,
+    /// Namespace: runners with the same namespace share tasks and plugins.
+    #[arg(long, env = "EGGTIMER_NAMESPACE", default_value = "eggtimer")]
+    pub namespace: String,
+    /// Number of shards (fixed per namespace once chosen).
+    #[arg(long, env = "EGGTIMER_SHARDS", default_value_t = 16)]
+    pub shards: u32,
+    /// Load every *.wasm in this directory at start (file stem = plugin name).
+    #[arg(long, env = "EGGTIMER_PLUGINS_DIR")]
+    pub plugins_dir: Option<PathBuf>,
+    /// Bearer token required by every /v1 route.
+    #[arg(long, env = "EGGTIMER_TOKEN")]
+    pub token: Option<String>,
+    /// How long done tasks stay readable.
+    #[arg(long, env = "EGGTIMER_KEEP_DONE", default_value = "10m", value_parser = parse_duration)]
+    pub keep_done: Duration,
+    /// Largest task payload (bytes).
+    #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
+    pub max_payload_bytes: usize,
+    /// Largest plugin binary (bytes).
+    #[arg(long, env = "EGGTIMER_MAX_PLUGIN_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_plugin_bytes: usize,
+    /// Lease of a claimed task: a task whose runner died runs again after this.
+    #[arg(long, env = "EGGTIMER_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Longest a poller sleeps without asking Redis (covers a lost wake-up).
+    #[arg(long, env = "EGGTIMER_FALLBACK_POLL", default_value = "2s", value_parser = parse_duration)]
+    pub fallback_poll: Duration,
+    /// Tasks run at once (default: 2 × cores).
+    #[arg(long, env = "EGGTIMER_WORKERS")]
+    pub workers: Option<usize>,
+    /// Tasks claimed and not yet finished, per runner.
+    #[arg(long, env = "EGGTIMER_MAX_INFLIGHT", default_value_t = 2048)]
+    pub max_inflight: usize,
+    /// Most tasks one claim takes.
+    #[arg(long, env = "EGGTIMER_CLAIM_BATCH", default_value_t = 256)]
+    pub claim_batch: usize,
+    /// First retry delay of a failed task (doubles per attempt, with jitter).
+    #[arg(long, env = "EGGTIMER_RETRY_BASE", default_value = "1s", value_parser = parse_duration)]
+    pub retry_base: Duration,
+    /// Longest retry delay.
+    #[arg(long, env = "EGGTIMER_RETRY_CAP", default_value = "1h", value_parser = parse_duration)]
+    pub retry_cap: Duration,
+    /// Time limit of one plugin call.
+    #[arg(long, env = "EGGTIMER_PLUGIN_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub plugin_timeout: Duration,
+    /// Memory cap of one plugin instance (bytes).
+    #[arg(long, env = "EGGTIMER_PLUGIN_MEMORY", default_value_t = 64 * 1024 * 1024)]
+    pub plugin_memory: usize,
+    /// Directory of the compiled-plugin cache (default: <data-dir>/plugin-cache).
+    #[arg(long, env = "EGGTIMER_PLUGIN_CACHE")]
+    pub plugin_cache: Option<PathBuf>,
+    /// How long a graceful shutdown waits for running tasks.
+    #[arg(long, env = "EGGTIMER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or eggtimer=debug.
+    #[arg(long, env = "EGGTIMER_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Parses `250ms`, `30s`, `10m`, `2h` (humantime).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 250ms, 30s, 10m or 2h: {e}"))
+}
+
+/// Parses a signed duration: `-2h`, `+30m`, `90s` → ms.
+pub fn parse_signed_ms(s: &str) -> Result<i64, String> {
+    let (neg, rest) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let d = parse_duration(rest)?.as_millis() as i64;
+    Ok(if neg { -d } else { d })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_durations() {
+        assert_eq!(parse_signed_ms("-2h").unwrap(), -7_200_000);
+        assert_eq!(parse_signed_ms("+30m").unwrap(), 1_800_000);
+        assert_eq!(parse_signed_ms("500ms").unwrap(), 500);
+        assert!(parse_signed_ms("soon").is_err());
+    }
+
+    #[test]
+    fn defaults_parse() {
+        let cli = Cli::try_parse_from(["eggtimer"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.serve.shards, 16);
+        assert_eq!(cli.serve.keep_done, Duration::from_secs(600));
+    }
+}

@@ -1,0 +1,14 @@
+//! eggtimer: a durable, millisecond-precise delayed-task runner on Redis, running tasks through
+//! WebAssembly plugins. See ARCHITECTURE.md for the map of the modules.
+
+pub mod config;
+pub mod executor;
+pub mod local_redis;
+pub mod metrics;
+pub mod poller;
+pub mod runner;
+pub mod store;
+
+pub use executor::{Effects, Handler, Outcome, Run, TaskHost};
+pub use runner::{Runner, RunnerOptions};
+pub use store::{Claimed, NewTask, RedisTarget, Store, StoreOptions};

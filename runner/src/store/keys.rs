@@ -1,0 +1,128 @@
+//! Every Redis key and channel name eggtimer uses, in one place.
+//!
+//! Architecture invariant: all keys of one shard share the hash tag `{ns:s}`, so a shard script
+//! touches one Redis Cluster slot; namespace-wide keys (meta, plugin registry, kv, event streams)
+//! share the tag `{ns}`.
+
+/// The names of one namespace's keys.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    ns: String,
+}
+
+/// The five keys every shard script takes first, in the order `prelude.lua` expects.
+pub struct ShardKeys {
+    pub due: String,
+    pub tasks: String,
+    pub inflight: String,
+    pub dead: String,
+    pub byowner: String,
+}
+
+impl ShardKeys {
+    pub fn all(&self) -> [&str; 5] {
+        [&self.due, &self.tasks, &self.inflight, &self.dead, &self.byowner]
+    }
+}
+
+impl Keys {
+    pub fn new(ns: &str) -> Self {
+        Keys { ns: ns.to_owned() }
+    }
+
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+
+    pub fn shard(&self, shard: u32) -> ShardKeys {
+        let tag = format!("{{{}:{}}}", self.ns, shard);
+        ShardKeys {
+            due: format!("{tag}:due"),
+            tasks: format!("{tag}:tasks"),
+            inflight: format!("{tag}:inflight"),
+            dead: format!("{tag}:dead"),
+            byowner: format!("{tag}:byowner"),
+        }
+    }
+
+    /// A finished task's record, kept for the retention window (a string with a TTL).
+    pub fn done(&self, shard: u32, id: &str) -> String {
+        format!("{{{}:{}}}:done:{}", self.ns, shard, id)
+    }
+
+    /// Namespace settings (the shard count).
+    pub fn meta(&self) -> String {
+        format!("{{{}}}:meta", self.ns)
+    }
+
+    /// Pub/sub channel that wakes shard pollers: messages are `<shard>:<due ms>`.
+    pub fn wake_channel(&self) -> String {
+        format!("{{{}}}:wake", self.ns)
+    }
+
+    /// Pub/sub channel announcing plugin versions: messages are plugin names.
+    pub fn plugins_channel(&self) -> String {
+        format!("{{{}}}:plugins", self.ns)
+    }
+
+    /// HASH plugin name -> current version (JSON).
+    pub fn plugins(&self) -> String {
+        format!("{{{}}}:plugins", self.ns)
+    }
+
+    /// LIST of a plugin's versions (JSON), newest first.
+    pub fn plugin_history(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:history:{}", self.ns, name)
+    }
+
+    /// A plugin binary by content digest.
+    pub fn plugin_blob(&self, digest: &str) -> String {
+        format!("{{{}}}:plugin:blob:{}", self.ns, digest)
+    }
+
+    /// Marks one handler run's effects as applied (task id, attempt).
+    pub fn effects_marker(&self, task_id: &str, attempt: u32) -> String {
+        format!("{{{}}}:fx:{}:{}", self.ns, task_id, attempt)
+    }
+
+    /// One entry of a plugin's key-value store.
+    pub fn kv(&self, plugin: &str, key: &str) -> String {
+        format!("{{{}}}:kv:{}:{}", self.ns, plugin, key)
+    }
+
+    /// The event stream of a topic (API.md: `{<ns>}:events:<topic>`).
+    pub fn events(&self, topic: &str) -> String {
+        format!("{{{}}}:events:{}", self.ns, topic)
+    }
+
+    /// A runner's heartbeat (HASH with a TTL).
+    pub fn runner(&self, runner_id: &str) -> String {
+        format!("{{{}}}:runner:{}", self.ns, runner_id)
+    }
+
+    /// ZSET runner id -> last heartbeat (ms).
+    pub fn runners(&self) -> String {
+        format!("{{{}}}:runners", self.ns)
+    }
+
+    /// The lease of a shard (which runner polls it).
+    pub fn shard_lease(&self, shard: u32) -> String {
+        format!("{{{}:{}}}:lease", self.ns, shard)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_keys_share_one_hash_tag() {
+        let k = Keys::new("eggtimer");
+        let s = k.shard(3);
+        for key in s.all() {
+            assert!(key.starts_with("{eggtimer:3}:"), "{key}");
+        }
+        assert!(k.done(3, "abc").starts_with("{eggtimer:3}:"));
+        assert_eq!(k.events("order"), "{eggtimer}:events:order");
+    }
+}

@@ -1,0 +1,20 @@
+-- Moves one scheduled task. KEYS[6]: its done-record key.
+-- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).
+-- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'}.
+local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local t = parse(redis.call('HGET', K_TASKS, id))
+if not t then
+  if redis.call('EXISTS', KEYS[6]) == 1 then return { 'done' } end
+  return { 'missing' }
+end
+if t.st == 'r' then return { 'running' } end
+if t.st == 'x' then return { 'dead' } end
+unindex_scheduled(id, t)
+if mode == 'at' then t.due = value
+elseif mode == 'shift' then t.due = t.due + value
+else t.due = now_ms() end
+if t.due < 0 then t.due = 0 end
+redis.call('HSET', K_TASKS, id, encode(t))
+index_scheduled(id, t)
+wake_if_head(channel, shard, t.due)
+return { 'ok', t.due }

@@ -1,0 +1,78 @@
+-- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
+-- Every shard script gets the same first five KEYS, all under the shard's hash tag {ns:s}:
+--   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
+--   KEYS[3] inflight (ZSET id -> lease)  KEYS[4] dead (ZSET id -> died at)
+--   KEYS[5] byowner (ZSET, score 0, member owner \0 due(15 digits) \0 id)
+-- A record is ten tab-separated fields, the payload last (it may hold anything):
+--   state(s|r|d|x) due attempts max_attempts created finished plugin owner last_error payload
+local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function parse(rec)
+  if not rec then return nil end
+  local st, due, att, max, cr, fin, plugin, owner, err, payload = string.match(rec,
+    '^(%a)\t(%-?%d+)\t(%d+)\t(%d+)\t(%d+)\t(%d*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  if not st then return nil end
+  return { st = st, due = tonumber(due), att = tonumber(att), max = tonumber(max), created = cr,
+    fin = fin, plugin = plugin, owner = owner, err = err, payload = payload }
+end
+
+local function encode(t)
+  return table.concat({ t.st, string.format('%d', t.due), string.format('%d', t.att),
+    string.format('%d', t.max), t.created, t.fin, t.plugin, t.owner, t.err, t.payload }, '\t')
+end
+
+local function owner_member(owner, due, id)
+  return owner .. '\0' .. string.format('%015d', due) .. '\0' .. id
+end
+
+-- Puts a scheduled task into `due` and the owner index (the record is written by the caller).
+local function index_scheduled(id, t)
+  redis.call('ZADD', K_DUE, t.due, id)
+  if t.owner ~= '' then redis.call('ZADD', K_BYOWNER, 0, owner_member(t.owner, t.due, id)) end
+end
+
+local function unindex_scheduled(id, t)
+  redis.call('ZREM', K_DUE, id)
+  if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+end
+
+-- The earliest due time of the shard, or -1 when nothing is scheduled.
+local function head_due()
+  local h = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) end
+  return -1
+end
+
+-- Wakes the shard's pollers (on every runner) when `due` became the shard's earliest time.
+local function wake_if_head(channel, shard, due)
+  if channel ~= '' and head_due() == due then
+    redis.call('PUBLISH', channel, shard .. ':' .. string.format('%d', due))
+  end
+end
+
+-- Puts up to `limit` tasks whose lease expired (their runner died or stalled) back to due at
+-- `now`, or dead-letters them when that attempt was their last.
+local function reap_expired(now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now - 1, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', K_INFLIGHT, id)
+    local t = parse(redis.call('HGET', K_TASKS, id))
+    if t and t.st == 'r' then
+      t.err = 'lease expired during attempt ' .. t.att .. ' (its runner died or stalled)'
+      if t.att >= t.max then
+        t.st = 'x'; t.fin = string.format('%d', now)
+        redis.call('HSET', K_TASKS, id, encode(t))
+        redis.call('ZADD', K_DEAD, now, id)
+      else
+        t.st = 's'; t.due = now
+        redis.call('HSET', K_TASKS, id, encode(t))
+        index_scheduled(id, t)
+      end
+    end
+  end
+end

@@ -1,0 +1,12 @@
+-- Puts one dead task back: due now, attempts reset. ARGV: channel, shard, id.
+-- Returns {'ok', due} | {'missing'} | {'not_dead'}.
+local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
+local t = parse(redis.call('HGET', K_TASKS, id))
+if not t then return { 'missing' } end
+if t.st ~= 'x' then return { 'not_dead' } end
+redis.call('ZREM', K_DEAD, id)
+t.st = 's'; t.att = 0; t.fin = ''; t.due = now_ms()
+redis.call('HSET', K_TASKS, id, encode(t))
+index_scheduled(id, t)
+wake_if_head(channel, shard, t.due)
+return { 'ok', t.due }

@@ -1,0 +1,35 @@
+//! The Lua scripts, each built once from `lua/prelude.lua` + its own file.
+
+use redis::Script;
+
+pub struct Scripts {
+    pub schedule: Script,
+    pub claim: Script,
+    pub finish: Script,
+    pub move_task: Script,
+    pub cancel: Script,
+    pub revive: Script,
+    pub shift_owner: Script,
+    pub effects: Script,
+}
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+
+fn with_prelude(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+impl Scripts {
+    pub fn load() -> Self {
+        Scripts {
+            schedule: with_prelude(include_str!("lua/schedule.lua")),
+            claim: with_prelude(include_str!("lua/claim.lua")),
+            finish: with_prelude(include_str!("lua/finish.lua")),
+            move_task: with_prelude(include_str!("lua/move.lua")),
+            cancel: with_prelude(include_str!("lua/cancel.lua")),
+            revive: with_prelude(include_str!("lua/revive.lua")),
+            shift_owner: with_prelude(include_str!("lua/shift_owner.lua")),
+            effects: Script::new(include_str!("lua/effects.lua")),
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Test harness: real `redis-server` processes on free ports (start, stop, kill, restart), the real
+//! `eggtimer` binary as a child process, and the real wasm plugins built from `plugins/`.
+//!
+//! A program that is missing makes the test fail with how to install it; nothing is skipped.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub use eggtimer;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
+}
+
+/// A fresh directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "eggtimer-test-{}-{}-{}",
+        tag,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("creating a temp dir");
+    d
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `f` every few ms until it returns Some, or panics after `limit` saying `what`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A redis-server owned by a test, on its own port and directory, with append-only persistence.
+pub struct RedisServer {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a redis-server with `appendfsync always`, so a kill -9 loses no acknowledged write.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            dir: temp_dir("redis"),
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.launch();
+        s
+    }
+
+    fn launch(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"])
+            .args(["--appendfsync", "always", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start redis-server ({e}). These tests need it on PATH: \
+                 `sudo apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis` (macOS)"
+            )
+        });
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut c) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server on port {} did not come up", self.port);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A blocking connection for assertions.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A clean stop (SIGTERM: redis flushes its append-only file).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory (it loads its append-only file).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// Starts it again after a stop or kill.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        self.launch();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace());
+    c
+}
+
+/// Builds the runner binary (a no-op when it is up to date) and returns its path.
+pub fn eggtimer_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let status = cargo().args(["build", "--quiet", "-p", "eggtimer", "--bin", "eggtimer"]).status().expect("running cargo");
+        assert!(status.success(), "building the eggtimer binary failed");
+        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
+        target.join("debug").join("eggtimer")
+    })
+    .clone()
+}
+
+/// The plugins built to wasm, in their own target dir; returns the directory of the .wasm files.
+pub fn plugins_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let status = cargo().args(["xtask", "plugins"]).status().expect("running cargo xtask plugins");
+        assert!(
+            status.success(),
+            "building the plugins failed; they need the wasm target: `rustup target add wasm32-wasip2`"
+        );
+        workspace().join("target").join("plugins")
+    })
+    .clone()
+}
+
+/// The bytes of a built plugin.
+pub fn plugin_wasm(name: &str) -> Vec<u8> {
+    std::fs::read(plugins_dir().join(format!("{name}.wasm"))).expect("plugin built")
+}
+
+/// A runner process.
+pub struct RunnerProcess {
+    child: Option<Child>,
+    pub port: u16,
+    pub url: String,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl RunnerProcess {
+    /// Starts `eggtimer serve` with these extra args (a free --listen port is added) and waits for
+    /// its "listening" line.
+    pub fn start(redis_url: &str, args: &[&str]) -> RunnerProcess {
+        let port = free_port();
+        let mut cmd = Command::new(eggtimer_bin());
+        cmd.arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--redis", redis_url])
+            .args(args)
+            .env_remove("EGGTIMER_TOKEN")
+            .env("EGGTIMER_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("starting eggtimer");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        for stream in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
+            let log = Arc::clone(&log);
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if line.contains("listening on") {
+                        let _ = tx.send(());
+                    }
+                    if std::env::var("EGGTIMER_TEST_ECHO").is_ok() {
+                        eprintln!("[runner {port}] {line}");
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let mut me = RunnerProcess { child: Some(child), port, url: format!("http://127.0.0.1:{port}"), log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while rx.recv_timeout(Duration::from_millis(50)).is_err() {
+            if let Some(status) = me.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("eggtimer exited at start ({status}):\n{}", me.log_text());
+            }
+            assert!(Instant::now() < deadline, "eggtimer did not start listening:\n{}", me.log_text());
+        }
+        me
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, and waits for the exit; returns its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        c.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for RunnerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An HTTP client for a runner's API.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+/// Reads every entry of an event stream as (task_id, plugin, data JSON).
+pub fn read_stream(conn: &mut redis::Connection, key: &str) -> Vec<(String, String, serde_json::Value)> {
+    let v: redis::Value = redis::cmd("XRANGE").arg(key).arg("-").arg("+").query(conn).unwrap();
+    let mut out = Vec::new();
+    if let redis::Value::Array(entries) = v {
+        for e in entries {
+            if let redis::Value::Array(parts) = e
+                && let Some(redis::Value::Array(fields)) = parts.get(1)
+            {
+                let mut task = String::new();
+                let mut plugin = String::new();
+                let mut data = serde_json::Value::Null;
+                for kv in fields.chunks(2) {
+                    let k: String = redis::from_redis_value_ref(&kv[0]).unwrap();
+                    let v: String = redis::from_redis_value_ref(&kv[1]).unwrap();
+                    match k.as_str() {
+                        "task_id" => task = v,
+                        "plugin" => plugin = v,
+                        "data" => data = serde_json::from_str(&v).unwrap(),
+                        _ => {}
+                    }
+                }
+                out.push((task, plugin, data));
+            }
+        }
+    }
+    out
+}

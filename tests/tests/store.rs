@@ -1,0 +1,347 @@
+//! Every store script against a real redis-server.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use eggtimer::store::{Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, StoreOptions, TaskState};
+use eggtimer::{RedisTarget, Store};
+use eggtimer_tests::{RedisServer, eventually};
+
+async fn store(redis: &RedisServer, shards: u32) -> Store {
+    let opts = StoreOptions { shards, keep_done_ms: 60_000, ..StoreOptions::default() };
+    Store::open(RedisTarget::Single(redis.url()), opts).await.unwrap()
+}
+
+fn task(id: &str, run_at: i64) -> NewTask {
+    NewTask { id: id.into(), plugin: "noop".into(), payload: "{\"n\":1}".into(), run_at, owner: None, max_attempts: 3 }
+}
+
+fn now() -> i64 {
+    eggtimer::executor::now_ms()
+}
+
+#[tokio::test]
+async fn schedule_is_an_idempotent_upsert() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 4).await;
+    let t0 = now() + 60_000;
+    let mut t = task("a", t0);
+    t.owner = Some("u1".into());
+    assert_eq!(s.schedule(&[t.clone(), t.clone()], ScheduleMode::Upsert).await.unwrap(), vec![Scheduled::Ok; 2]);
+    let mut t2 = t.clone();
+    t2.run_at = t0 + 5;
+    t2.payload = "[1,2]".into();
+    t2.owner = Some("u2".into());
+    s.schedule(&[t2], ScheduleMode::Upsert).await.unwrap();
+    let got = s.get("a").await.unwrap().unwrap();
+    assert_eq!((got.run_at, got.payload.as_str(), got.owner.as_deref()), (t0 + 5, "[1,2]", Some("u2")));
+    assert_eq!(got.state, TaskState::Scheduled);
+    // the owner index followed the replacement
+    assert!(s.owner_tasks("u1").await.unwrap().is_empty());
+    assert_eq!(s.owner_tasks("u2").await.unwrap().len(), 1);
+    // only one entry in due
+    let mut c = redis.conn();
+    let shard = s.shard_of("a");
+    let n: u64 = redis::cmd("ZCARD").arg(s.keys().shard(shard).due).query(&mut c).unwrap();
+    assert_eq!(n, 1);
+    // IfAbsent leaves it alone
+    let mut t3 = task("a", 1);
+    t3.payload = "3".into();
+    assert_eq!(s.schedule(&[t3], ScheduleMode::IfAbsent).await.unwrap(), vec![Scheduled::Exists]);
+    assert_eq!(s.get("a").await.unwrap().unwrap().payload, "[1,2]");
+}
+
+#[tokio::test]
+async fn never_claims_early_and_reports_the_next_due_time() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let due = now() + 300;
+    s.schedule(&[task("later", due)], ScheduleMode::Upsert).await.unwrap();
+    let b = s.claim(0, 10, 30_000).await.unwrap();
+    assert!(b.tasks.is_empty());
+    assert_eq!(b.next_due, Some(due));
+    let b = eventually(Duration::from_secs(5), "the task to become due", || async {
+        let b = s.claim(0, 10, 30_000).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    assert!(b.now >= due, "claimed at {} before due {}", b.now, due);
+    assert_eq!(b.tasks[0].attempt, 1);
+    assert_eq!(b.next_due, None);
+    assert_eq!(s.get("later").await.unwrap().unwrap().state, TaskState::Running);
+}
+
+#[tokio::test]
+async fn running_tasks_refuse_moves_cancels_and_replacement() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 2).await;
+    s.schedule(&[task("r", 0), task("m", now() + 100_000)], ScheduleMode::Upsert).await.unwrap();
+    let shard = s.shard_of("r");
+    let b = s.claim(shard, 10, 30_000).await.unwrap();
+    assert!(b.tasks.iter().any(|t| t.id == "r"));
+    assert_eq!(s.move_task("r", Move::Now).await.unwrap(), Err(Refused::Running));
+    assert_eq!(s.cancel("r").await.unwrap(), Err(Refused::Running));
+    assert_eq!(s.schedule(&[task("r", 5)], ScheduleMode::Upsert).await.unwrap(), vec![Scheduled::Running]);
+    // moves of a scheduled task
+    let base = s.get("m").await.unwrap().unwrap().run_at;
+    assert_eq!(s.move_task("m", Move::Shift(-1000)).await.unwrap(), Ok(base - 1000));
+    assert_eq!(s.move_task("m", Move::At(base + 7)).await.unwrap(), Ok(base + 7));
+    let t = s.move_task("m", Move::Now).await.unwrap().unwrap();
+    assert!(t <= now() + 5);
+    assert_eq!(s.move_task("nope", Move::Now).await.unwrap(), Err(Refused::Missing));
+    assert_eq!(s.cancel("m").await.unwrap(), Ok(()));
+    assert!(s.get("m").await.unwrap().is_none());
+    assert_eq!(s.cancel("m").await.unwrap(), Err(Refused::Missing));
+    // done: readable, and refuses moves
+    let f = Finish::Done;
+    assert_eq!(s.finish(shard, &[("r", 1, &f)]).await.unwrap(), vec![Finished::Done]);
+    let done = s.get("r").await.unwrap().unwrap();
+    assert_eq!(done.state, TaskState::Done);
+    assert!(done.finished_at.is_some());
+    assert_eq!(s.move_task("r", Move::Now).await.unwrap(), Err(Refused::Done));
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_run_again_and_the_late_ack_is_refused() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("x", 0)], ScheduleMode::Upsert).await.unwrap();
+    // runner A claims with a short lease and "dies"
+    let a = s.claim(0, 10, 100).await.unwrap();
+    assert_eq!(a.tasks.len(), 1);
+    assert_eq!(a.next_lease_expiry.map(|l| l - a.now), Some(100));
+    // runner B's claims reap it after the lease
+    let b = eventually(Duration::from_secs(5), "the lease to expire", || async {
+        let b = s.claim(0, 10, 30_000).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    assert_eq!(b.tasks[0].id, "x");
+    assert_eq!(b.tasks[0].attempt, 2);
+    // A's late ack is refused, B's is accepted
+    let done = Finish::Done;
+    assert_eq!(s.finish(0, &[("x", 1, &done)]).await.unwrap(), vec![Finished::Stale]);
+    assert_eq!(s.finish(0, &[("x", 2, &done)]).await.unwrap(), vec![Finished::Done]);
+    assert_eq!(s.finish(0, &[("x", 2, &done)]).await.unwrap(), vec![Finished::Stale]);
+}
+
+#[tokio::test]
+async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("f", 0)], ScheduleMode::Upsert).await.unwrap();
+    for attempt in 1..=3u32 {
+        let b = eventually(Duration::from_secs(5), "the retry to become due", || async {
+            let b = s.claim(0, 10, 30_000).await.unwrap();
+            (!b.tasks.is_empty()).then_some(b)
+        })
+        .await;
+        assert_eq!(b.tasks[0].attempt, attempt);
+        let retry = Finish::Retry { after_ms: 50, error: format!("boom\t{attempt}") };
+        let v = s.finish(0, &[("f", attempt, &retry)]).await.unwrap();
+        if attempt < 3 {
+            assert_eq!(v, vec![Finished::Retry]);
+            let t = s.get("f").await.unwrap().unwrap();
+            assert_eq!(t.state, TaskState::Scheduled);
+            assert_eq!(t.last_error.as_deref(), Some(format!("boom {attempt}").as_str()));
+            assert!(t.run_at >= b.now + 50);
+        } else {
+            assert_eq!(v, vec![Finished::Dead]);
+        }
+    }
+    let (dead, cursor) = s.dead(10, None).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(cursor, None);
+    assert_eq!(dead[0].state, TaskState::Dead);
+    assert_eq!(dead[0].attempts, 3);
+    assert_eq!(s.move_task("f", Move::Now).await.unwrap(), Err(Refused::Dead));
+    // replay: due now, attempts reset
+    s.revive("f").await.unwrap().unwrap();
+    let t = s.get("f").await.unwrap().unwrap();
+    assert_eq!((t.state, t.attempts), (TaskState::Scheduled, 0));
+    assert_eq!(s.revive("f").await.unwrap(), Err(Refused::NotDead));
+    assert!(s.dead(10, None).await.unwrap().0.is_empty());
+    // dead again through Fail, then dropped
+    let b = s.claim(0, 10, 30_000).await.unwrap();
+    let dead_now = Finish::Dead { error: "bad payload".into() };
+    assert_eq!(s.finish(0, &[("f", b.tasks[0].attempt, &dead_now)]).await.unwrap(), vec![Finished::Dead]);
+    assert_eq!(s.drop_dead("f").await.unwrap(), Ok(()));
+    assert!(s.get("f").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn run_again_and_release_put_the_task_back() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("g", 0), task("h", 0)], ScheduleMode::Upsert).await.unwrap();
+    let b = s.claim(0, 10, 30_000).await.unwrap();
+    assert_eq!(b.tasks.len(), 2);
+    let later = now() + 100_000;
+    let again = Finish::Again { at: later };
+    let release = Finish::Release;
+    let v = s.finish(0, &[("g", 1, &again), ("h", 1, &release)]).await.unwrap();
+    assert_eq!(v, vec![Finished::Again, Finished::Release]);
+    let g = s.get("g").await.unwrap().unwrap();
+    assert_eq!((g.state, g.run_at, g.attempts), (TaskState::Scheduled, later, 0));
+    let h = s.get("h").await.unwrap().unwrap();
+    assert_eq!((h.state, h.run_at, h.attempts), (TaskState::Scheduled, 0, 0));
+}
+
+#[tokio::test]
+async fn owner_shift_moves_exactly_that_owners_tasks() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 4).await;
+    let base = now() + 10_000_000;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let mut t = task(&format!("t{i}"), base + i);
+        t.owner = Some(if i % 2 == 0 { "alice" } else { "bob" }.into());
+        if i % 4 == 0 {
+            t.plugin = "auto-feed".into();
+        }
+        tasks.push(t);
+    }
+    // "ali" is a prefix of "alice": it must not match
+    let mut t = task("prefix", base);
+    t.owner = Some("ali".into());
+    tasks.push(t);
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    assert_eq!(s.shift_owner("alice", -7_200_000, Some("auto-feed")).await.unwrap(), 5);
+    assert_eq!(s.shift_owner("alice", 1000, None).await.unwrap(), 10);
+    for i in 0..20i64 {
+        let t = s.get(&format!("t{i}")).await.unwrap().unwrap();
+        let want = match (i % 2 == 0, i % 4 == 0) {
+            (true, true) => base + i - 7_200_000 + 1000,
+            (true, false) => base + i + 1000,
+            _ => base + i,
+        };
+        assert_eq!(t.run_at, want, "t{i}");
+    }
+    assert_eq!(s.get("prefix").await.unwrap().unwrap().run_at, base);
+    let alice = s.owner_tasks("alice").await.unwrap();
+    assert_eq!(alice.len(), 10);
+    assert!(alice.windows(2).all(|w| w[0].run_at <= w[1].run_at), "soonest first");
+    assert_eq!(s.owner_tasks("ali").await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn tasks_survive_a_redis_kill_and_restart_with_aof() {
+    let mut redis = RedisServer::start();
+    let s = store(&redis, 4).await;
+    let tasks: Vec<NewTask> = (0..500).map(|i| task(&format!("p{i}"), now() + 1_000_000 + i)).collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    redis.kill();
+    redis.start_again();
+    let s = store(&redis, 4).await;
+    for i in 0..500 {
+        let t = s.get(&format!("p{i}")).await.unwrap().expect("survived");
+        assert_eq!(t.run_at, tasks[i].run_at);
+    }
+    // a runner started with another shard count refuses, saying why
+    let err = Store::open(RedisTarget::Single(redis.url()), StoreOptions { shards: 8, ..StoreOptions::default() })
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{err:#}").contains("has 4 shards"), "{err:#}");
+}
+
+#[tokio::test]
+async fn done_records_expire_after_the_retention_window() {
+    let redis = RedisServer::start();
+    let opts = StoreOptions { shards: 1, keep_done_ms: 200, ..StoreOptions::default() };
+    let s = Store::open(RedisTarget::Single(redis.url()), opts).await.unwrap();
+    s.schedule(&[task("d", 0)], ScheduleMode::Upsert).await.unwrap();
+    s.claim(0, 1, 30_000).await.unwrap();
+    s.finish(0, &[("d", 1, &Finish::Done)]).await.unwrap();
+    assert_eq!(s.get("d").await.unwrap().unwrap().state, TaskState::Done);
+    eventually(Duration::from_secs(5), "the done record to expire", || async { s.get("d").await.unwrap().is_none().then_some(()) })
+        .await;
+}
+
+/// Several schedulers and claimers hammer one shard; a model of the expected state checks that no
+/// task is lost and none is claimed twice in one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
+    use rand::Rng;
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    const SCHEDULERS: usize = 4;
+    const PER: usize = 500;
+    let mut handles = Vec::new();
+    for w in 0..SCHEDULERS {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let mut cancelled = Vec::new();
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
+            for i in 0..PER {
+                let id = format!("w{w}-{i}");
+                let due = now() + rng.random_range(0..200);
+                s.schedule(&[task(&id, due)], ScheduleMode::Upsert).await.unwrap();
+                // sometimes move or cancel it again, racing the claimers
+                match rng.random_range(0..10) {
+                    0 => {
+                        if s.cancel(&id).await.unwrap().is_ok() {
+                            cancelled.push(id);
+                        }
+                    }
+                    1 => {
+                        let _ = s.move_task(&id, Move::Shift(rng.random_range(-50..50))).await.unwrap();
+                    }
+                    _ => {}
+                }
+            }
+            cancelled
+        }));
+    }
+    let claimed = std::sync::Arc::new(std::sync::Mutex::new(HashMap::<String, Vec<u32>>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut claimers = Vec::new();
+    for c in 0..3 {
+        let s = s.clone();
+        let claimed = claimed.clone();
+        let stop = stop.clone();
+        claimers.push(tokio::spawn(async move {
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = s.claim(0, rng.random_range(1..50), 30_000).await.unwrap();
+                for t in &b.tasks {
+                    claimed.lock().unwrap().entry(t.id.clone()).or_default().push(t.attempt);
+                    // claimer 0 fails some first attempts, to exercise retries
+                    let f = if c == 0 && t.attempt == 1 && rng.random_bool(0.2) {
+                        Finish::Retry { after_ms: 1, error: "flaky".into() }
+                    } else {
+                        Finish::Done
+                    };
+                    let v = s.finish(0, &[(&t.id, t.attempt, &f)]).await.unwrap();
+                    assert_ne!(v[0], Finished::Stale, "{} attempt {} lost its lease", t.id, t.attempt);
+                }
+                if b.tasks.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }));
+    }
+    let mut cancelled = HashSet::new();
+    for h in handles {
+        cancelled.extend(h.await.unwrap());
+    }
+    let expected = SCHEDULERS * PER - cancelled.len();
+    eventually(Duration::from_secs(30), "every task to be done", || async {
+        let done = claimed.lock().unwrap().len();
+        let pending = s.shard_counts().await.unwrap()[0];
+        (done == expected && pending == (0, 0, 0)).then_some(())
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in claimers {
+        c.await.unwrap();
+    }
+    let claimed = claimed.lock().unwrap();
+    for (id, attempts) in claimed.iter() {
+        assert!(!cancelled.contains(id), "{id} was cancelled but ran");
+        let mut sorted = attempts.clone();
+        sorted.dedup();
+        assert_eq!(&sorted, attempts, "{id} claimed twice in one attempt: {attempts:?}");
+        assert_eq!(s.get(id).await.unwrap().unwrap().state, TaskState::Done, "{id}");
+    }
+}
