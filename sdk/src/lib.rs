@@ -1,14 +1,331 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The eggtimer guest SDK: write one handler over a typed payload, build it for `wasm32-wasip2`,
+//! upload it.
+//!
+//! ```no_run
+//! use eggtimer_sdk::{Outcome, Task, handler};
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Reminder { user_id: String }
+//!
+//! fn remind(task: Task<Reminder>) -> eggtimer_sdk::Result {
+//!     eggtimer_sdk::emit("push", &serde_json::json!({ "user_id": task.payload.user_id }))?;
+//!     Ok(Outcome::Done)
+//! }
+//!
+//! handler!(remind);
+//! ```
+//!
+//! On a native target (`cargo test` on your machine) the host calls go to [`testing`], which
+//! records them, so handlers are unit-tested without wasm or Redis.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+#[doc(hidden)]
+pub use serde_json;
+
+/// Bindings generated from `wit/plugin.wit` (used by [`handler!`]).
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "export",
+        default_bindings_module: "eggtimer_sdk::bindings",
+    });
 }
 
-#[cfg(test)]
-mod tests {
+mod sys;
+pub mod testing;
+
+use bindings::eggtimer::plugin::types as wit;
+
+/// The task being run, with its payload decoded.
+///
+/// ```
+/// # use eggtimer_sdk::Task;
+/// fn greet(task: Task<String>) -> String { format!("attempt {} of {}", task.attempt, task.id) }
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task<P> {
+    pub id: String,
+    /// The plugin the task belongs to (this one).
+    pub plugin: String,
+    /// 1 on the first attempt.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    /// Due time, ms since the Unix epoch.
+    pub due: i64,
+    pub owner: Option<String>,
+    pub payload: P,
+}
+
+/// What a handler decided.
+///
+/// ```
+/// # use eggtimer_sdk::Outcome;
+/// # use std::time::Duration;
+/// let later = Outcome::RetryAfter(Duration::from_secs(30));
+/// # let _ = later;
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Finished.
+    Done,
+    /// Try again after this long (counts as a failed attempt).
+    RetryAfter(Duration),
+    /// Give up: the task is dead-lettered with this reason.
+    Fail(String),
+    /// Run this same task again at this time (ms since the epoch).
+    RunAgainAt(i64),
+}
+
+/// An error of a handler: a failed attempt, retried with backoff, then dead-lettered.
+///
+/// ```
+/// let e: eggtimer_sdk::Error = "downstream said 503".into();
+/// assert_eq!(e.to_string(), "downstream said 503");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Error(pub String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<String> for Error {
+    fn from(s: String) -> Self {
+        Error(s)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(s: &str) -> Self {
+        Error(s.to_owned())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error(format!("JSON: {e}"))
+    }
+}
+
+/// What a handler returns.
+///
+/// ```
+/// fn handle(_task: eggtimer_sdk::Task<()>) -> eggtimer_sdk::Result { Ok(eggtimer_sdk::Outcome::Done) }
+/// # let _ = handle;
+/// ```
+pub type Result<T = Outcome> = std::result::Result<T, Error>;
+
+/// Log levels for [`log`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Writes a line to the runner's log, tagged with the task.
+///
+/// ```
+/// eggtimer_sdk::log(eggtimer_sdk::Level::Info, "feeding the pet");
+/// ```
+pub fn log(level: Level, message: &str) {
+    sys::log(level, message)
+}
+
+/// The host's clock: ms since the Unix epoch.
+///
+/// ```
+/// let t = eggtimer_sdk::now();
+/// assert!(t > 0);
+/// ```
+pub fn now() -> i64 {
+    sys::now()
+}
+
+/// A follow-up task to schedule with [`schedule`].
+///
+/// ```
+/// # use eggtimer_sdk::FollowUp;
+/// let next = FollowUp::new("auto-feed", &serde_json::json!({"pet_id": "p1"}))
+///     .unwrap()
+///     .at(1_800_000_000_000)
+///     .owner("user-42");
+/// # let _ = next;
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct FollowUp {
+    pub plugin: String,
+    /// JSON text.
+    pub payload: String,
+    /// ms since the Unix epoch (default: now).
+    pub run_at: i64,
+    pub owner: Option<String>,
+    pub max_attempts: Option<u32>,
+}
+
+impl FollowUp {
+    /// A follow-up of `plugin` with this payload, due now until [`FollowUp::at`] says otherwise.
+    pub fn new<P: Serialize>(plugin: &str, payload: &P) -> Result<FollowUp> {
+        Ok(FollowUp {
+            plugin: plugin.to_owned(),
+            payload: serde_json::to_string(payload)?,
+            run_at: now(),
+            owner: None,
+            max_attempts: None,
+        })
+    }
+
+    /// Due at this time (ms since the epoch).
+    pub fn at(mut self, run_at: i64) -> Self {
+        self.run_at = run_at;
+        self
+    }
+
+    /// Belongs to this owner (for per-owner listing and shifting).
+    pub fn owner(mut self, owner: &str) -> Self {
+        self.owner = Some(owner.to_owned());
+        self
+    }
+
+    /// At most this many attempts.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+}
+
+/// Schedules a follow-up task and returns its id. The id is derived from this task's id and the
+/// number of follow-ups scheduled so far in this run, so a re-run never schedules it twice.
+///
+/// ```
+/// # use eggtimer_sdk::{FollowUp, schedule};
+/// let id = schedule(FollowUp::new("noop", &()).unwrap()).unwrap();
+/// assert!(!id.is_empty());
+/// ```
+pub fn schedule(task: FollowUp) -> Result<String> {
+    sys::schedule(task)
+}
+
+/// Cancels a scheduled task (nothing happens if it does not exist or already ran).
+///
+/// ```
+/// eggtimer_sdk::cancel("order-1234");
+/// ```
+pub fn cancel(id: &str) {
+    sys::cancel(id)
+}
+
+/// Appends an event to the topic's Redis Stream (`{eggtimer}:events:<topic>`), with this task's
+/// id and plugin. Topics are `[a-z0-9._-]`, 1 to 64 characters.
+///
+/// ```
+/// eggtimer_sdk::emit("order", &serde_json::json!({"type": "order_cancelled"})).unwrap();
+/// ```
+pub fn emit<T: Serialize>(topic: &str, data: &T) -> Result<()> {
+    sys::emit(topic, &serde_json::to_string(data)?)
+}
+
+/// The plugin's own key-value store (scoped to the plugin; values are JSON).
+pub mod kv {
     use super::*;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+    /// Reads a value (`None` if absent or expired). Sees this run's own writes.
+    ///
+    /// ```
+    /// let seen: Option<bool> = eggtimer_sdk::kv::get("order-1:cancelled").unwrap();
+    /// # let _ = seen;
+    /// ```
+    pub fn get<T: DeserializeOwned>(key: &str) -> Result<Option<T>> {
+        match sys::kv_get(key)? {
+            Some(s) => Ok(Some(serde_json::from_str(&s)?)),
+            None => Ok(None),
+        }
     }
+
+    /// Writes a value, optionally expiring after `ttl`.
+    ///
+    /// ```
+    /// eggtimer_sdk::kv::set("order-1:cancelled", &true, None).unwrap();
+    /// ```
+    pub fn set<T: Serialize>(key: &str, value: &T, ttl: Option<Duration>) -> Result<()> {
+        sys::kv_set(key, &serde_json::to_string(value)?, ttl.map(|d| d.as_millis() as u64))
+    }
+
+    /// Deletes a value.
+    ///
+    /// ```
+    /// eggtimer_sdk::kv::delete("order-1:cancelled").unwrap();
+    /// ```
+    pub fn delete(key: &str) -> Result<()> {
+        sys::kv_delete(key)
+    }
+}
+
+/// Runs a typed handler over a raw task (what [`handler!`] expands to). A payload that does not
+/// decode fails the task at once: retrying would not help.
+#[doc(hidden)]
+pub fn __run<P: DeserializeOwned>(
+    task: wit::Task,
+    f: fn(Task<P>) -> Result,
+) -> std::result::Result<wit::Outcome, String> {
+    let payload: P = match serde_json::from_str(&task.payload) {
+        Ok(p) => p,
+        Err(e) => return Ok(wit::Outcome::Fail(format!("the payload does not fit this plugin: {e}"))),
+    };
+    let typed = Task {
+        id: task.id,
+        plugin: task.plugin,
+        attempt: task.attempt,
+        max_attempts: task.max_attempts,
+        due: task.due,
+        owner: task.owner,
+        payload,
+    };
+    match f(typed) {
+        Ok(Outcome::Done) => Ok(wit::Outcome::Done),
+        Ok(Outcome::RetryAfter(d)) => Ok(wit::Outcome::RetryAfter(d.as_millis() as u64)),
+        Ok(Outcome::Fail(r)) => Ok(wit::Outcome::Fail(r)),
+        Ok(Outcome::RunAgainAt(t)) => Ok(wit::Outcome::RunAgainAt(t)),
+        Err(e) => Err(e.0),
+    }
+}
+
+/// Declares the plugin's handler: a `fn(Task<P>) -> eggtimer_sdk::Result` where `P` is any
+/// `serde::Deserialize` payload type. Use it once per plugin crate.
+///
+/// ```ignore
+/// fn handle(task: eggtimer_sdk::Task<serde_json::Value>) -> eggtimer_sdk::Result {
+///     Ok(eggtimer_sdk::Outcome::Done)
+/// }
+/// eggtimer_sdk::handler!(handle);
+/// ```
+#[macro_export]
+macro_rules! handler {
+    ($f:path) => {
+        #[doc(hidden)]
+        pub struct __EggtimerPlugin;
+
+        impl $crate::bindings::Guest for __EggtimerPlugin {
+            fn handle(
+                task: $crate::bindings::eggtimer::plugin::types::Task,
+            ) -> ::std::result::Result<$crate::bindings::eggtimer::plugin::types::Outcome, ::std::string::String> {
+                $crate::__run(task, $f)
+            }
+        }
+
+        $crate::bindings::export!(__EggtimerPlugin with_types_in $crate::bindings);
+    };
 }

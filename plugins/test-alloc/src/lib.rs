@@ -1,14 +1,15 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Test plugin: allocates without bound (the host's memory cap must stop it).
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+use eggtimer_sdk::{Outcome, Task, handler};
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+fn handle(_task: Task<serde_json::Value>) -> eggtimer_sdk::Result {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        hoard.push(vec![1u8; 1 << 20]);
+        if hoard.len() == usize::MAX {
+            return Ok(Outcome::Done);
+        }
     }
 }
+
+handler!(handle);

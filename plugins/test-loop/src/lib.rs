@@ -1,14 +1,12 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Test plugin: never returns (the host's time limit must stop it).
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+use eggtimer_sdk::{Task, handler};
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+fn handle(_task: Task<serde_json::Value>) -> eggtimer_sdk::Result {
+    let mut n: u64 = 0;
+    loop {
+        n = std::hint::black_box(n.wrapping_add(1));
     }
 }
+
+handler!(handle);

@@ -1,14 +1,9 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! Test plugin: panics (a trap in wasm).
+
+use eggtimer_sdk::{Task, handler};
+
+fn handle(task: Task<serde_json::Value>) -> eggtimer_sdk::Result {
+    panic!("test-panic was asked to panic by task {}", task.id);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+handler!(handle);

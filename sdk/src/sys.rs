@@ -1,0 +1,101 @@
+//! The host calls: the real imports on wasm, the recording test host elsewhere.
+
+use crate::{FollowUp, Level, Result};
+
+#[cfg(target_family = "wasm")]
+mod imp {
+    use super::*;
+    use crate::bindings::eggtimer::plugin::{host, types};
+
+    pub fn log(level: Level, message: &str) {
+        let level = match level {
+            Level::Debug => types::Level::Debug,
+            Level::Info => types::Level::Info,
+            Level::Warn => types::Level::Warn,
+            Level::Error => types::Level::Error,
+        };
+        host::log(level, message)
+    }
+
+    pub fn now() -> i64 {
+        host::now()
+    }
+
+    pub fn schedule(t: FollowUp) -> Result<String> {
+        Ok(host::schedule(&types::FollowUp {
+            plugin: t.plugin,
+            payload: t.payload,
+            run_at: t.run_at,
+            owner: t.owner,
+            max_attempts: t.max_attempts,
+        })?)
+    }
+
+    pub fn cancel(id: &str) {
+        host::cancel(id)
+    }
+
+    pub fn emit(topic: &str, data: &str) -> Result<()> {
+        Ok(host::emit(topic, data)?)
+    }
+
+    pub fn kv_get(key: &str) -> Result<Option<String>> {
+        Ok(host::kv_get(key)?)
+    }
+
+    pub fn kv_set(key: &str, value: &str, ttl_ms: Option<u64>) -> Result<()> {
+        Ok(host::kv_set(key, value, ttl_ms)?)
+    }
+
+    pub fn kv_delete(key: &str) -> Result<()> {
+        Ok(host::kv_delete(key)?)
+    }
+}
+
+#[cfg(not(target_family = "wasm"))]
+mod imp {
+    use super::*;
+    use crate::testing::with_host;
+
+    pub fn log(level: Level, message: &str) {
+        with_host(|h| h.logs.push((level, message.to_owned())))
+    }
+
+    pub fn now() -> i64 {
+        with_host(|h| h.now)
+    }
+
+    pub fn schedule(t: FollowUp) -> Result<String> {
+        with_host(|h| {
+            let id = format!("{}.{}", h.task_id, h.scheduled.len());
+            h.scheduled.push((id.clone(), t));
+            Ok(id)
+        })
+    }
+
+    pub fn cancel(id: &str) {
+        with_host(|h| h.cancelled.push(id.to_owned()))
+    }
+
+    pub fn emit(topic: &str, data: &str) -> Result<()> {
+        let value = serde_json::from_str(data)?;
+        with_host(|h| h.events.push((topic.to_owned(), value)));
+        Ok(())
+    }
+
+    pub fn kv_get(key: &str) -> Result<Option<String>> {
+        Ok(with_host(|h| h.kv.get(key).cloned()))
+    }
+
+    pub fn kv_set(key: &str, value: &str, _ttl_ms: Option<u64>) -> Result<()> {
+        with_host(|h| h.kv.insert(key.to_owned(), value.to_owned()));
+        Ok(())
+    }
+
+    pub fn kv_delete(key: &str) -> Result<()> {
+        with_host(|h| h.kv.remove(key));
+        Ok(())
+    }
+}
+
+pub use imp::*;
