@@ -69,14 +69,14 @@ pub trait TaskHost: Send + Sync {
 
 /// Runs tasks. Called on a blocking thread; it must return (the wasm host bounds every call).
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, task: &Claimed, host: &dyn TaskHost) -> Run;
+    fn handle(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run;
 }
 
 impl<F> Handler for F
 where
-    F: Fn(&Claimed, &dyn TaskHost) -> Run + Send + Sync + 'static,
+    F: Fn(&Claimed, &Arc<dyn TaskHost>) -> Run + Send + Sync + 'static,
 {
-    fn handle(&self, task: &Claimed, host: &dyn TaskHost) -> Run {
+    fn handle(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run {
         self(task, host)
     }
 }
@@ -176,7 +176,7 @@ impl Executor {
     async fn run_chunk(&self, chunk: Vec<Claimed>) {
         let Ok(_worker) = self.workers.clone().acquire_owned().await else { return };
         let handler = Arc::clone(&self.handler);
-        let host = StoreHost { store: self.store.clone(), rt: tokio::runtime::Handle::current() };
+        let host: Arc<dyn TaskHost> = Arc::new(StoreHost { store: self.store.clone(), rt: tokio::runtime::Handle::current() });
         let stopping = self.stopping.clone();
         let metrics = Arc::clone(&self.metrics);
         let (chunk, runs) = tokio::task::spawn_blocking(move || {

@@ -1,12 +1,16 @@
 //! eggtimer: a durable, millisecond-precise delayed-task runner on Redis, running tasks through
 //! WebAssembly plugins. See ARCHITECTURE.md for the map of the modules.
 
+pub mod api;
+pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod local_redis;
 pub mod metrics;
+pub mod plugins;
 pub mod poller;
 pub mod runner;
+pub mod serve;
 pub mod store;
 
 pub use executor::{Effects, Handler, Outcome, Run, TaskHost};

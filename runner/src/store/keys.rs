@@ -75,6 +75,11 @@ impl Keys {
         format!("{{{}}}:plugin:history:{}", self.ns, name)
     }
 
+    /// HASH plugin name -> last version number given.
+    pub fn plugin_seq(&self) -> String {
+        format!("{{{}}}:plugin:seq", self.ns)
+    }
+
     /// A plugin binary by content digest.
     pub fn plugin_blob(&self, digest: &str) -> String {
         format!("{{{}}}:plugin:blob:{}", self.ns, digest)

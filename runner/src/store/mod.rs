@@ -7,6 +7,7 @@
 //! Architecture invariant: no other module builds a key name or sends a Redis command.
 
 mod keys;
+mod plugins;
 mod record;
 mod scripts;
 
@@ -20,6 +21,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 pub use keys::Keys;
+pub use plugins::{PluginEntry, Rollback};
 pub use record::{TaskRecord, TaskState, field_safe};
 use scripts::Scripts;
 
@@ -659,6 +661,61 @@ impl Store {
             .await
             .context("kv get")?;
         Ok(v)
+    }
+
+    /// Records that a runner is alive (its info, JSON) for `ttl_ms`.
+    pub async fn heartbeat(&self, runner_id: &str, info: &str, ttl_ms: u64) -> Result<()> {
+        let k = self.keys();
+        let now = crate::executor::now_ms();
+        redis::pipe()
+            .cmd("SET")
+            .arg(k.runner(runner_id))
+            .arg(info)
+            .arg("PX")
+            .arg(ttl_ms)
+            .ignore()
+            .cmd("ZADD")
+            .arg(k.runners())
+            .arg(now)
+            .arg(runner_id)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(k.runners())
+            .arg("-inf")
+            .arg(now - 10 * ttl_ms as i64)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .context("heartbeat")
+    }
+
+    /// Removes a runner's heartbeat (graceful shutdown).
+    pub async fn forget_runner(&self, runner_id: &str) -> Result<()> {
+        let k = self.keys();
+        redis::pipe()
+            .cmd("DEL")
+            .arg(k.runner(runner_id))
+            .ignore()
+            .cmd("ZREM")
+            .arg(k.runners())
+            .arg(runner_id)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .context("removing a heartbeat")
+    }
+
+    /// The info (JSON) of every live runner.
+    pub async fn runners(&self) -> Result<Vec<String>> {
+        let k = self.keys();
+        let ids: Vec<String> =
+            redis::cmd("ZRANGE").arg(k.runners()).arg(0).arg(-1).query_async(&mut self.conn()).await.context("listing runners")?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids.iter().map(|id| k.runner(id)).collect();
+        let infos: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut self.conn()).await.context("listing runners")?;
+        Ok(infos.into_iter().flatten().collect())
     }
 
     /// Whether Redis answers.

@@ -11,6 +11,9 @@ pub struct Scripts {
     pub revive: Script,
     pub shift_owner: Script,
     pub effects: Script,
+    pub plugin_put: Script,
+    pub plugin_rollback: Script,
+    pub plugin_delete: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -30,6 +33,9 @@ impl Scripts {
             revive: with_prelude(include_str!("lua/revive.lua")),
             shift_owner: with_prelude(include_str!("lua/shift_owner.lua")),
             effects: Script::new(include_str!("lua/effects.lua")),
+            plugin_put: Script::new(include_str!("lua/plugin_put.lua")),
+            plugin_rollback: Script::new(include_str!("lua/plugin_rollback.lua")),
+            plugin_delete: Script::new(include_str!("lua/plugin_delete.lua")),
         }
     }
 }

@@ -1,0 +1,241 @@
+//! The plugin registry: uploads are checked (compiled, contract fitted) before they are stored in
+//! Redis by digest; every runner on the namespace hears the announcement and swaps to the new
+//! current version; a runner that starts or reconnects loads the current versions from Redis.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::{Plugins, digest};
+use crate::executor::now_ms;
+use crate::store::{PluginEntry, Rollback, Store};
+
+/// A plugin version as the API shows it.
+pub type PluginVersion = PluginEntry;
+
+/// Plugin names: `[a-z0-9][a-z0-9-]{0,63}`.
+pub fn valid_plugin_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// Why an upload was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("{0:?} is not a plugin name: use [a-z0-9][a-z0-9-]{{0,63}}")]
+    BadName(String),
+    #[error("the plugin is {0} bytes; the limit is {1}")]
+    TooLarge(usize, usize),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] anyhow::Error),
+}
+
+/// Uploads, rollbacks and hot reload of plugins.
+pub struct Registry {
+    store: Store,
+    plugins: Arc<Plugins>,
+    max_bytes: usize,
+}
+
+impl Registry {
+    pub fn new(store: Store, plugins: Arc<Plugins>, max_bytes: usize) -> Arc<Registry> {
+        Arc::new(Registry { store, plugins, max_bytes })
+    }
+
+    pub fn plugins(&self) -> &Arc<Plugins> {
+        &self.plugins
+    }
+
+    /// Checks, stores and installs a plugin; returns its entry and whether it is a new version.
+    pub async fn upload(&self, name: &str, wasm: Vec<u8>) -> Result<(PluginEntry, bool), UploadError> {
+        if !valid_plugin_name(name) {
+            return Err(UploadError::BadName(name.to_owned()));
+        }
+        if wasm.len() > self.max_bytes {
+            return Err(UploadError::TooLarge(wasm.len(), self.max_bytes));
+        }
+        let plugins = Arc::clone(&self.plugins);
+        let owned = name.to_owned();
+        let (loaded, wasm) = tokio::task::spawn_blocking(move || (plugins.compile(&owned, 0, &wasm), wasm))
+            .await
+            .context("compiling a plugin")?;
+        let mut loaded = loaded.map_err(UploadError::Invalid)?;
+        let at = now_ms();
+        let (version, created) = self.store.plugin_put(name, &loaded.digest, &wasm, at).await?;
+        loaded.version = version;
+        let entry = PluginEntry { name: name.to_owned(), version, digest: loaded.digest.clone(), size: wasm.len() as u64, uploaded_at: at };
+        let entry = if created { entry } else { self.store.plugin_current(name).await?.unwrap_or(entry) };
+        self.plugins.install(loaded);
+        Ok((entry, created))
+    }
+
+    pub async fn rollback(&self, name: &str) -> Result<Rollback> {
+        let r = self.store.plugin_rollback(name).await?;
+        if matches!(r, Rollback::Done(_)) {
+            self.sync_one(name).await?;
+        }
+        Ok(r)
+    }
+
+    pub async fn delete(&self, name: &str) -> Result<bool> {
+        let existed = self.store.plugin_delete(name).await?;
+        self.plugins.remove(name);
+        Ok(existed)
+    }
+
+    /// Makes the loaded version of `name` the registry's current one.
+    pub async fn sync_one(&self, name: &str) -> Result<()> {
+        let Some(entry) = self.store.plugin_current(name).await? else {
+            if self.plugins.get(name).is_some() {
+                info!(plugin = name, "plugin deleted");
+                self.plugins.remove(name);
+            }
+            return Ok(());
+        };
+        if let Some(l) = self.plugins.get(name)
+            && l.digest == entry.digest
+        {
+            if l.version != entry.version {
+                // same bytes under another version number (a seeded file): relabel
+                let plugins = Arc::clone(&self.plugins);
+                let wasm = self.store.plugin_blob(&entry.digest).await?.unwrap_or_default();
+                let e = entry.clone();
+                if let Ok(Ok(loaded)) = tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm)).await {
+                    self.plugins.install(loaded);
+                }
+            }
+            return Ok(());
+        }
+        let wasm = self
+            .store
+            .plugin_blob(&entry.digest)
+            .await?
+            .with_context(|| format!("the binary of {name} v{} is missing from Redis", entry.version))?;
+        let plugins = Arc::clone(&self.plugins);
+        let e = entry.clone();
+        let loaded = tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
+            .await
+            .context("compiling a plugin")?
+            .map_err(|err| anyhow::anyhow!("{name} v{}: {err}", entry.version))?;
+        self.plugins.install(loaded);
+        Ok(())
+    }
+
+    /// Loads the registry's current version of every plugin, and unloads what it no longer has.
+    pub async fn sync_all(&self) -> Result<()> {
+        let entries = self.store.plugin_list().await?;
+        for e in &entries {
+            if let Err(err) = self.sync_one(&e.name).await {
+                warn!("loading plugin {} failed: {err:#}", e.name);
+            }
+        }
+        for (name, _, _) in self.plugins.loaded() {
+            if !entries.iter().any(|e| e.name == name) {
+                self.sync_one(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Seeds the registry from a directory: each `<name>.wasm` is uploaded unless the registry
+    /// already has a plugin of that name (then the registry's version wins, so a restart never
+    /// undoes an upload).
+    pub async fn seed_dir(&self, dir: &Path) -> Result<Vec<String>> {
+        let mut seeded = Vec::new();
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading the plugins directory {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("wasm"))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+            let wasm = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            match self.store.plugin_current(&name).await? {
+                Some(cur) if cur.digest != digest(&wasm) => {
+                    info!(plugin = %name, "the registry has version {} of {name}; not seeding {}", cur.version, path.display());
+                }
+                _ => {
+                    self.upload(&name, wasm).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    seeded.push(name);
+                }
+            }
+        }
+        Ok(seeded)
+    }
+
+    /// Follows announcements until `stop`: on every (re)subscription it loads everything, then each
+    /// announced name; a periodic full sync covers a lost message.
+    pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let channel = self.store.keys().plugins_channel();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let sub = async {
+                let mut ps = self.store.pubsub_client()?.get_async_pubsub().await?;
+                ps.subscribe(&channel).await?;
+                Ok::<_, anyhow::Error>(ps)
+            };
+            match tokio::select! { r = sub => r, _ = stop.changed() => return } {
+                Ok(mut ps) => {
+                    delay = Duration::from_millis(100);
+                    if let Err(e) = self.sync_all().await {
+                        warn!("loading plugins from Redis failed: {e:#}");
+                    }
+                    let mut resync = tokio::time::interval(Duration::from_secs(30));
+                    resync.tick().await;
+                    let mut msgs = ps.on_message();
+                    loop {
+                        tokio::select! {
+                            m = msgs.next() => match m {
+                                Some(m) => {
+                                    let name: String = m.get_payload().unwrap_or_default();
+                                    if let Err(e) = self.sync_one(&name).await {
+                                        warn!("reloading plugin {name} failed: {e:#}");
+                                    }
+                                }
+                                None => break,
+                            },
+                            _ = resync.tick() => {
+                                if let Err(e) = self.sync_all().await {
+                                    warn!("resyncing plugins failed: {e:#}");
+                                }
+                            }
+                            _ = stop.changed() => return,
+                        }
+                    }
+                    warn!("the plugin announcements subscription dropped; resubscribing");
+                }
+                Err(e) => warn!("subscribing to plugin announcements failed, retrying in {delay:?}: {e:#}"),
+            }
+            tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return }
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_names() {
+        assert!(valid_plugin_name("auto-feed"));
+        assert!(valid_plugin_name("a"));
+        assert!(valid_plugin_name("0x"));
+        assert!(!valid_plugin_name("-a"));
+        assert!(!valid_plugin_name("Auto"));
+        assert!(!valid_plugin_name(""));
+        assert!(!valid_plugin_name(&"a".repeat(65)));
+        assert!(!valid_plugin_name("a_b"));
+    }
+}

@@ -1,0 +1,168 @@
+//! `eggtimer serve`: wires config, Redis (or a private redis-server), the plugin host and
+//! registry, the runner and the API together, and shuts them down in order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::api::{self, AppState};
+use crate::config::ServeArgs;
+use crate::executor::{ExecutorOptions, now_ms};
+use crate::local_redis::LocalRedis;
+use crate::metrics::Metrics;
+use crate::plugins::{PluginOptions, Plugins, Registry};
+use crate::poller::PollerOptions;
+use crate::runner::{Runner, RunnerOptions};
+use crate::store::{RedisTarget, Store, StoreOptions};
+
+/// Runs `eggtimer serve` until SIGTERM or ctrl-c.
+pub fn main(args: ServeArgs) -> Result<()> {
+    // The private redis-server is started from the main thread: its parent-death signal is tied
+    // to the thread that spawned it.
+    let local = match &args.redis {
+        Some(_) => None,
+        None => {
+            let r = LocalRedis::start(&args.data_dir, &args.redis_fsync)?;
+            info!(url = %r.url, dir = %args.data_dir.display(), "started a private redis-server");
+            Some(r)
+        }
+    };
+    let url = args.redis.clone().or_else(|| local.as_ref().map(|l| l.url.clone())).expect("a Redis URL");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let result = rt.block_on(serve(args, url, local.is_some()));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    drop(local);
+    result
+}
+
+async fn open_store(target: RedisTarget, opts: StoreOptions, stop: &mut watch::Receiver<bool>) -> Result<Option<Store>> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match Store::open(target.clone(), opts.clone()).await {
+            Ok(s) => return Ok(Some(s)),
+            Err(e) if format!("{e:#}").contains("shards in Redis") => return Err(e),
+            Err(e) => warn!("Redis is not reachable yet, retrying in {delay:?}: {e:#}"),
+        }
+        tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return Ok(None) }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
+    let (stop_tx, mut stop) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutting down: no new claims; running tasks finish");
+        let _ = stop_tx.send(true);
+    });
+    let target = RedisTarget::parse(&url)?;
+    let store_opts = StoreOptions {
+        namespace: args.namespace.clone(),
+        shards: args.shards,
+        keep_done_ms: args.keep_done.as_millis().max(1) as u64,
+        ..StoreOptions::default()
+    };
+    let Some(store) = open_store(target, store_opts, &mut stop).await? else { return Ok(()) };
+    let cache_dir = args.plugin_cache.clone().unwrap_or_else(|| args.data_dir.join("plugin-cache"));
+    let plugins = Plugins::new(PluginOptions {
+        timeout: args.plugin_timeout,
+        memory: args.plugin_memory,
+        cache_dir: Some(cache_dir),
+        max_payload_bytes: args.max_payload_bytes,
+        default_max_attempts: 5,
+    })?;
+    let registry = Registry::new(store.clone(), Arc::clone(&plugins), args.max_plugin_bytes);
+    if let Some(dir) = &args.plugins_dir {
+        let seeded = registry.seed_dir(dir).await?;
+        info!(dir = %dir.display(), ?seeded, "plugins directory loaded");
+    }
+    registry.sync_all().await?;
+    let metrics = Arc::new(Metrics::default());
+    let exec = ExecutorOptions {
+        workers: args.workers.unwrap_or(ExecutorOptions::default().workers),
+        max_inflight: args.max_inflight,
+        retry_base_ms: args.retry_base.as_millis() as u64,
+        retry_cap_ms: args.retry_cap.as_millis() as u64,
+    };
+    let poller = PollerOptions { batch: args.claim_batch, lease_ms: args.lease.as_millis() as u64, fallback: args.fallback_poll };
+    let runner = Runner::start(store.clone(), plugins.clone(), RunnerOptions { exec, poller }, Arc::clone(&metrics));
+    tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
+
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    if args.token.is_none() && !addr.ip().is_loopback() {
+        warn!("listening on {addr} beyond loopback without --token: anyone who can reach it can schedule tasks and upload code");
+    }
+    let runner_id = format!("{}-{}", hostname(), std::process::id());
+    let shards = store.shards() as usize;
+    let info = json!({"id": runner_id, "address": format!("http://{addr}"), "shards": shards, "started_at": now_ms()});
+    tokio::spawn(heartbeat(store.clone(), runner_id.clone(), info, stop.clone()));
+    let runners_store = store.clone();
+    let state = AppState {
+        store: store.clone(),
+        registry,
+        metrics,
+        token: args.token.clone(),
+        max_payload_bytes: args.max_payload_bytes,
+        max_plugin_bytes: args.max_plugin_bytes,
+        max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),
+        runners: Arc::new(move || {
+            let s = runners_store.clone();
+            Box::pin(async move {
+                let infos = s.runners().await?;
+                Ok(Value::Array(infos.iter().filter_map(|i| serde_json::from_str(i).ok()).collect()))
+            })
+        }),
+        owned_shards: Arc::new(move || shards),
+    };
+    info!(
+        "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",
+        args.namespace,
+        store.shards(),
+        url,
+        if private { ", private" } else { "" }
+    );
+    let mut stop_http = stop.clone();
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(async move {
+            let _ = stop_http.wait_for(|s| *s).await;
+        })
+        .await
+        .context("serving HTTP")?;
+    let drained = runner.shutdown(args.shutdown_grace).await;
+    let _ = store.forget_runner(&runner_id).await;
+    if !drained {
+        warn!("tasks were still running after {:?}; they will run again after their lease", args.shutdown_grace);
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn heartbeat(store: Store, id: String, info: Value, mut stop: watch::Receiver<bool>) {
+    let text = info.to_string();
+    loop {
+        if let Err(e) = store.heartbeat(&id, &text, 5000).await {
+            warn!("heartbeat failed: {e:#}");
+        }
+        tokio::select! { _ = tokio::time::sleep(Duration::from_secs(1)) => {}, _ = stop.changed() => return }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_else(|_| "runner".into())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

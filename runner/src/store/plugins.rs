@@ -1,0 +1,131 @@
+//! The plugin registry's data in Redis: binaries by digest, the current version of each name and
+//! its history. Every change is one script on the namespace slot that also announces it.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::Store;
+
+/// One version of a plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginEntry {
+    pub name: String,
+    pub version: u64,
+    pub digest: String,
+    pub size: u64,
+    pub uploaded_at: i64,
+}
+
+/// Outcome of a rollback.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Rollback {
+    Done(PluginEntry),
+    Missing,
+    NoPrevious,
+}
+
+impl Store {
+    /// Stores `wasm` as the new current version of `name` (or finds it is current already);
+    /// returns (version, created).
+    pub async fn plugin_put(&self, name: &str, digest: &str, wasm: &[u8], uploaded_at: i64) -> Result<(u64, bool)> {
+        let k = self.keys();
+        let (version, created): (u64, u8) = self
+            .inner
+            .scripts
+            .plugin_put
+            .key(k.plugins())
+            .key(k.plugin_history(name))
+            .key(k.plugin_blob(digest))
+            .key(k.plugin_seq())
+            .arg(name)
+            .arg(digest)
+            .arg(wasm.len())
+            .arg(uploaded_at)
+            .arg(wasm)
+            .arg(k.plugins_channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .context("storing a plugin")?;
+        Ok((version, created == 1))
+    }
+
+    pub async fn plugin_rollback(&self, name: &str) -> Result<Rollback> {
+        let k = self.keys();
+        let r: String = self
+            .inner
+            .scripts
+            .plugin_rollback
+            .key(k.plugins())
+            .key(k.plugin_history(name))
+            .arg(name)
+            .arg(k.plugins_channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .context("rolling a plugin back")?;
+        Ok(match r.as_str() {
+            "missing" => Rollback::Missing,
+            "no_previous" => Rollback::NoPrevious,
+            json => Rollback::Done(serde_json::from_str(json).context("a plugin entry")?),
+        })
+    }
+
+    /// Deletes a plugin; false when there was none.
+    pub async fn plugin_delete(&self, name: &str) -> Result<bool> {
+        let k = self.keys();
+        let n: i64 = self
+            .inner
+            .scripts
+            .plugin_delete
+            .key(k.plugins())
+            .key(k.plugin_history(name))
+            .arg(name)
+            .arg(k.plugins_channel())
+            .invoke_async(&mut self.conn())
+            .await
+            .context("deleting a plugin")?;
+        Ok(n == 1)
+    }
+
+    /// The current version of every plugin.
+    pub async fn plugin_list(&self) -> Result<Vec<PluginEntry>> {
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(self.keys().plugins())
+            .query_async(&mut self.conn())
+            .await
+            .context("listing plugins")?;
+        let mut v: Vec<PluginEntry> = all.iter().filter_map(|(_, j)| serde_json::from_str(j).ok()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(v)
+    }
+
+    pub async fn plugin_current(&self, name: &str) -> Result<Option<PluginEntry>> {
+        let j: Option<String> = redis::cmd("HGET")
+            .arg(self.keys().plugins())
+            .arg(name)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a plugin")?;
+        Ok(j.and_then(|j| serde_json::from_str(&j).ok()))
+    }
+
+    /// Every version of a plugin, newest first.
+    pub async fn plugin_history(&self, name: &str) -> Result<Vec<PluginEntry>> {
+        let all: Vec<String> = redis::cmd("LRANGE")
+            .arg(self.keys().plugin_history(name))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a plugin's history")?;
+        Ok(all.iter().filter_map(|j| serde_json::from_str(j).ok()).collect())
+    }
+
+    pub async fn plugin_blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        let b: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(self.keys().plugin_blob(digest))
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a plugin binary")?;
+        Ok(b)
+    }
+}
