@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// eggtimer: a durable, millisecond-precise delayed-task runner with WebAssembly plugins.
 #[derive(Parser, Debug)]
-#[command(name = "eggtimer", version, about)]
+#[command(name = "eggtimer", version, about, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the runner: admin API, pollers, executor (the default).
-    Serve,
+    Serve(ServeArgs),
     /// Manage plugins on a running eggtimer over its HTTP API.
     Plugin {
         #[command(flatten)]

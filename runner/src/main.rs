@@ -8,10 +8,15 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_new(&cli.serve.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    let log = match &cli.command {
+        Some(Command::Serve(a)) => a.log.clone(),
+        _ => cli.serve.log.clone(),
+    };
+    let filter = EnvFilter::try_new(&log).unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match cli.command {
-        None | Some(Command::Serve) => eggtimer::serve::main(cli.serve),
+        None => eggtimer::serve::main(cli.serve),
+        Some(Command::Serve(args)) => eggtimer::serve::main(args),
         Some(cmd) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -309,3 +309,47 @@ pub fn read_stream(conn: &mut redis::Connection, key: &str) -> Vec<(String, Stri
     }
     out
 }
+
+/// A JSON reply: (status, body).
+pub type Reply = (u16, serde_json::Value);
+
+async fn reply(r: reqwest::Response) -> Reply {
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
+
+/// Sends a request to a runner; `body` is sent as JSON when given.
+pub async fn call(method: &str, url: &str, body: Option<serde_json::Value>) -> Reply {
+    let mut req = http().request(method.parse().unwrap(), url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    reply(req.send().await.expect("the runner answers")).await
+}
+
+/// Uploads a plugin binary.
+pub async fn upload(base: &str, name: &str, wasm: Vec<u8>) -> Reply {
+    let r = http()
+        .put(format!("{base}/v1/plugins/{name}"))
+        .header("content-type", "application/wasm")
+        .body(wasm)
+        .send()
+        .await
+        .expect("the runner answers");
+    reply(r).await
+}
+
+/// Waits until a task reaches `state` (or panics after `limit`); returns the task.
+pub async fn wait_state(base: &str, id: &str, state: &str, limit: Duration) -> serde_json::Value {
+    eventually(limit, &format!("task {id} to be {state}"), || async {
+        let (s, t) = call("GET", &format!("{base}/v1/tasks/{id}"), None).await;
+        (s == 200 && t["state"] == state).then_some(t)
+    })
+    .await
+}
+
+/// The current time in ms.
+pub fn now_ms() -> i64 {
+    eggtimer::executor::now_ms()
+}
