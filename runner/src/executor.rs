@@ -268,7 +268,7 @@ impl Executor {
         for id in &fx.cancel {
             let _ = self.store.cancel(id).await?;
         }
-        self.store.apply_ns_effects(&task.id, task.attempt, &task.plugin, &fx.ns).await?;
+        self.store.apply_ns_effects(task, &fx.ns).await?;
         Ok(())
     }
 

@@ -85,9 +85,9 @@ impl Keys {
         format!("{{{}}}:plugin:blob:{}", self.ns, digest)
     }
 
-    /// Marks one handler run's effects as applied (task id, attempt).
-    pub fn effects_marker(&self, task_id: &str, attempt: u32) -> String {
-        format!("{{{}}}:fx:{}:{}", self.ns, task_id, attempt)
+    /// Marks one handler run's effects as applied (`run` names the run of the task).
+    pub fn effects_marker(&self, task_id: &str, run: &str) -> String {
+        format!("{{{}}}:fx:{}:{}", self.ns, task_id, run)
     }
 
     /// One entry of a plugin's key-value store.

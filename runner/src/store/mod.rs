@@ -138,6 +138,8 @@ pub struct Claimed {
     pub plugin: String,
     pub owner: Option<String>,
     pub payload: String,
+    /// When the task was (last) scheduled: with id, due and attempt it names this run.
+    pub created: i64,
 }
 
 /// The result of one claim.
@@ -396,7 +398,7 @@ impl Store {
         let next = int(&v[1]);
         let lease = int(&v[2]);
         let tasks = v[3..]
-            .chunks_exact(7)
+            .chunks_exact(8)
             .map(|c| Claimed {
                 id: string(&c[0]),
                 shard,
@@ -406,6 +408,7 @@ impl Store {
                 plugin: string(&c[4]),
                 owner: Some(string(&c[5])).filter(|o| !o.is_empty()),
                 payload: string(&c[6]),
+                created: int(&c[7]),
             })
             .collect();
         Ok(ClaimBatch { now, next_due: (next >= 0).then_some(next), next_lease_expiry: (lease >= 0).then_some(lease), tasks })
@@ -622,16 +625,17 @@ impl Store {
         Ok(try_join_all(calls).await.context("counting tasks")?)
     }
 
-    /// Applies one run's kv writes and events, once per (task, attempt). Returns false when they
-    /// had been applied before.
-    pub async fn apply_ns_effects(&self, task_id: &str, attempt: u32, plugin: &str, fx: &NsEffects) -> Result<bool> {
+    /// Applies one run's kv writes and events, at most once per run. Returns false when they had
+    /// been applied before.
+    pub async fn apply_ns_effects(&self, run: &Claimed, fx: &NsEffects) -> Result<bool> {
+        let (task_id, plugin) = (run.id.as_str(), run.plugin.as_str());
         if fx.kv.is_empty() && fx.events.is_empty() {
             return Ok(true);
         }
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
-        inv.key(keys.effects_marker(task_id, attempt));
-        // Lease-long is enough: a re-run after that is a new attempt with a new marker.
+        inv.key(keys.effects_marker(task_id, &format!("{}:{}:{}", run.created, run.due, run.attempt)));
+        // A day is plenty: a re-run is a new attempt, so it has a new marker anyway.
         inv.arg(24 * 3600 * 1000).arg(self.inner.opts.stream_maxlen);
         let mut ix = 1;
         for w in &fx.kv {

@@ -3,7 +3,7 @@
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none),
---          then 7 per task: id, attempt, due, max, plugin, owner, payload}.
+--          then 8 per task: id, attempt, due, max, plugin, owner, payload, created}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 reap_expired(now, limit)
@@ -21,7 +21,7 @@ for _, id in ipairs(ids) do
     redis.call('ZADD', K_INFLIGHT, now + lease, id)
     local n = #out
     out[n + 1] = id; out[n + 2] = t.att; out[n + 3] = t.due; out[n + 4] = t.max
-    out[n + 5] = t.plugin; out[n + 6] = t.owner; out[n + 7] = t.payload
+    out[n + 5] = t.plugin; out[n + 6] = t.owner; out[n + 7] = t.payload; out[n + 8] = t.created
   end
 end
 out[2] = head_due()
