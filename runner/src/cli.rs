@@ -5,7 +5,9 @@ use anyhow::{Context, Result, bail};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::config::{Command, DeadCmd, OwnerCmd, PluginCmd, RemoteArgs, TaskCmd, parse_duration, parse_signed_ms};
+use crate::config::{
+    Command, DeadCmd, OwnerCmd, PluginCmd, RemoteArgs, TaskCmd, parse_duration, parse_signed_ms,
+};
 
 struct Remote {
     http: reqwest::Client,
@@ -23,7 +25,9 @@ impl Remote {
     }
 
     async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
-        let mut req = self.http.request(method.clone(), format!("{}{path}", self.base));
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base));
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
@@ -33,13 +37,28 @@ impl Remote {
         self.send(req, &method, path).await
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder, method: &Method, path: &str) -> Result<Value> {
-        let resp = req.send().await.with_context(|| format!("{method} {}{path}: is eggtimer running there?", self.base))?;
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        method: &Method,
+        path: &str,
+    ) -> Result<Value> {
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {}{path}: is eggtimer running there?", self.base))?;
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
-        let v: Value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        let v: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
         if !status.is_success() {
-            let msg = v["error"]["message"].as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+            let msg = v["error"]["message"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| v.to_string());
             bail!("{status}: {msg}");
         }
         Ok(v)
@@ -48,7 +67,13 @@ impl Remote {
 
 fn enc(s: &str) -> String {
     s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 
@@ -60,31 +85,60 @@ pub async fn run(cmd: Command) -> Result<()> {
             let r = Remote::new(&remote)?;
             match cmd {
                 PluginCmd::Push { name, file } => {
-                    let wasm = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+                    let wasm = std::fs::read(&file)
+                        .with_context(|| format!("reading {}", file.display()))?;
                     let path = format!("/v1/plugins/{}", enc(&name));
-                    let mut req = r.http.put(format!("{}{path}", r.base)).header("content-type", "application/wasm").body(wasm);
+                    let mut req = r
+                        .http
+                        .put(format!("{}{path}", r.base))
+                        .header("content-type", "application/wasm")
+                        .body(wasm);
                     if let Some(t) = &r.token {
                         req = req.bearer_auth(t);
                     }
                     r.send(req, &Method::PUT, &path).await?
                 }
                 PluginCmd::List => r.call(Method::GET, "/v1/plugins", None).await?,
-                PluginCmd::Get { name } => r.call(Method::GET, &format!("/v1/plugins/{}", enc(&name)), None).await?,
-                PluginCmd::Rollback { name } => r.call(Method::POST, &format!("/v1/plugins/{}/rollback", enc(&name)), None).await?,
-                PluginCmd::Delete { name } => r.call(Method::DELETE, &format!("/v1/plugins/{}", enc(&name)), None).await?,
+                PluginCmd::Get { name } => {
+                    r.call(Method::GET, &format!("/v1/plugins/{}", enc(&name)), None)
+                        .await?
+                }
+                PluginCmd::Rollback { name } => {
+                    r.call(
+                        Method::POST,
+                        &format!("/v1/plugins/{}/rollback", enc(&name)),
+                        None,
+                    )
+                    .await?
+                }
+                PluginCmd::Delete { name } => {
+                    r.call(Method::DELETE, &format!("/v1/plugins/{}", enc(&name)), None)
+                        .await?
+                }
             }
         }
         Command::Task { remote, cmd } => {
             let r = Remote::new(&remote)?;
             match cmd {
-                TaskCmd::Add { plugin, payload, at, r#in, id, owner, max_attempts } => {
-                    let payload: Value = serde_json::from_str(&payload).context("--payload must be JSON")?;
+                TaskCmd::Add {
+                    plugin,
+                    payload,
+                    at,
+                    r#in,
+                    id,
+                    owner,
+                    max_attempts,
+                } => {
+                    let payload: Value =
+                        serde_json::from_str(&payload).context("--payload must be JSON")?;
                     let mut spec = json!({"plugin": plugin, "payload": payload});
                     if let Some(t) = at {
                         spec["run_at"] = json!(t);
                     }
                     if let Some(d) = r#in {
-                        spec["delay_ms"] = json!(parse_duration(&d).map_err(anyhow::Error::msg)?.as_millis() as u64);
+                        spec["delay_ms"] = json!(
+                            parse_duration(&d).map_err(anyhow::Error::msg)?.as_millis() as u64
+                        );
                     }
                     if let Some(id) = id {
                         spec["id"] = json!(id);
@@ -97,16 +151,32 @@ pub async fn run(cmd: Command) -> Result<()> {
                     }
                     r.call(Method::POST, "/v1/tasks", Some(spec)).await?
                 }
-                TaskCmd::Get { id } => r.call(Method::GET, &format!("/v1/tasks/{}", enc(&id)), None).await?,
-                TaskCmd::Cancel { id } => r.call(Method::DELETE, &format!("/v1/tasks/{}", enc(&id)), None).await?,
-                TaskCmd::Run { id } => r.call(Method::POST, &format!("/v1/tasks/{}/run", enc(&id)), None).await?,
+                TaskCmd::Get { id } => {
+                    r.call(Method::GET, &format!("/v1/tasks/{}", enc(&id)), None)
+                        .await?
+                }
+                TaskCmd::Cancel { id } => {
+                    r.call(Method::DELETE, &format!("/v1/tasks/{}", enc(&id)), None)
+                        .await?
+                }
+                TaskCmd::Run { id } => {
+                    r.call(Method::POST, &format!("/v1/tasks/{}/run", enc(&id)), None)
+                        .await?
+                }
                 TaskCmd::Move { id, at, by } => {
                     let body = match (at, by) {
                         (Some(t), None) => json!({"run_at": t}),
-                        (None, Some(b)) => json!({"shift_ms": parse_signed_ms(&b).map_err(anyhow::Error::msg)?}),
+                        (None, Some(b)) => {
+                            json!({"shift_ms": parse_signed_ms(&b).map_err(anyhow::Error::msg)?})
+                        }
                         _ => bail!("give --at T or --by DURATION"),
                     };
-                    r.call(Method::PATCH, &format!("/v1/tasks/{}", enc(&id)), Some(body)).await?
+                    r.call(
+                        Method::PATCH,
+                        &format!("/v1/tasks/{}", enc(&id)),
+                        Some(body),
+                    )
+                    .await?
                 }
             }
         }
@@ -114,21 +184,43 @@ pub async fn run(cmd: Command) -> Result<()> {
             let r = Remote::new(&remote)?;
             match cmd {
                 OwnerCmd::Shift { owner, by, plugin } => {
-                    let mut body = json!({"shift_ms": parse_signed_ms(&by).map_err(anyhow::Error::msg)?});
+                    let mut body =
+                        json!({"shift_ms": parse_signed_ms(&by).map_err(anyhow::Error::msg)?});
                     if let Some(p) = plugin {
                         body["plugin"] = json!(p);
                     }
-                    r.call(Method::POST, &format!("/v1/owners/{}/shift", enc(&owner)), Some(body)).await?
+                    r.call(
+                        Method::POST,
+                        &format!("/v1/owners/{}/shift", enc(&owner)),
+                        Some(body),
+                    )
+                    .await?
                 }
-                OwnerCmd::List { owner } => r.call(Method::GET, &format!("/v1/owners/{}/tasks", enc(&owner)), None).await?,
+                OwnerCmd::List { owner } => {
+                    r.call(
+                        Method::GET,
+                        &format!("/v1/owners/{}/tasks", enc(&owner)),
+                        None,
+                    )
+                    .await?
+                }
             }
         }
         Command::Dead { remote, cmd } => {
             let r = Remote::new(&remote)?;
             match cmd {
-                DeadCmd::List { limit } => r.call(Method::GET, &format!("/v1/dead?limit={limit}"), None).await?,
-                DeadCmd::Retry { id } => r.call(Method::POST, &format!("/v1/dead/{}/retry", enc(&id)), None).await?,
-                DeadCmd::Drop { id } => r.call(Method::DELETE, &format!("/v1/dead/{}", enc(&id)), None).await?,
+                DeadCmd::List { limit } => {
+                    r.call(Method::GET, &format!("/v1/dead?limit={limit}"), None)
+                        .await?
+                }
+                DeadCmd::Retry { id } => {
+                    r.call(Method::POST, &format!("/v1/dead/{}/retry", enc(&id)), None)
+                        .await?
+                }
+                DeadCmd::Drop { id } => {
+                    r.call(Method::DELETE, &format!("/v1/dead/{}", enc(&id)), None)
+                        .await?
+                }
             }
         }
     };

@@ -8,7 +8,12 @@ use clap::{Args, Parser, Subcommand};
 
 /// eggtimer: a durable, millisecond-precise delayed-task runner with WebAssembly plugins.
 #[derive(Parser, Debug)]
-#[command(name = "eggtimer", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "eggtimer",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -20,7 +25,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the runner: admin API, pollers, executor (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage plugins on a running eggtimer over its HTTP API.
     Plugin {
         #[command(flatten)]
@@ -217,7 +222,8 @@ pub struct ServeArgs {
 
 /// Parses `250ms`, `30s`, `10m`, `2h` (humantime).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 250ms, 30s, 10m or 2h: {e}"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 250ms, 30s, 10m or 2h: {e}"))
 }
 
 /// Parses a signed duration: `-2h`, `+30m`, `90s` → ms.

@@ -52,12 +52,18 @@ pub struct Run {
 impl Run {
     /// A run that failed before it could decide anything (retried with backoff).
     pub fn failed(error: impl Into<String>) -> Run {
-        Run { outcome: Err(error.into()), effects: Effects::default() }
+        Run {
+            outcome: Err(error.into()),
+            effects: Effects::default(),
+        }
     }
 
     /// A run with an outcome and no effects.
     pub fn outcome(outcome: Outcome) -> Run {
-        Run { outcome: Ok(outcome), effects: Effects::default() }
+        Run {
+            outcome: Ok(outcome),
+            effects: Effects::default(),
+        }
     }
 }
 
@@ -83,7 +89,9 @@ where
 
 /// Retry backoff: `base · 2^(attempt−1)`, capped, with jitter in its upper half. Pure.
 pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> u64 {
-    let exp = base_ms.saturating_mul(1u64 << attempt.saturating_sub(1).min(40)).min(cap_ms);
+    let exp = base_ms
+        .saturating_mul(1u64 << attempt.saturating_sub(1).min(40))
+        .min(cap_ms);
     let half = exp / 2;
     half + ((exp - half) as f64 * unit_random.clamp(0.0, 1.0)) as u64
 }
@@ -102,7 +110,12 @@ pub struct ExecutorOptions {
 impl Default for ExecutorOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        ExecutorOptions { workers: cores * 2, max_inflight: 2048, retry_base_ms: 1000, retry_cap_ms: 3_600_000 }
+        ExecutorOptions {
+            workers: cores * 2,
+            max_inflight: 2048,
+            retry_base_ms: 1000,
+            retry_cap_ms: 3_600_000,
+        }
     }
 }
 
@@ -125,13 +138,17 @@ struct StoreHost {
 
 impl TaskHost for StoreHost {
     fn kv_get(&self, plugin: &str, key: &str) -> Result<Option<String>, String> {
-        self.rt.block_on(self.store.kv_get(plugin, key)).map_err(|e| format!("{e:#}"))
+        self.rt
+            .block_on(self.store.kv_get(plugin, key))
+            .map_err(|e| format!("{e:#}"))
     }
 }
 
 /// Milliseconds since the Unix epoch, by this process's clock.
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Executor {
@@ -174,9 +191,14 @@ impl Executor {
     }
 
     async fn run_chunk(&self, chunk: Vec<Claimed>) {
-        let Ok(_worker) = self.workers.clone().acquire_owned().await else { return };
+        let Ok(_worker) = self.workers.clone().acquire_owned().await else {
+            return;
+        };
         let handler = Arc::clone(&self.handler);
-        let host: Arc<dyn TaskHost> = Arc::new(StoreHost { store: self.store.clone(), rt: tokio::runtime::Handle::current() });
+        let host: Arc<dyn TaskHost> = Arc::new(StoreHost {
+            store: self.store.clone(),
+            rt: tokio::runtime::Handle::current(),
+        });
         let stopping = self.stopping.clone();
         let metrics = Arc::clone(&self.metrics);
         let (chunk, runs) = tokio::task::spawn_blocking(move || {
@@ -209,8 +231,12 @@ impl Executor {
                 outcomes.push((i, Finish::Release));
                 continue;
             };
-            let span = info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
-            let applied = self.apply_effects(task, &run.effects).instrument(span.clone()).await;
+            let span =
+                info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
+            let applied = self
+                .apply_effects(task, &run.effects)
+                .instrument(span.clone())
+                .await;
             if let Err(e) = applied {
                 // Not recorded: the lease expires and the task runs again, effects re-applied
                 // idempotently. Nothing is lost.
@@ -220,9 +246,10 @@ impl Executor {
             let finish = match run.outcome {
                 Ok(Outcome::Done) => Finish::Done,
                 Ok(Outcome::RunAgainAt(at)) => Finish::Again { at },
-                Ok(Outcome::RetryAfter(ms)) => {
-                    Finish::Retry { after_ms: ms as i64, error: format!("the handler asked to retry in {ms} ms") }
-                }
+                Ok(Outcome::RetryAfter(ms)) => Finish::Retry {
+                    after_ms: ms as i64,
+                    error: format!("the handler asked to retry in {ms} ms"),
+                },
                 Ok(Outcome::Fail(reason)) => Finish::Dead { error: reason },
                 Err(error) => {
                     let after_ms = backoff_ms(
@@ -240,8 +267,10 @@ impl Executor {
         if outcomes.is_empty() {
             return;
         }
-        let items: Vec<(&str, u32, &Finish)> =
-            outcomes.iter().map(|(i, f)| (chunk[*i].id.as_str(), chunk[*i].attempt, f)).collect();
+        let items: Vec<(&str, u32, &Finish)> = outcomes
+            .iter()
+            .map(|(i, f)| (chunk[*i].id.as_str(), chunk[*i].attempt, f))
+            .collect();
         match self.store.finish(chunk[0].shard, &items).await {
             Ok(verdicts) => {
                 for ((i, _), v) in outcomes.iter().zip(verdicts) {
@@ -254,13 +283,17 @@ impl Executor {
                     }
                 }
             }
-            Err(e) => warn!("recording outcomes failed; the leases will expire and the tasks run again: {e:#}"),
+            Err(e) => warn!(
+                "recording outcomes failed; the leases will expire and the tasks run again: {e:#}"
+            ),
         }
     }
 
     async fn apply_effects(&self, task: &Claimed, fx: &Effects) -> anyhow::Result<()> {
         if !fx.schedule.is_empty() {
-            self.store.schedule(&fx.schedule, ScheduleMode::IfAbsent).await?;
+            self.store
+                .schedule(&fx.schedule, ScheduleMode::IfAbsent)
+                .await?;
             for t in &fx.schedule {
                 self.metrics.observe_scheduled(&t.plugin, 1);
             }
@@ -275,7 +308,9 @@ impl Executor {
     /// Waits until every claimed task has finished (or `limit` passed); true when all did.
     pub async fn drain(&self, limit: Duration) -> bool {
         let all = self.opts.max_inflight as u32;
-        tokio::time::timeout(limit, self.inflight.acquire_many(all)).await.is_ok()
+        tokio::time::timeout(limit, self.inflight.acquire_many(all))
+            .await
+            .is_ok()
     }
 }
 

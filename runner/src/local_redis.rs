@@ -32,19 +32,38 @@ impl LocalRedis {
         if !matches!(fsync, "always" | "everysec") {
             bail!("--redis-fsync must be always or everysec, not {fsync:?}");
         }
-        std::fs::create_dir_all(dir).with_context(|| format!("creating the data directory {}", dir.display()))?;
-        let dir = dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the data directory {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("resolving {}", dir.display()))?;
         let port = free_port()?;
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"])
-            .args(["--appendfsync", fsync, "--daemonize", "no", "--protected-mode", "yes"])
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+        ])
+        .args([
+            "--appendfsync",
+            fsync,
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::process::CommandExt;
@@ -63,7 +82,10 @@ impl LocalRedis {
             }
             Err(e) => return Err(e).context("starting redis-server"),
         };
-        let mut me = LocalRedis { child, url: format!("redis://127.0.0.1:{port}") };
+        let mut me = LocalRedis {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
         me.wait_ready(&dir)?;
         Ok(me)
     }
@@ -73,19 +95,27 @@ impl LocalRedis {
         let addr = self.url.trim_start_matches("redis://").to_owned();
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!("redis-server exited at start ({status}); see {}", dir.join("redis.log").display());
+                bail!(
+                    "redis-server exited at start ({status}); see {}",
+                    dir.join("redis.log").display()
+                );
             }
             if let Ok(mut s) = TcpStream::connect(&addr) {
                 use std::io::{Read, Write};
                 s.set_read_timeout(Some(Duration::from_secs(1)))?;
                 let mut buf = [0u8; 64];
                 // Loading an AOF answers -LOADING: wait for +PONG.
-                if s.write_all(b"PING\r\n").is_ok() && matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG")) {
+                if s.write_all(b"PING\r\n").is_ok()
+                    && matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+                {
                     return Ok(());
                 }
             }
             if Instant::now() > deadline {
-                bail!("redis-server did not answer within 30 s; see {}", dir.join("redis.log").display());
+                bail!(
+                    "redis-server did not answer within 30 s; see {}",
+                    dir.join("redis.log").display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -13,10 +13,13 @@ fn main() -> ExitCode {
         _ => cli.serve.log.clone(),
     };
     let filter = EnvFilter::try_new(&log).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         None => eggtimer::serve::main(cli.serve),
-        Some(Command::Serve(args)) => eggtimer::serve::main(args),
+        Some(Command::Serve(args)) => eggtimer::serve::main(*args),
         Some(cmd) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -34,7 +34,11 @@ pub struct PollerOptions {
 
 impl Default for PollerOptions {
     fn default() -> Self {
-        PollerOptions { batch: 256, lease_ms: 30_000, fallback: Duration::from_secs(2) }
+        PollerOptions {
+            batch: 256,
+            lease_ms: 30_000,
+            fallback: Duration::from_secs(2),
+        }
     }
 }
 
@@ -47,7 +51,10 @@ pub struct ShardWake {
 
 impl ShardWake {
     fn new() -> Self {
-        ShardWake { notify: Notify::new(), planned: AtomicI64::new(i64::MAX) }
+        ShardWake {
+            notify: Notify::new(),
+            planned: AtomicI64::new(i64::MAX),
+        }
     }
 
     /// Wakes the poller if `due` is earlier than its planned wake-up.
@@ -72,7 +79,9 @@ impl Wakes {
 
     /// Handles a wake message `<shard>:<due>`.
     pub fn on_message(&self, msg: &str) {
-        let Some((s, d)) = msg.split_once(':') else { return };
+        let Some((s, d)) = msg.split_once(':') else {
+            return;
+        };
         if let (Ok(s), Ok(d)) = (s.parse::<usize>(), d.parse::<i64>())
             && let Some(w) = self.0.get(s)
         {
@@ -148,7 +157,10 @@ pub async fn poll_shard(
             _ = stop.changed() => return,
         };
         let mut permits = permits;
-        let extra = exec.inflight.available_permits().min(opts.batch.saturating_sub(1)) as u32;
+        let extra = exec
+            .inflight
+            .available_permits()
+            .min(opts.batch.saturating_sub(1)) as u32;
         if extra > 0
             && let Ok(more) = exec.inflight.clone().try_acquire_many_owned(extra)
         {
@@ -171,7 +183,9 @@ pub async fn poll_shard(
         let claimed = batch.tasks.len();
         if claimed > 0 {
             debug!(shard, claimed, "claimed");
-            let used = permits.split(claimed).expect("claimed no more than the permits held");
+            let used = permits
+                .split(claimed)
+                .expect("claimed no more than the permits held");
             exec.dispatch(batch.tasks, used);
         }
         drop(permits);
@@ -179,7 +193,10 @@ pub async fn poll_shard(
             continue; // more may be due: claim again at once
         }
         // Sleep until the next due time or lease expiry (Redis time), or the fallback.
-        let next = [batch.next_due, batch.next_lease_expiry.map(|l| l + 1)].into_iter().flatten().min();
+        let next = [batch.next_due, batch.next_lease_expiry.map(|l| l + 1)]
+            .into_iter()
+            .flatten()
+            .min();
         let fallback_ms = opts.fallback.as_millis() as i64;
         let wait_ms = next.map_or(fallback_ms, |t| (t - batch.now).clamp(0, fallback_ms));
         if wait_ms == 0 {

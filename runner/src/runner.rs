@@ -30,11 +30,26 @@ pub struct Runner {
 
 impl Runner {
     /// Starts polling every shard of `store` and running due tasks through `handler`.
-    pub fn start(store: Store, handler: Arc<dyn Handler>, opts: RunnerOptions, metrics: Arc<Metrics>) -> Runner {
+    pub fn start(
+        store: Store,
+        handler: Arc<dyn Handler>,
+        opts: RunnerOptions,
+        metrics: Arc<Metrics>,
+    ) -> Runner {
         let (stop, stop_rx) = watch::channel(false);
-        let exec = Executor::new(store.clone(), handler, opts.exec.clone(), Arc::clone(&metrics), stop_rx.clone());
+        let exec = Executor::new(
+            store.clone(),
+            handler,
+            opts.exec.clone(),
+            Arc::clone(&metrics),
+            stop_rx.clone(),
+        );
         let wakes = Wakes::new(store.shards());
-        let mut joins = vec![tokio::spawn(poller::listen(store.clone(), Arc::clone(&wakes), stop_rx.clone()))];
+        let mut joins = vec![tokio::spawn(poller::listen(
+            store.clone(),
+            Arc::clone(&wakes),
+            stop_rx.clone(),
+        ))];
         for shard in 0..store.shards() {
             joins.push(tokio::spawn(poller::poll_shard(
                 shard,
@@ -45,7 +60,13 @@ impl Runner {
                 stop_rx.clone(),
             )));
         }
-        Runner { stop, joins, exec, store, metrics }
+        Runner {
+            stop,
+            joins,
+            exec,
+            store,
+            metrics,
+        }
     }
 
     /// Stops claiming, lets running tasks finish within `grace` (tasks claimed but not started
@@ -60,7 +81,9 @@ impl Runner {
         if drained {
             info!("all claimed tasks finished or were released");
         } else {
-            warn!("tasks still running after {grace:?}; their leases will expire and they will run again");
+            warn!(
+                "tasks still running after {grace:?}; their leases will expire and they will run again"
+            );
         }
         drained
     }

@@ -31,15 +31,26 @@ pub fn main(args: ServeArgs) -> Result<()> {
             Some(r)
         }
     };
-    let url = args.redis.clone().or_else(|| local.as_ref().map(|l| l.url.clone())).expect("a Redis URL");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let url = args
+        .redis
+        .clone()
+        .or_else(|| local.as_ref().map(|l| l.url.clone()))
+        .expect("a Redis URL");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     let result = rt.block_on(serve(args, url, local.is_some()));
     rt.shutdown_timeout(Duration::from_secs(1));
     drop(local);
     result
 }
 
-async fn open_store(target: RedisTarget, opts: StoreOptions, stop: &mut watch::Receiver<bool>) -> Result<Option<Store>> {
+async fn open_store(
+    target: RedisTarget,
+    opts: StoreOptions,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<Store>> {
     let mut delay = Duration::from_millis(200);
     loop {
         match Store::open(target.clone(), opts.clone()).await {
@@ -66,8 +77,13 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         keep_done_ms: args.keep_done.as_millis().max(1) as u64,
         ..StoreOptions::default()
     };
-    let Some(store) = open_store(target, store_opts, &mut stop).await? else { return Ok(()) };
-    let cache_dir = args.plugin_cache.clone().unwrap_or_else(|| args.data_dir.join("plugin-cache"));
+    let Some(store) = open_store(target, store_opts, &mut stop).await? else {
+        return Ok(());
+    };
+    let cache_dir = args
+        .plugin_cache
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("plugin-cache"));
     let plugins = Plugins::new(PluginOptions {
         timeout: args.plugin_timeout,
         memory: args.plugin_memory,
@@ -88,19 +104,37 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         retry_base_ms: args.retry_base.as_millis() as u64,
         retry_cap_ms: args.retry_cap.as_millis() as u64,
     };
-    let poller = PollerOptions { batch: args.claim_batch, lease_ms: args.lease.as_millis() as u64, fallback: args.fallback_poll };
-    let runner = Runner::start(store.clone(), plugins.clone(), RunnerOptions { exec, poller }, Arc::clone(&metrics));
+    let poller = PollerOptions {
+        batch: args.claim_batch,
+        lease_ms: args.lease.as_millis() as u64,
+        fallback: args.fallback_poll,
+    };
+    let runner = Runner::start(
+        store.clone(),
+        plugins.clone(),
+        RunnerOptions { exec, poller },
+        Arc::clone(&metrics),
+    );
     tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
 
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     if args.token.is_none() && !addr.ip().is_loopback() {
-        warn!("listening on {addr} beyond loopback without --token: anyone who can reach it can schedule tasks and upload code");
+        warn!(
+            "listening on {addr} beyond loopback without --token: anyone who can reach it can schedule tasks and upload code"
+        );
     }
     let runner_id = format!("{}-{}", hostname(), std::process::id());
     let shards = store.shards() as usize;
     let info = json!({"id": runner_id, "address": format!("http://{addr}"), "shards": shards, "started_at": now_ms()});
-    tokio::spawn(heartbeat(store.clone(), runner_id.clone(), info, stop.clone()));
+    tokio::spawn(heartbeat(
+        store.clone(),
+        runner_id.clone(),
+        info,
+        stop.clone(),
+    ));
     let runners_store = store.clone();
     let state = AppState {
         store: store.clone(),
@@ -114,7 +148,12 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
             let s = runners_store.clone();
             Box::pin(async move {
                 let infos = s.runners().await?;
-                Ok(Value::Array(infos.iter().filter_map(|i| serde_json::from_str(i).ok()).collect()))
+                Ok(Value::Array(
+                    infos
+                        .iter()
+                        .filter_map(|i| serde_json::from_str(i).ok())
+                        .collect(),
+                ))
             })
         }),
         owned_shards: Arc::new(move || shards),
@@ -136,7 +175,10 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
     let drained = runner.shutdown(args.shutdown_grace).await;
     let _ = store.forget_runner(&runner_id).await;
     if !drained {
-        warn!("tasks were still running after {:?}; they will run again after their lease", args.shutdown_grace);
+        warn!(
+            "tasks were still running after {:?}; they will run again after their lease",
+            args.shutdown_grace
+        );
     }
     info!("stopped");
     Ok(())
@@ -153,14 +195,17 @@ async fn heartbeat(store: Store, id: String, info: Value, mut stop: watch::Recei
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_else(|_| "runner".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "runner".into())
 }
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
         tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
     }
     #[cfg(not(unix))]

@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 pub use serde_json;
 
 /// Bindings generated from `wit/plugin.wit` (used by [`handler!`]).
+#[allow(clippy::too_many_arguments)]
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
@@ -261,7 +262,11 @@ pub mod kv {
     /// eggtimer_sdk::kv::set("order-1:cancelled", &true, None).unwrap();
     /// ```
     pub fn set<T: Serialize>(key: &str, value: &T, ttl: Option<Duration>) -> Result<()> {
-        sys::kv_set(key, &serde_json::to_string(value)?, ttl.map(|d| d.as_millis() as u64))
+        sys::kv_set(
+            key,
+            &serde_json::to_string(value)?,
+            ttl.map(|d| d.as_millis() as u64),
+        )
     }
 
     /// Deletes a value.
@@ -283,7 +288,11 @@ pub fn __run<P: DeserializeOwned>(
 ) -> std::result::Result<wit::Outcome, String> {
     let payload: P = match serde_json::from_str(&task.payload) {
         Ok(p) => p,
-        Err(e) => return Ok(wit::Outcome::Fail(format!("the payload does not fit this plugin: {e}"))),
+        Err(e) => {
+            return Ok(wit::Outcome::Fail(format!(
+                "the payload does not fit this plugin: {e}"
+            )));
+        }
     };
     let typed = Task {
         id: task.id,

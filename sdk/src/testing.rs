@@ -73,7 +73,10 @@ impl TestHost {
 
     /// An empty host whose clock reads [`TestHost::DEFAULT_NOW`].
     pub fn new() -> Self {
-        TestHost { now: Self::DEFAULT_NOW, ..Default::default() }
+        TestHost {
+            now: Self::DEFAULT_NOW,
+            ..Default::default()
+        }
     }
 
     /// Runs the handler on `task` against this host; the host records what it did.
@@ -100,10 +103,16 @@ impl TestHost {
     /// let out = TestHost::new().run_json(handle, "\"not a number\"");
     /// assert!(matches!(out, Ok(Outcome::Fail(_))));
     /// ```
-    pub fn run_json<P: serde::de::DeserializeOwned>(&mut self, f: fn(Task<P>) -> Result, payload: &str) -> Result {
+    pub fn run_json<P: serde::de::DeserializeOwned>(
+        &mut self,
+        f: fn(Task<P>) -> Result,
+        payload: &str,
+    ) -> Result {
         match serde_json::from_str::<P>(payload) {
             Ok(p) => self.run(f, task(p)),
-            Err(e) => Ok(Outcome::Fail(format!("the payload does not fit this plugin: {e}"))),
+            Err(e) => Ok(Outcome::Fail(format!(
+                "the payload does not fit this plugin: {e}"
+            ))),
         }
     }
 }

@@ -15,7 +15,10 @@ pub use eggtimer;
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the workspace")
+        .to_path_buf()
 }
 
 /// A fresh directory under the system temp dir.
@@ -33,7 +36,11 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `f` every few ms until it returns Some, or panics after `limit` saying `what`.
@@ -81,15 +88,24 @@ impl RedisServer {
 
     fn launch(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"])
-            .args(["--appendfsync", "always", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .arg("--logfile")
-            .arg(self.dir.join("redis.log"))
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+        ])
+        .args(["--appendfsync", "always", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(&self.dir)
+        .arg("--logfile")
+        .arg(self.dir.join("redis.log"))
+        .args(&self.extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         let child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
                 "cannot start redis-server ({e}). These tests need it on PATH: \
@@ -109,7 +125,11 @@ impl RedisServer {
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "redis-server on port {} did not come up", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not come up",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -120,7 +140,10 @@ impl RedisServer {
 
     /// A blocking connection for assertions.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 
     /// kill -9.
@@ -169,9 +192,14 @@ fn cargo() -> Command {
 pub fn eggtimer_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let status = cargo().args(["build", "--quiet", "-p", "eggtimer", "--bin", "eggtimer"]).status().expect("running cargo");
+        let status = cargo()
+            .args(["build", "--quiet", "-p", "eggtimer", "--bin", "eggtimer"])
+            .status()
+            .expect("running cargo");
         assert!(status.success(), "building the eggtimer binary failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| workspace().join("target"));
         target.join("debug").join("eggtimer")
     })
     .clone()
@@ -211,7 +239,12 @@ impl RunnerProcess {
         let port = free_port();
         let mut cmd = Command::new(eggtimer_bin());
         cmd.arg("serve")
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--redis", redis_url])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--redis",
+                redis_url,
+            ])
             .args(args)
             .env_remove("EGGTIMER_TOKEN")
             .env("EGGTIMER_LOG", "info")
@@ -220,7 +253,10 @@ impl RunnerProcess {
         let mut child = cmd.spawn().expect("starting eggtimer");
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        for stream in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
             let log = Arc::clone(&log);
             let tx = tx.clone();
             std::thread::spawn(move || {
@@ -235,13 +271,22 @@ impl RunnerProcess {
                 }
             });
         }
-        let mut me = RunnerProcess { child: Some(child), port, url: format!("http://127.0.0.1:{port}"), log };
+        let mut me = RunnerProcess {
+            child: Some(child),
+            port,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         while rx.recv_timeout(Duration::from_millis(50)).is_err() {
             if let Some(status) = me.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("eggtimer exited at start ({status}):\n{}", me.log_text());
             }
-            assert!(Instant::now() < deadline, "eggtimer did not start listening:\n{}", me.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "eggtimer did not start listening:\n{}",
+                me.log_text()
+            );
         }
         me
     }
@@ -278,12 +323,23 @@ impl Drop for RunnerProcess {
 
 /// An HTTP client for a runner's API.
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
 
 /// Reads every entry of an event stream as (task_id, plugin, data JSON).
-pub fn read_stream(conn: &mut redis::Connection, key: &str) -> Vec<(String, String, serde_json::Value)> {
-    let v: redis::Value = redis::cmd("XRANGE").arg(key).arg("-").arg("+").query(conn).unwrap();
+pub fn read_stream(
+    conn: &mut redis::Connection,
+    key: &str,
+) -> Vec<(String, String, serde_json::Value)> {
+    let v: redis::Value = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query(conn)
+        .unwrap();
     let mut out = Vec::new();
     if let redis::Value::Array(entries) = v {
         for e in entries {
@@ -316,7 +372,10 @@ pub type Reply = (u16, serde_json::Value);
 async fn reply(r: reqwest::Response) -> Reply {
     let status = r.status().as_u16();
     let text = r.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
 }
 
 /// Sends a request to a runner; `body` is sent as JSON when given.

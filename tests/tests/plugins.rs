@@ -3,14 +3,24 @@
 
 use std::time::Duration;
 
-use eggtimer_tests::{RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, plugins_dir, read_stream, upload, wait_state};
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, plugins_dir, read_stream,
+    upload, wait_state,
+};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(20);
 
 fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
     let dir = plugins_dir();
-    let mut args = vec!["--plugins-dir", dir.to_str().unwrap(), "--retry-base", "50ms", "--plugin-timeout", "300ms"];
+    let mut args = vec![
+        "--plugins-dir",
+        dir.to_str().unwrap(),
+        "--retry-base",
+        "50ms",
+        "--plugin-timeout",
+        "300ms",
+    ];
     args.extend_from_slice(extra);
     RunnerProcess::start(&redis.url(), &args)
 }
@@ -23,15 +33,20 @@ async fn auto_feed_feeds_again_with_a_card_and_an_acceleration_card_shifts_the_f
     let (s, b) = call(
         "POST",
         &format!("{}/v1/tasks", r.url),
-        Some(json!({"plugin": "auto-feed", "id": "meal-1", "owner": "u1", "delay_ms": 300,
-                    "payload": {"pet_id": "p1", "user_id": "u1", "auto_feed_cards": 1}})),
+        Some(
+            json!({"plugin": "auto-feed", "id": "meal-1", "owner": "u1", "delay_ms": 300,
+                    "payload": {"pet_id": "p1", "user_id": "u1", "auto_feed_cards": 1}}),
+        ),
     )
     .await;
     assert_eq!(s, 201, "{b}");
     wait_state(&r.url, "meal-1", "done", T).await;
     let mut c = redis.conn();
     let events = read_stream(&mut c, "{eggtimer}:events:pet");
-    let types: Vec<&str> = events.iter().map(|e| e.2["type"].as_str().unwrap()).collect();
+    let types: Vec<&str> = events
+        .iter()
+        .map(|e| e.2["type"].as_str().unwrap())
+        .collect();
     assert_eq!(types, ["finished_eating", "auto_fed"]);
     assert_eq!(events[1].2["cards_left"], 0);
     // the next finish is scheduled for the owner, 4 h after the first
@@ -40,15 +55,28 @@ async fn auto_feed_feeds_again_with_a_card_and_an_acceleration_card_shifts_the_f
     assert_eq!(list.len(), 1, "{list:?}");
     let next_id = list[0]["id"].as_str().unwrap().to_owned();
     let first_due = b["run_at"].as_i64().unwrap();
-    assert_eq!(list[0]["run_at"].as_i64().unwrap(), first_due + 4 * 3600 * 1000);
+    assert_eq!(
+        list[0]["run_at"].as_i64().unwrap(),
+        first_due + 4 * 3600 * 1000
+    );
     assert_eq!(list[0]["payload"]["auto_feed_cards"], 0);
     // an acceleration card: the owner's auto-feed tasks move 2 h earlier
-    let (s, b) = call("POST", &format!("{}/v1/owners/u1/shift", r.url), Some(json!({"shift_ms": -7_200_000, "plugin": "auto-feed"}))).await;
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/owners/u1/shift", r.url),
+        Some(json!({"shift_ms": -7_200_000, "plugin": "auto-feed"})),
+    )
+    .await;
     assert_eq!((s, b), (200, json!({"shifted": 1})));
     let (_, t) = call("GET", &format!("{}/v1/tasks/{next_id}", r.url), None).await;
     assert_eq!(t["run_at"].as_i64().unwrap(), first_due + 2 * 3600 * 1000);
     // two more cards' worth of time: it finishes now, with no card left nothing more is scheduled
-    call("POST", &format!("{}/v1/owners/u1/shift", r.url), Some(json!({"shift_ms": -7_200_000}))).await;
+    call(
+        "POST",
+        &format!("{}/v1/owners/u1/shift", r.url),
+        Some(json!({"shift_ms": -7_200_000})),
+    )
+    .await;
     wait_state(&r.url, &next_id, "done", T).await;
     let events = read_stream(&mut c, "{eggtimer}:events:pet");
     assert_eq!(events.len(), 3);
@@ -75,7 +103,10 @@ async fn coupon_expiry_reminds_two_hours_before() {
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].0, "coupon-c9");
     assert_eq!(events[0].1, "coupon-expiry");
-    assert_eq!(events[0].2, json!({"type": "coupon_expiring", "coupon_id": "c9", "user_id": "u1", "expires_at": expires_at}));
+    assert_eq!(
+        events[0].2,
+        json!({"type": "coupon_expiring", "coupon_id": "c9", "user_id": "u1", "expires_at": expires_at})
+    );
 }
 
 #[tokio::test]
@@ -98,9 +129,15 @@ async fn order_cancel_emits_once_per_order_and_nothing_for_a_paid_order() {
     call("POST", &tasks, Some(json!({"plugin": "order-cancel", "id": "order-3", "delay_ms": 600, "payload": {"order_id": "3", "user_id": "u1"}}))).await;
     wait_state(&r.url, "order-3", "done", T).await;
     let events = read_stream(&mut redis.conn(), "{eggtimer}:events:order");
-    let orders: Vec<&str> = events.iter().map(|e| e.2["order_id"].as_str().unwrap()).collect();
+    let orders: Vec<&str> = events
+        .iter()
+        .map(|e| e.2["order_id"].as_str().unwrap())
+        .collect();
     assert_eq!(orders, ["1", "3"]);
-    assert_eq!(events[0].2, json!({"type": "order_cancelled", "order_id": "1", "user_id": "u1"}));
+    assert_eq!(
+        events[0].2,
+        json!({"type": "order_cancelled", "order_id": "1", "user_id": "u1"})
+    );
     let (s, _) = call("GET", &format!("{tasks}/order-2"), None).await;
     assert_eq!(s, 404);
 }
@@ -172,9 +209,13 @@ async fn a_hot_swap_under_a_stream_of_tasks_loses_none() {
         wait_state(&r.url, &format!("s{i}"), "done", T).await;
     }
     let events = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
-    let with_event: std::collections::HashSet<String> = events.iter().map(|e| e.0.clone()).collect();
+    let with_event: std::collections::HashSet<String> =
+        events.iter().map(|e| e.0.clone()).collect();
     for i in &after_swap {
-        assert!(with_event.contains(&format!("s{i}")), "s{i} was scheduled after the swap but ran on the old version");
+        assert!(
+            with_event.contains(&format!("s{i}")),
+            "s{i} was scheduled after the swap but ran on the old version"
+        );
     }
     assert!(events.len() >= after_swap.len() && events.len() <= n);
 }
@@ -187,12 +228,20 @@ async fn a_follow_up_is_not_duplicated_when_its_parent_runs_twice() {
     let spec = json!({"plugin": "auto-feed", "id": "meal-x", "owner": "u7", "run_at": first_due,
                       "payload": {"pet_id": "p", "user_id": "u7", "auto_feed_cards": 3}});
     for _ in 0..2 {
-        assert_eq!(call("POST", &format!("{}/v1/tasks", r.url), Some(spec.clone())).await.0, 201);
+        assert_eq!(
+            call("POST", &format!("{}/v1/tasks", r.url), Some(spec.clone()))
+                .await
+                .0,
+            201
+        );
         wait_state(&r.url, "meal-x", "done", T).await;
     }
     // the parent ran twice (two auto_fed events), its follow-up exists once
     let events = read_stream(&mut redis.conn(), "{eggtimer}:events:pet");
-    assert_eq!(events.iter().filter(|e| e.2["type"] == "auto_fed").count(), 2);
+    assert_eq!(
+        events.iter().filter(|e| e.2["type"] == "auto_fed").count(),
+        2
+    );
     let (_, list) = call("GET", &format!("{}/v1/owners/u7/tasks", r.url), None).await;
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     assert_eq!(list[0]["run_at"], first_due + 4 * 3600 * 1000);

@@ -3,17 +3,32 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use eggtimer::store::{Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, StoreOptions, TaskState};
+use eggtimer::store::{
+    Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, StoreOptions, TaskState,
+};
 use eggtimer::{RedisTarget, Store};
 use eggtimer_tests::{RedisServer, eventually};
 
 async fn store(redis: &RedisServer, shards: u32) -> Store {
-    let opts = StoreOptions { shards, keep_done_ms: 60_000, ..StoreOptions::default() };
-    Store::open(RedisTarget::Single(redis.url()), opts).await.unwrap()
+    let opts = StoreOptions {
+        shards,
+        keep_done_ms: 60_000,
+        ..StoreOptions::default()
+    };
+    Store::open(RedisTarget::Single(redis.url()), opts)
+        .await
+        .unwrap()
 }
 
 fn task(id: &str, run_at: i64) -> NewTask {
-    NewTask { id: id.into(), plugin: "noop".into(), payload: "{\"n\":1}".into(), run_at, owner: None, max_attempts: 3 }
+    NewTask {
+        id: id.into(),
+        plugin: "noop".into(),
+        payload: "{\"n\":1}".into(),
+        run_at,
+        owner: None,
+        max_attempts: 3,
+    }
 }
 
 fn now() -> i64 {
@@ -27,14 +42,22 @@ async fn schedule_is_an_idempotent_upsert() {
     let t0 = now() + 60_000;
     let mut t = task("a", t0);
     t.owner = Some("u1".into());
-    assert_eq!(s.schedule(&[t.clone(), t.clone()], ScheduleMode::Upsert).await.unwrap(), vec![Scheduled::Ok; 2]);
+    assert_eq!(
+        s.schedule(&[t.clone(), t.clone()], ScheduleMode::Upsert)
+            .await
+            .unwrap(),
+        vec![Scheduled::Ok; 2]
+    );
     let mut t2 = t.clone();
     t2.run_at = t0 + 5;
     t2.payload = "[1,2]".into();
     t2.owner = Some("u2".into());
     s.schedule(&[t2], ScheduleMode::Upsert).await.unwrap();
     let got = s.get("a").await.unwrap().unwrap();
-    assert_eq!((got.run_at, got.payload.as_str(), got.owner.as_deref()), (t0 + 5, "[1,2]", Some("u2")));
+    assert_eq!(
+        (got.run_at, got.payload.as_str(), got.owner.as_deref()),
+        (t0 + 5, "[1,2]", Some("u2"))
+    );
     assert_eq!(got.state, TaskState::Scheduled);
     // the owner index followed the replacement
     assert!(s.owner_tasks("u1").await.unwrap().is_empty());
@@ -42,12 +65,18 @@ async fn schedule_is_an_idempotent_upsert() {
     // only one entry in due
     let mut c = redis.conn();
     let shard = s.shard_of("a");
-    let n: u64 = redis::cmd("ZCARD").arg(s.keys().shard(shard).due).query(&mut c).unwrap();
+    let n: u64 = redis::cmd("ZCARD")
+        .arg(s.keys().shard(shard).due)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(n, 1);
     // IfAbsent leaves it alone
     let mut t3 = task("a", 1);
     t3.payload = "3".into();
-    assert_eq!(s.schedule(&[t3], ScheduleMode::IfAbsent).await.unwrap(), vec![Scheduled::Exists]);
+    assert_eq!(
+        s.schedule(&[t3], ScheduleMode::IfAbsent).await.unwrap(),
+        vec![Scheduled::Exists]
+    );
     assert_eq!(s.get("a").await.unwrap().unwrap().payload, "[1,2]");
 }
 
@@ -56,7 +85,9 @@ async fn never_claims_early_and_reports_the_next_due_time() {
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
     let due = now() + 300;
-    s.schedule(&[task("later", due)], ScheduleMode::Upsert).await.unwrap();
+    s.schedule(&[task("later", due)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
     let b = s.claim(0, 10, 30_000).await.unwrap();
     assert!(b.tasks.is_empty());
     assert_eq!(b.next_due, Some(due));
@@ -68,44 +99,77 @@ async fn never_claims_early_and_reports_the_next_due_time() {
     assert!(b.now >= due, "claimed at {} before due {}", b.now, due);
     assert_eq!(b.tasks[0].attempt, 1);
     assert_eq!(b.next_due, None);
-    assert_eq!(s.get("later").await.unwrap().unwrap().state, TaskState::Running);
+    assert_eq!(
+        s.get("later").await.unwrap().unwrap().state,
+        TaskState::Running
+    );
 }
 
 #[tokio::test]
 async fn running_tasks_refuse_moves_cancels_and_replacement() {
     let redis = RedisServer::start();
     let s = store(&redis, 2).await;
-    s.schedule(&[task("r", 0), task("m", now() + 100_000)], ScheduleMode::Upsert).await.unwrap();
+    s.schedule(
+        &[task("r", 0), task("m", now() + 100_000)],
+        ScheduleMode::Upsert,
+    )
+    .await
+    .unwrap();
     let shard = s.shard_of("r");
     let b = s.claim(shard, 10, 30_000).await.unwrap();
     assert!(b.tasks.iter().any(|t| t.id == "r"));
-    assert_eq!(s.move_task("r", Move::Now).await.unwrap(), Err(Refused::Running));
+    assert_eq!(
+        s.move_task("r", Move::Now).await.unwrap(),
+        Err(Refused::Running)
+    );
     assert_eq!(s.cancel("r").await.unwrap(), Err(Refused::Running));
-    assert_eq!(s.schedule(&[task("r", 5)], ScheduleMode::Upsert).await.unwrap(), vec![Scheduled::Running]);
+    assert_eq!(
+        s.schedule(&[task("r", 5)], ScheduleMode::Upsert)
+            .await
+            .unwrap(),
+        vec![Scheduled::Running]
+    );
     // moves of a scheduled task
     let base = s.get("m").await.unwrap().unwrap().run_at;
-    assert_eq!(s.move_task("m", Move::Shift(-1000)).await.unwrap(), Ok(base - 1000));
-    assert_eq!(s.move_task("m", Move::At(base + 7)).await.unwrap(), Ok(base + 7));
+    assert_eq!(
+        s.move_task("m", Move::Shift(-1000)).await.unwrap(),
+        Ok(base - 1000)
+    );
+    assert_eq!(
+        s.move_task("m", Move::At(base + 7)).await.unwrap(),
+        Ok(base + 7)
+    );
     let t = s.move_task("m", Move::Now).await.unwrap().unwrap();
     assert!(t <= now() + 5);
-    assert_eq!(s.move_task("nope", Move::Now).await.unwrap(), Err(Refused::Missing));
+    assert_eq!(
+        s.move_task("nope", Move::Now).await.unwrap(),
+        Err(Refused::Missing)
+    );
     assert_eq!(s.cancel("m").await.unwrap(), Ok(()));
     assert!(s.get("m").await.unwrap().is_none());
     assert_eq!(s.cancel("m").await.unwrap(), Err(Refused::Missing));
     // done: readable, and refuses moves
     let f = Finish::Done;
-    assert_eq!(s.finish(shard, &[("r", 1, &f)]).await.unwrap(), vec![Finished::Done]);
+    assert_eq!(
+        s.finish(shard, &[("r", 1, &f)]).await.unwrap(),
+        vec![Finished::Done]
+    );
     let done = s.get("r").await.unwrap().unwrap();
     assert_eq!(done.state, TaskState::Done);
     assert!(done.finished_at.is_some());
-    assert_eq!(s.move_task("r", Move::Now).await.unwrap(), Err(Refused::Done));
+    assert_eq!(
+        s.move_task("r", Move::Now).await.unwrap(),
+        Err(Refused::Done)
+    );
 }
 
 #[tokio::test]
 async fn an_expired_lease_is_run_again_and_the_late_ack_is_refused() {
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
-    s.schedule(&[task("x", 0)], ScheduleMode::Upsert).await.unwrap();
+    s.schedule(&[task("x", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
     // runner A claims with a short lease and "dies"
     let a = s.claim(0, 10, 100).await.unwrap();
     assert_eq!(a.tasks.len(), 1);
@@ -120,30 +184,51 @@ async fn an_expired_lease_is_run_again_and_the_late_ack_is_refused() {
     assert_eq!(b.tasks[0].attempt, 2);
     // A's late ack is refused, B's is accepted
     let done = Finish::Done;
-    assert_eq!(s.finish(0, &[("x", 1, &done)]).await.unwrap(), vec![Finished::Stale]);
-    assert_eq!(s.finish(0, &[("x", 2, &done)]).await.unwrap(), vec![Finished::Done]);
-    assert_eq!(s.finish(0, &[("x", 2, &done)]).await.unwrap(), vec![Finished::Stale]);
+    assert_eq!(
+        s.finish(0, &[("x", 1, &done)]).await.unwrap(),
+        vec![Finished::Stale]
+    );
+    assert_eq!(
+        s.finish(0, &[("x", 2, &done)]).await.unwrap(),
+        vec![Finished::Done]
+    );
+    assert_eq!(
+        s.finish(0, &[("x", 2, &done)]).await.unwrap(),
+        vec![Finished::Stale]
+    );
 }
 
 #[tokio::test]
 async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
-    s.schedule(&[task("f", 0)], ScheduleMode::Upsert).await.unwrap();
+    s.schedule(&[task("f", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
     for attempt in 1..=3u32 {
-        let b = eventually(Duration::from_secs(5), "the retry to become due", || async {
-            let b = s.claim(0, 10, 30_000).await.unwrap();
-            (!b.tasks.is_empty()).then_some(b)
-        })
+        let b = eventually(
+            Duration::from_secs(5),
+            "the retry to become due",
+            || async {
+                let b = s.claim(0, 10, 30_000).await.unwrap();
+                (!b.tasks.is_empty()).then_some(b)
+            },
+        )
         .await;
         assert_eq!(b.tasks[0].attempt, attempt);
-        let retry = Finish::Retry { after_ms: 50, error: format!("boom\t{attempt}") };
+        let retry = Finish::Retry {
+            after_ms: 50,
+            error: format!("boom\t{attempt}"),
+        };
         let v = s.finish(0, &[("f", attempt, &retry)]).await.unwrap();
         if attempt < 3 {
             assert_eq!(v, vec![Finished::Retry]);
             let t = s.get("f").await.unwrap().unwrap();
             assert_eq!(t.state, TaskState::Scheduled);
-            assert_eq!(t.last_error.as_deref(), Some(format!("boom {attempt}").as_str()));
+            assert_eq!(
+                t.last_error.as_deref(),
+                Some(format!("boom {attempt}").as_str())
+            );
             assert!(t.run_at >= b.now + 50);
         } else {
             assert_eq!(v, vec![Finished::Dead]);
@@ -154,7 +239,10 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
     assert_eq!(cursor, None);
     assert_eq!(dead[0].state, TaskState::Dead);
     assert_eq!(dead[0].attempts, 3);
-    assert_eq!(s.move_task("f", Move::Now).await.unwrap(), Err(Refused::Dead));
+    assert_eq!(
+        s.move_task("f", Move::Now).await.unwrap(),
+        Err(Refused::Dead)
+    );
     // replay: due now, attempts reset
     s.revive("f").await.unwrap().unwrap();
     let t = s.get("f").await.unwrap().unwrap();
@@ -163,8 +251,15 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
     assert!(s.dead(10, None).await.unwrap().0.is_empty());
     // dead again through Fail, then dropped
     let b = s.claim(0, 10, 30_000).await.unwrap();
-    let dead_now = Finish::Dead { error: "bad payload".into() };
-    assert_eq!(s.finish(0, &[("f", b.tasks[0].attempt, &dead_now)]).await.unwrap(), vec![Finished::Dead]);
+    let dead_now = Finish::Dead {
+        error: "bad payload".into(),
+    };
+    assert_eq!(
+        s.finish(0, &[("f", b.tasks[0].attempt, &dead_now)])
+            .await
+            .unwrap(),
+        vec![Finished::Dead]
+    );
     assert_eq!(s.drop_dead("f").await.unwrap(), Ok(()));
     assert!(s.get("f").await.unwrap().is_none());
 }
@@ -173,18 +268,29 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
 async fn run_again_and_release_put_the_task_back() {
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
-    s.schedule(&[task("g", 0), task("h", 0)], ScheduleMode::Upsert).await.unwrap();
+    s.schedule(&[task("g", 0), task("h", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
     let b = s.claim(0, 10, 30_000).await.unwrap();
     assert_eq!(b.tasks.len(), 2);
     let later = now() + 100_000;
     let again = Finish::Again { at: later };
     let release = Finish::Release;
-    let v = s.finish(0, &[("g", 1, &again), ("h", 1, &release)]).await.unwrap();
+    let v = s
+        .finish(0, &[("g", 1, &again), ("h", 1, &release)])
+        .await
+        .unwrap();
     assert_eq!(v, vec![Finished::Again, Finished::Release]);
     let g = s.get("g").await.unwrap().unwrap();
-    assert_eq!((g.state, g.run_at, g.attempts), (TaskState::Scheduled, later, 0));
+    assert_eq!(
+        (g.state, g.run_at, g.attempts),
+        (TaskState::Scheduled, later, 0)
+    );
     let h = s.get("h").await.unwrap().unwrap();
-    assert_eq!((h.state, h.run_at, h.attempts), (TaskState::Scheduled, 0, 0));
+    assert_eq!(
+        (h.state, h.run_at, h.attempts),
+        (TaskState::Scheduled, 0, 0)
+    );
 }
 
 #[tokio::test]
@@ -206,7 +312,12 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
     t.owner = Some("ali".into());
     tasks.push(t);
     s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
-    assert_eq!(s.shift_owner("alice", -7_200_000, Some("auto-feed")).await.unwrap(), 5);
+    assert_eq!(
+        s.shift_owner("alice", -7_200_000, Some("auto-feed"))
+            .await
+            .unwrap(),
+        5
+    );
     assert_eq!(s.shift_owner("alice", 1000, None).await.unwrap(), 10);
     for i in 0..20i64 {
         let t = s.get(&format!("t{i}")).await.unwrap().unwrap();
@@ -220,7 +331,10 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
     assert_eq!(s.get("prefix").await.unwrap().unwrap().run_at, base);
     let alice = s.owner_tasks("alice").await.unwrap();
     assert_eq!(alice.len(), 10);
-    assert!(alice.windows(2).all(|w| w[0].run_at <= w[1].run_at), "soonest first");
+    assert!(
+        alice.windows(2).all(|w| w[0].run_at <= w[1].run_at),
+        "soonest first"
+    );
     assert_eq!(s.owner_tasks("ali").await.unwrap().len(), 1);
 }
 
@@ -228,34 +342,54 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
 async fn tasks_survive_a_redis_kill_and_restart_with_aof() {
     let mut redis = RedisServer::start();
     let s = store(&redis, 4).await;
-    let tasks: Vec<NewTask> = (0..500).map(|i| task(&format!("p{i}"), now() + 1_000_000 + i)).collect();
+    let tasks: Vec<NewTask> = (0..500)
+        .map(|i| task(&format!("p{i}"), now() + 1_000_000 + i))
+        .collect();
     s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
     redis.kill();
     redis.start_again();
     let s = store(&redis, 4).await;
-    for i in 0..500 {
-        let t = s.get(&format!("p{i}")).await.unwrap().expect("survived");
-        assert_eq!(t.run_at, tasks[i].run_at);
+    for want in &tasks {
+        let t = s.get(&want.id).await.unwrap().expect("survived");
+        assert_eq!(t.run_at, want.run_at);
     }
     // a runner started with another shard count refuses, saying why
-    let err = Store::open(RedisTarget::Single(redis.url()), StoreOptions { shards: 8, ..StoreOptions::default() })
-        .await
-        .err()
-        .expect("refused");
+    let err = Store::open(
+        RedisTarget::Single(redis.url()),
+        StoreOptions {
+            shards: 8,
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .err()
+    .expect("refused");
     assert!(format!("{err:#}").contains("has 4 shards"), "{err:#}");
 }
 
 #[tokio::test]
 async fn done_records_expire_after_the_retention_window() {
     let redis = RedisServer::start();
-    let opts = StoreOptions { shards: 1, keep_done_ms: 200, ..StoreOptions::default() };
-    let s = Store::open(RedisTarget::Single(redis.url()), opts).await.unwrap();
-    s.schedule(&[task("d", 0)], ScheduleMode::Upsert).await.unwrap();
+    let opts = StoreOptions {
+        shards: 1,
+        keep_done_ms: 200,
+        ..StoreOptions::default()
+    };
+    let s = Store::open(RedisTarget::Single(redis.url()), opts)
+        .await
+        .unwrap();
+    s.schedule(&[task("d", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
     s.claim(0, 1, 30_000).await.unwrap();
     s.finish(0, &[("d", 1, &Finish::Done)]).await.unwrap();
     assert_eq!(s.get("d").await.unwrap().unwrap().state, TaskState::Done);
-    eventually(Duration::from_secs(5), "the done record to expire", || async { s.get("d").await.unwrap().is_none().then_some(()) })
-        .await;
+    eventually(
+        Duration::from_secs(5),
+        "the done record to expire",
+        || async { s.get("d").await.unwrap().is_none().then_some(()) },
+    )
+    .await;
 }
 
 /// Several schedulers and claimers hammer one shard; a model of the expected state checks that no
@@ -276,18 +410,16 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
             for i in 0..PER {
                 let id = format!("w{w}-{i}");
                 let due = now() + rng.random_range(0..200);
-                s.schedule(&[task(&id, due)], ScheduleMode::Upsert).await.unwrap();
+                s.schedule(&[task(&id, due)], ScheduleMode::Upsert)
+                    .await
+                    .unwrap();
                 // sometimes move or cancel it again, racing the claimers
-                match rng.random_range(0..10) {
-                    0 => {
-                        if s.cancel(&id).await.unwrap().is_ok() {
-                            cancelled.push(id);
-                        }
-                    }
-                    1 => {
-                        let _ = s.move_task(&id, Move::Shift(rng.random_range(-50..50))).await.unwrap();
-                    }
-                    _ => {}
+                let dice = rng.random_range(0..10);
+                if dice == 0 && s.cancel(&id).await.unwrap().is_ok() {
+                    cancelled.push(id);
+                } else if dice == 1 {
+                    let shift = Move::Shift(rng.random_range(-50..50));
+                    let _ = s.move_task(&id, shift).await.unwrap();
                 }
             }
             cancelled
@@ -305,15 +437,29 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let b = s.claim(0, rng.random_range(1..50), 30_000).await.unwrap();
                 for t in &b.tasks {
-                    claimed.lock().unwrap().entry(t.id.clone()).or_default().push(t.attempt);
+                    claimed
+                        .lock()
+                        .unwrap()
+                        .entry(t.id.clone())
+                        .or_default()
+                        .push(t.attempt);
                     // claimer 0 fails some first attempts, to exercise retries
                     let f = if c == 0 && t.attempt == 1 && rng.random_bool(0.2) {
-                        Finish::Retry { after_ms: 1, error: "flaky".into() }
+                        Finish::Retry {
+                            after_ms: 1,
+                            error: "flaky".into(),
+                        }
                     } else {
                         Finish::Done
                     };
                     let v = s.finish(0, &[(&t.id, t.attempt, &f)]).await.unwrap();
-                    assert_ne!(v[0], Finished::Stale, "{} attempt {} lost its lease", t.id, t.attempt);
+                    assert_ne!(
+                        v[0],
+                        Finished::Stale,
+                        "{} attempt {} lost its lease",
+                        t.id,
+                        t.attempt
+                    );
                 }
                 if b.tasks.is_empty() {
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -336,12 +482,19 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
     for c in claimers {
         c.await.unwrap();
     }
-    let claimed = claimed.lock().unwrap();
+    let claimed = claimed.lock().unwrap().clone();
     for (id, attempts) in claimed.iter() {
         assert!(!cancelled.contains(id), "{id} was cancelled but ran");
         let mut sorted = attempts.clone();
         sorted.dedup();
-        assert_eq!(&sorted, attempts, "{id} claimed twice in one attempt: {attempts:?}");
-        assert_eq!(s.get(id).await.unwrap().unwrap().state, TaskState::Done, "{id}");
+        assert_eq!(
+            &sorted, attempts,
+            "{id} claimed twice in one attempt: {attempts:?}"
+        );
+        assert_eq!(
+            s.get(id).await.unwrap().unwrap().state,
+            TaskState::Done,
+            "{id}"
+        );
     }
 }

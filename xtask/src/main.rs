@@ -29,7 +29,19 @@ fn run() -> Result<()> {
         "plugins" => build_plugins().map(|_| ()),
         "run" => {
             let dir = build_plugins()?;
-            cargo(&["run", "--quiet", "-p", "eggtimer", "--", "serve", "--plugins-dir"], Some(&dir), &rest)
+            cargo(
+                &[
+                    "run",
+                    "--quiet",
+                    "-p",
+                    "eggtimer",
+                    "--",
+                    "serve",
+                    "--plugins-dir",
+                ],
+                Some(&dir),
+                &rest,
+            )
         }
         "test" => {
             build_plugins()?;
@@ -38,14 +50,31 @@ fn run() -> Result<()> {
         }
         "bench" => {
             build_plugins()?;
-            cargo(&["run", "--release", "-p", "eggtimer", "--bin", "eggtimer", "--", "bench", "--plugins-dir"], Some(&root().join("target/plugins")), &rest)
+            cargo(
+                &[
+                    "run",
+                    "--release",
+                    "-p",
+                    "eggtimer",
+                    "--bin",
+                    "eggtimer",
+                    "--",
+                    "bench",
+                    "--plugins-dir",
+                ],
+                Some(&root().join("target/plugins")),
+                &rest,
+            )
         }
         _ => bail!("usage: cargo xtask plugins | run [ARGS] | test [ARGS] | bench [ARGS]"),
     }
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn cargo(args: &[&str], path_arg: Option<&Path>, rest: &[String]) -> Result<()> {
@@ -76,7 +105,9 @@ fn plugin_names() -> Result<Vec<String>> {
 }
 
 fn build_plugins() -> Result<PathBuf> {
-    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
     if let Ok(out) = installed
         && !String::from_utf8_lossy(&out.stdout).contains("wasm32-wasip2")
     {
@@ -84,7 +115,15 @@ fn build_plugins() -> Result<PathBuf> {
     }
     let names = plugin_names()?;
     let target_dir = root().join("target/wasm");
-    let mut args = vec!["build", "--quiet", "--profile", "plugin", "--target", "wasm32-wasip2", "--target-dir"];
+    let mut args = vec![
+        "build",
+        "--quiet",
+        "--profile",
+        "plugin",
+        "--target",
+        "wasm32-wasip2",
+        "--target-dir",
+    ];
     let td = target_dir.to_string_lossy().into_owned();
     args.push(&td);
     for n in &names {
@@ -95,8 +134,11 @@ fn build_plugins() -> Result<PathBuf> {
     let out = root().join("target/plugins");
     std::fs::create_dir_all(&out)?;
     for n in &names {
-        let built = target_dir.join("wasm32-wasip2/plugin").join(format!("{}.wasm", n.replace('-', "_")));
-        std::fs::copy(&built, out.join(format!("{n}.wasm"))).with_context(|| format!("copying {}", built.display()))?;
+        let built = target_dir
+            .join("wasm32-wasip2/plugin")
+            .join(format!("{}.wasm", n.replace('-', "_")));
+        std::fs::copy(&built, out.join(format!("{n}.wasm")))
+            .with_context(|| format!("copying {}", built.display()))?;
     }
     Ok(out)
 }

@@ -26,12 +26,25 @@ fn default_meal() -> i64 {
 
 pub fn handle(task: Task<Meal>) -> eggtimer_sdk::Result {
     let m = &task.payload;
-    emit("pet", &json!({"type": "finished_eating", "pet_id": m.pet_id, "user_id": m.user_id}))?;
+    emit(
+        "pet",
+        &json!({"type": "finished_eating", "pet_id": m.pet_id, "user_id": m.user_id}),
+    )?;
     if m.auto_feed_cards > 0 {
         let cards_left = m.auto_feed_cards - 1;
-        emit("pet", &json!({"type": "auto_fed", "pet_id": m.pet_id, "user_id": m.user_id, "cards_left": cards_left}))?;
-        let next = Meal { auto_feed_cards: cards_left, ..m.clone() };
-        eggtimer_sdk::schedule(FollowUp::new("auto-feed", &next)?.at(task.due + m.meal_ms).owner(&m.user_id))?;
+        emit(
+            "pet",
+            &json!({"type": "auto_fed", "pet_id": m.pet_id, "user_id": m.user_id, "cards_left": cards_left}),
+        )?;
+        let next = Meal {
+            auto_feed_cards: cards_left,
+            ..m.clone()
+        };
+        eggtimer_sdk::schedule(
+            FollowUp::new("auto-feed", &next)?
+                .at(task.due + m.meal_ms)
+                .owner(&m.user_id),
+        )?;
     }
     Ok(Outcome::Done)
 }
@@ -44,14 +57,25 @@ mod tests {
     use eggtimer_sdk::testing::{TestHost, task};
 
     fn meal(cards: u32) -> Meal {
-        Meal { pet_id: "p1".into(), user_id: "u1".into(), meal_ms: DEFAULT_MEAL_MS, auto_feed_cards: cards }
+        Meal {
+            pet_id: "p1".into(),
+            user_id: "u1".into(),
+            meal_ms: DEFAULT_MEAL_MS,
+            auto_feed_cards: cards,
+        }
     }
 
     #[test]
     fn without_cards_it_only_reports_the_finish() {
         let mut host = TestHost::new();
         assert_eq!(host.run(handle, task(meal(0))), Ok(Outcome::Done));
-        assert_eq!(host.events, vec![("pet".into(), json!({"type": "finished_eating", "pet_id": "p1", "user_id": "u1"}))]);
+        assert_eq!(
+            host.events,
+            vec![(
+                "pet".into(),
+                json!({"type": "finished_eating", "pet_id": "p1", "user_id": "u1"})
+            )]
+        );
         assert!(host.scheduled.is_empty());
     }
 
@@ -74,7 +98,13 @@ mod tests {
     #[test]
     fn defaults_apply_to_a_minimal_payload() {
         let mut host = TestHost::new();
-        assert_eq!(host.run_json(handle, r#"{"pet_id":"p","user_id":"u"}"#), Ok(Outcome::Done));
-        assert!(matches!(host.run_json(handle, r#"{"pet":1}"#), Ok(Outcome::Fail(_))));
+        assert_eq!(
+            host.run_json(handle, r#"{"pet_id":"p","user_id":"u"}"#),
+            Ok(Outcome::Done)
+        );
+        assert!(matches!(
+            host.run_json(handle, r#"{"pet":1}"#),
+            Ok(Outcome::Fail(_))
+        ));
     }
 }

@@ -31,7 +31,10 @@ mod tests {
     #[test]
     fn emits_the_reminder() {
         let mut host = TestHost::new();
-        let out = host.run_json(handle, r#"{"coupon_id":"c9","user_id":"u1","expires_at":1700007200000}"#);
+        let out = host.run_json(
+            handle,
+            r#"{"coupon_id":"c9","user_id":"u1","expires_at":1700007200000}"#,
+        );
         assert_eq!(out, Ok(Outcome::Done));
         assert_eq!(
             host.events,

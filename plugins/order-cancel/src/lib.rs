@@ -25,7 +25,10 @@ pub fn handle(task: Task<Order>) -> eggtimer_sdk::Result {
         return Ok(Outcome::Done);
     }
     kv::set(&key, &true, Some(REMEMBER))?;
-    emit("order", &json!({"type": "order_cancelled", "order_id": o.order_id, "user_id": o.user_id}))?;
+    emit(
+        "order",
+        &json!({"type": "order_cancelled", "order_id": o.order_id, "user_id": o.user_id}),
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -42,7 +45,13 @@ mod tests {
         let payload = r#"{"order_id":"o1","user_id":"u1"}"#;
         assert_eq!(host.run_json(handle, payload), Ok(Outcome::Done));
         assert_eq!(host.run_json(handle, payload), Ok(Outcome::Done));
-        assert_eq!(host.events, vec![("order".into(), json!({"type": "order_cancelled", "order_id": "o1", "user_id": "u1"}))]);
+        assert_eq!(
+            host.events,
+            vec![(
+                "order".into(),
+                json!({"type": "order_cancelled", "order_id": "o1", "user_id": "u1"})
+            )]
+        );
         assert!(host.kv.contains_key("cancelled:o1"));
     }
 }

@@ -26,7 +26,10 @@ use anyhow::{Context, Result, anyhow};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
+    StoreLimitsBuilder, Trap,
+};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
@@ -124,7 +127,10 @@ pub struct State {
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -142,7 +148,10 @@ impl HostWallClock for FrozenClock {
 }
 
 fn valid_topic(t: &str) -> bool {
-    !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    !t.is_empty()
+        && t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
 }
 
 impl CallCtx {
@@ -178,17 +187,27 @@ impl bindings::eggtimer::plugin::host::Host for State {
             return Err(format!("{:?} is not a plugin name", t.plugin));
         }
         if t.payload.len() > self.call.max_payload_bytes {
-            return Err(format!("the payload is larger than {} bytes", self.call.max_payload_bytes));
+            return Err(format!(
+                "the payload is larger than {} bytes",
+                self.call.max_payload_bytes
+            ));
         }
-        serde_json::from_str::<serde::de::IgnoredAny>(&t.payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
+        serde_json::from_str::<serde::de::IgnoredAny>(&t.payload)
+            .map_err(|e| format!("the payload is not JSON: {e}"))?;
         let id = derive_id(&self.call.task_id, self.call.effects.schedule.len());
         self.call.effects.schedule.push(NewTask {
             id: id.clone(),
             plugin: t.plugin,
             payload: t.payload,
             run_at: t.run_at,
-            owner: t.owner.map(|o| crate::store::field_safe(&o)).filter(|o| !o.is_empty()),
-            max_attempts: t.max_attempts.unwrap_or(self.call.default_max_attempts).max(1),
+            owner: t
+                .owner
+                .map(|o| crate::store::field_safe(&o))
+                .filter(|o| !o.is_empty()),
+            max_attempts: t
+                .max_attempts
+                .unwrap_or(self.call.default_max_attempts)
+                .max(1),
         });
         Ok(id)
     }
@@ -202,9 +221,12 @@ impl bindings::eggtimer::plugin::host::Host for State {
     fn emit(&mut self, topic: String, data: String) -> Result<(), String> {
         self.call.count()?;
         if !valid_topic(&topic) {
-            return Err(format!("{topic:?} is not a topic: use 1 to 64 of a-z 0-9 . _ -"));
+            return Err(format!(
+                "{topic:?} is not a topic: use 1 to 64 of a-z 0-9 . _ -"
+            ));
         }
-        serde_json::from_str::<serde::de::IgnoredAny>(&data).map_err(|e| format!("the event data is not JSON: {e}"))?;
+        serde_json::from_str::<serde::de::IgnoredAny>(&data)
+            .map_err(|e| format!("the event data is not JSON: {e}"))?;
         self.call.effects.ns.events.push((topic, data));
         Ok(())
     }
@@ -222,8 +244,14 @@ impl bindings::eggtimer::plugin::host::Host for State {
         if key.is_empty() || key.len() > 512 || value.len() > 1 << 20 {
             return Err("kv keys are 1 to 512 bytes and values at most 1 MiB".into());
         }
-        self.call.kv_overlay.insert(key.clone(), Some(value.clone()));
-        self.call.effects.ns.kv.push(KvWrite::Set { key, value, ttl_ms: ttl_ms.filter(|t| *t > 0) });
+        self.call
+            .kv_overlay
+            .insert(key.clone(), Some(value.clone()));
+        self.call.effects.ns.kv.push(KvWrite::Set {
+            key,
+            value,
+            ttl_ms: ttl_ms.filter(|t| *t > 0),
+        });
         Ok(())
     }
 
@@ -280,10 +308,13 @@ impl Plugins {
             .total_stacks(1000)
             .max_memories_per_component(4);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e:#}"))?;
+        let engine =
+            Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e:#}"))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| anyhow!("linking WASI: {e:#}"))?;
-        Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s).map_err(|e| anyhow!("linking the host: {e:#}"))?;
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| anyhow!("linking WASI: {e:#}"))?;
+        Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
+            .map_err(|e| anyhow!("linking the host: {e:#}"))?;
         let weak = engine.weak();
         std::thread::Builder::new()
             .name("eggtimer-epoch".into())
@@ -317,11 +348,14 @@ impl Plugins {
     /// plugin): call it off the async runtime.
     pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
         let digest = digest(wasm);
-        let cached = self.cache_path(&digest).filter(|p| p.exists()).and_then(|p| {
-            // SAFETY: the file was written by `Component::serialize` of an engine with the same
-            // compatibility hash (it is in the file name), into our own cache directory.
-            unsafe { Component::deserialize_file(&self.engine, &p) }.ok()
-        });
+        let cached = self
+            .cache_path(&digest)
+            .filter(|p| p.exists())
+            .and_then(|p| {
+                // SAFETY: the file was written by `Component::serialize` of an engine with the same
+                // compatibility hash (it is in the file name), into our own cache directory.
+                unsafe { Component::deserialize_file(&self.engine, &p) }.ok()
+            });
         let component = match cached {
             Some(c) => c,
             None => {
@@ -331,8 +365,14 @@ impl Plugins {
                 if let (Some(p), Ok(bytes)) = (self.cache_path(&digest), c.serialize()) {
                     let _ = std::fs::create_dir_all(p.parent().unwrap_or(Path::new(".")));
                     let tmp = p.with_extension("tmp");
-                    if std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, &p)).is_err() {
-                        warn!("could not write the compiled-plugin cache at {}", p.display());
+                    if std::fs::write(&tmp, bytes)
+                        .and_then(|_| std::fs::rename(&tmp, &p))
+                        .is_err()
+                    {
+                        warn!(
+                            "could not write the compiled-plugin cache at {}",
+                            p.display()
+                        );
                     }
                 }
                 c
@@ -342,24 +382,40 @@ impl Plugins {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| format!("the plugin imports something the host does not offer: {e:#}"))?;
-        let pre = PluginPre::new(pre).map_err(|e| format!("the plugin does not export the eggtimer handler: {e:#}"))?;
-        Ok(Loaded { name: name.to_owned(), version, digest, pre })
+        let pre = PluginPre::new(pre)
+            .map_err(|e| format!("the plugin does not export the eggtimer handler: {e:#}"))?;
+        Ok(Loaded {
+            name: name.to_owned(),
+            version,
+            digest,
+            pre,
+        })
     }
 
     /// Makes `loaded` the current version of its name; calls in flight keep the old one.
     pub fn install(&self, loaded: Loaded) {
         info!(plugin = %loaded.name, version = loaded.version, digest = %&loaded.digest[..12], "plugin loaded");
-        self.current.write().unwrap_or_else(|e| e.into_inner()).insert(loaded.name.clone(), Arc::new(loaded));
+        self.current
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(loaded.name.clone(), Arc::new(loaded));
     }
 
     /// Unloads a plugin; its tasks fail (and retry) until it is uploaded again.
     pub fn remove(&self, name: &str) {
-        self.current.write().unwrap_or_else(|e| e.into_inner()).remove(name);
+        self.current
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 
     /// The current version of a name.
     pub fn get(&self, name: &str) -> Option<Arc<Loaded>> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
     }
 
     /// (name, version, digest) of every loaded plugin.
@@ -384,13 +440,25 @@ impl Plugins {
             .stderr(stderr.clone())
             .wall_clock(FrozenClock(Arc::clone(&started_at)))
             .build();
-        let limits = StoreLimitsBuilder::new().memory_size(self.opts.memory).trap_on_grow_failure(true).build();
-        let state = State { wasi, table: ResourceTable::new(), limits, call: CallCtx::default(), started_at };
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.opts.memory)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = State {
+            wasi,
+            table: ResourceTable::new(),
+            limits,
+            call: CallCtx::default(),
+            started_at,
+        };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.deadline_ticks());
-        let plugin = loaded.pre.instantiate(&mut store).map_err(|e| format!("instantiating the plugin failed: {e:#}"))?;
+        let plugin = loaded
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| format!("instantiating the plugin failed: {e:#}"))?;
         Ok(Warm {
             host_id: self.id,
             digest: loaded.digest.clone(),
@@ -411,10 +479,16 @@ impl Plugins {
     /// Runs one task on the current version of its plugin.
     pub fn call(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run {
         let Some(loaded) = self.get(&task.plugin) else {
-            return Run::failed(format!("no plugin named {:?} is loaded (upload it with PUT /v1/plugins/{})", task.plugin, task.plugin));
+            return Run::failed(format!(
+                "no plugin named {:?} is loaded (upload it with PUT /v1/plugins/{})",
+                task.plugin, task.plugin
+            ));
         };
         let mut warm = WARM.with(|w| w.borrow_mut().remove(&task.plugin));
-        if warm.as_ref().is_some_and(|w| w.digest != loaded.digest || w.host_id != self.id) {
+        if warm
+            .as_ref()
+            .is_some_and(|w| w.digest != loaded.digest || w.host_id != self.id)
+        {
             warm = None; // a new version was installed: drop the old instance
         }
         let mut warm = match warm {
@@ -424,7 +498,10 @@ impl Plugins {
                 Err(e) => return Run::failed(e),
             },
         };
-        warm.store.data().started_at.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+        warm.store
+            .data()
+            .started_at
+            .store(now_ms(), std::sync::atomic::Ordering::Relaxed);
         warm.store.data_mut().call = CallCtx {
             task_id: task.id.clone(),
             plugin: task.plugin.clone(),
@@ -492,9 +569,15 @@ impl Plugins {
     fn explain_trap(&self, e: &wasmtime::Error, stderr_tail: &str) -> String {
         let text = format!("{e:#}");
         let mut msg = match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => format!("the plugin ran longer than its time limit of {:?}", self.opts.timeout),
+            Some(Trap::Interrupt) => format!(
+                "the plugin ran longer than its time limit of {:?}",
+                self.opts.timeout
+            ),
             _ if text.contains("forcing trap when growing memory") => {
-                format!("the plugin needed more than its memory limit of {} MiB", self.opts.memory >> 20)
+                format!(
+                    "the plugin needed more than its memory limit of {} MiB",
+                    self.opts.memory >> 20
+                )
             }
             _ => format!("the plugin trapped: {}", text.lines().next().unwrap_or("")),
         };
@@ -514,18 +597,26 @@ impl Handler for Plugins {
 /// Loads every `*.wasm` of a directory (file stem = plugin name) as version 0; returns the names.
 pub fn load_dir(plugins: &Plugins, dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading the plugins directory {}", dir.display()))? {
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("reading the plugins directory {}", dir.display()))?
+    {
         let path = entry?.path();
         if path.extension().and_then(|e| e.to_str()) != Some("wasm") {
             continue;
         }
-        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
         if !valid_plugin_name(&name) {
             warn!("skipping {}: {name:?} is not a plugin name", path.display());
             continue;
         }
         let wasm = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let loaded = plugins.compile(&name, 0, &wasm).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let loaded = plugins
+            .compile(&name, 0, &wasm)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         plugins.install(loaded);
         names.push(name);
     }

@@ -24,7 +24,8 @@ pub fn valid_plugin_name(name: &str) -> bool {
     !b.is_empty()
         && b.len() <= 64
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// Why an upload was refused.
@@ -49,7 +50,11 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(store: Store, plugins: Arc<Plugins>, max_bytes: usize) -> Arc<Registry> {
-        Arc::new(Registry { store, plugins, max_bytes })
+        Arc::new(Registry {
+            store,
+            plugins,
+            max_bytes,
+        })
     }
 
     pub fn plugins(&self) -> &Arc<Plugins> {
@@ -57,7 +62,11 @@ impl Registry {
     }
 
     /// Checks, stores and installs a plugin; returns its entry and whether it is a new version.
-    pub async fn upload(&self, name: &str, wasm: Vec<u8>) -> Result<(PluginEntry, bool), UploadError> {
+    pub async fn upload(
+        &self,
+        name: &str,
+        wasm: Vec<u8>,
+    ) -> Result<(PluginEntry, bool), UploadError> {
         if !valid_plugin_name(name) {
             return Err(UploadError::BadName(name.to_owned()));
         }
@@ -66,15 +75,29 @@ impl Registry {
         }
         let plugins = Arc::clone(&self.plugins);
         let owned = name.to_owned();
-        let (loaded, wasm) = tokio::task::spawn_blocking(move || (plugins.compile(&owned, 0, &wasm), wasm))
-            .await
-            .context("compiling a plugin")?;
+        let (loaded, wasm) =
+            tokio::task::spawn_blocking(move || (plugins.compile(&owned, 0, &wasm), wasm))
+                .await
+                .context("compiling a plugin")?;
         let mut loaded = loaded.map_err(UploadError::Invalid)?;
         let at = now_ms();
-        let (version, created) = self.store.plugin_put(name, &loaded.digest, &wasm, at).await?;
+        let (version, created) = self
+            .store
+            .plugin_put(name, &loaded.digest, &wasm, at)
+            .await?;
         loaded.version = version;
-        let entry = PluginEntry { name: name.to_owned(), version, digest: loaded.digest.clone(), size: wasm.len() as u64, uploaded_at: at };
-        let entry = if created { entry } else { self.store.plugin_current(name).await?.unwrap_or(entry) };
+        let entry = PluginEntry {
+            name: name.to_owned(),
+            version,
+            digest: loaded.digest.clone(),
+            size: wasm.len() as u64,
+            uploaded_at: at,
+        };
+        let entry = if created {
+            entry
+        } else {
+            self.store.plugin_current(name).await?.unwrap_or(entry)
+        };
         self.plugins.install(loaded);
         Ok((entry, created))
     }
@@ -108,9 +131,16 @@ impl Registry {
             if l.version != entry.version {
                 // same bytes under another version number (a seeded file): relabel
                 let plugins = Arc::clone(&self.plugins);
-                let wasm = self.store.plugin_blob(&entry.digest).await?.unwrap_or_default();
+                let wasm = self
+                    .store
+                    .plugin_blob(&entry.digest)
+                    .await?
+                    .unwrap_or_default();
                 let e = entry.clone();
-                if let Ok(Ok(loaded)) = tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm)).await {
+                if let Ok(Ok(loaded)) =
+                    tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
+                        .await
+                {
                     self.plugins.install(loaded);
                 }
             }
@@ -120,13 +150,19 @@ impl Registry {
             .store
             .plugin_blob(&entry.digest)
             .await?
-            .with_context(|| format!("the binary of {name} v{} is missing from Redis", entry.version))?;
+            .with_context(|| {
+                format!(
+                    "the binary of {name} v{} is missing from Redis",
+                    entry.version
+                )
+            })?;
         let plugins = Arc::clone(&self.plugins);
         let e = entry.clone();
-        let loaded = tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
-            .await
-            .context("compiling a plugin")?
-            .map_err(|err| anyhow::anyhow!("{name} v{}: {err}", entry.version))?;
+        let loaded =
+            tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
+                .await
+                .context("compiling a plugin")?
+                .map_err(|err| anyhow::anyhow!("{name} v{}: {err}", entry.version))?;
         self.plugins.install(loaded);
         Ok(())
     }
@@ -159,14 +195,21 @@ impl Registry {
             .collect();
         entries.sort();
         for path in entries {
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
-            let wasm = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_owned();
+            let wasm =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
             match self.store.plugin_current(&name).await? {
                 Some(cur) if cur.digest != digest(&wasm) => {
                     info!(plugin = %name, "the registry has version {} of {name}; not seeding {}", cur.version, path.display());
                 }
                 _ => {
-                    self.upload(&name, wasm).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    self.upload(&name, wasm)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
                     seeded.push(name);
                 }
             }
@@ -215,7 +258,9 @@ impl Registry {
                     }
                     warn!("the plugin announcements subscription dropped; resubscribing");
                 }
-                Err(e) => warn!("subscribing to plugin announcements failed, retrying in {delay:?}: {e:#}"),
+                Err(e) => warn!(
+                    "subscribing to plugin announcements failed, retrying in {delay:?}: {e:#}"
+                ),
             }
             tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return }
             delay = (delay * 2).min(Duration::from_secs(2));

@@ -21,7 +21,13 @@ pub struct ShardKeys {
 
 impl ShardKeys {
     pub fn all(&self) -> [&str; 5] {
-        [&self.due, &self.tasks, &self.inflight, &self.dead, &self.byowner]
+        [
+            &self.due,
+            &self.tasks,
+            &self.inflight,
+            &self.dead,
+            &self.byowner,
+        ]
     }
 }
 

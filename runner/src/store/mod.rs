@@ -45,7 +45,10 @@ impl RedisTarget {
                 bail!("{url}: a cluster URL needs at least one host:port");
             }
             Ok(RedisTarget::Cluster(nodes))
-        } else if url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://") {
+        } else if url.starts_with("redis://")
+            || url.starts_with("rediss://")
+            || url.starts_with("unix://")
+        {
             Ok(RedisTarget::Single(url.to_owned()))
         } else {
             bail!("{url}: expected redis://host:port or redis+cluster://host:port,host:port")
@@ -159,10 +162,17 @@ pub struct ClaimBatch {
 pub enum Finish {
     Done,
     /// Due again after `after_ms`, or dead when it was the last attempt.
-    Retry { after_ms: i64, error: String },
-    Dead { error: String },
+    Retry {
+        after_ms: i64,
+        error: String,
+    },
+    Dead {
+        error: String,
+    },
     /// The same task runs again at `at`, attempts reset.
-    Again { at: i64 },
+    Again {
+        at: i64,
+    },
     /// Not started: put back as it was (graceful shutdown).
     Release,
 }
@@ -205,8 +215,14 @@ pub enum Refused {
 /// A write to a plugin's key-value store, applied with the run's effects.
 #[derive(Clone, Debug, PartialEq)]
 pub enum KvWrite {
-    Set { key: String, value: String, ttl_ms: Option<u64> },
-    Delete { key: String },
+    Set {
+        key: String,
+        value: String,
+        ttl_ms: Option<u64>,
+    },
+    Delete {
+        key: String,
+    },
 }
 
 /// The kv writes and events of one handler run.
@@ -230,7 +246,12 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { namespace: "eggtimer".into(), shards: 16, keep_done_ms: 600_000, stream_maxlen: 1_000_000 }
+        StoreOptions {
+            namespace: "eggtimer".into(),
+            shards: 16,
+            keep_done_ms: 600_000,
+            stream_maxlen: 1_000_000,
+        }
     }
 }
 
@@ -252,7 +273,8 @@ struct Inner {
 async fn connect(target: &RedisTarget) -> Result<Conn> {
     match target {
         RedisTarget::Single(url) => {
-            let client = redis::Client::open(url.as_str()).with_context(|| format!("bad Redis URL {url}"))?;
+            let client = redis::Client::open(url.as_str())
+                .with_context(|| format!("bad Redis URL {url}"))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(2)))
                 .set_response_timeout(Some(Duration::from_secs(5)))
@@ -286,7 +308,13 @@ impl Store {
         }
         let conn = connect(&target).await?;
         let store = Store {
-            inner: Arc::new(Inner { conn, target, keys: Keys::new(&opts.namespace), opts, scripts: Scripts::load() }),
+            inner: Arc::new(Inner {
+                conn,
+                target,
+                keys: Keys::new(&opts.namespace),
+                opts,
+                scripts: Scripts::load(),
+            }),
         };
         store.check_shards().await?;
         Ok(store)
@@ -296,8 +324,17 @@ impl Store {
         let meta = self.keys().meta();
         let want = self.inner.opts.shards;
         let mut c = self.conn();
-        let _: i64 = redis::cmd("HSETNX").arg(&meta).arg("shards").arg(want).query_async(&mut c).await?;
-        let have: u32 = redis::cmd("HGET").arg(&meta).arg("shards").query_async(&mut c).await?;
+        let _: i64 = redis::cmd("HSETNX")
+            .arg(&meta)
+            .arg("shards")
+            .arg(want)
+            .query_async(&mut c)
+            .await?;
+        let have: u32 = redis::cmd("HGET")
+            .arg(&meta)
+            .arg("shards")
+            .query_async(&mut c)
+            .await?;
         if have != want {
             bail!(
                 "namespace {:?} has {have} shards in Redis, but this runner was started with --shards {want}; \
@@ -333,7 +370,11 @@ impl Store {
         shard_of(id, self.shards())
     }
 
-    fn shard_script<'a>(&'a self, script: &'a redis::Script, shard: u32) -> redis::ScriptInvocation<'a> {
+    fn shard_script<'a>(
+        &'a self,
+        script: &'a redis::Script,
+        shard: u32,
+    ) -> redis::ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
         for k in self.keys().shard(shard).all() {
             inv.key(k);
@@ -349,32 +390,39 @@ impl Store {
             by_shard[self.shard_of(&t.id) as usize].push(i);
         }
         let channel = self.keys().wake_channel();
-        let calls = by_shard.iter().enumerate().filter(|(_, ix)| !ix.is_empty()).map(|(shard, ix)| {
-            let shard = shard as u32;
-            let mut inv = self.shard_script(&self.inner.scripts.schedule, shard);
-            for &i in ix {
-                inv.key(self.keys().done(shard, &tasks[i].id));
-            }
-            inv.arg(&channel).arg(shard).arg(match mode {
-                ScheduleMode::Upsert => "upsert",
-                ScheduleMode::IfAbsent => "absent",
+        let calls = by_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, ix)| !ix.is_empty())
+            .map(|(shard, ix)| {
+                let shard = shard as u32;
+                let mut inv = self.shard_script(&self.inner.scripts.schedule, shard);
+                for &i in ix {
+                    inv.key(self.keys().done(shard, &tasks[i].id));
+                }
+                inv.arg(&channel).arg(shard).arg(match mode {
+                    ScheduleMode::Upsert => "upsert",
+                    ScheduleMode::IfAbsent => "absent",
+                });
+                for &i in ix {
+                    let t = &tasks[i];
+                    inv.arg(&t.id)
+                        .arg(t.run_at.max(0))
+                        .arg(t.max_attempts)
+                        .arg(&t.plugin)
+                        .arg(t.owner.as_deref().unwrap_or(""))
+                        .arg(&t.payload)
+                        .arg(0);
+                }
+                let mut conn = self.conn();
+                async move {
+                    let verdicts: Vec<String> = inv
+                        .invoke_async(&mut conn)
+                        .await
+                        .context("schedule script")?;
+                    Ok::<_, anyhow::Error>((ix, verdicts))
+                }
             });
-            for &i in ix {
-                let t = &tasks[i];
-                inv.arg(&t.id)
-                    .arg(t.run_at.max(0))
-                    .arg(t.max_attempts)
-                    .arg(&t.plugin)
-                    .arg(t.owner.as_deref().unwrap_or(""))
-                    .arg(&t.payload)
-                    .arg(0);
-            }
-            let mut conn = self.conn();
-            async move {
-                let verdicts: Vec<String> = inv.invoke_async(&mut conn).await.context("schedule script")?;
-                Ok::<_, anyhow::Error>((ix, verdicts))
-            }
-        });
         let mut out = vec![Scheduled::Ok; tasks.len()];
         for (ix, verdicts) in try_join_all(calls).await? {
             for (&i, v) in ix.iter().zip(verdicts) {
@@ -393,7 +441,10 @@ impl Store {
     pub async fn claim(&self, shard: u32, limit: usize, lease_ms: u64) -> Result<ClaimBatch> {
         let mut inv = self.shard_script(&self.inner.scripts.claim, shard);
         inv.arg(limit).arg(lease_ms);
-        let v: Vec<Value> = inv.invoke_async(&mut self.conn()).await.context("claim script")?;
+        let v: Vec<Value> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("claim script")?;
         let now = int(&v[0]);
         let next = int(&v[1]);
         let lease = int(&v[2]);
@@ -411,16 +462,27 @@ impl Store {
                 created: int(&c[7]),
             })
             .collect();
-        Ok(ClaimBatch { now, next_due: (next >= 0).then_some(next), next_lease_expiry: (lease >= 0).then_some(lease), tasks })
+        Ok(ClaimBatch {
+            now,
+            next_due: (next >= 0).then_some(next),
+            next_lease_expiry: (lease >= 0).then_some(lease),
+            tasks,
+        })
     }
 
     /// Records outcomes of claimed tasks of one shard, fenced by attempt.
-    pub async fn finish(&self, shard: u32, items: &[(&str, u32, &Finish)]) -> Result<Vec<Finished>> {
+    pub async fn finish(
+        &self,
+        shard: u32,
+        items: &[(&str, u32, &Finish)],
+    ) -> Result<Vec<Finished>> {
         let mut inv = self.shard_script(&self.inner.scripts.finish, shard);
         for (id, _, _) in items {
             inv.key(self.keys().done(shard, id));
         }
-        inv.arg(self.keys().wake_channel()).arg(shard).arg(self.inner.opts.keep_done_ms.max(1));
+        inv.arg(self.keys().wake_channel())
+            .arg(shard)
+            .arg(self.inner.opts.keep_done_ms.max(1));
         for (id, attempt, f) in items {
             let (kind, value, error) = match f {
                 Finish::Done => ("done", 0, ""),
@@ -429,9 +491,16 @@ impl Store {
                 Finish::Again { at } => ("again", *at, ""),
                 Finish::Release => ("release", 0, ""),
             };
-            inv.arg(*id).arg(*attempt).arg(kind).arg(value).arg(field_safe(error));
+            inv.arg(*id)
+                .arg(*attempt)
+                .arg(kind)
+                .arg(value)
+                .arg(field_safe(error));
         }
-        let verdicts: Vec<String> = inv.invoke_async(&mut self.conn()).await.context("finish script")?;
+        let verdicts: Vec<String> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("finish script")?;
         Ok(verdicts
             .iter()
             .map(|v| match v.as_str() {
@@ -455,8 +524,15 @@ impl Store {
             Move::Now => ("now", 0),
         };
         inv.key(self.keys().done(shard, id));
-        inv.arg(self.keys().wake_channel()).arg(shard).arg(id).arg(mode).arg(value);
-        let v: Vec<Value> = inv.invoke_async(&mut self.conn()).await.context("move script")?;
+        inv.arg(self.keys().wake_channel())
+            .arg(shard)
+            .arg(id)
+            .arg(mode)
+            .arg(value);
+        let v: Vec<Value> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("move script")?;
         Ok(match string(&v[0]).as_str() {
             "ok" => Ok(int(&v[1])),
             other => Err(refusal(other)),
@@ -478,7 +554,10 @@ impl Store {
         let mut inv = self.shard_script(&self.inner.scripts.cancel, shard);
         inv.key(self.keys().done(shard, id));
         inv.arg(id).arg(if only_dead { "1" } else { "0" });
-        let v: String = inv.invoke_async(&mut self.conn()).await.context("cancel script")?;
+        let v: String = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("cancel script")?;
         Ok(match v.as_str() {
             "ok" => Ok(()),
             other => Err(refusal(other)),
@@ -490,7 +569,10 @@ impl Store {
         let shard = self.shard_of(id);
         let mut inv = self.shard_script(&self.inner.scripts.revive, shard);
         inv.arg(self.keys().wake_channel()).arg(shard).arg(id);
-        let v: Vec<Value> = inv.invoke_async(&mut self.conn()).await.context("revive script")?;
+        let v: Vec<Value> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("revive script")?;
         Ok(match string(&v[0]).as_str() {
             "ok" => Ok(int(&v[1])),
             other => Err(refusal(other)),
@@ -520,14 +602,25 @@ impl Store {
             let mut conn = self.conn();
             let (lo, hi) = (format!("[{owner}\0"), format!("({owner}\u{1}"));
             async move {
-                let members: Vec<String> =
-                    redis::cmd("ZRANGEBYLEX").arg(&k.byowner).arg(lo).arg(hi).query_async(&mut conn).await?;
-                let ids: Vec<String> =
-                    members.iter().filter_map(|m| m.rsplit('\0').next()).map(str::to_owned).collect();
+                let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                    .arg(&k.byowner)
+                    .arg(lo)
+                    .arg(hi)
+                    .query_async(&mut conn)
+                    .await?;
+                let ids: Vec<String> = members
+                    .iter()
+                    .filter_map(|m| m.rsplit('\0').next())
+                    .map(str::to_owned)
+                    .collect();
                 if ids.is_empty() {
                     return Ok::<_, anyhow::Error>(Vec::new());
                 }
-                let recs: Vec<Option<String>> = redis::cmd("HMGET").arg(&k.tasks).arg(&ids).query_async(&mut conn).await?;
+                let recs: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(&k.tasks)
+                    .arg(&ids)
+                    .query_async(&mut conn)
+                    .await?;
                 Ok(ids
                     .iter()
                     .zip(recs)
@@ -536,18 +629,30 @@ impl Store {
                     .collect())
             }
         });
-        let mut all: Vec<TaskRecord> = try_join_all(calls).await.context("listing an owner's tasks")?.concat();
+        let mut all: Vec<TaskRecord> = try_join_all(calls)
+            .await
+            .context("listing an owner's tasks")?
+            .concat();
         all.sort_by(|a, b| (a.run_at, &a.id).cmp(&(b.run_at, &b.id)));
         Ok(all)
     }
 
     /// Shifts all scheduled tasks of an owner (optionally of one plugin); returns how many moved.
     /// Atomic per shard (one script each), not across shards.
-    pub async fn shift_owner(&self, owner: &str, shift_ms: i64, plugin: Option<&str>) -> Result<u64> {
+    pub async fn shift_owner(
+        &self,
+        owner: &str,
+        shift_ms: i64,
+        plugin: Option<&str>,
+    ) -> Result<u64> {
         let channel = self.keys().wake_channel();
         let calls = (0..self.shards()).map(|shard| {
             let mut inv = self.shard_script(&self.inner.scripts.shift_owner, shard);
-            inv.arg(&channel).arg(shard).arg(owner).arg(shift_ms).arg(plugin.unwrap_or(""));
+            inv.arg(&channel)
+                .arg(shard)
+                .arg(owner)
+                .arg(shift_ms)
+                .arg(plugin.unwrap_or(""));
             let mut conn = self.conn();
             async move { inv.invoke_async::<u64>(&mut conn).await }
         });
@@ -557,8 +662,15 @@ impl Store {
 
     /// Dead tasks, most recently dead first. The cursor is the `(died_at, id)` of the last one
     /// returned; pass it back for the next page.
-    pub async fn dead(&self, limit: usize, cursor: Option<(i64, String)>) -> Result<(Vec<TaskRecord>, Option<(i64, String)>)> {
-        let max = cursor.as_ref().map(|(t, _)| t.to_string()).unwrap_or_else(|| "+inf".into());
+    pub async fn dead(
+        &self,
+        limit: usize,
+        cursor: Option<(i64, String)>,
+    ) -> Result<(Vec<TaskRecord>, Option<(i64, String)>)> {
+        let max = cursor
+            .as_ref()
+            .map(|(t, _)| t.to_string())
+            .unwrap_or_else(|| "+inf".into());
         let calls = (0..self.shards()).map(|shard| {
             let k = self.keys().shard(shard);
             let mut conn = self.conn();
@@ -590,18 +702,32 @@ impl Store {
                     return Ok::<_, anyhow::Error>(Vec::new());
                 }
                 let ids: Vec<&String> = rows.iter().map(|(id, _)| id).collect();
-                let recs: Vec<Option<String>> = redis::cmd("HMGET").arg(&k.tasks).arg(&ids).query_async(&mut conn).await?;
+                let recs: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(&k.tasks)
+                    .arg(&ids)
+                    .query_async(&mut conn)
+                    .await?;
                 Ok(rows
                     .iter()
                     .zip(recs)
-                    .filter_map(|((id, t), r)| r.and_then(|r| TaskRecord::decode(id, &r)).map(|rec| (*t, rec)))
+                    .filter_map(|((id, t), r)| {
+                        r.and_then(|r| TaskRecord::decode(id, &r))
+                            .map(|rec| (*t, rec))
+                    })
                     .collect::<Vec<_>>())
             }
         });
-        let mut all: Vec<(i64, TaskRecord)> = try_join_all(calls).await.context("listing dead tasks")?.concat();
+        let mut all: Vec<(i64, TaskRecord)> = try_join_all(calls)
+            .await
+            .context("listing dead tasks")?
+            .concat();
         all.sort_by(|a, b| (b.0, &b.1.id).cmp(&(a.0, &a.1.id)));
         all.truncate(limit);
-        let next = if all.len() == limit { all.last().map(|(t, r)| (*t, r.id.clone())) } else { None };
+        let next = if all.len() == limit {
+            all.last().map(|(t, r)| (*t, r.id.clone()))
+        } else {
+            None
+        };
         Ok((all.into_iter().map(|(_, r)| r).collect(), next))
     }
 
@@ -622,7 +748,7 @@ impl Store {
                     .await
             }
         });
-        Ok(try_join_all(calls).await.context("counting tasks")?)
+        try_join_all(calls).await.context("counting tasks")
     }
 
     /// Applies one run's kv writes and events, at most once per run. Returns false when they had
@@ -634,7 +760,10 @@ impl Store {
         }
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
-        inv.key(keys.effects_marker(task_id, &format!("{}:{}:{}", run.created, run.due, run.attempt)));
+        inv.key(keys.effects_marker(
+            task_id,
+            &format!("{}:{}:{}", run.created, run.due, run.attempt),
+        ));
         // A day is plenty: a re-run is a new attempt, so it has a new marker anyway.
         inv.arg(24 * 3600 * 1000).arg(self.inner.opts.stream_maxlen);
         let mut ix = 1;
@@ -642,7 +771,11 @@ impl Store {
             ix += 1;
             match w {
                 KvWrite::Set { key, value, ttl_ms } => {
-                    inv.key(keys.kv(plugin, key)).arg("set").arg(ix).arg(value).arg(ttl_ms.unwrap_or(0));
+                    inv.key(keys.kv(plugin, key))
+                        .arg("set")
+                        .arg(ix)
+                        .arg(value)
+                        .arg(ttl_ms.unwrap_or(0));
                 }
                 KvWrite::Delete { key } => {
                     inv.key(keys.kv(plugin, key)).arg("del").arg(ix);
@@ -651,9 +784,17 @@ impl Store {
         }
         for (topic, data) in &fx.events {
             ix += 1;
-            inv.key(keys.events(topic)).arg("emit").arg(ix).arg(task_id).arg(plugin).arg(data);
+            inv.key(keys.events(topic))
+                .arg("emit")
+                .arg(ix)
+                .arg(task_id)
+                .arg(plugin)
+                .arg(data);
         }
-        let applied: i64 = inv.invoke_async(&mut self.conn()).await.context("effects script")?;
+        let applied: i64 = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("effects script")?;
         Ok(applied == 1)
     }
 
@@ -712,19 +853,31 @@ impl Store {
     /// The info (JSON) of every live runner.
     pub async fn runners(&self) -> Result<Vec<String>> {
         let k = self.keys();
-        let ids: Vec<String> =
-            redis::cmd("ZRANGE").arg(k.runners()).arg(0).arg(-1).query_async(&mut self.conn()).await.context("listing runners")?;
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(k.runners())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await
+            .context("listing runners")?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let keys: Vec<String> = ids.iter().map(|id| k.runner(id)).collect();
-        let infos: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut self.conn()).await.context("listing runners")?;
+        let infos: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut self.conn())
+            .await
+            .context("listing runners")?;
         Ok(infos.into_iter().flatten().collect())
     }
 
     /// Whether Redis answers.
     pub async fn ping(&self) -> Result<()> {
-        let _: String = redis::cmd("PING").query_async(&mut self.conn()).await.context("PING")?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn())
+            .await
+            .context("PING")?;
         Ok(())
     }
 
@@ -757,7 +910,10 @@ fn refusal(s: &str) -> Refused {
 fn int(v: &Value) -> i64 {
     match v {
         Value::Int(i) => *i,
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
         Value::SimpleString(s) => s.parse().unwrap_or(0),
         _ => 0,
     }
@@ -787,7 +943,10 @@ mod tests {
 
     #[test]
     fn parses_redis_targets() {
-        assert_eq!(RedisTarget::parse("redis://h:1").unwrap(), RedisTarget::Single("redis://h:1".into()));
+        assert_eq!(
+            RedisTarget::parse("redis://h:1").unwrap(),
+            RedisTarget::Single("redis://h:1".into())
+        );
         assert_eq!(
             RedisTarget::parse("redis+cluster://a:1,b:2").unwrap(),
             RedisTarget::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])

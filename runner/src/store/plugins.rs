@@ -27,7 +27,13 @@ pub enum Rollback {
 impl Store {
     /// Stores `wasm` as the new current version of `name` (or finds it is current already);
     /// returns (version, created).
-    pub async fn plugin_put(&self, name: &str, digest: &str, wasm: &[u8], uploaded_at: i64) -> Result<(u64, bool)> {
+    pub async fn plugin_put(
+        &self,
+        name: &str,
+        digest: &str,
+        wasm: &[u8],
+        uploaded_at: i64,
+    ) -> Result<(u64, bool)> {
         let k = self.keys();
         let (version, created): (u64, u8) = self
             .inner
@@ -93,7 +99,10 @@ impl Store {
             .query_async(&mut self.conn())
             .await
             .context("listing plugins")?;
-        let mut v: Vec<PluginEntry> = all.iter().filter_map(|(_, j)| serde_json::from_str(j).ok()).collect();
+        let mut v: Vec<PluginEntry> = all
+            .iter()
+            .filter_map(|(_, j)| serde_json::from_str(j).ok())
+            .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(v)
     }
@@ -117,7 +126,10 @@ impl Store {
             .query_async(&mut self.conn())
             .await
             .context("reading a plugin's history")?;
-        Ok(all.iter().filter_map(|j| serde_json::from_str(j).ok()).collect())
+        Ok(all
+            .iter()
+            .filter_map(|j| serde_json::from_str(j).ok())
+            .collect())
     }
 
     pub async fn plugin_blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {

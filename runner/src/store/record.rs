@@ -79,7 +79,13 @@ impl TaskRecord {
 /// Makes a text safe for a record field that is not the last: no tabs or line breaks.
 pub fn field_safe(s: &str) -> String {
     s.chars()
-        .map(|c| if c == '\t' || c == '\n' || c == '\r' || c == '\0' { ' ' } else { c })
+        .map(|c| {
+            if c == '\t' || c == '\n' || c == '\r' || c == '\0' {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -89,7 +95,8 @@ mod tests {
 
     #[test]
     fn decodes_a_record_whose_payload_has_tabs() {
-        let r = TaskRecord::decode("a", "x\t100\t2\t5\t50\t120\tnoop\tu1\tboom\t{\"a\":\"\t\"}").unwrap();
+        let r = TaskRecord::decode("a", "x\t100\t2\t5\t50\t120\tnoop\tu1\tboom\t{\"a\":\"\t\"}")
+            .unwrap();
         assert_eq!(r.state, TaskState::Dead);
         assert_eq!(r.run_at, 100);
         assert_eq!(r.attempts, 2);
@@ -110,8 +117,15 @@ mod tests {
 
     #[test]
     fn serializes_payload_as_json() {
-        let r = TaskRecord::decode("a", "s\t100\t0\t5\t50\t\tnoop\t\t\t{\"n\":12345678901234567890}").unwrap();
+        let r = TaskRecord::decode(
+            "a",
+            "s\t100\t0\t5\t50\t\tnoop\t\t\t{\"n\":12345678901234567890}",
+        )
+        .unwrap();
         let j = serde_json::to_string(&r).unwrap();
-        assert!(j.contains("\"payload\":{\"n\":12345678901234567890}"), "{j}");
+        assert!(
+            j.contains("\"payload\":{\"n\":12345678901234567890}"),
+            "{j}"
+        );
     }
 }
