@@ -60,10 +60,15 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct RemoteArgs {
     /// Base URL of the runner's HTTP API.
-    #[arg(long, env = "EGGTIMER_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "EGGTIMER_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub url: String,
     /// Bearer token.
-    #[arg(long, env = "EGGTIMER_TOKEN")]
+    #[arg(long, global = true, env = "EGGTIMER_TOKEN")]
     pub token: Option<String>,
 }
 
@@ -90,7 +95,7 @@ pub enum TaskCmd {
         #[arg(long, default_value = "null")]
         payload: String,
         /// When: ms since the epoch.
-        #[arg(long, conflicts_with = "r#in")]
+        #[arg(long, conflicts_with = "in")]
         at: Option<i64>,
         /// When: a delay from now, e.g. 30m, 2h, 500ms.
         #[arg(long = "in")]
@@ -246,6 +251,12 @@ mod tests {
         assert_eq!(parse_signed_ms("+30m").unwrap(), 1_800_000);
         assert_eq!(parse_signed_ms("500ms").unwrap(), 500);
         assert!(parse_signed_ms("soon").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]
