@@ -87,6 +87,9 @@ impl LocalRedis {
             url: format!("redis://127.0.0.1:{port}"),
         };
         me.wait_ready(&dir)?;
+        // For people and scripts: `redis-cli -u $(cat eggtimer-data/redis-url)`.
+        std::fs::write(dir.join("redis-url"), format!("{}\n", me.url))
+            .context("writing redis-url")?;
         Ok(me)
     }
 
