@@ -47,6 +47,8 @@ pub enum Command {
         #[command(subcommand)]
         cmd: OwnerCmd,
     },
+    /// Run the benchmark workloads of BENCH.md against a private redis-server.
+    Bench(crate::bench::BenchArgs),
     /// The dead-letter set.
     Dead {
         #[command(flatten)]
@@ -190,6 +192,9 @@ pub struct ServeArgs {
     /// Lease of a claimed task: a task whose runner died runs again after this.
     #[arg(long, env = "EGGTIMER_LEASE", default_value = "30s", value_parser = parse_duration)]
     pub lease: Duration,
+    /// Lease of a shard: a runner that dies has its shards taken over after this.
+    #[arg(long, env = "EGGTIMER_SHARD_LEASE", default_value = "5s", value_parser = parse_duration)]
+    pub shard_lease: Duration,
     /// Longest a poller sleeps without asking Redis (covers a lost wake-up).
     #[arg(long, env = "EGGTIMER_FALLBACK_POLL", default_value = "2s", value_parser = parse_duration)]
     pub fallback_poll: Duration,

@@ -2,10 +2,12 @@
 //! WebAssembly plugins. See ARCHITECTURE.md for the map of the modules.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod local_redis;
+pub mod membership;
 pub mod metrics;
 pub mod plugins;
 pub mod poller;

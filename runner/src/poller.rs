@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::executor::Executor;
+use crate::membership::Membership;
 use crate::store::Store;
 
 /// Settings of the pollers.
@@ -57,6 +58,11 @@ impl ShardWake {
         }
     }
 
+    /// Wakes the poller now.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
     /// Wakes the poller if `due` is earlier than its planned wake-up.
     pub fn offer(&self, due: i64) {
         if due < self.planned.load(Ordering::Acquire) {
@@ -92,7 +98,7 @@ impl Wakes {
     /// Wakes every poller (after a reconnect, when messages may have been missed).
     pub fn all(&self) {
         for w in &self.0 {
-            w.notify.notify_one();
+            w.wake();
         }
     }
 }
@@ -141,6 +147,7 @@ pub async fn poll_shard(
     store: Store,
     exec: Arc<Executor>,
     wakes: Arc<Wakes>,
+    member: Arc<Membership>,
     opts: PollerOptions,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -149,6 +156,14 @@ pub async fn poll_shard(
     loop {
         if *stop.borrow() {
             return;
+        }
+        if !member.owns(shard) {
+            // another runner polls this shard; membership wakes us when it becomes ours
+            wake.planned.store(i64::MIN, Ordering::Release);
+            tokio::select! {
+                _ = wake.notify.notified() => continue,
+                _ = stop.changed() => return,
+            }
         }
         wake.planned.store(i64::MAX, Ordering::Release);
         // Room in the executor: wait for at least one free slot.

@@ -8,15 +8,42 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::executor::{Executor, ExecutorOptions, Handler};
+use crate::membership::{self, Membership, MembershipOptions};
 use crate::metrics::Metrics;
 use crate::poller::{self, PollerOptions, Wakes};
 use crate::store::Store;
 
 /// Settings of a runner's task machinery.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RunnerOptions {
     pub exec: ExecutorOptions,
     pub poller: PollerOptions,
+    pub membership: MembershipOptions,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            exec: ExecutorOptions::default(),
+            poller: PollerOptions::default(),
+            membership: MembershipOptions {
+                lease: std::time::Duration::from_secs(5),
+                address: None,
+            },
+        }
+    }
+}
+
+/// A runner id: host, pid and a random part.
+pub fn new_runner_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "runner".into());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
 }
 
 /// A running set of pollers and an executor over one store.
@@ -24,12 +51,16 @@ pub struct Runner {
     stop: watch::Sender<bool>,
     joins: Vec<JoinHandle<()>>,
     exec: Arc<Executor>,
+    membership_task: JoinHandle<()>,
+    membership_stop: watch::Sender<bool>,
     pub store: Store,
     pub metrics: Arc<Metrics>,
+    pub membership: Arc<Membership>,
 }
 
 impl Runner {
-    /// Starts polling every shard of `store` and running due tasks through `handler`.
+    /// Joins the namespace's runners, polls the shards it is given and runs due tasks through
+    /// `handler`.
     pub fn start(
         store: Store,
         handler: Arc<dyn Handler>,
@@ -45,6 +76,15 @@ impl Runner {
             stop_rx.clone(),
         );
         let wakes = Wakes::new(store.shards());
+        let member = Membership::new(new_runner_id(), store.shards());
+        let (membership_stop, membership_stop_rx) = watch::channel(false);
+        let membership_task = tokio::spawn(membership::run(
+            store.clone(),
+            Arc::clone(&member),
+            Arc::clone(&wakes),
+            opts.membership.clone(),
+            membership_stop_rx,
+        ));
         let mut joins = vec![tokio::spawn(poller::listen(
             store.clone(),
             Arc::clone(&wakes),
@@ -56,6 +96,7 @@ impl Runner {
                 store.clone(),
                 Arc::clone(&exec),
                 Arc::clone(&wakes),
+                Arc::clone(&member),
                 opts.poller.clone(),
                 stop_rx.clone(),
             )));
@@ -64,8 +105,11 @@ impl Runner {
             stop,
             joins,
             exec,
+            membership_task,
+            membership_stop,
             store,
             metrics,
+            membership: member,
         }
     }
 
@@ -78,6 +122,9 @@ impl Runner {
             let _ = j.await;
         }
         let drained = self.exec.drain(grace).await;
+        // only now give the shards back: everything claimed is finished or released
+        let _ = self.membership_stop.send(true);
+        let _ = self.membership_task.await;
         if drained {
             info!("all claimed tasks finished or were released");
         } else {

@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::api::{self, AppState};
 use crate::config::ServeArgs;
-use crate::executor::{ExecutorOptions, now_ms};
+use crate::executor::ExecutorOptions;
 use crate::local_redis::LocalRedis;
+use crate::membership::MembershipOptions;
 use crate::metrics::Metrics;
 use crate::plugins::{PluginOptions, Plugins, Registry};
 use crate::poller::PollerOptions;
@@ -109,14 +110,6 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         lease_ms: args.lease.as_millis() as u64,
         fallback: args.fallback_poll,
     };
-    let runner = Runner::start(
-        store.clone(),
-        plugins.clone(),
-        RunnerOptions { exec, poller },
-        Arc::clone(&metrics),
-    );
-    tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
-
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -126,15 +119,22 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
             "listening on {addr} beyond loopback without --token: anyone who can reach it can schedule tasks and upload code"
         );
     }
-    let runner_id = format!("{}-{}", hostname(), std::process::id());
-    let shards = store.shards() as usize;
-    let info = json!({"id": runner_id, "address": format!("http://{addr}"), "shards": shards, "started_at": now_ms()});
-    tokio::spawn(heartbeat(
+    let membership = MembershipOptions {
+        lease: args.shard_lease,
+        address: Some(format!("http://{addr}")),
+    };
+    let runner = Runner::start(
         store.clone(),
-        runner_id.clone(),
-        info,
-        stop.clone(),
-    ));
+        plugins.clone(),
+        RunnerOptions {
+            exec,
+            poller,
+            membership,
+        },
+        Arc::clone(&metrics),
+    );
+    tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
+    let member = Arc::clone(&runner.membership);
     let runners_store = store.clone();
     let state = AppState {
         store: store.clone(),
@@ -156,7 +156,7 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
                 ))
             })
         }),
-        owned_shards: Arc::new(move || shards),
+        owned_shards: Arc::new(move || member.owned().len()),
     };
     info!(
         "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",
@@ -173,7 +173,6 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         .await
         .context("serving HTTP")?;
     let drained = runner.shutdown(args.shutdown_grace).await;
-    let _ = store.forget_runner(&runner_id).await;
     if !drained {
         warn!(
             "tasks were still running after {:?}; they will run again after their lease",
@@ -182,22 +181,6 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
     }
     info!("stopped");
     Ok(())
-}
-
-async fn heartbeat(store: Store, id: String, info: Value, mut stop: watch::Receiver<bool>) {
-    let text = info.to_string();
-    loop {
-        if let Err(e) = store.heartbeat(&id, &text, 5000).await {
-            warn!("heartbeat failed: {e:#}");
-        }
-        tokio::select! { _ = tokio::time::sleep(Duration::from_secs(1)) => {}, _ = stop.changed() => return }
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "runner".into())
 }
 
 async fn shutdown_signal() {

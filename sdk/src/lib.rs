@@ -315,7 +315,7 @@ pub fn __run<P: DeserializeOwned>(
 /// Declares the plugin's handler: a `fn(Task<P>) -> eggtimer_sdk::Result` where `P` is any
 /// `serde::Deserialize` payload type. Use it once per plugin crate.
 ///
-/// ```ignore
+/// ```no_run
 /// fn handle(task: eggtimer_sdk::Task<serde_json::Value>) -> eggtimer_sdk::Result {
 ///     Ok(eggtimer_sdk::Outcome::Done)
 /// }

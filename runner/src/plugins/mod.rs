@@ -431,6 +431,11 @@ impl Plugins {
         v
     }
 
+    /// Drops this thread's warm instances (the next call instantiates afresh).
+    pub fn forget_warm(&self) {
+        WARM.with(|w| w.borrow_mut().clear());
+    }
+
     fn instantiate(&self, loaded: &Loaded) -> Result<Warm, String> {
         let stdout = MemoryOutputPipe::new(OUTPUT_CAP);
         let stderr = MemoryOutputPipe::new(OUTPUT_CAP);

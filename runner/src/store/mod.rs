@@ -189,6 +189,14 @@ pub enum Finished {
     Stale,
 }
 
+/// What to do with a shard lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOp {
+    Acquire,
+    Renew,
+    Release,
+}
+
 /// How to move a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Move {
@@ -870,6 +878,48 @@ impl Store {
             .await
             .context("listing runners")?;
         Ok(infos.into_iter().flatten().collect())
+    }
+
+    /// Acquires, renews or releases a shard lease for `runner_id`; true when it holds (held) it.
+    pub async fn shard_lease(
+        &self,
+        shard: u32,
+        op: LeaseOp,
+        runner_id: &str,
+        ttl_ms: u64,
+    ) -> Result<bool> {
+        let op = match op {
+            LeaseOp::Acquire => "acquire",
+            LeaseOp::Renew => "renew",
+            LeaseOp::Release => "release",
+        };
+        let held: i64 = self
+            .inner
+            .scripts
+            .lease
+            .key(self.keys().shard_lease(shard))
+            .arg(op)
+            .arg(runner_id)
+            .arg(ttl_ms.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .context("shard lease script")?;
+        Ok(held == 1)
+    }
+
+    /// Ids of the runners whose heartbeat is newer than `since` (ms), sorted.
+    pub async fn live_runners(&self, since: i64) -> Result<Vec<String>> {
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.keys().runners())
+            .arg(since)
+            .arg("+inf")
+            .arg("BYSCORE")
+            .query_async(&mut self.conn())
+            .await
+            .context("listing live runners")?;
+        let mut ids = ids;
+        ids.sort();
+        Ok(ids)
     }
 
     /// Whether Redis answers.

@@ -14,6 +14,7 @@ pub struct Scripts {
     pub plugin_put: Script,
     pub plugin_rollback: Script,
     pub plugin_delete: Script,
+    pub lease: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -36,6 +37,7 @@ impl Scripts {
             plugin_put: Script::new(include_str!("lua/plugin_put.lua")),
             plugin_rollback: Script::new(include_str!("lua/plugin_rollback.lua")),
             plugin_delete: Script::new(include_str!("lua/plugin_delete.lua")),
+            lease: Script::new(include_str!("lua/lease.lua")),
         }
     }
 }

@@ -1,0 +1,481 @@
+//! `eggtimer bench`: the workloads of BENCH.md against a private redis-server, one JSON line each.
+//!
+//! The runner runs in this process with a recording handler in front of the real plugin host: it
+//! notes, for every task, when its handler started (µs, this process's clock) and how many times it
+//! ran, so lateness (start − due), missing and duplicate tasks are counted exactly. Due times are
+//! written by this process too, so both sides use the same clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+use crate::executor::{Handler, Run, TaskHost, now_ms};
+use crate::local_redis::LocalRedis;
+use crate::metrics::Metrics;
+use crate::plugins::{PluginOptions, Plugins, Registry, load_dir};
+use crate::runner::{Runner, RunnerOptions};
+use crate::store::{Claimed, NewTask, RedisTarget, ScheduleMode, Store, StoreOptions};
+
+/// Flags of `eggtimer bench`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Directory of the built plugins (noop.wasm, order-cancel.wasm).
+    #[arg(long, default_value = "target/plugins")]
+    pub plugins_dir: std::path::PathBuf,
+    /// Workloads to run, comma-separated (W0..W5).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4")]
+    pub only: String,
+    /// Tasks per workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub n: usize,
+    /// Pending tasks far in the future for W3.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub pending: usize,
+    /// Number of shards.
+    #[arg(long, default_value_t = 16)]
+    pub shards: u32,
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Notes when each bench task's handler started, then runs the real plugin.
+struct Recorder {
+    plugins: Arc<Plugins>,
+    starts: Vec<AtomicI64>,
+    runs: Vec<AtomicU32>,
+}
+
+impl Recorder {
+    fn new(plugins: Arc<Plugins>, n: usize) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            plugins,
+            starts: (0..n).map(|_| AtomicI64::new(0)).collect(),
+            runs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+        })
+    }
+}
+
+impl Handler for Recorder {
+    fn handle(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run {
+        let started = now_us();
+        if let Some(i) = task
+            .id
+            .strip_prefix('b')
+            .and_then(|s| s.parse::<usize>().ok())
+            && i < self.runs.len()
+        {
+            if self.runs[i].fetch_add(1, Ordering::Relaxed) == 0 {
+                self.starts[i].store(started, Ordering::Relaxed);
+            }
+        }
+        self.plugins.call(task, host)
+    }
+}
+
+struct Counts {
+    executed: usize,
+    missing: usize,
+    duplicates: usize,
+    early: usize,
+    lateness_ms: Vec<f64>,
+    first_start_us: i64,
+    last_start_us: i64,
+}
+
+fn count(rec: &Recorder, dues: &[i64]) -> Counts {
+    let mut c = Counts {
+        executed: 0,
+        missing: 0,
+        duplicates: 0,
+        early: 0,
+        lateness_ms: Vec::with_capacity(dues.len()),
+        first_start_us: i64::MAX,
+        last_start_us: 0,
+    };
+    for (i, due) in dues.iter().enumerate() {
+        let runs = rec.runs[i].load(Ordering::Relaxed) as usize;
+        if runs == 0 {
+            c.missing += 1;
+            continue;
+        }
+        c.executed += 1;
+        c.duplicates += runs - 1;
+        let s = rec.starts[i].load(Ordering::Relaxed);
+        c.first_start_us = c.first_start_us.min(s);
+        c.last_start_us = c.last_start_us.max(s);
+        let late = s as f64 / 1000.0 - *due as f64;
+        if late < 0.0 {
+            c.early += 1;
+        }
+        c.lateness_ms.push(late);
+    }
+    c.lateness_ms.sort_by(|a, b| a.total_cmp(b));
+    c
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    (sorted[i] * 100.0).round() / 100.0
+}
+
+fn tasks(prefix_from: usize, dues: &[i64], plugin: &str) -> Vec<NewTask> {
+    dues.iter()
+        .enumerate()
+        .map(|(i, d)| NewTask {
+            id: format!("b{}", prefix_from + i),
+            plugin: plugin.into(),
+            payload: "null".into(),
+            run_at: *d,
+            owner: None,
+            max_attempts: 5,
+        })
+        .collect()
+}
+
+/// Schedules through the store in batches of 1000, a few batches in flight.
+async fn schedule_all(store: &Store, tasks: Vec<NewTask>) -> Result<()> {
+    use futures::StreamExt;
+    let chunks: Vec<Vec<NewTask>> = tasks.chunks(1000).map(|c| c.to_vec()).collect();
+    let mut s = futures::stream::iter(chunks.into_iter().map(|c| {
+        let store = store.clone();
+        async move { store.schedule(&c, ScheduleMode::Upsert).await }
+    }))
+    .buffer_unordered(8);
+    while let Some(r) = s.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+struct Bench {
+    store: Store,
+    plugins: Arc<Plugins>,
+    args: BenchArgs,
+}
+
+impl Bench {
+    async fn flush(&self) -> Result<()> {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut self.store.conn())
+            .await?;
+        let _: () = redis::cmd("HSET")
+            .arg(self.store.keys().meta())
+            .arg("shards")
+            .arg(self.store.shards())
+            .query_async(&mut self.store.conn())
+            .await?;
+        Ok(())
+    }
+
+    fn runner(&self, rec: Arc<Recorder>) -> Runner {
+        Runner::start(
+            self.store.clone(),
+            rec,
+            RunnerOptions::default(),
+            Arc::new(Metrics::default()),
+        )
+    }
+
+    /// Waits until every task ran once (or `limit`), then stops the runner.
+    async fn finish(&self, runner: Runner, rec: &Recorder, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline && rec.runs.iter().any(|r| r.load(Ordering::Relaxed) == 0) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // let stragglers (duplicates) show
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        runner.shutdown(Duration::from_secs(10)).await;
+    }
+
+    async fn w0(&self) -> Result<Value> {
+        self.flush().await?;
+        let registry = Registry::new(self.store.clone(), Arc::clone(&self.plugins), 16 << 20);
+        let state = crate::api::AppState {
+            store: self.store.clone(),
+            registry,
+            metrics: Arc::new(Metrics::default()),
+            token: None,
+            max_payload_bytes: 64 << 10,
+            max_plugin_bytes: 16 << 20,
+            max_body_bytes: 32 << 20,
+            runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
+            owned_shards: Arc::new(|| 0),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server =
+            tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
+        let n = self.args.n;
+        let far = now_ms() + 86_400_000;
+        let bodies: Vec<Vec<u8>> = (0..n)
+            .collect::<Vec<_>>()
+            .chunks(1000)
+            .map(|c| {
+                serde_json::to_vec(
+                    &c.iter()
+                        .map(|i| json!({"plugin": "noop", "id": format!("b{i}"), "run_at": far}))
+                        .collect::<Vec<_>>(),
+                )
+                .expect("json")
+            })
+            .collect();
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/v1/tasks");
+        let t0 = Instant::now();
+        use futures::StreamExt;
+        let mut s = futures::stream::iter(bodies.into_iter().map(|b| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(b)
+                    .send()
+                    .await?
+                    .error_for_status()
+            }
+        }))
+        .buffer_unordered(4);
+        while let Some(r) = s.next().await {
+            r.context("POST /v1/tasks")?;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        server.abort();
+        let pending: u64 = self.store.shard_counts().await?.iter().map(|c| c.0).sum();
+        Ok(
+            json!({"workload": "W0", "n": n, "batch": 1000, "concurrency": 4, "seconds": round(secs), "tasks_per_s": (n as f64 / secs).round(), "stored": pending}),
+        )
+    }
+
+    /// W1: N tasks due evenly over 10 s, starting after all are scheduled. `extra` names W3.
+    async fn w1(&self, name: &str) -> Result<Value> {
+        let n = self.args.n;
+        let start = now_ms() + 3000 + (n as i64 / 50); // leave time to schedule (~100k/s)
+        let dues: Vec<i64> = (0..n)
+            .map(|i| start + (i as i64 * 10_000) / n as i64)
+            .collect();
+        let rec = Recorder::new(Arc::clone(&self.plugins), n);
+        let runner = self.runner(Arc::clone(&rec));
+        let t0 = Instant::now();
+        schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
+        let scheduled_at = now_ms();
+        if scheduled_at > start {
+            bail!(
+                "scheduling took {:?}, past the first due time; run with a smaller --n",
+                t0.elapsed()
+            );
+        }
+        self.finish(
+            runner,
+            &rec,
+            Duration::from_millis((start - now_ms()).max(0) as u64 + 10_000 + 30_000),
+        )
+        .await;
+        let c = count(&rec, &dues);
+        let span = (c.last_start_us - c.first_start_us) as f64 / 1e6;
+        Ok(json!({"workload": name, "n": n, "spread_s": 10,
+            "lateness_ms": {"p50": pct(&c.lateness_ms, 0.5), "p95": pct(&c.lateness_ms, 0.95), "p99": pct(&c.lateness_ms, 0.99), "max": pct(&c.lateness_ms, 1.0)},
+            "processed_per_s": (c.executed as f64 / span.max(1e-9)).round(), "executed": c.executed, "missing": c.missing, "duplicates": c.duplicates, "early": c.early}))
+    }
+
+    async fn w2(&self) -> Result<Value> {
+        self.flush().await?;
+        let n = self.args.n;
+        let at = now_ms() + 3000 + (n as i64 / 50);
+        let dues = vec![at; n];
+        let rec = Recorder::new(Arc::clone(&self.plugins), n);
+        let runner = self.runner(Arc::clone(&rec));
+        schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
+        if now_ms() > at {
+            bail!("scheduling took past the due instant; run with a smaller --n");
+        }
+        self.finish(
+            runner,
+            &rec,
+            Duration::from_millis((at - now_ms()).max(0) as u64 + 60_000),
+        )
+        .await;
+        let c = count(&rec, &dues);
+        let drain = (c.last_start_us as f64 / 1000.0 - at as f64) / 1000.0;
+        Ok(
+            json!({"workload": "W2", "n": n, "drain_s": round(drain), "tasks_per_s": (c.executed as f64 / drain.max(1e-9)).round(),
+            "lateness_ms": {"p50": pct(&c.lateness_ms, 0.5), "p99": pct(&c.lateness_ms, 0.99), "max": pct(&c.lateness_ms, 1.0)},
+            "executed": c.executed, "missing": c.missing, "duplicates": c.duplicates, "early": c.early}),
+        )
+    }
+
+    async fn used_memory(&self) -> Result<i64> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut self.store.conn())
+            .await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .context("used_memory in INFO")
+    }
+
+    async fn w3(&self, w1_alone: Option<&Value>) -> Result<Value> {
+        self.flush().await?;
+        let m = self.args.pending;
+        let before = self.used_memory().await?;
+        let far = now_ms() + 365 * 86_400_000;
+        let t0 = Instant::now();
+        let step = 200_000;
+        for from in (0..m).step_by(step) {
+            let k = step.min(m - from);
+            let dues: Vec<i64> = (0..k).map(|i| far + (from + i) as i64).collect();
+            // ids past the W1 range, so the recorder ignores them
+            let batch: Vec<NewTask> = tasks(0, &dues, "noop")
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut t)| {
+                    t.id = format!("p{}", from + i);
+                    t
+                })
+                .collect();
+            schedule_all(&self.store, batch).await?;
+        }
+        let fill_s = t0.elapsed().as_secs_f64();
+        let after = self.used_memory().await?;
+        let per_task = (after - before) as f64 / m as f64;
+        let payload = "null".len() as f64;
+        let w1 = self.w1("W3-W1").await?;
+        let ratio = match (
+            w1_alone.and_then(|v| v["lateness_ms"]["p99"].as_f64()),
+            w1["lateness_ms"]["p99"].as_f64(),
+        ) {
+            (Some(a), Some(b)) if a > 0.0 => Some((b / a * 100.0).round() / 100.0),
+            _ => None,
+        };
+        Ok(
+            json!({"workload": "W3", "pending": m, "fill_s": round(fill_s), "bytes_per_pending_task": per_task.round(),
+            "bytes_beyond_payload": (per_task - payload).round(), "w1_on_top": w1, "p99_ratio_vs_w1_alone": ratio}),
+        )
+    }
+
+    fn w4(&self) -> Result<Value> {
+        struct NoKv;
+        impl TaskHost for NoKv {
+            fn kv_get(&self, _: &str, _: &str) -> Result<Option<String>, String> {
+                Ok(None)
+            }
+        }
+        let host: Arc<dyn TaskHost> = Arc::new(NoKv);
+        let mut out = serde_json::Map::new();
+        for (plugin, payload) in [
+            ("noop", "null"),
+            ("order-cancel", r#"{"order_id":"o1","user_id":"u1"}"#),
+        ] {
+            let task = Claimed {
+                id: "w4".into(),
+                shard: 0,
+                attempt: 1,
+                due: 0,
+                max_attempts: 5,
+                plugin: plugin.into(),
+                owner: None,
+                payload: payload.into(),
+                created: 0,
+            };
+            // warm: the worker thread's instance is reused, as the executor does
+            let rounds: Vec<f64> = (0..5)
+                .map(|_| {
+                    let iters = 20_000;
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        let r = self.plugins.call(&task, &host);
+                        assert!(r.outcome.is_ok());
+                    }
+                    t.elapsed().as_secs_f64() * 1e6 / iters as f64
+                })
+                .collect();
+            // cold: a fresh instance per task
+            let cold: Vec<f64> = (0..5)
+                .map(|_| {
+                    let iters = 2000;
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        self.plugins.forget_warm();
+                        let r = self.plugins.call(&task, &host);
+                        assert!(r.outcome.is_ok());
+                    }
+                    t.elapsed().as_secs_f64() * 1e6 / iters as f64
+                })
+                .collect();
+            out.insert(plugin.into(), json!({"warm_us_per_task": median(rounds), "fresh_instance_us_per_task": median(cold)}));
+        }
+        Ok(
+            json!({"workload": "W4", "per_task": out, "note": "instantiate (fresh) or reuse (warm) + call + effects collected; no Redis"}),
+        )
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    round(v[v.len() / 2])
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Runs the benchmark and prints one JSON line per workload.
+pub fn main(args: BenchArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("eggtimer-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let redis = LocalRedis::start(&dir, "everysec")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(async {
+        let store = Store::open(RedisTarget::Single(redis.url.clone()), StoreOptions { shards: args.shards, ..StoreOptions::default() }).await?;
+        let plugins = Plugins::new(PluginOptions::default())?;
+        load_dir(&plugins, &args.plugins_dir)?;
+        for p in ["noop", "order-cancel"] {
+            if plugins.get(p).is_none() {
+                bail!("{p}.wasm is not in {}: run `cargo xtask plugins` first", args.plugins_dir.display());
+            }
+        }
+        let b = Bench { store, plugins, args: args.clone() };
+        let want = |w: &str| args.only.split(',').any(|x| x.trim().eq_ignore_ascii_case(w));
+        let mut w1_alone = None;
+        for w in ["W4", "W0", "W1", "W2", "W3"] {
+            if !want(w) {
+                continue;
+            }
+            let v = match w {
+                "W0" => b.w0().await?,
+                "W1" => {
+                    b.flush().await?;
+                    let v = b.w1("W1").await?;
+                    w1_alone = Some(v.clone());
+                    v
+                }
+                "W2" => b.w2().await?,
+                "W3" => b.w3(w1_alone.as_ref()).await?,
+                _ => b.w4()?,
+            };
+            println!("{v}");
+        }
+        if want("W5") {
+            eprintln!("W5 (two runner processes, one killed) is measured by tests/tests/runners.rs; see BENCHMARKS.md");
+        }
+        Ok(())
+    });
+    drop(rt);
+    drop(redis);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
