@@ -71,10 +71,9 @@ impl Handler for Recorder {
             .strip_prefix('b')
             .and_then(|s| s.parse::<usize>().ok())
             && i < self.runs.len()
+            && self.runs[i].fetch_add(1, Ordering::Relaxed) == 0
         {
-            if self.runs[i].fetch_add(1, Ordering::Relaxed) == 0 {
-                self.starts[i].store(started, Ordering::Relaxed);
-            }
+            self.starts[i].store(started, Ordering::Relaxed);
         }
         self.plugins.call(task, host)
     }
