@@ -1,0 +1,255 @@
+//! Many runners and faults, with real processes: runner binaries and redis-server. Every task is
+//! a `coupon-expiry` run that appends one event per execution, so the counts (missing,
+//! duplicates) come from the plugin's own records, not from the runners' logs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use eggtimer::store::{NewTask, ScheduleMode, StoreOptions};
+use eggtimer::{RedisTarget, Store};
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugins_dir, read_stream,
+};
+use serde_json::Value;
+
+/// Task lease 2 s, shard lease 1 s: fast takeovers for the tests.
+fn runner(redis: &RedisServer) -> RunnerProcess {
+    let dir = plugins_dir();
+    RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--lease",
+            "2s",
+            "--shard-lease",
+            "1s",
+            "--retry-base",
+            "50ms",
+        ],
+    )
+}
+
+/// Schedules `per_tick` tasks every 20 ms (each due 0–500 ms later) until stopped; returns the ids.
+fn load(
+    store: Store,
+    per_tick: usize,
+    stop: Arc<AtomicBool>,
+    failures: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let batch: Vec<NewTask> = (0..per_tick)
+                .map(|k| NewTask {
+                    id: format!("t{}", n + k),
+                    plugin: "coupon-expiry".into(),
+                    payload: format!(
+                        r#"{{"coupon_id":"c{}","user_id":"u","expires_at":0}}"#,
+                        n + k
+                    ),
+                    run_at: now_ms() + ((n + k) % 500) as i64,
+                    owner: None,
+                    max_attempts: 20,
+                })
+                .collect();
+            match store.schedule(&batch, ScheduleMode::Upsert).await {
+                Ok(_) => {
+                    ids.extend(batch.into_iter().map(|t| t.id));
+                    n += per_tick;
+                }
+                // Redis away: the caller would retry; nothing was acknowledged, so nothing is owed
+                Err(_) => {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        ids
+    })
+}
+
+/// (missing, duplicates) among `ids`, from the event stream, once nothing is pending.
+async fn settle(
+    redis: &RedisServer,
+    store: &Store,
+    ids: &[String],
+    limit: Duration,
+) -> (Vec<String>, usize) {
+    eventually(limit, "every task to run", || async {
+        let pending = store.shard_counts().await.ok()?;
+        let busy = pending.iter().any(|(due, inflight, _)| due + inflight > 0);
+        let n = read_stream(&mut redis.conn(), "{eggtimer}:events:push").len();
+        (!busy && n >= ids.len()).then_some(())
+    })
+    .await;
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for (task, _, _) in read_stream(&mut redis.conn(), "{eggtimer}:events:push") {
+        *runs.entry(task).or_default() += 1;
+    }
+    let missing: Vec<String> = ids
+        .iter()
+        .filter(|id| !runs.contains_key(*id))
+        .cloned()
+        .collect();
+    let duplicates = runs.values().map(|n| n - 1).sum();
+    (missing, duplicates)
+}
+
+async fn store_for(redis: &RedisServer) -> Store {
+    Store::open(RedisTarget::Single(redis.url()), StoreOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn shards_of(url: &str) -> HashMap<String, Vec<u64>> {
+    let (_, v) = call("GET", &format!("{url}/v1/runners"), None).await;
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    let shards = r["shards"]
+                        .as_array()
+                        .map(|s| s.iter().filter_map(Value::as_u64).collect())
+                        .unwrap_or_default();
+                    (r["address"].as_str().unwrap_or("").to_owned(), shards)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_runners_share_the_shards_and_survive_a_kill_9() {
+    let redis = RedisServer::start();
+    let mut runners = vec![runner(&redis), runner(&redis), runner(&redis)];
+    // they split the 16 shards: 6 + 5 + 5, no shard twice
+    let split = eventually(
+        Duration::from_secs(10),
+        "the shards to be split",
+        || async {
+            let m = shards_of(&runners[0].url).await;
+            let mut all: Vec<u64> = m.values().flatten().copied().collect();
+            all.sort();
+            let mut sizes: Vec<usize> = m.values().map(Vec::len).collect();
+            sizes.sort();
+            (m.len() == 3 && sizes == [5, 5, 6] && all == (0..16).collect::<Vec<u64>>())
+                .then_some(m)
+        },
+    )
+    .await;
+    let store = store_for(&redis).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let generator = load(store.clone(), 20, stop.clone(), failures.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // kill -9 one runner mid-stream
+    let victim = runners.remove(1);
+    let victim_shards = split[&victim.url].clone();
+    let mut victim = victim;
+    victim.kill();
+    let killed_at = Instant::now();
+    let takeover = eventually(
+        Duration::from_secs(15),
+        "the others to take the dead runner's shards over",
+        || async {
+            let m = shards_of(&runners[0].url).await;
+            let mut all: Vec<u64> = m
+                .iter()
+                .filter(|(a, _)| *a != &victim.url)
+                .flat_map(|(_, s)| s.clone())
+                .collect();
+            all.sort();
+            (all == (0..16).collect::<Vec<u64>>()).then(|| killed_at.elapsed())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let ids = generator.await.unwrap();
+    let (missing, duplicates) = settle(&redis, &store, &ids, Duration::from_secs(30)).await;
+    eprintln!(
+        "kill -9: {} tasks, shards {victim_shards:?} taken over after {takeover:?}, missing {}, duplicates {duplicates}",
+        ids.len(),
+        missing.len()
+    );
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    assert_eq!(failures.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_loses_nothing_and_runs_nothing_twice() {
+    let redis = RedisServer::start();
+    let mut runners = vec![runner(&redis), runner(&redis), runner(&redis)];
+    let store = store_for(&redis).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let generator = load(store.clone(), 20, stop.clone(), failures.clone());
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let code = runners[i].terminate();
+        assert_eq!(
+            code,
+            Some(0),
+            "a SIGTERM'd runner exits 0:\n{}",
+            runners[i].log_text()
+        );
+        runners[i] = runner(&redis);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::Relaxed);
+    let ids = generator.await.unwrap();
+    let (missing, duplicates) = settle(&redis, &store, &ids, Duration::from_secs(30)).await;
+    eprintln!(
+        "rolling restart: {} tasks, missing {}, duplicates {duplicates}",
+        ids.len(),
+        missing.len()
+    );
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    assert_eq!(duplicates, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_for_ten_seconds_and_restarted_with_its_aof_loses_nothing() {
+    let mut redis = RedisServer::start();
+    let runners = [runner(&redis), runner(&redis)];
+    let store = store_for(&redis).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let generator = load(store.clone(), 20, stop.clone(), failures.clone());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    redis.stop();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    redis.start_again();
+    eventually(
+        Duration::from_secs(20),
+        "the runners to be ready again",
+        || async {
+            for r in &runners {
+                if call("GET", &format!("{}/readyz", r.url), None).await.0 != 200 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::Relaxed);
+    let ids = generator.await.unwrap();
+    let (missing, duplicates) = settle(&redis, &store, &ids, Duration::from_secs(40)).await;
+    eprintln!(
+        "redis down 10 s: {} tasks acknowledged, {} schedule calls refused while down, missing {}, duplicates {duplicates}",
+        ids.len(),
+        failures.load(Ordering::Relaxed),
+        missing.len()
+    );
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    assert!(
+        failures.load(Ordering::Relaxed) > 0,
+        "the load generator saw Redis go away"
+    );
+}
