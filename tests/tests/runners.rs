@@ -183,21 +183,21 @@ async fn three_runners_share_the_shards_and_survive_a_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_load_loses_nothing_and_runs_nothing_twice() {
     let redis = RedisServer::start();
-    let mut runners = vec![runner(&redis), runner(&redis), runner(&redis)];
+    let mut runners = [runner(&redis), runner(&redis), runner(&redis)];
     let store = store_for(&redis).await;
     let stop = Arc::new(AtomicBool::new(false));
     let failures = Arc::new(AtomicUsize::new(0));
     let generator = load(store.clone(), 20, stop.clone(), failures.clone());
-    for i in 0..3 {
+    for slot in runners.iter_mut() {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let code = runners[i].terminate();
+        let code = slot.terminate();
         assert_eq!(
             code,
             Some(0),
             "a SIGTERM'd runner exits 0:\n{}",
-            runners[i].log_text()
+            slot.log_text()
         );
-        runners[i] = runner(&redis);
+        *slot = runner(&redis);
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     stop.store(true, Ordering::Relaxed);
