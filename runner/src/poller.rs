@@ -107,9 +107,10 @@ impl Wakes {
 pub async fn listen(store: Store, wakes: Arc<Wakes>, mut stop: watch::Receiver<bool>) {
     let channel = store.keys().wake_channel();
     let mut delay = Duration::from_millis(100);
+    let mut attempt = 0usize;
     loop {
         let sub = async {
-            let client = store.pubsub_client()?;
+            let client = store.pubsub_client(attempt)?;
             let mut ps = client.get_async_pubsub().await?;
             ps.subscribe(&channel).await?;
             Ok::<_, anyhow::Error>(ps)
@@ -132,9 +133,13 @@ pub async fn listen(store: Store, wakes: Arc<Wakes>, mut stop: watch::Receiver<b
                         _ = stop.changed() => return,
                     }
                 }
+                attempt += 1;
                 warn!("the wake-up subscription dropped; resubscribing");
             }
-            Err(e) => warn!("subscribing to wake-ups failed, retrying in {delay:?}: {e:#}"),
+            Err(e) => {
+                attempt += 1;
+                warn!("subscribing to wake-ups failed, retrying in {delay:?}: {e:#}")
+            }
         }
         tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return }
         delay = (delay * 2).min(Duration::from_secs(2));

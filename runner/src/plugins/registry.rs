@@ -222,9 +222,14 @@ impl Registry {
     pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let channel = self.store.keys().plugins_channel();
         let mut delay = Duration::from_millis(100);
+        let mut attempt = 0usize;
         loop {
             let sub = async {
-                let mut ps = self.store.pubsub_client()?.get_async_pubsub().await?;
+                let mut ps = self
+                    .store
+                    .pubsub_client(attempt)?
+                    .get_async_pubsub()
+                    .await?;
                 ps.subscribe(&channel).await?;
                 Ok::<_, anyhow::Error>(ps)
             };
@@ -256,11 +261,15 @@ impl Registry {
                             _ = stop.changed() => return,
                         }
                     }
+                    attempt += 1;
                     warn!("the plugin announcements subscription dropped; resubscribing");
                 }
-                Err(e) => warn!(
-                    "subscribing to plugin announcements failed, retrying in {delay:?}: {e:#}"
-                ),
+                Err(e) => {
+                    attempt += 1;
+                    warn!(
+                        "subscribing to plugin announcements failed, retrying in {delay:?}: {e:#}"
+                    )
+                }
             }
             tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return }
             delay = (delay * 2).min(Duration::from_secs(2));

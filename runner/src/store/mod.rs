@@ -55,11 +55,12 @@ impl RedisTarget {
         }
     }
 
-    /// A URL of one node, for pub/sub (a cluster broadcasts PUBLISH to every node).
-    pub fn pubsub_url(&self) -> &str {
+    /// A URL of one node for pub/sub (a cluster broadcasts PUBLISH to every node); `attempt`
+    /// rotates through a cluster's nodes, so a subscriber whose node died moves to another.
+    pub fn pubsub_url(&self, attempt: usize) -> &str {
         match self {
             RedisTarget::Single(u) => u,
-            RedisTarget::Cluster(nodes) => &nodes[0],
+            RedisTarget::Cluster(nodes) => &nodes[attempt % nodes.len()],
         }
     }
 }
@@ -931,9 +932,9 @@ impl Store {
         Ok(())
     }
 
-    /// A plain client for pub/sub subscriptions.
-    pub fn pubsub_client(&self) -> Result<redis::Client> {
-        Ok(redis::Client::open(self.target().pubsub_url())?)
+    /// A plain client for pub/sub subscriptions (`attempt`: see [`RedisTarget::pubsub_url`]).
+    pub fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
+        Ok(redis::Client::open(self.target().pubsub_url(attempt))?)
     }
 }
 
