@@ -38,6 +38,15 @@ pub struct BenchArgs {
     /// Number of shards.
     #[arg(long, default_value_t = 16)]
     pub shards: u32,
+    /// Most tasks one claim takes (the runner's --claim-batch).
+    #[arg(long, default_value_t = 256)]
+    pub claim_batch: usize,
+    /// Tasks claimed and not finished (the runner's --max-inflight).
+    #[arg(long, default_value_t = 2048)]
+    pub max_inflight: usize,
+    /// Plugin calls at once (the runner's --workers; default 2 × cores).
+    #[arg(long)]
+    pub workers: Option<usize>,
 }
 
 fn now_us() -> i64 {
@@ -178,12 +187,28 @@ impl Bench {
     }
 
     fn runner(&self, rec: Arc<Recorder>) -> Runner {
-        Runner::start(
-            self.store.clone(),
-            rec,
-            RunnerOptions::default(),
-            Arc::new(Metrics::default()),
-        )
+        let mut opts = RunnerOptions::default();
+        opts.poller.batch = self.args.claim_batch;
+        opts.exec.max_inflight = self.args.max_inflight;
+        if let Some(w) = self.args.workers {
+            opts.exec.workers = w;
+        }
+        Runner::start(self.store.clone(), rec, opts, Arc::new(Metrics::default()))
+    }
+
+    /// CPU seconds Redis has used so far.
+    async fn redis_cpu(&self) -> Result<f64> {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut self.store.conn())
+            .await?;
+        let get = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        Ok(get("used_cpu_sys:") + get("used_cpu_user:"))
     }
 
     /// Waits until every task ran once (or `limit`), then stops the runner.
@@ -299,18 +324,21 @@ impl Bench {
         if now_ms() > at {
             bail!("scheduling took past the due instant; run with a smaller --n");
         }
+        let cpu0 = self.redis_cpu().await?;
         self.finish(
             runner,
             &rec,
             Duration::from_millis((at - now_ms()).max(0) as u64 + 60_000),
         )
         .await;
+        let redis_cpu_s = self.redis_cpu().await? - cpu0;
         let c = count(&rec, &dues);
         let drain = (c.last_start_us as f64 / 1000.0 - at as f64) / 1000.0;
         Ok(
             json!({"workload": "W2", "n": n, "drain_s": round(drain), "tasks_per_s": (c.executed as f64 / drain.max(1e-9)).round(),
             "lateness_ms": {"p50": pct(&c.lateness_ms, 0.5), "p99": pct(&c.lateness_ms, 0.99), "max": pct(&c.lateness_ms, 1.0)},
-            "executed": c.executed, "missing": c.missing, "duplicates": c.duplicates, "early": c.early}),
+            "executed": c.executed, "missing": c.missing, "duplicates": c.duplicates, "early": c.early,
+            "redis_cpu_s": round(redis_cpu_s)}),
         )
     }
 

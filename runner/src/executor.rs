@@ -208,11 +208,10 @@ impl Executor {
                     runs.push(None); // not started: released back
                     continue;
                 }
-                let started = now_ms();
-                metrics.observe_start(&task.plugin, started - task.due);
+                let lateness = now_ms() - task.due;
                 let t0 = std::time::Instant::now();
                 let run = handler.handle(task, &host);
-                metrics.observe_run(&task.plugin, t0.elapsed());
+                metrics.observe_run(&task.plugin, lateness, t0.elapsed());
                 runs.push(Some(run));
             }
             (chunk, runs)
@@ -232,15 +231,17 @@ impl Executor {
                 continue;
             };
             let span =
-                info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
-            let applied = self
-                .apply_effects(task, &run.effects)
-                .instrument(span.clone())
-                .await;
-            if let Err(e) = applied {
+                || info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
+            if run.effects != Effects::default()
+                && let Err(e) = self
+                    .apply_effects(task, &run.effects)
+                    .instrument(span())
+                    .await
+            {
                 // Not recorded: the lease expires and the task runs again, effects re-applied
                 // idempotently. Nothing is lost.
-                span.in_scope(|| warn!("applying effects failed, the task will run again: {e:#}"));
+                span()
+                    .in_scope(|| warn!("applying effects failed, the task will run again: {e:#}"));
                 continue;
             }
             let finish = match run.outcome {
@@ -258,7 +259,7 @@ impl Executor {
                         self.opts.retry_cap_ms,
                         rand::random::<f64>(),
                     ) as i64;
-                    span.in_scope(|| warn!(%error, "the task failed"));
+                    span().in_scope(|| warn!(%error, "the task failed"));
                     Finish::Retry { after_ms, error }
                 }
             };
@@ -273,9 +274,14 @@ impl Executor {
             .collect();
         match self.store.finish(chunk[0].shard, &items).await {
             Ok(verdicts) => {
+                self.metrics.observe_finishes(
+                    outcomes
+                        .iter()
+                        .zip(&verdicts)
+                        .map(|((i, _), v)| (chunk[*i].plugin.as_str(), *v)),
+                );
                 for ((i, _), v) in outcomes.iter().zip(verdicts) {
                     let task = &chunk[*i];
-                    self.metrics.observe_finish(&task.plugin, v);
                     if v == Finished::Stale {
                         warn!(id = %task.id, attempt = task.attempt, "outcome refused: the lease was lost");
                     } else {

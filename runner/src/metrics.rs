@@ -100,27 +100,30 @@ impl Metrics {
         self.with(plugin, |s| s.scheduled += n);
     }
 
-    /// A task started `lateness_ms` after its due time.
-    pub fn observe_start(&self, plugin: &str, lateness_ms: i64) {
+    /// A task started `lateness_ms` after its due time and its handler took `took`.
+    pub fn observe_run(&self, plugin: &str, lateness_ms: i64, took: Duration) {
         self.with(plugin, |s| {
             s.fired += 1;
             s.lateness.observe(&LATENESS_MS, lateness_ms as f64);
+            s.duration.observe(&DURATION_S, took.as_secs_f64());
         });
     }
 
-    pub fn observe_run(&self, plugin: &str, took: Duration) {
-        self.with(plugin, |s| {
-            s.duration.observe(&DURATION_S, took.as_secs_f64())
-        });
-    }
-
-    pub fn observe_finish(&self, plugin: &str, how: Finished) {
-        self.with(plugin, |s| match how {
-            Finished::Done | Finished::Again => s.succeeded += 1,
-            Finished::Retry => s.retried += 1,
-            Finished::Dead => s.dead += 1,
-            Finished::Release | Finished::Stale => {}
-        });
+    /// Recorded outcomes (one lock for a chunk).
+    pub fn observe_finishes<'a>(&self, outcomes: impl Iterator<Item = (&'a str, Finished)>) {
+        let mut m = self.plugins.lock().unwrap_or_else(|e| e.into_inner());
+        for (plugin, how) in outcomes {
+            if !m.contains_key(plugin) {
+                m.insert(plugin.to_owned(), PluginStats::default());
+            }
+            let s = m.get_mut(plugin).expect("inserted");
+            match how {
+                Finished::Done | Finished::Again => s.succeeded += 1,
+                Finished::Retry => s.retried += 1,
+                Finished::Dead => s.dead += 1,
+                Finished::Release | Finished::Stale => {}
+            }
+        }
     }
 
     /// The Prometheus text exposition.
@@ -223,8 +226,9 @@ mod tests {
     #[test]
     fn renders_lateness_buckets() {
         let m = Metrics::default();
-        m.observe_start("noop", 3);
-        m.observe_start("noop", 40);
+        m.observe_run("noop", 3, Duration::from_micros(5));
+        m.observe_run("noop", 40, Duration::from_micros(5));
+        m.observe_finishes([("noop", Finished::Done)].into_iter());
         let g = Gauges {
             shards: vec![(1, 0, 0)],
             plugins: vec![],
@@ -241,5 +245,6 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("eggtimer_tasks_fired_total{plugin=\"noop\"} 2"));
+        assert!(text.contains("eggtimer_tasks_succeeded_total{plugin=\"noop\"} 1"));
     }
 }

@@ -458,17 +458,21 @@ impl Store {
         let next = int(&v[1]);
         let lease = int(&v[2]);
         let tasks = v[3..]
-            .chunks_exact(8)
-            .map(|c| Claimed {
-                id: string(&c[0]),
-                shard,
-                attempt: int(&c[1]) as u32,
-                due: int(&c[2]),
-                max_attempts: int(&c[3]) as u32,
-                plugin: string(&c[4]),
-                owner: Some(string(&c[5])).filter(|o| !o.is_empty()),
-                payload: string(&c[6]),
-                created: int(&c[7]),
+            .chunks_exact(2)
+            .filter_map(|c| {
+                let id = string(&c[0]);
+                let r = TaskRecord::decode(&id, &string(&c[1]))?;
+                Some(Claimed {
+                    id,
+                    shard,
+                    attempt: r.attempts,
+                    due: r.run_at,
+                    max_attempts: r.max_attempts,
+                    plugin: r.plugin,
+                    owner: r.owner,
+                    payload: r.payload,
+                    created: r.created_at,
+                })
             })
             .collect();
         Ok(ClaimBatch {

@@ -2,26 +2,30 @@
 -- attempts + 1. Nothing is deleted: the record stays until the outcome is recorded.
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
--- Returns {now, next_due (-1: none), next_lease_expiry (-1: none),
---          then 8 per task: id, attempt, due, max, plugin, owner, payload, created}.
+-- Hot path: only the record's `state due attempts` prefix is rewritten (no full decode) unless the
+-- shard has owners to unindex.
+-- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), then per task: id, record}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 reap_expired(now, limit)
 local out = { now, 0, 0 }
+local owners = redis.call('EXISTS', K_BYOWNER) == 1
 local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(ids) do
-  local t = parse(redis.call('HGET', K_TASKS, id))
-  if not t or t.st ~= 's' then
-    redis.call('ZREM', K_DUE, id) -- an index entry without a scheduled record: repair
-  else
-    unindex_scheduled(id, t)
-    t.st = 'r'
-    t.att = t.att + 1
-    redis.call('HSET', K_TASKS, id, encode(t))
+  local rec = redis.call('HGET', K_TASKS, id)
+  local due, att, rest
+  if rec then due, att, rest = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(.*)$') end
+  redis.call('ZREM', K_DUE, id)
+  if due then -- (else an index entry without a scheduled record: repaired by the ZREM)
+    if owners then
+      local t = parse(rec)
+      if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+    end
+    rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. rest
+    redis.call('HSET', K_TASKS, id, rec)
     redis.call('ZADD', K_INFLIGHT, now + lease, id)
-    local n = #out
-    out[n + 1] = id; out[n + 2] = t.att; out[n + 3] = t.due; out[n + 4] = t.max
-    out[n + 5] = t.plugin; out[n + 6] = t.owner; out[n + 7] = t.payload; out[n + 8] = t.created
+    out[#out + 1] = id
+    out[#out + 1] = rec
   end
 end
 out[2] = head_due()
