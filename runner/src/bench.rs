@@ -27,7 +27,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: std::path::PathBuf,
     /// Workloads to run, comma-separated (W0..W5).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4")]
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -392,6 +392,115 @@ impl Bench {
         )
     }
 
+    /// W5: W1 across two runner processes (children of this one), one killed with SIGKILL in
+    /// the middle. Counts and lateness come from the `bench-record` plugin's events.
+    async fn w5(&self) -> Result<Value> {
+        self.flush().await?;
+        let n = self.args.n;
+        let url = match self.store.target() {
+            RedisTarget::Single(u) => u.clone(),
+            RedisTarget::Cluster(_) => bail!("W5 runs on a single Redis"),
+        };
+        let exe = std::env::current_exe()?;
+        let spawn = || -> Result<(std::process::Child, String)> {
+            let port = crate::local_redis::free_port()?;
+            let child = std::process::Command::new(&exe)
+                .args([
+                    "serve",
+                    "--redis",
+                    &url,
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                ])
+                .arg("--plugins-dir")
+                .arg(&self.args.plugins_dir)
+                .args(["--lease", "2s", "--shard-lease", "1s", "--log", "warn"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()?;
+            Ok((child, format!("http://127.0.0.1:{port}")))
+        };
+        let mut runners = vec![spawn()?, spawn()?];
+        let client = reqwest::Client::new();
+        for (_, base) in &runners {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while client.get(format!("{base}/healthz")).send().await.is_err() {
+                if Instant::now() > deadline {
+                    bail!("a W5 runner did not start");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await; // the two split the shards
+        let start = now_ms() + 3000 + (n as i64 / 50);
+        let dues: Vec<i64> = (0..n)
+            .map(|i| start + (i as i64 * 10_000) / n as i64)
+            .collect();
+        schedule_all(&self.store, tasks(0, &dues, "bench-record")).await?;
+        if now_ms() > start {
+            bail!("scheduling took past the first due time; run with a smaller --n");
+        }
+        tokio::time::sleep(Duration::from_millis(
+            (start - now_ms()).max(0) as u64 + 5000,
+        ))
+        .await;
+        let (mut victim, _) = runners.remove(0);
+        victim.kill()?; // SIGKILL, mid-stream
+        let killed_at = now_ms();
+        let _ = victim.wait();
+        // wait for the rest and for the victim's in-flight tasks (lease 2 s) to run again
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let key = format!("{{{}}}:events:bench", self.store.keys().ns());
+        let mut events: Vec<(String, i64, i64)> = Vec::new();
+        while Instant::now() < deadline {
+            events = read_bench_stream(&self.store, &key).await?;
+            let pending: u64 = self
+                .store
+                .shard_counts()
+                .await?
+                .iter()
+                .map(|c| c.0 + c.1)
+                .sum();
+            if pending == 0 && now_ms() > start + 10_000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for (mut c, _) in runners {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let mut runs = vec![0u32; n];
+        let mut late = Vec::with_capacity(events.len());
+        let mut early = 0;
+        let (mut first, mut last) = (i64::MAX, 0);
+        for (id, due, started) in &events {
+            if let Some(i) = id
+                .strip_prefix('b')
+                .and_then(|s| s.parse::<usize>().ok())
+                .filter(|i| *i < n)
+            {
+                runs[i] += 1;
+                if runs[i] == 1 {
+                    late.push((started - due) as f64);
+                    early += usize::from(started < due);
+                    first = first.min(*started);
+                    last = last.max(*started);
+                }
+            }
+        }
+        late.sort_by(|a, b| a.total_cmp(b));
+        let missing = runs.iter().filter(|r| **r == 0).count();
+        let duplicates: u32 = runs.iter().map(|r| r.saturating_sub(1)).sum();
+        Ok(
+            json!({"workload": "W5", "n": n, "runners": 2, "killed_at_s": round((killed_at - start) as f64 / 1000.0),
+            "lateness_ms": {"p50": pct(&late, 0.5), "p95": pct(&late, 0.95), "p99": pct(&late, 0.99), "max": pct(&late, 1.0)},
+            "processed_per_s": (late.len() as f64 / ((last - first) as f64 / 1000.0).max(1e-9)).round(),
+            "executed": n - missing, "missing": missing, "duplicates": duplicates, "early": early,
+            "note": "lateness in whole ms (the plugin's now()); the killed runner's in-flight tasks wait for their 2 s lease"}),
+        )
+    }
+
     fn w4(&self) -> Result<Value> {
         struct NoKv;
         impl TaskHost for NoKv {
@@ -449,6 +558,42 @@ impl Bench {
     }
 }
 
+/// (task id, due, start) of every entry of the W5 stream.
+async fn read_bench_stream(store: &Store, key: &str) -> Result<Vec<(String, i64, i64)>> {
+    let mut out = Vec::new();
+    let mut from = "-".to_owned();
+    loop {
+        let page: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(key)
+            .arg(&from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut store.conn())
+            .await?;
+        let Some((last_id, _)) = page.last() else {
+            break;
+        };
+        from = format!("({last_id}");
+        for (_, fields) in &page {
+            let get = |k: &str| {
+                fields
+                    .iter()
+                    .find(|(f, _)| f == k)
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or("")
+            };
+            let data: Value = serde_json::from_str(get("data")).unwrap_or(Value::Null);
+            out.push((
+                get("task_id").to_owned(),
+                data["due"].as_i64().unwrap_or(0),
+                data["start"].as_i64().unwrap_or(0),
+            ));
+        }
+    }
+    Ok(out)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     round(v[v.len() / 2])
@@ -467,16 +612,34 @@ pub fn main(args: BenchArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let result = rt.block_on(async {
-        let store = Store::open(RedisTarget::Single(redis.url.clone()), StoreOptions { shards: args.shards, ..StoreOptions::default() }).await?;
+        let store = Store::open(
+            RedisTarget::Single(redis.url.clone()),
+            StoreOptions {
+                shards: args.shards,
+                ..StoreOptions::default()
+            },
+        )
+        .await?;
         let plugins = Plugins::new(PluginOptions::default())?;
         load_dir(&plugins, &args.plugins_dir)?;
-        for p in ["noop", "order-cancel"] {
+        for p in ["noop", "order-cancel", "bench-record"] {
             if plugins.get(p).is_none() {
-                bail!("{p}.wasm is not in {}: run `cargo xtask plugins` first", args.plugins_dir.display());
+                bail!(
+                    "{p}.wasm is not in {}: run `cargo xtask plugins` first",
+                    args.plugins_dir.display()
+                );
             }
         }
-        let b = Bench { store, plugins, args: args.clone() };
-        let want = |w: &str| args.only.split(',').any(|x| x.trim().eq_ignore_ascii_case(w));
+        let b = Bench {
+            store,
+            plugins,
+            args: args.clone(),
+        };
+        let want = |w: &str| {
+            args.only
+                .split(',')
+                .any(|x| x.trim().eq_ignore_ascii_case(w))
+        };
         let mut w1_alone = None;
         for w in ["W4", "W0", "W1", "W2", "W3"] {
             if !want(w) {
@@ -497,7 +660,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
             println!("{v}");
         }
         if want("W5") {
-            eprintln!("W5 (two runner processes, one killed) is measured by tests/tests/runners.rs; see BENCHMARKS.md");
+            println!("{}", b.w5().await?);
         }
         Ok(())
     });
