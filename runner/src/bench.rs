@@ -376,6 +376,26 @@ impl Bench {
         }
         let fill_s = t0.elapsed().as_secs_f64();
         let after = self.used_memory().await?;
+        // the split, on shard 0: the due index vs the records
+        let k = self.store.keys().shard(0);
+        let mut split = serde_json::Map::new();
+        let in_shard: u64 = redis::cmd("ZCARD")
+            .arg(&k.due)
+            .query_async(&mut self.store.conn())
+            .await?;
+        for (name, key) in [("due_zset", &k.due), ("tasks_hash", &k.tasks)] {
+            let bytes: i64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut self.store.conn())
+                .await?;
+            split.insert(
+                format!("{name}_bytes_per_task"),
+                json!((bytes as f64 / in_shard.max(1) as f64).round()),
+            );
+        }
         let per_task = (after - before) as f64 / m as f64;
         let payload = "null".len() as f64;
         let w1 = self.w1("W3-W1").await?;
@@ -388,7 +408,7 @@ impl Bench {
         };
         Ok(
             json!({"workload": "W3", "pending": m, "fill_s": round(fill_s), "bytes_per_pending_task": per_task.round(),
-            "bytes_beyond_payload": (per_task - payload).round(), "w1_on_top": w1, "p99_ratio_vs_w1_alone": ratio}),
+            "bytes_beyond_payload": (per_task - payload).round(), "split_on_shard_0": split, "w1_on_top": w1, "p99_ratio_vs_w1_alone": ratio}),
         )
     }
 
