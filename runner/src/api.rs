@@ -167,6 +167,24 @@ async fn json_body(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<V
         .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))
 }
 
+/// Reads a small JSON object body (the PATCH and shift routes).
+async fn object_body(headers: &HeaderMap, body: Body) -> ApiResult<serde_json::Map<String, Value>> {
+    match json_body(headers, body, 64 << 10).await? {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad("the body must be a JSON object")),
+    }
+}
+
+fn check_owner(owner: &str) -> ApiResult<()> {
+    if valid_token(owner) {
+        Ok(())
+    } else {
+        Err(ApiError::bad(
+            "the owner must be 1 to 200 characters without spaces or control characters",
+        ))
+    }
+}
+
 async fn read_body(body: Body, limit: usize) -> ApiResult<Bytes> {
     axum::body::to_bytes(body, limit)
         .await
@@ -392,10 +410,7 @@ async fn move_task(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let v = json_body(&headers, body, 64 << 10).await?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad("the body must be a JSON object"))?;
+    let obj = &object_body(&headers, body).await?;
     let how = match (
         field_i64(obj, "run_at", "")?,
         field_i64(obj, "shift_ms", "")?,
@@ -431,6 +446,7 @@ async fn run_now(State(st): State<AppState>, Path(id): Path<String>) -> ApiResul
 }
 
 async fn owner_tasks(State(st): State<AppState>, Path(owner): Path<String>) -> ApiResult {
+    check_owner(&owner)?;
     Ok(axum::Json(st.store.owner_tasks(&owner).await?).into_response())
 }
 
@@ -440,10 +456,8 @@ async fn owner_shift(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let v = json_body(&headers, body, 64 << 10).await?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad("the body must be a JSON object"))?;
+    check_owner(&owner)?;
+    let obj = &object_body(&headers, body).await?;
     let shift =
         field_i64(obj, "shift_ms", "")?.ok_or_else(|| ApiError::bad("shift_ms is required"))?;
     let plugin = field_str(obj, "plugin", "")?;

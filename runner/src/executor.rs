@@ -145,10 +145,21 @@ impl TaskHost for StoreHost {
 }
 
 /// Milliseconds since the Unix epoch, by this process's clock.
+///
+/// `EGGTIMER_TEST_CLOCK_SKEW_MS` shifts it, so that tests can run a runner whose clock is wrong;
+/// nothing that decides when a task fires depends on it (that is Redis time).
 pub fn now_ms() -> i64 {
+    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let skew = *SKEW.get_or_init(|| {
+        std::env::var("EGGTIMER_TEST_CLOCK_SKEW_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+        + skew
 }
 
 impl Executor {

@@ -106,10 +106,9 @@ async fn step(
 ) -> anyhow::Result<()> {
     let shards = store.shards();
     let info = json!({"id": me.id, "address": opts.address, "shards": me.owned(), "last_seen": now_ms(), "started_at": started});
-    store
-        .heartbeat(&me.id, &info.to_string(), lease_ms * 2)
+    let live = store
+        .heartbeat(&me.id, &info.to_string(), lease_ms * 2, lease_ms)
         .await?;
-    let live = store.live_runners(now_ms() - lease_ms as i64).await?;
     let share = fair_share(shards, &live, &me.id);
     // renew what we hold
     for s in me.owned() {

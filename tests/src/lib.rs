@@ -236,6 +236,11 @@ impl RunnerProcess {
     /// Starts `eggtimer serve` with these extra args (a free --listen port is added) and waits for
     /// its "listening" line.
     pub fn start(redis_url: &str, args: &[&str]) -> RunnerProcess {
+        Self::start_with_env(redis_url, args, &[])
+    }
+
+    /// Like [`RunnerProcess::start`], with extra environment variables.
+    pub fn start_with_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> RunnerProcess {
         let port = free_port();
         let mut cmd = Command::new(eggtimer_bin());
         cmd.arg("serve")
@@ -248,6 +253,7 @@ impl RunnerProcess {
             .args(args)
             .env_remove("EGGTIMER_TOKEN")
             .env("EGGTIMER_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("starting eggtimer");

@@ -154,7 +154,7 @@ async fn the_store_scripts_work_on_a_cluster() {
             .await
             .unwrap()
     );
-    s.heartbeat("me", "{}", 1000).await.unwrap();
+    assert_eq!(s.heartbeat("me", "{}", 1000, 1000).await.unwrap(), ["me"]);
     assert_eq!(s.runners().await.unwrap().len(), 1);
 }
 

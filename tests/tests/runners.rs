@@ -253,3 +253,51 @@ async fn redis_stopped_for_ten_seconds_and_restarted_with_its_aof_loses_nothing(
         "the load generator saw Redis go away"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time() {
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let args = ["--plugins-dir", dir.to_str().unwrap(), "--shard-lease", "1s"];
+    let fast = RunnerProcess::start_with_env(&redis.url(), &args, &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "3600000")]);
+    let slow = RunnerProcess::start_with_env(&redis.url(), &args, &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "-3600000")]);
+    eventually(Duration::from_secs(10), "the skewed runners to split the shards 8/8", || async {
+        let m = shards_of(&fast.url).await;
+        let sizes: Vec<usize> = m.values().map(Vec::len).collect();
+        (m.len() == 2 && sizes == [8, 8]).then_some(())
+    })
+    .await;
+    let store = store_for(&redis).await;
+    let base = now_ms();
+    let tasks: Vec<NewTask> = (0..200)
+        .map(|i| NewTask {
+            id: format!("k{i}"),
+            plugin: "coupon-expiry".into(),
+            payload: r#"{"coupon_id":"c","user_id":"u","expires_at":0}"#.into(),
+            run_at: base + 500 + i as i64 * 5,
+            owner: None,
+            max_attempts: 5,
+        })
+        .collect();
+    store.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let due: HashMap<String, i64> = tasks.iter().map(|t| (t.id.clone(), t.run_at)).collect();
+    eventually(Duration::from_secs(20), "all tasks to run", || async {
+        (read_stream(&mut redis.conn(), "{eggtimer}:events:push").len() >= 200).then_some(())
+    })
+    .await;
+    // each event's stream id is the Redis time of its XADD, after its handler started
+    let v: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("{eggtimer}:events:push")
+        .arg("-")
+        .arg("+")
+        .query(&mut redis.conn())
+        .unwrap();
+    let _ = (&fast, &slow);
+    for (entry, fields) in v {
+        let at: i64 = entry.split('-').next().unwrap().parse().unwrap();
+        let id = &fields.iter().find(|(k, _)| k == "task_id").unwrap().1;
+        let d = due[id];
+        assert!(at >= d, "{id} ran {} ms early", d - at);
+        assert!(at <= d + 2000, "{id} ran {} ms late", at - d);
+    }
+}

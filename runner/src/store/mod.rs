@@ -821,28 +821,27 @@ impl Store {
         Ok(v)
     }
 
-    /// Records that a runner is alive (its info, JSON) for `ttl_ms`.
-    pub async fn heartbeat(&self, runner_id: &str, info: &str, ttl_ms: u64) -> Result<()> {
+    /// Records that a runner is alive (its info, JSON, readable for `ttl_ms`) and returns the ids
+    /// of the runners heard from within `window_ms`, sorted. Times are Redis time, so runners'
+    /// clocks do not matter.
+    pub async fn heartbeat(
+        &self,
+        runner_id: &str,
+        info: &str,
+        ttl_ms: u64,
+        window_ms: u64,
+    ) -> Result<Vec<String>> {
         let k = self.keys();
-        let now = crate::executor::now_ms();
-        redis::pipe()
-            .cmd("SET")
-            .arg(k.runner(runner_id))
-            .arg(info)
-            .arg("PX")
-            .arg(ttl_ms)
-            .ignore()
-            .cmd("ZADD")
-            .arg(k.runners())
-            .arg(now)
+        self.inner
+            .scripts
+            .heartbeat
+            .key(k.runners())
+            .key(k.runner(runner_id))
             .arg(runner_id)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(k.runners())
-            .arg("-inf")
-            .arg(now - 10 * ttl_ms as i64)
-            .ignore()
-            .query_async::<()>(&mut self.conn())
+            .arg(info)
+            .arg(ttl_ms.max(1))
+            .arg(window_ms)
+            .invoke_async(&mut self.conn())
             .await
             .context("heartbeat")
     }
@@ -910,21 +909,6 @@ impl Store {
             .await
             .context("shard lease script")?;
         Ok(held == 1)
-    }
-
-    /// Ids of the runners whose heartbeat is newer than `since` (ms), sorted.
-    pub async fn live_runners(&self, since: i64) -> Result<Vec<String>> {
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.keys().runners())
-            .arg(since)
-            .arg("+inf")
-            .arg("BYSCORE")
-            .query_async(&mut self.conn())
-            .await
-            .context("listing live runners")?;
-        let mut ids = ids;
-        ids.sort();
-        Ok(ids)
     }
 
     /// Whether Redis answers.

@@ -15,6 +15,7 @@ pub struct Scripts {
     pub plugin_rollback: Script,
     pub plugin_delete: Script,
     pub lease: Script,
+    pub heartbeat: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -38,6 +39,7 @@ impl Scripts {
             plugin_rollback: Script::new(include_str!("lua/plugin_rollback.lua")),
             plugin_delete: Script::new(include_str!("lua/plugin_delete.lua")),
             lease: Script::new(include_str!("lua/lease.lua")),
+            heartbeat: Script::new(include_str!("lua/heartbeat.lua")),
         }
     }
 }
