@@ -182,17 +182,17 @@ impl Executor {
     }
 
     /// Starts running a claimed batch (holding one in-flight permit per task) and returns at once.
-    pub fn dispatch(self: &Arc<Self>, tasks: Vec<Claimed>, permits: OwnedSemaphorePermit) {
+    pub fn dispatch(self: &Arc<Self>, tasks: Vec<Claimed>, mut permits: OwnedSemaphorePermit) {
         if tasks.is_empty() {
             return;
         }
         let chunks = self.opts.workers.clamp(1, tasks.len());
         let per = tasks.len().div_ceil(chunks);
-        let mut permits = Some(permits);
         let mut tasks = tasks.into_iter().peekable();
         while tasks.peek().is_some() {
             let chunk: Vec<Claimed> = tasks.by_ref().take(per).collect();
-            let p = permits.as_mut().and_then(|p| p.split(chunk.len()));
+            // one permit per task, released when its chunk is recorded
+            let p = permits.split(chunk.len());
             let this = Arc::clone(self);
             tokio::spawn(async move {
                 this.run_chunk(chunk).await;

@@ -258,14 +258,31 @@ async fn redis_stopped_for_ten_seconds_and_restarted_with_its_aof_loses_nothing(
 async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time() {
     let redis = RedisServer::start();
     let dir = plugins_dir();
-    let args = ["--plugins-dir", dir.to_str().unwrap(), "--shard-lease", "1s"];
-    let fast = RunnerProcess::start_with_env(&redis.url(), &args, &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "3600000")]);
-    let slow = RunnerProcess::start_with_env(&redis.url(), &args, &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "-3600000")]);
-    eventually(Duration::from_secs(10), "the skewed runners to split the shards 8/8", || async {
-        let m = shards_of(&fast.url).await;
-        let sizes: Vec<usize> = m.values().map(Vec::len).collect();
-        (m.len() == 2 && sizes == [8, 8]).then_some(())
-    })
+    let args = [
+        "--plugins-dir",
+        dir.to_str().unwrap(),
+        "--shard-lease",
+        "1s",
+    ];
+    let fast = RunnerProcess::start_with_env(
+        &redis.url(),
+        &args,
+        &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "3600000")],
+    );
+    let slow = RunnerProcess::start_with_env(
+        &redis.url(),
+        &args,
+        &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "-3600000")],
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the skewed runners to split the shards 8/8",
+        || async {
+            let m = shards_of(&fast.url).await;
+            let sizes: Vec<usize> = m.values().map(Vec::len).collect();
+            (m.len() == 2 && sizes == [8, 8]).then_some(())
+        },
+    )
     .await;
     let store = store_for(&redis).await;
     let base = now_ms();
