@@ -55,17 +55,27 @@ impl Store {
         Ok((version, created == 1))
     }
 
-    pub async fn plugin_rollback(&self, name: &str) -> Result<Rollback> {
+    /// Runs a registry script that takes (plugins, history) and (name, channel).
+    async fn plugin_script<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        name: &str,
+    ) -> Result<T> {
         let k = self.keys();
-        let r: String = self
-            .inner
-            .scripts
-            .plugin_rollback
+        let v = script
             .key(k.plugins())
             .key(k.plugin_history(name))
             .arg(name)
             .arg(k.plugins_channel())
             .invoke_async(&mut self.conn())
+            .await?;
+        Ok(v)
+    }
+
+    /// Makes the version before the current one current again.
+    pub async fn plugin_rollback(&self, name: &str) -> Result<Rollback> {
+        let r: String = self
+            .plugin_script(&self.inner.scripts.plugin_rollback, name)
             .await
             .context("rolling a plugin back")?;
         Ok(match r.as_str() {
@@ -77,16 +87,8 @@ impl Store {
 
     /// Deletes a plugin; false when there was none.
     pub async fn plugin_delete(&self, name: &str) -> Result<bool> {
-        let k = self.keys();
         let n: i64 = self
-            .inner
-            .scripts
-            .plugin_delete
-            .key(k.plugins())
-            .key(k.plugin_history(name))
-            .arg(name)
-            .arg(k.plugins_channel())
-            .invoke_async(&mut self.conn())
+            .plugin_script(&self.inner.scripts.plugin_delete, name)
             .await
             .context("deleting a plugin")?;
         Ok(n == 1)
