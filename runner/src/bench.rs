@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use crate::executor::{Handler, Run, TaskHost, now_ms};
@@ -41,12 +42,12 @@ pub struct BenchArgs {
     /// Most tasks one claim takes (the runner's --claim-batch).
     #[arg(long, default_value_t = 256)]
     pub claim_batch: usize,
-    /// Tasks claimed and not finished (the runner's --max-inflight).
-    #[arg(long, default_value_t = 2048)]
-    pub max_inflight: usize,
-    /// Plugin calls at once (the runner's --workers; default 2 × cores).
-    #[arg(long)]
-    pub workers: Option<usize>,
+    /// Tasks claimed beyond the free workers (the runner's --prefetch).
+    #[arg(long, default_value_t = 32)]
+    pub prefetch: usize,
+    /// Plugin calls at once (the runner's --workers).
+    #[arg(long, default_value_t = 32)]
+    pub workers: usize,
 }
 
 fn now_us() -> i64 {
@@ -73,7 +74,7 @@ impl Recorder {
 }
 
 impl Handler for Recorder {
-    fn handle(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run {
+    fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run> {
         let started = now_us();
         if let Some(i) = task
             .id
@@ -84,7 +85,7 @@ impl Handler for Recorder {
         {
             self.starts[i].store(started, Ordering::Relaxed);
         }
-        self.plugins.call(task, host)
+        Arc::clone(&self.plugins).handle(task, host)
     }
 }
 
@@ -189,10 +190,8 @@ impl Bench {
     fn runner(&self, rec: Arc<Recorder>) -> Runner {
         let mut opts = RunnerOptions::default();
         opts.poller.batch = self.args.claim_batch;
-        opts.exec.max_inflight = self.args.max_inflight;
-        if let Some(w) = self.args.workers {
-            opts.exec.workers = w;
-        }
+        opts.exec.prefetch = self.args.prefetch;
+        opts.exec.workers = self.args.workers;
         Runner::start(self.store.clone(), rec, opts, Arc::new(Metrics::default()))
     }
 
@@ -521,11 +520,15 @@ impl Bench {
         )
     }
 
-    fn w4(&self) -> Result<Value> {
+    async fn w4(&self) -> Result<Value> {
         struct NoKv;
         impl TaskHost for NoKv {
-            fn kv_get(&self, _: &str, _: &str) -> Result<Option<String>, String> {
-                Ok(None)
+            fn kv_get<'a>(
+                &'a self,
+                _: &'a str,
+                _: &'a str,
+            ) -> BoxFuture<'a, Result<Option<String>, String>> {
+                Box::pin(std::future::ready(Ok(None)))
             }
         }
         let host: Arc<dyn TaskHost> = Arc::new(NoKv);
@@ -537,6 +540,7 @@ impl Bench {
             let task = Claimed {
                 id: "w4".into(),
                 shard: 0,
+                token: 1,
                 attempt: 1,
                 due: 0,
                 max_attempts: 5,
@@ -545,31 +549,29 @@ impl Bench {
                 payload: payload.into(),
                 created: 0,
             };
-            // warm: the worker thread's instance is reused, as the executor does
-            let rounds: Vec<f64> = (0..5)
-                .map(|_| {
-                    let iters = 20_000;
-                    let t = Instant::now();
-                    for _ in 0..iters {
-                        let r = self.plugins.call(&task, &host);
-                        assert!(r.outcome.is_ok());
-                    }
-                    t.elapsed().as_secs_f64() * 1e6 / iters as f64
-                })
-                .collect();
+            // warm: an idle instance is reused, as the executor does
+            let mut rounds = Vec::new();
+            for _ in 0..5 {
+                let iters = 20_000;
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = self.plugins.call(&task, Arc::clone(&host)).await;
+                    assert!(r.outcome.is_ok(), "{:?}", r.outcome);
+                }
+                rounds.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+            }
             // cold: a fresh instance per task
-            let cold: Vec<f64> = (0..5)
-                .map(|_| {
-                    let iters = 2000;
-                    let t = Instant::now();
-                    for _ in 0..iters {
-                        self.plugins.forget_warm();
-                        let r = self.plugins.call(&task, &host);
-                        assert!(r.outcome.is_ok());
-                    }
-                    t.elapsed().as_secs_f64() * 1e6 / iters as f64
-                })
-                .collect();
+            let mut cold = Vec::new();
+            for _ in 0..5 {
+                let iters = 2000;
+                let t = Instant::now();
+                for _ in 0..iters {
+                    self.plugins.forget_warm();
+                    let r = self.plugins.call(&task, Arc::clone(&host)).await;
+                    assert!(r.outcome.is_ok(), "{:?}", r.outcome);
+                }
+                cold.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+            }
             out.insert(plugin.into(), json!({"warm_us_per_task": median(rounds), "fresh_instance_us_per_task": median(cold)}));
         }
         Ok(
@@ -675,7 +677,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 }
                 "W2" => b.w2().await?,
                 "W3" => b.w3(w1_alone.as_ref()).await?,
-                _ => b.w4()?,
+                _ => b.w4().await?,
             };
             println!("{v}");
         }

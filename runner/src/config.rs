@@ -189,8 +189,9 @@ pub struct ServeArgs {
     /// Largest plugin binary (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PLUGIN_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_plugin_bytes: usize,
-    /// Lease of a claimed task: a task whose runner died runs again after this.
-    #[arg(long, env = "EGGTIMER_LEASE", default_value = "30s", value_parser = parse_duration)]
+    /// Lease of a claimed task, renewed every third of it while the runner holds the task: a
+    /// task whose runner died runs again about this long after it stopped renewing.
+    #[arg(long, env = "EGGTIMER_LEASE", default_value = "5s", value_parser = parse_duration)]
     pub lease: Duration,
     /// Lease of a shard: a runner that dies has its shards taken over after this.
     #[arg(long, env = "EGGTIMER_SHARD_LEASE", default_value = "5s", value_parser = parse_duration)]
@@ -198,12 +199,12 @@ pub struct ServeArgs {
     /// Longest a poller sleeps without asking Redis (covers a lost wake-up).
     #[arg(long, env = "EGGTIMER_FALLBACK_POLL", default_value = "2s", value_parser = parse_duration)]
     pub fallback_poll: Duration,
-    /// Tasks run at once (default: 2 × cores).
-    #[arg(long, env = "EGGTIMER_WORKERS")]
-    pub workers: Option<usize>,
-    /// Tasks claimed and not yet finished, per runner.
-    #[arg(long, env = "EGGTIMER_MAX_INFLIGHT", default_value_t = 2048)]
-    pub max_inflight: usize,
+    /// Plugin calls at once (a call waiting in a WASI sleep holds one, not a thread).
+    #[arg(long, env = "EGGTIMER_WORKERS", default_value_t = 32)]
+    pub workers: usize,
+    /// Tasks claimed beyond the free workers, so a freed worker starts the next task at once.
+    #[arg(long, env = "EGGTIMER_PREFETCH", default_value_t = 32)]
+    pub prefetch: usize,
     /// Most tasks one claim takes.
     #[arg(long, env = "EGGTIMER_CLAIM_BATCH", default_value_t = 256)]
     pub claim_batch: usize,
@@ -219,6 +220,18 @@ pub struct ServeArgs {
     /// Memory cap of one plugin instance (bytes).
     #[arg(long, env = "EGGTIMER_PLUGIN_MEMORY", default_value_t = 64 * 1024 * 1024)]
     pub plugin_memory: usize,
+    /// Budget of one run: bytes of kv writes, events, log lines and follow-up payloads together.
+    #[arg(long, env = "EGGTIMER_MAX_EFFECT_BYTES", default_value_t = 1024 * 1024)]
+    pub max_effect_bytes: usize,
+    /// Budget of one run: follow-up tasks.
+    #[arg(long, env = "EGGTIMER_MAX_FOLLOW_UPS", default_value_t = 100)]
+    pub max_follow_ups: usize,
+    /// Budget of one run: cancels.
+    #[arg(long, env = "EGGTIMER_MAX_CANCELS", default_value_t = 100)]
+    pub max_cancels: usize,
+    /// Idle plugin instances kept for reuse, over all plugins (least recently used evicted).
+    #[arg(long, env = "EGGTIMER_WARM_INSTANCES", default_value_t = 64)]
+    pub warm_instances: usize,
     /// Directory of the compiled-plugin cache (default: <data-dir>/plugin-cache).
     #[arg(long, env = "EGGTIMER_PLUGIN_CACHE")]
     pub plugin_cache: Option<PathBuf>,

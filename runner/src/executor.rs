@@ -1,22 +1,34 @@
-//! The executor: how many tasks run at once, and what happens with their outcomes.
+//! The executor: how many tasks run at once, the claims this runner holds, and what happens with
+//! outcomes.
 //!
-//! A claimed batch is split into chunks that run on blocking threads (at most `workers` at once),
-//! each task through the [`Handler`] seam (the wasm plugin host, or a native handler in tests).
-//! After a chunk has run, its effects are applied (idempotently) and then its outcomes are recorded
-//! with one `finish` script for the chunk: acks are batched.
+//! Capacity: a runner holds at most `workers + prefetch` claimed tasks; pollers [`reserve`] room
+//! before they claim, so a claimed task starts within moments instead of waiting in memory.
+//! Every held claim's lease is renewed (one script per shard every third of the lease) until its
+//! outcome is recorded, so a slow handler is never claimed twice while its runner lives, and the
+//! lease can be short: a dead runner's tasks run again soon after it stops renewing.
 //!
-//! Architecture invariant: effects are applied before the ack, and an outcome is recorded only
-//! through the fenced `finish` script, so a task whose runner dies at any point is run again
+//! A run: the handler is called (the wasm host bounds every call); its effects are committed only
+//! if the claim is still current and no kv entry it read has changed (else it runs again with
+//! fresh reads); then its outcome goes to the finisher, which records the outcomes that are ready
+//! with one `finish` script per shard (group commit: a batch forms while the previous one is in
+//! flight, so outcomes wait at most about one Redis round trip).
+//!
+//! Architecture invariant: effects are committed before the outcome, and finish, renew and
+//! effects are fenced by the claim token; a task whose runner dies at any point is run again
 //! (at least once), never lost.
+//!
+//! [`reserve`]: Executor::reserve
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use futures::future::{BoxFuture, join_all};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store};
+use crate::store::{Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store};
 
 /// What a handler decided about its task.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,21 +42,32 @@ pub enum Outcome {
     RunAgainAt(i64),
 }
 
-/// The effects a handler asked for, applied before its outcome is recorded.
+/// The effects a handler asked for, committed before its outcome is recorded.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Effects {
     /// Follow-up tasks, created only if their (derived) id does not exist yet.
     pub schedule: Vec<NewTask>,
-    /// Ids of tasks to cancel.
+    /// Ids of tasks to cancel (only tasks of the same plugin are cancelled).
     pub cancel: Vec<String>,
-    /// kv writes and events.
+    /// kv reads (checked at commit), kv writes and events.
     pub ns: NsEffects,
+}
+
+impl Effects {
+    /// Whether there is anything to write (reads alone are not).
+    pub fn writes_nothing(&self) -> bool {
+        self.schedule.is_empty()
+            && self.cancel.is_empty()
+            && self.ns.kv.is_empty()
+            && self.ns.events.is_empty()
+    }
 }
 
 /// One run of a handler.
 #[derive(Debug)]
 pub struct Run {
-    /// `Err` is a failure of the run itself (trap, timeout, unknown plugin): retried with backoff.
+    /// `Err` is a failure of the run itself (trap, timeout, unknown plugin, over budget): retried
+    /// with backoff; its effects are dropped.
     pub outcome: Result<Outcome, String>,
     pub effects: Effects,
 }
@@ -70,20 +93,24 @@ impl Run {
 /// Reads a handler may make while it runs.
 pub trait TaskHost: Send + Sync {
     /// One entry of the plugin's key-value store.
-    fn kv_get(&self, plugin: &str, key: &str) -> Result<Option<String>, String>;
+    fn kv_get<'a>(
+        &'a self,
+        plugin: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>>;
 }
 
-/// Runs tasks. Called on a blocking thread; it must return (the wasm host bounds every call).
+/// Runs tasks. The future must end (the wasm host bounds every call by its time limit).
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run;
+    fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run>;
 }
 
 impl<F> Handler for F
 where
     F: Fn(&Claimed, &Arc<dyn TaskHost>) -> Run + Send + Sync + 'static,
 {
-    fn handle(&self, task: &Claimed, host: &Arc<dyn TaskHost>) -> Run {
-        self(task, host)
+    fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run> {
+        Box::pin(std::future::ready(self(&task, &host)))
     }
 }
 
@@ -96,51 +123,33 @@ pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> 
     half + ((exp - half) as f64 * unit_random.clamp(0.0, 1.0)) as u64
 }
 
+/// How many times a run whose kv reads went stale is run again before the attempt fails.
+const MAX_CONFLICT_ROUNDS: u32 = 8;
+/// Most outcomes recorded by one finish script.
+const MAX_FINISH_BATCH: usize = 512;
+
 /// Settings of the executor.
 #[derive(Clone, Debug)]
 pub struct ExecutorOptions {
-    /// Tasks run at once (blocking threads).
+    /// Handler calls at once.
     pub workers: usize,
-    /// Tasks claimed and not yet finished, per runner.
-    pub max_inflight: usize,
+    /// Tasks claimed beyond the free workers, so a worker that frees up starts the next at once.
+    pub prefetch: usize,
+    /// Lease of a claimed task (ms); renewed every third of it while the task is held.
+    pub lease_ms: u64,
     pub retry_base_ms: u64,
     pub retry_cap_ms: u64,
 }
 
 impl Default for ExecutorOptions {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         ExecutorOptions {
-            workers: cores * 2,
-            max_inflight: 2048,
+            workers: 32,
+            prefetch: 32,
+            lease_ms: 5_000,
             retry_base_ms: 1000,
             retry_cap_ms: 3_600_000,
         }
-    }
-}
-
-/// Runs claimed tasks; shared by the shard pollers.
-pub struct Executor {
-    store: Store,
-    handler: Arc<dyn Handler>,
-    opts: ExecutorOptions,
-    /// Claimed-but-unfinished tasks: a poller claims only as many as it holds permits for.
-    pub inflight: Arc<Semaphore>,
-    workers: Arc<Semaphore>,
-    metrics: Arc<Metrics>,
-    stopping: watch::Receiver<bool>,
-}
-
-struct StoreHost {
-    store: Store,
-    rt: tokio::runtime::Handle,
-}
-
-impl TaskHost for StoreHost {
-    fn kv_get(&self, plugin: &str, key: &str) -> Result<Option<String>, String> {
-        self.rt
-            .block_on(self.store.kv_get(plugin, key))
-            .map_err(|e| format!("{e:#}"))
     }
 }
 
@@ -162,7 +171,123 @@ pub fn now_ms() -> i64 {
         + skew
 }
 
+/// Room for claimed tasks, taken by a poller before it claims; what it does not use goes back
+/// when it is dropped.
+pub struct Reservation(OwnedSemaphorePermit);
+
+impl Reservation {
+    pub fn len(&self) -> usize {
+        self.0.num_permits()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The claims this runner holds: shard → task id → claim token.
+#[derive(Default)]
+struct Held(Mutex<HashMap<u32, HashMap<String, u64>>>);
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, HashMap<String, u64>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, t: &Claimed) {
+        self.lock()
+            .entry(t.shard)
+            .or_default()
+            .insert(t.id.clone(), t.token);
+    }
+
+    /// Removes a claim (only that claim: a newer one of the same id stays).
+    fn remove(&self, shard: u32, id: &str, token: u64) {
+        let mut g = self.lock();
+        if let Some(m) = g.get_mut(&shard)
+            && m.get(id) == Some(&token)
+        {
+            m.remove(id);
+        }
+    }
+
+    fn holds(&self, t: &Claimed) -> bool {
+        self.lock()
+            .get(&t.shard)
+            .is_some_and(|m| m.get(&t.id) == Some(&t.token))
+    }
+
+    fn snapshot(&self) -> Vec<(u32, Vec<(String, u64)>)> {
+        self.lock()
+            .iter()
+            .filter(|(_, m)| !m.is_empty())
+            .map(|(s, m)| (*s, m.iter().map(|(i, t)| (i.clone(), *t)).collect()))
+            .collect()
+    }
+
+    fn count(&self) -> usize {
+        self.lock().values().map(HashMap::len).sum()
+    }
+}
+
+/// An outcome waiting for the finisher; its slot is freed once it is recorded.
+struct Pending {
+    shard: u32,
+    id: String,
+    token: u64,
+    attempt: u32,
+    plugin: String,
+    finish: Finish,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Why a run's effects were not committed.
+enum NotCommitted {
+    /// A kv entry the run read changed: run it again.
+    Conflict,
+    /// The claim is no longer ours: drop everything.
+    Lost,
+    /// Redis failed: let the lease expire, the task runs again.
+    Failed(anyhow::Error),
+}
+
+/// Runs claimed tasks; shared by the shard pollers.
+pub struct Executor {
+    store: Store,
+    handler: Arc<dyn Handler>,
+    opts: ExecutorOptions,
+    /// Claimed and not yet recorded (workers + prefetch).
+    slots: Arc<Semaphore>,
+    /// Handler calls at once.
+    running: Arc<Semaphore>,
+    held: Held,
+    finisher: mpsc::UnboundedSender<Pending>,
+    metrics: Arc<Metrics>,
+    stopping: watch::Receiver<bool>,
+}
+
+struct StoreHost {
+    store: Store,
+}
+
+impl TaskHost for StoreHost {
+    fn kv_get<'a>(
+        &'a self,
+        plugin: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move {
+            self.store
+                .kv_get(plugin, key)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        })
+    }
+}
+
 impl Executor {
+    /// Creates the executor and starts its finisher and lease renewer (they end with `stopping`
+    /// once nothing is held).
     pub fn new(
         store: Store,
         handler: Arc<dyn Handler>,
@@ -170,162 +295,325 @@ impl Executor {
         metrics: Arc<Metrics>,
         stopping: watch::Receiver<bool>,
     ) -> Arc<Self> {
-        Arc::new(Executor {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let workers = opts.workers.max(1);
+        let exec = Arc::new(Executor {
             store,
             handler,
-            inflight: Arc::new(Semaphore::new(opts.max_inflight)),
-            workers: Arc::new(Semaphore::new(opts.workers.max(1))),
+            slots: Arc::new(Semaphore::new(workers + opts.prefetch)),
+            running: Arc::new(Semaphore::new(workers)),
             opts,
+            held: Held::default(),
+            finisher: tx,
             metrics,
             stopping,
-        })
+        });
+        tokio::spawn(Arc::clone(&exec).finish_loop(rx));
+        tokio::spawn(Arc::clone(&exec).renew_loop());
+        exec
     }
 
-    /// Starts running a claimed batch (holding one in-flight permit per task) and returns at once.
-    pub fn dispatch(self: &Arc<Self>, tasks: Vec<Claimed>, mut permits: OwnedSemaphorePermit) {
-        if tasks.is_empty() {
-            return;
+    fn capacity(&self) -> usize {
+        self.opts.workers.max(1) + self.opts.prefetch
+    }
+
+    /// The lease a claim should ask for (ms).
+    pub fn lease_ms(&self) -> u64 {
+        self.opts.lease_ms
+    }
+
+    /// Claimed tasks this runner holds now.
+    pub fn held(&self) -> usize {
+        self.held.count()
+    }
+
+    /// Waits for room and takes up to `max` slots. Under load it waits for a useful amount
+    /// (an eighth of the capacity) so claims stay batched; when idle that much is free at once.
+    pub async fn reserve(&self, max: usize) -> Option<Reservation> {
+        let max = max.clamp(1, self.capacity());
+        let first = (self.capacity() / 8).clamp(1, max) as u32;
+        let mut p = Arc::clone(&self.slots)
+            .acquire_many_owned(first)
+            .await
+            .ok()?;
+        let more = self.slots.available_permits().min(max - first as usize) as u32;
+        if more > 0
+            && let Ok(m) = Arc::clone(&self.slots).try_acquire_many_owned(more)
+        {
+            p.merge(m);
         }
-        let chunks = self.opts.workers.clamp(1, tasks.len());
-        let per = tasks.len().div_ceil(chunks);
-        let mut tasks = tasks.into_iter().peekable();
-        while tasks.peek().is_some() {
-            let chunk: Vec<Claimed> = tasks.by_ref().take(per).collect();
-            // one permit per task, released when its chunk is recorded
-            let p = permits.split(chunk.len());
+        Some(Reservation(p))
+    }
+
+    /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
+    pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation) {
+        for task in tasks {
+            let Some(slot) = res.0.split(1) else {
+                // more tasks than slots can't happen (claims ask for res.len()); be safe anyway
+                warn!(id = %task.id, "claimed more tasks than reserved; it runs again after its lease");
+                continue;
+            };
+            self.held.insert(&task);
             let this = Arc::clone(self);
-            tokio::spawn(async move {
-                this.run_chunk(chunk).await;
-                drop(p);
-            });
+            let span =
+                info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
+            tokio::spawn(
+                async move {
+                    match this.run_to_outcome(&task).await {
+                        Some(finish) => {
+                            let _ = this.finisher.send(Pending {
+                                shard: task.shard,
+                                id: task.id,
+                                token: task.token,
+                                attempt: task.attempt,
+                                plugin: task.plugin,
+                                finish,
+                                _slot: slot,
+                            });
+                        }
+                        None => this.held.remove(task.shard, &task.id, task.token),
+                    }
+                }
+                .instrument(span),
+            );
         }
     }
 
-    async fn run_chunk(&self, chunk: Vec<Claimed>) {
-        let Ok(_worker) = self.workers.clone().acquire_owned().await else {
-            return;
-        };
-        let handler = Arc::clone(&self.handler);
+    /// Runs the task until it has an outcome to record; None when nothing may be recorded (the
+    /// claim was lost, or its effects could not be committed: the lease then expires and the
+    /// task runs again).
+    async fn run_to_outcome(&self, task: &Claimed) -> Option<Finish> {
+        let _worker = Arc::clone(&self.running).acquire_owned().await.ok()?;
+        if *self.stopping.borrow() {
+            return Some(Finish::Release); // not started: back to due
+        }
         let host: Arc<dyn TaskHost> = Arc::new(StoreHost {
             store: self.store.clone(),
-            rt: tokio::runtime::Handle::current(),
         });
-        let stopping = self.stopping.clone();
-        let metrics = Arc::clone(&self.metrics);
-        let (chunk, runs) = tokio::task::spawn_blocking(move || {
-            let mut runs = Vec::with_capacity(chunk.len());
-            for task in &chunk {
-                if *stopping.borrow() {
-                    runs.push(None); // not started: released back
-                    continue;
-                }
-                let lateness = now_ms() - task.due;
-                let t0 = std::time::Instant::now();
-                let run = handler.handle(task, &host);
-                metrics.observe_run(&task.plugin, lateness, t0.elapsed());
-                runs.push(Some(run));
+        let lateness = now_ms() - task.due;
+        for round in 0..MAX_CONFLICT_ROUNDS {
+            let t0 = std::time::Instant::now();
+            let run = Arc::clone(&self.handler)
+                .handle(task.clone(), Arc::clone(&host))
+                .await;
+            if round == 0 {
+                self.metrics
+                    .observe_run(&task.plugin, lateness, t0.elapsed());
             }
-            (chunk, runs)
-        })
-        .await
-        .expect("a handler panicked: handlers must turn failures into errors");
-        drop(_worker);
-        self.record(chunk, runs).await;
-    }
-
-    /// Applies the effects of a chunk's runs, then records their outcomes (one script per chunk).
-    async fn record(&self, chunk: Vec<Claimed>, runs: Vec<Option<Run>>) {
-        let mut outcomes: Vec<(usize, Finish)> = Vec::with_capacity(chunk.len());
-        for (i, (task, run)) in chunk.iter().zip(runs).enumerate() {
-            let Some(run) = run else {
-                outcomes.push((i, Finish::Release));
-                continue;
-            };
-            let span =
-                || info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
-            if run.effects != Effects::default()
-                && let Err(e) = self
-                    .apply_effects(task, &run.effects)
-                    .instrument(span())
-                    .await
-            {
-                // Not recorded: the lease expires and the task runs again, effects re-applied
-                // idempotently. Nothing is lost.
-                span()
-                    .in_scope(|| warn!("applying effects failed, the task will run again: {e:#}"));
-                continue;
-            }
-            let finish = match run.outcome {
-                Ok(Outcome::Done) => Finish::Done,
-                Ok(Outcome::RunAgainAt(at)) => Finish::Again { at },
-                Ok(Outcome::RetryAfter(ms)) => Finish::Retry {
-                    after_ms: ms as i64,
-                    error: format!("the handler asked to retry in {ms} ms"),
-                },
-                Ok(Outcome::Fail(reason)) => Finish::Dead { error: reason },
+            let outcome = match run.outcome {
+                Ok(o) => o,
                 Err(error) => {
-                    let after_ms = backoff_ms(
-                        task.attempt,
-                        self.opts.retry_base_ms,
-                        self.opts.retry_cap_ms,
-                        rand::random::<f64>(),
-                    ) as i64;
-                    span().in_scope(|| warn!(%error, "the task failed"));
-                    Finish::Retry { after_ms, error }
+                    warn!(%error, "the task failed");
+                    return Some(self.retry(task, error));
                 }
             };
-            outcomes.push((i, finish));
-        }
-        if outcomes.is_empty() {
-            return;
-        }
-        let items: Vec<(&str, u32, &Finish)> = outcomes
-            .iter()
-            .map(|(i, f)| (chunk[*i].id.as_str(), chunk[*i].attempt, f))
-            .collect();
-        match self.store.finish(chunk[0].shard, &items).await {
-            Ok(verdicts) => {
-                self.metrics.observe_finishes(
-                    outcomes
-                        .iter()
-                        .zip(&verdicts)
-                        .map(|((i, _), v)| (chunk[*i].plugin.as_str(), *v)),
-                );
-                for ((i, _), v) in outcomes.iter().zip(verdicts) {
-                    let task = &chunk[*i];
-                    if v == Finished::Stale {
-                        warn!(id = %task.id, attempt = task.attempt, "outcome refused: the lease was lost");
-                    } else {
-                        debug!(id = %task.id, attempt = task.attempt, ?v, "recorded");
+            if !run.effects.writes_nothing() {
+                match self.commit(task, &run.effects).await {
+                    Ok(()) => {}
+                    Err(NotCommitted::Conflict) => {
+                        debug!(
+                            round,
+                            "a kv entry the run read has changed: running it again"
+                        );
+                        continue;
+                    }
+                    Err(NotCommitted::Lost) => {
+                        warn!("the claim was lost before its effects were committed; dropped them");
+                        return None;
+                    }
+                    Err(NotCommitted::Failed(e)) => {
+                        warn!("committing effects failed, the task will run again: {e:#}");
+                        return None;
                     }
                 }
             }
-            Err(e) => warn!(
-                "recording outcomes failed; the leases will expire and the tasks run again: {e:#}"
-            ),
+            return Some(match outcome {
+                Outcome::Done => Finish::Done,
+                Outcome::RunAgainAt(at) => Finish::Again { at },
+                Outcome::RetryAfter(ms) => Finish::Retry {
+                    after_ms: ms.min(i64::MAX as u64) as i64,
+                    error: format!("the handler asked to retry in {ms} ms"),
+                },
+                Outcome::Fail(reason) => Finish::Dead { error: reason },
+            });
         }
+        Some(self.retry(
+            task,
+            format!(
+                "the kv entries this run read were changed by other runs {MAX_CONFLICT_ROUNDS} times in a row"
+            ),
+        ))
     }
 
-    async fn apply_effects(&self, task: &Claimed, fx: &Effects) -> anyhow::Result<()> {
+    fn retry(&self, task: &Claimed, error: String) -> Finish {
+        let after_ms = backoff_ms(
+            task.attempt,
+            self.opts.retry_base_ms,
+            self.opts.retry_cap_ms,
+            rand::random::<f64>(),
+        ) as i64;
+        Finish::Retry { after_ms, error }
+    }
+
+    /// Commits a run's effects: only while the claim is current, kv writes and events together
+    /// and only if the kv entries read are unchanged, then follow-ups and cancels.
+    async fn commit(&self, task: &Claimed, fx: &Effects) -> Result<(), NotCommitted> {
+        if !self.held.holds(task) {
+            return Err(NotCommitted::Lost);
+        }
+        // The claim check also extends the lease, so the commit has a whole lease to finish in.
+        let current = self
+            .store
+            .renew(
+                task.shard,
+                &[(task.id.as_str(), task.token)],
+                self.opts.lease_ms,
+            )
+            .await
+            .map_err(NotCommitted::Failed)?;
+        if current != [true] {
+            return Err(NotCommitted::Lost);
+        }
+        let ns = &fx.ns;
+        if !ns.kv.is_empty() || !ns.events.is_empty() || !ns.reads.is_empty() {
+            match self.store.commit_ns_effects(task, ns).await {
+                Ok(Committed::Applied | Committed::AppliedBefore) => {}
+                Ok(Committed::Conflict) => return Err(NotCommitted::Conflict),
+                Err(e) => return Err(NotCommitted::Failed(e)),
+            }
+        }
         if !fx.schedule.is_empty() {
             self.store
                 .schedule(&fx.schedule, ScheduleMode::IfAbsent)
-                .await?;
+                .await
+                .map_err(NotCommitted::Failed)?;
             for t in &fx.schedule {
                 self.metrics.observe_scheduled(&t.plugin, 1);
             }
         }
         for id in &fx.cancel {
-            let _ = self.store.cancel(id).await?;
+            match self.store.cancel_for_plugin(id, &task.plugin).await {
+                Ok(Ok(())) => debug!(%id, "cancelled"),
+                Ok(Err(why)) => debug!(%id, "not cancelled: {why}"),
+                Err(e) => return Err(NotCommitted::Failed(e)),
+            }
         }
-        self.store.apply_ns_effects(task, &fx.ns).await?;
         Ok(())
     }
 
-    /// Waits until every claimed task has finished (or `limit` passed); true when all did.
+    /// Records outcomes as they come, one finish script per shard per batch.
+    async fn finish_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Pending>) {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < MAX_FINISH_BATCH {
+                match rx.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+            let mut by_shard: HashMap<u32, Vec<Pending>> = HashMap::new();
+            for p in batch {
+                by_shard.entry(p.shard).or_default().push(p);
+            }
+            join_all(
+                by_shard
+                    .into_iter()
+                    .map(|(shard, group)| self.record(shard, group)),
+            )
+            .await;
+        }
+    }
+
+    async fn record(&self, shard: u32, group: Vec<Pending>) {
+        let items: Vec<(&str, u64, &Finish)> = group
+            .iter()
+            .map(|p| (p.id.as_str(), p.token, &p.finish))
+            .collect();
+        let mut delay = Duration::from_millis(50);
+        let mut tries = 0;
+        let verdicts = loop {
+            match self.store.finish(shard, &items).await {
+                Ok(v) => break Some(v),
+                // A finish that was applied but whose answer was lost answers `stale` when sent
+                // again (the claim is over): retrying is safe.
+                Err(e) if tries < 4 => {
+                    warn!(
+                        shard,
+                        "recording outcomes failed, retrying in {delay:?}: {e:#}"
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    tries += 1;
+                }
+                Err(e) => {
+                    warn!(
+                        shard,
+                        "recording outcomes failed; the leases will expire and the tasks run again: {e:#}"
+                    );
+                    break None;
+                }
+            }
+        };
+        if let Some(verdicts) = &verdicts {
+            self.metrics.observe_finishes(
+                group
+                    .iter()
+                    .zip(verdicts)
+                    .map(|(p, v)| (p.plugin.as_str(), *v)),
+            );
+            for (p, v) in group.iter().zip(verdicts) {
+                if *v == Finished::Stale {
+                    warn!(id = %p.id, attempt = p.attempt, "outcome refused: the claim was lost");
+                } else {
+                    debug!(id = %p.id, attempt = p.attempt, ?v, "recorded");
+                }
+            }
+        }
+        for p in &group {
+            self.held.remove(shard, &p.id, p.token);
+        }
+        // dropping `group` frees the slots
+    }
+
+    /// Renews the leases of everything held, every third of the lease, until stopped and empty.
+    async fn renew_loop(self: Arc<Self>) {
+        let every = Duration::from_millis((self.opts.lease_ms / 3).max(10));
+        loop {
+            tokio::time::sleep(every).await;
+            if *self.stopping.borrow()
+                && self.held.count() == 0
+                && self.slots.available_permits() == self.capacity()
+            {
+                return;
+            }
+            let lease = self.opts.lease_ms;
+            let calls = self.held.snapshot().into_iter().map(|(shard, held)| {
+                let this = &self;
+                async move {
+                    for chunk in held.chunks(1000) {
+                        let refs: Vec<(&str, u64)> = chunk.iter().map(|(i, t)| (i.as_str(), *t)).collect();
+                        match this.store.renew(shard, &refs, lease).await {
+                            Ok(current) => {
+                                for ((id, token), ok) in chunk.iter().zip(current) {
+                                    if !ok {
+                                        warn!(shard, %id, "lost the claim of a running task (cancelled, replaced or reaped)");
+                                        this.held.remove(shard, id, *token);
+                                    }
+                                }
+                            }
+                            Err(e) => warn!(shard, "renewing leases failed: {e:#}"),
+                        }
+                    }
+                }
+            });
+            join_all(calls).await;
+        }
+    }
+
+    /// Waits until every claimed task has been recorded (or `limit` passed); true when all did.
     pub async fn drain(&self, limit: Duration) -> bool {
-        let all = self.opts.max_inflight as u32;
-        tokio::time::timeout(limit, self.inflight.acquire_many(all))
+        let all = self.capacity() as u32;
+        tokio::time::timeout(limit, self.slots.acquire_many(all))
             .await
             .is_ok()
     }
@@ -342,5 +630,17 @@ mod tests {
         assert_eq!(backoff_ms(3, 1000, 60_000, 0.0), 2000);
         assert_eq!(backoff_ms(30, 1000, 60_000, 1.0), 60_000);
         assert_eq!(backoff_ms(u32::MAX, 1000, 60_000, 0.5), 45_000);
+    }
+
+    #[test]
+    fn effects_with_only_reads_write_nothing() {
+        let mut fx = Effects::default();
+        fx.ns.reads.push(crate::store::KvRead {
+            key: "k".into(),
+            sha1: None,
+        });
+        assert!(fx.writes_nothing());
+        fx.cancel.push("x".into());
+        assert!(!fx.writes_nothing());
     }
 }

@@ -13,6 +13,7 @@ pub mod plugins;
 pub mod poller;
 pub mod runner;
 pub mod serve;
+pub mod shards;
 pub mod store;
 
 pub use executor::{Effects, Handler, Outcome, Run, TaskHost};

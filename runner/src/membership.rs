@@ -11,7 +11,6 @@
 //! hand-over) is still correct.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -19,35 +18,30 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::executor::now_ms;
-use crate::poller::Wakes;
+use crate::shards::Shards;
 use crate::store::{LeaseOp, Store};
 
-/// Which shards this runner holds.
+/// This runner in the namespace: its id and the shards it holds.
 pub struct Membership {
     pub id: String,
-    owned: Vec<AtomicBool>,
+    pub shards: Arc<Shards>,
 }
 
 impl Membership {
-    pub fn new(id: String, shards: u32) -> Arc<Membership> {
-        Arc::new(Membership {
-            id,
-            owned: (0..shards).map(|_| AtomicBool::new(false)).collect(),
-        })
+    pub fn new(id: String, shards: Arc<Shards>) -> Arc<Membership> {
+        Arc::new(Membership { id, shards })
     }
 
     pub fn owns(&self, shard: u32) -> bool {
-        self.owned[shard as usize].load(Ordering::Acquire)
+        self.shards.get(shard).owned()
     }
 
     pub fn owned(&self) -> Vec<u32> {
-        (0..self.owned.len() as u32)
-            .filter(|s| self.owns(*s))
-            .collect()
+        self.shards.owned()
     }
 
     fn set(&self, shard: u32, v: bool) {
-        self.owned[shard as usize].store(v, Ordering::Release);
+        self.shards.get(shard).set_owned(v);
     }
 }
 
@@ -71,7 +65,6 @@ pub struct MembershipOptions {
 pub async fn run(
     store: Store,
     me: Arc<Membership>,
-    wakes: Arc<Wakes>,
     opts: MembershipOptions,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -79,7 +72,7 @@ pub async fn run(
     let tick = (opts.lease / 3).max(Duration::from_millis(50));
     let started = now_ms();
     loop {
-        if let Err(e) = step(&store, &me, &wakes, &opts, lease_ms, started).await {
+        if let Err(e) = step(&store, &me, &opts, lease_ms, started).await {
             warn!("membership: {e:#}");
         }
         tokio::select! {
@@ -99,7 +92,6 @@ pub async fn run(
 async fn step(
     store: &Store,
     me: &Membership,
-    wakes: &Wakes,
     opts: &MembershipOptions,
     lease_ms: u64,
     started: i64,
@@ -146,8 +138,7 @@ async fn step(
             .shard_lease(s, LeaseOp::Acquire, &me.id, lease_ms)
             .await?
         {
-            me.set(s, true);
-            wakes.shard(s).wake();
+            me.set(s, true); // wakes its poller
             count += 1;
             info!(shard = s, share, "took a shard");
         }

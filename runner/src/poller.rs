@@ -4,22 +4,21 @@
 //! expiry, both returned by the claim script in Redis time), and is woken early through Redis
 //! pub/sub when a task is scheduled earlier than that (by any runner, this one included). A bounded
 //! fallback poll covers a lost wake-up. While tasks are due it claims back to back, as many as the
-//! executor has room for.
+//! executor has room for ([`Executor::reserve`]), so claimed tasks start at once.
 //!
 //! Architecture invariant: the wait is computed from Redis time differences (due − Redis now), so
 //! a runner whose clock is off neither fires early nor late.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::executor::Executor;
-use crate::membership::Membership;
+use crate::shards::Shards;
 use crate::store::Store;
 
 /// Settings of the pollers.
@@ -27,8 +26,6 @@ use crate::store::Store;
 pub struct PollerOptions {
     /// Most tasks one claim takes.
     pub batch: usize,
-    /// Lease of a claimed task (ms): after it a task whose runner died is run again.
-    pub lease_ms: u64,
     /// Longest sleep without a claim, in case a wake-up was lost.
     pub fallback: Duration,
 }
@@ -37,74 +34,13 @@ impl Default for PollerOptions {
     fn default() -> Self {
         PollerOptions {
             batch: 256,
-            lease_ms: 30_000,
             fallback: Duration::from_secs(2),
         }
     }
 }
 
-/// The wake-up state of one shard, shared between its poller and the pub/sub listener.
-pub struct ShardWake {
-    notify: Notify,
-    /// The Redis time (ms) the poller plans to wake at; i64::MAX while it works.
-    planned: AtomicI64,
-}
-
-impl ShardWake {
-    fn new() -> Self {
-        ShardWake {
-            notify: Notify::new(),
-            planned: AtomicI64::new(i64::MAX),
-        }
-    }
-
-    /// Wakes the poller now.
-    pub fn wake(&self) {
-        self.notify.notify_one();
-    }
-
-    /// Wakes the poller if `due` is earlier than its planned wake-up.
-    pub fn offer(&self, due: i64) {
-        if due < self.planned.load(Ordering::Acquire) {
-            self.notify.notify_one();
-        }
-    }
-}
-
-/// Wake-up handles of all shards.
-pub struct Wakes(Vec<ShardWake>);
-
-impl Wakes {
-    pub fn new(shards: u32) -> Arc<Self> {
-        Arc::new(Wakes((0..shards).map(|_| ShardWake::new()).collect()))
-    }
-
-    pub fn shard(&self, shard: u32) -> &ShardWake {
-        &self.0[shard as usize]
-    }
-
-    /// Handles a wake message `<shard>:<due>`.
-    pub fn on_message(&self, msg: &str) {
-        let Some((s, d)) = msg.split_once(':') else {
-            return;
-        };
-        if let (Ok(s), Ok(d)) = (s.parse::<usize>(), d.parse::<i64>())
-            && let Some(w) = self.0.get(s)
-        {
-            w.offer(d);
-        }
-    }
-
-    /// Wakes every poller (after a reconnect, when messages may have been missed).
-    pub fn all(&self) {
-        for w in &self.0 {
-            w.wake();
-        }
-    }
-}
-
 /// Listens for wake messages on Redis pub/sub until `stop`, reconnecting with backoff.
-pub async fn listen(store: Store, wakes: Arc<Wakes>, mut stop: watch::Receiver<bool>) {
+pub async fn listen(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
     let channel = store.keys().wake_channel();
     let mut delay = Duration::from_millis(100);
     let mut attempt = 0usize;
@@ -118,14 +54,14 @@ pub async fn listen(store: Store, wakes: Arc<Wakes>, mut stop: watch::Receiver<b
         match tokio::select! { r = sub => r, _ = stop.changed() => return } {
             Ok(mut ps) => {
                 delay = Duration::from_millis(100);
-                wakes.all(); // anything published while we were away
+                shards.wake_all(); // anything published while we were away
                 let mut msgs = ps.on_message();
                 loop {
                     tokio::select! {
                         m = msgs.next() => match m {
                             Some(m) => {
                                 if let Ok(text) = m.get_payload::<String>() {
-                                    wakes.on_message(&text);
+                                    shards.on_wake_message(&text);
                                 }
                             }
                             None => break,
@@ -151,49 +87,38 @@ pub async fn poll_shard(
     shard: u32,
     store: Store,
     exec: Arc<Executor>,
-    wakes: Arc<Wakes>,
-    member: Arc<Membership>,
+    shards: Arc<Shards>,
     opts: PollerOptions,
     mut stop: watch::Receiver<bool>,
 ) {
-    let wake = wakes.shard(shard);
+    let slot = shards.get(shard);
     let mut error_delay = Duration::from_millis(50);
     loop {
         if *stop.borrow() {
             return;
         }
-        if !member.owns(shard) {
+        if !slot.owned() {
             // another runner polls this shard; membership wakes us when it becomes ours
-            wake.planned.store(i64::MIN, Ordering::Release);
+            slot.plan(i64::MIN);
             tokio::select! {
-                _ = wake.notify.notified() => continue,
+                _ = slot.woken() => continue,
                 _ = stop.changed() => return,
             }
         }
-        wake.planned.store(i64::MAX, Ordering::Release);
-        // Room in the executor: wait for at least one free slot.
-        let permits = tokio::select! {
-            p = exec.inflight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        slot.plan(i64::MAX);
+        // Claim only what can start now: wait for room in the executor.
+        let res = tokio::select! {
+            r = exec.reserve(opts.batch) => match r { Some(r) => r, None => return },
             _ = stop.changed() => return,
         };
-        let mut permits = permits;
-        let extra = exec
-            .inflight
-            .available_permits()
-            .min(opts.batch.saturating_sub(1)) as u32;
-        if extra > 0
-            && let Ok(more) = exec.inflight.clone().try_acquire_many_owned(extra)
-        {
-            permits.merge(more);
-        }
-        let limit = permits.num_permits();
-        let batch = match store.claim(shard, limit, opts.lease_ms).await {
+        let limit = res.len();
+        let batch = match store.claim(shard, limit, exec.lease_ms()).await {
             Ok(b) => {
                 error_delay = Duration::from_millis(50);
                 b
             }
             Err(e) => {
-                drop(permits);
+                drop(res);
                 warn!(shard, "claim failed, retrying in {error_delay:?}: {e:#}");
                 tokio::select! { _ = tokio::time::sleep(error_delay) => {}, _ = stop.changed() => return }
                 error_delay = (error_delay * 2).min(Duration::from_secs(2));
@@ -203,12 +128,10 @@ pub async fn poll_shard(
         let claimed = batch.tasks.len();
         if claimed > 0 {
             debug!(shard, claimed, "claimed");
-            let used = permits
-                .split(claimed)
-                .expect("claimed no more than the permits held");
-            exec.dispatch(batch.tasks, used);
+            exec.submit(batch.tasks, res);
+        } else {
+            drop(res);
         }
-        drop(permits);
         if claimed == limit {
             continue; // more may be due: claim again at once
         }
@@ -222,11 +145,11 @@ pub async fn poll_shard(
         if wait_ms == 0 {
             continue;
         }
-        wake.planned.store(batch.now + wait_ms, Ordering::Release);
+        slot.plan(batch.now + wait_ms);
         let deadline = Instant::now() + Duration::from_millis(wait_ms as u64);
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = wake.notify.notified() => {}
+            _ = slot.woken() => {}
             _ = stop.changed() => return,
         }
     }

@@ -10,7 +10,8 @@ use tracing::{info, warn};
 use crate::executor::{Executor, ExecutorOptions, Handler};
 use crate::membership::{self, Membership, MembershipOptions};
 use crate::metrics::Metrics;
-use crate::poller::{self, PollerOptions, Wakes};
+use crate::poller::{self, PollerOptions};
+use crate::shards::Shards;
 use crate::store::Store;
 
 /// Settings of a runner's task machinery.
@@ -59,6 +60,13 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// Claimed tasks this runner holds now (queued or running).
+    pub fn held(&self) -> usize {
+        self.exec.held()
+    }
+}
+
+impl Runner {
     /// Joins the namespace's runners, polls the shards it is given and runs due tasks through
     /// `handler`.
     pub fn start(
@@ -75,19 +83,18 @@ impl Runner {
             Arc::clone(&metrics),
             stop_rx.clone(),
         );
-        let wakes = Wakes::new(store.shards());
-        let member = Membership::new(new_runner_id(), store.shards());
+        let shards = Shards::new(store.shards());
+        let member = Membership::new(new_runner_id(), Arc::clone(&shards));
         let (membership_stop, membership_stop_rx) = watch::channel(false);
         let membership_task = tokio::spawn(membership::run(
             store.clone(),
             Arc::clone(&member),
-            Arc::clone(&wakes),
             opts.membership.clone(),
             membership_stop_rx,
         ));
         let mut joins = vec![tokio::spawn(poller::listen(
             store.clone(),
-            Arc::clone(&wakes),
+            Arc::clone(&shards),
             stop_rx.clone(),
         ))];
         for shard in 0..store.shards() {
@@ -95,8 +102,7 @@ impl Runner {
                 shard,
                 store.clone(),
                 Arc::clone(&exec),
-                Arc::clone(&wakes),
-                Arc::clone(&member),
+                Arc::clone(&shards),
                 opts.poller.clone(),
                 stop_rx.clone(),
             )));

@@ -15,7 +15,7 @@ use crate::executor::ExecutorOptions;
 use crate::local_redis::LocalRedis;
 use crate::membership::MembershipOptions;
 use crate::metrics::Metrics;
-use crate::plugins::{PluginOptions, Plugins, Registry};
+use crate::plugins::{Budget, PluginOptions, Plugins, Registry};
 use crate::poller::PollerOptions;
 use crate::runner::{Runner, RunnerOptions};
 use crate::store::{RedisTarget, Store, StoreOptions};
@@ -91,6 +91,14 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         cache_dir: Some(cache_dir),
         max_payload_bytes: args.max_payload_bytes,
         default_max_attempts: 5,
+        workers: args.workers.max(1),
+        warm_instances: args.warm_instances,
+        budget: Budget {
+            effect_bytes: args.max_effect_bytes,
+            follow_ups: args.max_follow_ups,
+            cancels: args.max_cancels,
+            ..Budget::default()
+        },
     })?;
     let registry = Registry::new(store.clone(), Arc::clone(&plugins), args.max_plugin_bytes);
     if let Some(dir) = &args.plugins_dir {
@@ -100,14 +108,14 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
     registry.sync_all().await?;
     let metrics = Arc::new(Metrics::default());
     let exec = ExecutorOptions {
-        workers: args.workers.unwrap_or(ExecutorOptions::default().workers),
-        max_inflight: args.max_inflight,
+        workers: args.workers.max(1),
+        prefetch: args.prefetch,
+        lease_ms: args.lease.as_millis().max(30) as u64,
         retry_base_ms: args.retry_base.as_millis() as u64,
         retry_cap_ms: args.retry_cap.as_millis() as u64,
     };
     let poller = PollerOptions {
         batch: args.claim_batch,
-        lease_ms: args.lease.as_millis() as u64,
         fallback: args.fallback_poll,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

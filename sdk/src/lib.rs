@@ -265,7 +265,7 @@ pub mod kv {
         sys::kv_set(
             key,
             &serde_json::to_string(value)?,
-            ttl.map(|d| d.as_millis() as u64),
+            ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         )
     }
 
@@ -305,7 +305,9 @@ pub fn __run<P: DeserializeOwned>(
     };
     match f(typed) {
         Ok(Outcome::Done) => Ok(wit::Outcome::Done),
-        Ok(Outcome::RetryAfter(d)) => Ok(wit::Outcome::RetryAfter(d.as_millis() as u64)),
+        Ok(Outcome::RetryAfter(d)) => Ok(wit::Outcome::RetryAfter(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+        )),
         Ok(Outcome::Fail(r)) => Ok(wit::Outcome::Fail(r)),
         Ok(Outcome::RunAgainAt(t)) => Ok(wit::Outcome::RunAgainAt(t)),
         Err(e) => Err(e.0),

@@ -58,7 +58,11 @@ mod imp {
     use crate::testing::with_host;
 
     pub fn log(level: Level, message: &str) {
-        with_host(|h| h.logs.push((level, message.to_owned())))
+        with_host(|h| {
+            if h.spend(message.len()).is_ok() {
+                h.logs.push((level, message.to_owned()))
+            }
+        })
     }
 
     pub fn now() -> i64 {
@@ -66,35 +70,27 @@ mod imp {
     }
 
     pub fn schedule(t: FollowUp) -> Result<String> {
-        with_host(|h| {
-            let id = format!("{}.{}", h.task_id, h.scheduled.len());
-            h.scheduled.push((id.clone(), t));
-            Ok(id)
-        })
+        with_host(|h| h.schedule(t))
     }
 
     pub fn cancel(id: &str) {
-        with_host(|h| h.cancelled.push(id.to_owned()))
+        with_host(|h| h.cancel(id))
     }
 
     pub fn emit(topic: &str, data: &str) -> Result<()> {
-        let value = serde_json::from_str(data)?;
-        with_host(|h| h.events.push((topic.to_owned(), value)));
-        Ok(())
+        with_host(|h| h.emit(topic, data))
     }
 
     pub fn kv_get(key: &str) -> Result<Option<String>> {
-        Ok(with_host(|h| h.kv.get(key).cloned()))
+        with_host(|h| h.kv_get(key))
     }
 
-    pub fn kv_set(key: &str, value: &str, _ttl_ms: Option<u64>) -> Result<()> {
-        with_host(|h| h.kv.insert(key.to_owned(), value.to_owned()));
-        Ok(())
+    pub fn kv_set(key: &str, value: &str, ttl_ms: Option<u64>) -> Result<()> {
+        with_host(|h| h.kv_set(key, value, ttl_ms))
     }
 
     pub fn kv_delete(key: &str) -> Result<()> {
-        with_host(|h| h.kv.remove(key));
-        Ok(())
+        with_host(|h| h.kv_delete(key))
     }
 }
 

@@ -1,7 +1,11 @@
 //! A host for unit tests of handlers, on your machine with `cargo test`: no wasm, no Redis.
 //!
 //! It records what the handler asked for (follow-ups, cancels, events, kv writes, logs) and keeps
-//! the kv store across runs, so a test can run a handler twice and check it is idempotent.
+//! the kv store across runs, so a test can run a handler twice and check it is idempotent. It
+//! behaves like the runner where a handler can tell: follow-up ids are derived the same way,
+//! topics, keys, times and TTLs are checked the same way, and a run that goes over the runner's
+//! default budget fails with the runner's message (and, as in the runner, the effects it asked
+//! for are not applied).
 //!
 //! ```
 //! use eggtimer_sdk::testing::{TestHost, task};
@@ -20,13 +24,48 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use crate::{FollowUp, Level, Outcome, Result, Task};
+use crate::{Error, FollowUp, Level, Outcome, Result, Task};
+
+/// The runner's default budget of one run: bytes of kv writes, events, logs and follow-ups.
+pub const BUDGET_BYTES: usize = 1 << 20;
+/// The runner's default budget of one run: follow-ups.
+pub const BUDGET_FOLLOW_UPS: usize = 100;
+/// The runner's default budget of one run: cancels.
+pub const BUDGET_CANCELS: usize = 100;
+/// The latest time a follow-up may be due (9999-12-31T23:59:59.999Z).
+pub const MAX_TIME_MS: i64 = 253_402_300_799_999;
+/// The longest kv TTL (10 years), in ms.
+pub const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// The id the runner gives the `index`-th follow-up scheduled by the occurrence of task `parent`
+/// that was scheduled at `occurrence` (ms). A re-run of the same occurrence derives the same ids.
+///
+/// ```
+/// use eggtimer_sdk::testing::derive_id;
+/// assert_eq!(derive_id("a", 1, 0), derive_id("a", 1, 0));
+/// assert_ne!(derive_id("a", 1, 0), derive_id("a", 1, 1));
+/// ```
+pub fn derive_id(parent: &str, occurrence: i64, index: usize) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(parent.as_bytes());
+    h.update(b"\n");
+    h.update(occurrence.to_string().as_bytes());
+    h.update(b"\n");
+    h.update(index.to_string().as_bytes());
+    h.finalize()[..10]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// The recording host. Its fields are what the handler did so far.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TestHost {
     /// The id of the task being run (follow-up ids are derived from it).
     pub task_id: String,
+    /// When the task's current occurrence was scheduled (follow-up ids are derived from it).
+    pub created: i64,
     /// What `now()` returns.
     pub now: i64,
     pub logs: Vec<(Level, String)>,
@@ -37,6 +76,10 @@ pub struct TestHost {
     pub events: Vec<(String, serde_json::Value)>,
     /// The plugin's kv store (JSON text values).
     pub kv: BTreeMap<String, String>,
+    /// Bytes spent of this run's budget.
+    pub spent: usize,
+    /// Set when the run went over its budget: the run fails with this message.
+    pub over_budget: Option<String>,
 }
 
 thread_local! {
@@ -75,8 +118,119 @@ impl TestHost {
     pub fn new() -> Self {
         TestHost {
             now: Self::DEFAULT_NOW,
+            created: Self::DEFAULT_NOW,
             ..Default::default()
         }
+    }
+
+    /// Spends `bytes` of the run's budget.
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn spend(&mut self, bytes: usize) -> Result<()> {
+        self.spent += bytes;
+        if self.spent > BUDGET_BYTES {
+            return self.over(format!(
+                "more than {BUDGET_BYTES} bytes of kv writes, events, logs and follow-ups in one run"
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    fn over(&mut self, what: String) -> Result<()> {
+        let msg = format!("the plugin went over its effects budget: {what}");
+        self.over_budget.get_or_insert(msg.clone());
+        Err(Error(msg))
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn schedule(&mut self, t: FollowUp) -> Result<String> {
+        if self.scheduled.len() >= BUDGET_FOLLOW_UPS {
+            self.over(format!(
+                "more than {BUDGET_FOLLOW_UPS} follow-up tasks in one run"
+            ))?;
+        }
+        self.spend(t.payload.len() + t.plugin.len())?;
+        serde_json::from_str::<serde_json::Value>(&t.payload)
+            .map_err(|e| Error(format!("the payload is not JSON: {e}")))?;
+        if !(0..=MAX_TIME_MS).contains(&t.run_at) {
+            return Err(Error(format!(
+                "run_at {} is outside 0..={MAX_TIME_MS} (ms since the Unix epoch)",
+                t.run_at
+            )));
+        }
+        if let Some(o) = &t.owner
+            && (o.is_empty() || o.len() > 200 || o.chars().any(char::is_control))
+        {
+            return Err("an owner is 1 to 200 bytes without control characters".into());
+        }
+        let id = derive_id(&self.task_id, self.created, self.scheduled.len());
+        self.scheduled.push((id.clone(), t));
+        Ok(id)
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn cancel(&mut self, id: &str) {
+        if self.cancelled.len() >= BUDGET_CANCELS {
+            let _ = self.over(format!("more than {BUDGET_CANCELS} cancels in one run"));
+            return;
+        }
+        if self.spend(id.len()).is_ok() {
+            self.cancelled.push(id.to_owned());
+        }
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn emit(&mut self, topic: &str, data: &str) -> Result<()> {
+        self.spend(topic.len() + data.len())?;
+        let valid = !topic.is_empty()
+            && topic.len() <= 64
+            && topic
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+        if !valid {
+            return Err(Error(format!(
+                "{topic:?} is not a topic: use 1 to 64 of a-z 0-9 . _ -"
+            )));
+        }
+        let value = serde_json::from_str(data)
+            .map_err(|e| Error(format!("the event data is not JSON: {e}")))?;
+        self.events.push((topic.to_owned(), value));
+        Ok(())
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    fn check_key(key: &str) -> Result<()> {
+        if key.is_empty() || key.len() > 512 {
+            return Err("kv keys are 1 to 512 bytes".into());
+        }
+        Ok(())
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn kv_get(&mut self, key: &str) -> Result<Option<String>> {
+        Self::check_key(key)?;
+        Ok(self.kv.get(key).cloned())
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn kv_set(&mut self, key: &str, value: &str, ttl_ms: Option<u64>) -> Result<()> {
+        self.spend(key.len() + value.len())?;
+        Self::check_key(key)?;
+        if ttl_ms.is_some_and(|t| t > MAX_TTL_MS) {
+            return Err(Error(format!(
+                "a kv TTL is at most {MAX_TTL_MS} ms (10 years)"
+            )));
+        }
+        self.kv.insert(key.to_owned(), value.to_owned());
+        Ok(())
+    }
+
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn kv_delete(&mut self, key: &str) -> Result<()> {
+        self.spend(key.len())?;
+        Self::check_key(key)?;
+        self.kv.remove(key);
+        Ok(())
     }
 
     /// Runs the handler on `task` against this host; the host records what it did.
@@ -86,12 +240,20 @@ impl TestHost {
     /// fn handle(_: Task<()>) -> eggtimer_sdk::Result { Ok(Outcome::Done) }
     /// assert_eq!(TestHost::new().run(handle, task(())), Ok(Outcome::Done));
     /// ```
+    ///
+    /// As in the runner, a run that went over its budget fails (`Err`) whatever the handler
+    /// returned; what it recorded is kept here so a test can look at it.
     pub fn run<P>(&mut self, f: fn(Task<P>) -> Result, task: Task<P>) -> Result {
         self.task_id = task.id.clone();
+        self.spent = 0;
+        self.over_budget = None;
         HOST.with(|h| std::mem::swap(&mut *h.borrow_mut(), self));
         let out = f(task);
         HOST.with(|h| std::mem::swap(&mut *h.borrow_mut(), self));
-        out
+        match &self.over_budget {
+            Some(msg) => Err(Error(msg.clone())),
+            None => out,
+        }
     }
 
     /// Runs the handler on a payload given as JSON, as the runner would (a payload that does not
@@ -114,5 +276,48 @@ impl TestHost {
                 "the payload does not fit this plugin: {e}"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_up_ids_match_the_runner() {
+        // the same vector is asserted by the runner's `plugins::host` tests
+        assert_eq!(derive_id("order-1", 1_700_000_000_000, 0), RUNNER_VECTOR);
+    }
+
+    const RUNNER_VECTOR: &str = "c2b0d6e0fe68e95a329c";
+
+    #[test]
+    fn a_run_over_its_budget_fails_like_in_the_runner() {
+        fn flood(_: Task<()>) -> Result {
+            for i in 0..=BUDGET_FOLLOW_UPS {
+                let _ = crate::schedule(FollowUp::new("noop", &i)?);
+            }
+            Ok(Outcome::Done)
+        }
+        let out = TestHost::new().run(flood, task(()));
+        let err = out.unwrap_err().0;
+        assert!(err.contains("more than 100 follow-up tasks"), "{err}");
+    }
+
+    #[test]
+    fn bad_topics_and_ttls_are_refused() {
+        fn bad(_: Task<()>) -> Result {
+            assert!(crate::emit("Bad Topic", &1).is_err());
+            assert!(
+                crate::kv::set(
+                    "k",
+                    &1,
+                    Some(std::time::Duration::from_secs(400 * 365 * 86400))
+                )
+                .is_err()
+            );
+            Ok(Outcome::Done)
+        }
+        assert_eq!(TestHost::new().run(bad, task(())), Ok(Outcome::Done));
     }
 }

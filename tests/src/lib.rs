@@ -224,12 +224,19 @@ pub fn plugin_wasm(name: &str) -> Vec<u8> {
     std::fs::read(plugins_dir().join(format!("{name}.wasm"))).expect("plugin built")
 }
 
+/// A compiled-plugin cache shared by the runners of this test process, in the temp dir.
+pub fn shared_plugin_cache() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| temp_dir("plugin-cache")).clone()
+}
+
 /// A runner process.
 pub struct RunnerProcess {
     child: Option<Child>,
     pub port: u16,
     pub url: String,
     pub log: Arc<Mutex<Vec<String>>>,
+    data_dir: PathBuf,
 }
 
 impl RunnerProcess {
@@ -242,6 +249,7 @@ impl RunnerProcess {
     /// Like [`RunnerProcess::start`], with extra environment variables.
     pub fn start_with_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> RunnerProcess {
         let port = free_port();
+        let data_dir = temp_dir("runner-data");
         let mut cmd = Command::new(eggtimer_bin());
         cmd.arg("serve")
             .args([
@@ -250,6 +258,12 @@ impl RunnerProcess {
                 "--redis",
                 redis_url,
             ])
+            // never the source tree: a fresh data dir, and one compiled-plugin cache per test
+            // process (so each runner does not compile every plugin again)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--plugin-cache")
+            .arg(shared_plugin_cache())
             .args(args)
             .env_remove("EGGTIMER_TOKEN")
             .env("EGGTIMER_LOG", "info")
@@ -282,6 +296,7 @@ impl RunnerProcess {
             port,
             url: format!("http://127.0.0.1:{port}"),
             log,
+            data_dir,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while rx.recv_timeout(Duration::from_millis(50)).is_err() {
@@ -324,6 +339,7 @@ impl RunnerProcess {
 impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 
@@ -370,6 +386,46 @@ pub fn read_stream(
         }
     }
     out
+}
+
+/// Every entry of an event stream as (Redis time of the XADD in ms, task_id, data JSON).
+pub fn read_stream_timed(
+    conn: &mut redis::Connection,
+    key: &str,
+) -> Vec<(i64, String, serde_json::Value)> {
+    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query(conn)
+        .unwrap();
+    rows.into_iter()
+        .map(|(id, fields)| {
+            let at: i64 = id.split('-').next().unwrap().parse().unwrap();
+            let get = |k: &str| {
+                fields
+                    .iter()
+                    .find(|(f, _)| f == k)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            (
+                at,
+                get("task_id"),
+                serde_json::from_str(&get("data")).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The resident memory of a process, in bytes (Linux).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// A JSON reply: (status, body).

@@ -100,7 +100,7 @@ async fn the_store_scripts_work_on_a_cluster() {
             .map(|t| {
                 (
                     t.id.as_str(),
-                    t.attempt,
+                    t.token,
                     if t.id == "c0" { &dead } else { &Finish::Done },
                 )
             })
@@ -126,6 +126,7 @@ async fn the_store_scripts_work_on_a_cluster() {
     // effects on the namespace slot, the registry, leases, heartbeats
     let run = &claimed[0];
     let fx = eggtimer::store::NsEffects {
+        reads: vec![],
         kv: vec![eggtimer::store::KvWrite::Set {
             key: "k".into(),
             value: "1".into(),
@@ -133,10 +134,15 @@ async fn the_store_scripts_work_on_a_cluster() {
         }],
         events: vec![("t".into(), "{}".into())],
     };
-    assert!(s.apply_ns_effects(run, &fx).await.unwrap());
-    assert!(
-        !s.apply_ns_effects(run, &fx).await.unwrap(),
-        "at most once per run"
+    use eggtimer::store::Committed;
+    assert_eq!(
+        s.commit_ns_effects(run, &fx).await.unwrap(),
+        Committed::Applied
+    );
+    assert_eq!(
+        s.commit_ns_effects(run, &fx).await.unwrap(),
+        Committed::AppliedBefore,
+        "at most once per claim"
     );
     assert_eq!(
         s.kv_get(&run.plugin, "k").await.unwrap().as_deref(),

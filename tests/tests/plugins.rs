@@ -221,28 +221,63 @@ async fn a_hot_swap_under_a_stream_of_tasks_loses_none() {
 }
 
 #[tokio::test]
-async fn a_follow_up_is_not_duplicated_when_its_parent_runs_twice() {
+async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplicate_it() {
     let redis = RedisServer::start();
     let r = start(&redis, &[]);
     let first_due = now_ms();
     let spec = json!({"plugin": "auto-feed", "id": "meal-x", "owner": "u7", "run_at": first_due,
                       "payload": {"pet_id": "p", "user_id": "u7", "auto_feed_cards": 3}});
+    let mut created = Vec::new();
     for _ in 0..2 {
-        assert_eq!(
-            call("POST", &format!("{}/v1/tasks", r.url), Some(spec.clone()))
-                .await
-                .0,
-            201
-        );
+        let (s, b) = call("POST", &format!("{}/v1/tasks", r.url), Some(spec.clone())).await;
+        assert_eq!(s, 201, "{b}");
         wait_state(&r.url, "meal-x", "done", T).await;
+        let (_, t) = call("GET", &format!("{}/v1/tasks/meal-x", r.url), None).await;
+        created.push(t["created_at"].as_i64().unwrap());
     }
-    // the parent ran twice (two auto_fed events), its follow-up exists once
+    // Two occurrences of the parent (scheduled twice): two auto_fed events and two follow-ups,
+    // whose ids are derived from (parent, occurrence, index) exactly as the SDK's test host does.
     let events = read_stream(&mut redis.conn(), "{eggtimer}:events:pet");
     assert_eq!(
         events.iter().filter(|e| e.2["type"] == "auto_fed").count(),
         2
     );
     let (_, list) = call("GET", &format!("{}/v1/owners/u7/tasks", r.url), None).await;
-    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
-    assert_eq!(list[0]["run_at"], first_due + 4 * 3600 * 1000);
+    let mut ids: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    let mut want: Vec<String> = created
+        .iter()
+        .map(|c| eggtimer_sdk::testing::derive_id("meal-x", *c, 0))
+        .collect();
+    want.sort();
+    want.dedup();
+    assert_eq!(ids, want, "{list}");
+    // A re-run of one occurrence (a crash after its effects, a lost claim) derives the same id:
+    // scheduling it again changes nothing.
+    let again = eggtimer::NewTask {
+        id: want[0].clone(),
+        plugin: "auto-feed".into(),
+        payload: "{}".into(),
+        run_at: 0,
+        owner: Some("u7".into()),
+        max_attempts: 5,
+    };
+    let store = eggtimer::Store::open(
+        eggtimer::RedisTarget::Single(redis.url()),
+        eggtimer::StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        store
+            .schedule(&[again], eggtimer::store::ScheduleMode::IfAbsent)
+            .await
+            .unwrap(),
+        vec![eggtimer::store::Scheduled::Exists]
+    );
 }

@@ -118,6 +118,7 @@ async fn running_tasks_refuse_moves_cancels_and_replacement() {
     let shard = s.shard_of("r");
     let b = s.claim(shard, 10, 30_000).await.unwrap();
     assert!(b.tasks.iter().any(|t| t.id == "r"));
+    let claimed_token = b.tasks[0].token;
     assert_eq!(
         s.move_task("r", Move::Now).await.unwrap(),
         Err(Refused::Running)
@@ -150,8 +151,9 @@ async fn running_tasks_refuse_moves_cancels_and_replacement() {
     assert_eq!(s.cancel("m").await.unwrap(), Err(Refused::Missing));
     // done: readable, and refuses moves
     let f = Finish::Done;
+    let token = claimed_token;
     assert_eq!(
-        s.finish(shard, &[("r", 1, &f)]).await.unwrap(),
+        s.finish(shard, &[("r", token, &f)]).await.unwrap(),
         vec![Finished::Done]
     );
     let done = s.get("r").await.unwrap().unwrap();
@@ -182,18 +184,31 @@ async fn an_expired_lease_is_run_again_and_the_late_ack_is_refused() {
     .await;
     assert_eq!(b.tasks[0].id, "x");
     assert_eq!(b.tasks[0].attempt, 2);
-    // A's late ack is refused, B's is accepted
+    assert_ne!(a.tasks[0].token, b.tasks[0].token);
+    // A can't renew or finish any more; B's ack is accepted once
+    assert_eq!(
+        s.renew(0, &[("x", a.tasks[0].token)], 30_000)
+            .await
+            .unwrap(),
+        vec![false]
+    );
     let done = Finish::Done;
     assert_eq!(
-        s.finish(0, &[("x", 1, &done)]).await.unwrap(),
+        s.finish(0, &[("x", a.tasks[0].token, &done)])
+            .await
+            .unwrap(),
         vec![Finished::Stale]
     );
     assert_eq!(
-        s.finish(0, &[("x", 2, &done)]).await.unwrap(),
+        s.finish(0, &[("x", b.tasks[0].token, &done)])
+            .await
+            .unwrap(),
         vec![Finished::Done]
     );
     assert_eq!(
-        s.finish(0, &[("x", 2, &done)]).await.unwrap(),
+        s.finish(0, &[("x", b.tasks[0].token, &done)])
+            .await
+            .unwrap(),
         vec![Finished::Stale]
     );
 }
@@ -220,7 +235,10 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
             after_ms: 50,
             error: format!("boom\t{attempt}"),
         };
-        let v = s.finish(0, &[("f", attempt, &retry)]).await.unwrap();
+        let v = s
+            .finish(0, &[("f", b.tasks[0].token, &retry)])
+            .await
+            .unwrap();
         if attempt < 3 {
             assert_eq!(v, vec![Finished::Retry]);
             let t = s.get("f").await.unwrap().unwrap();
@@ -255,7 +273,7 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
         error: "bad payload".into(),
     };
     assert_eq!(
-        s.finish(0, &[("f", b.tasks[0].attempt, &dead_now)])
+        s.finish(0, &[("f", b.tasks[0].token, &dead_now)])
             .await
             .unwrap(),
         vec![Finished::Dead]
@@ -277,7 +295,13 @@ async fn run_again_and_release_put_the_task_back() {
     let again = Finish::Again { at: later };
     let release = Finish::Release;
     let v = s
-        .finish(0, &[("g", 1, &again), ("h", 1, &release)])
+        .finish(
+            0,
+            &[
+                ("g", b.tasks[0].token, &again),
+                ("h", b.tasks[0].token, &release),
+            ],
+        )
         .await
         .unwrap();
     assert_eq!(v, vec![Finished::Again, Finished::Release]);
@@ -381,8 +405,10 @@ async fn done_records_expire_after_the_retention_window() {
     s.schedule(&[task("d", 0)], ScheduleMode::Upsert)
         .await
         .unwrap();
-    s.claim(0, 1, 30_000).await.unwrap();
-    s.finish(0, &[("d", 1, &Finish::Done)]).await.unwrap();
+    let b = s.claim(0, 1, 30_000).await.unwrap();
+    s.finish(0, &[("d", b.tasks[0].token, &Finish::Done)])
+        .await
+        .unwrap();
     assert_eq!(s.get("d").await.unwrap().unwrap().state, TaskState::Done);
     eventually(
         Duration::from_secs(5),
@@ -452,7 +478,7 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
                     } else {
                         Finish::Done
                     };
-                    let v = s.finish(0, &[(&t.id, t.attempt, &f)]).await.unwrap();
+                    let v = s.finish(0, &[(&t.id, t.token, &f)]).await.unwrap();
                     assert_ne!(
                         v[0],
                         Finished::Stale,
@@ -497,4 +523,138 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
             "{id}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_claim_is_fenced_by_its_token_even_when_attempts_repeat() {
+    // run-again resets attempts to 0, so the next claim is attempt 1 again: only the token tells
+    // the two claims apart.
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("a", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let first = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
+    let again = Finish::Again { at: 0 };
+    assert_eq!(
+        s.finish(0, &[("a", first.token, &again)]).await.unwrap(),
+        vec![Finished::Again]
+    );
+    let second = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
+    assert_eq!((first.attempt, second.attempt), (1, 1));
+    assert_ne!(first.token, second.token);
+    assert!(
+        second.created >= first.created,
+        "run-again starts a new occurrence"
+    );
+    assert_eq!(
+        s.renew(0, &[("a", first.token), ("a", second.token)], 30_000)
+            .await
+            .unwrap(),
+        vec![false, true]
+    );
+    assert_eq!(
+        s.finish(0, &[("a", first.token, &Finish::Done)])
+            .await
+            .unwrap(),
+        vec![Finished::Stale],
+        "the first claim's late outcome is refused"
+    );
+    assert_eq!(
+        s.finish(0, &[("a", second.token, &Finish::Done)])
+            .await
+            .unwrap(),
+        vec![Finished::Done]
+    );
+}
+
+#[tokio::test]
+async fn renewing_keeps_a_slow_task_from_being_reaped() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("slow", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let t = s.claim(0, 10, 300).await.unwrap().tasks.remove(0);
+    // renew for well over the original lease; another claimer never gets the task
+    let until = std::time::Instant::now() + Duration::from_millis(1200);
+    while std::time::Instant::now() < until {
+        assert_eq!(
+            s.renew(0, &[("slow", t.token)], 300).await.unwrap(),
+            vec![true]
+        );
+        assert!(s.claim(0, 10, 300).await.unwrap().tasks.is_empty());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        s.finish(0, &[("slow", t.token, &Finish::Done)])
+            .await
+            .unwrap(),
+        vec![Finished::Done]
+    );
+}
+
+#[tokio::test]
+async fn effects_commit_only_if_the_kv_entries_read_are_unchanged() {
+    use eggtimer::store::{Committed, KvRead, KvWrite, NsEffects};
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("o1", 0), task("o2", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let claimed = s.claim(0, 10, 30_000).await.unwrap().tasks;
+    // both runs read "cancelled:1" as absent and want to set it and emit
+    let fx = NsEffects {
+        reads: vec![KvRead {
+            key: "cancelled:1".into(),
+            sha1: None,
+        }],
+        kv: vec![KvWrite::Set {
+            key: "cancelled:1".into(),
+            value: "true".into(),
+            ttl_ms: Some(60_000),
+        }],
+        events: vec![("order".into(), "{\"n\":1}".into())],
+    };
+    assert_eq!(
+        s.commit_ns_effects(&claimed[0], &fx).await.unwrap(),
+        Committed::Applied
+    );
+    assert_eq!(
+        s.commit_ns_effects(&claimed[1], &fx).await.unwrap(),
+        Committed::Conflict,
+        "the second run read a value that has changed"
+    );
+    let len: usize = redis::cmd("XLEN")
+        .arg("{eggtimer}:events:order")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(len, 1, "the conflicting run wrote nothing");
+    // with a fresh read (sha1 of the current value) it commits
+    let current: String = redis::cmd("GET")
+        .arg("{eggtimer}:kv:noop:cancelled:1")
+        .query(&mut redis.conn())
+        .unwrap();
+    let fresh = NsEffects {
+        reads: vec![KvRead {
+            key: "cancelled:1".into(),
+            sha1: Some(redis_sha1(&redis, &current)),
+        }],
+        kv: vec![],
+        events: vec![("order".into(), "{\"n\":2}".into())],
+    };
+    assert_eq!(
+        s.commit_ns_effects(&claimed[1], &fresh).await.unwrap(),
+        Committed::Applied
+    );
+}
+
+/// The sha1 of a value as Redis's Lua computes it.
+fn redis_sha1(redis: &RedisServer, v: &str) -> String {
+    redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1])")
+        .arg(0)
+        .arg(v)
+        .query(&mut redis.conn())
+        .unwrap()
 }

@@ -10,23 +10,26 @@ pub struct Keys {
     ns: String,
 }
 
-/// The five keys every shard script takes first, in the order `prelude.lua` expects.
+/// The six keys every shard script takes first, in the order `prelude.lua` expects.
 pub struct ShardKeys {
     pub due: String,
     pub tasks: String,
     pub inflight: String,
     pub dead: String,
     pub byowner: String,
+    /// HASH of shard settings and counters (`claim`: the claim counter).
+    pub meta: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 5] {
+    pub fn all(&self) -> [&str; 6] {
         [
             &self.due,
             &self.tasks,
             &self.inflight,
             &self.dead,
             &self.byowner,
+            &self.meta,
         ]
     }
 }
@@ -48,6 +51,7 @@ impl Keys {
             inflight: format!("{tag}:inflight"),
             dead: format!("{tag}:dead"),
             byowner: format!("{tag}:byowner"),
+            meta: format!("{tag}:meta"),
         }
     }
 
@@ -91,9 +95,9 @@ impl Keys {
         format!("{{{}}}:plugin:blob:{}", self.ns, digest)
     }
 
-    /// Marks one handler run's effects as applied (`run` names the run of the task).
-    pub fn effects_marker(&self, task_id: &str, run: &str) -> String {
-        format!("{{{}}}:fx:{}:{}", self.ns, task_id, run)
+    /// Marks one handler run's effects as applied (`claim` names the claim of the task).
+    pub fn effects_marker(&self, task_id: &str, claim: &str) -> String {
+        format!("{{{}}}:fx:{}:{}", self.ns, task_id, claim)
     }
 
     /// One entry of a plugin's key-value store.

@@ -55,7 +55,12 @@ impl TaskRecord {
         let attempts = f.next()?.parse().ok()?;
         let max_attempts = f.next()?.parse().ok()?;
         let created_at = f.next()?.parse().ok()?;
-        let finished_at = f.next()?.parse().ok();
+        // `fin`: the finish time of a done or dead task; the claim token of a running one.
+        let fin = f.next()?;
+        let finished_at = match state {
+            TaskState::Done | TaskState::Dead => fin.parse().ok(),
+            TaskState::Scheduled | TaskState::Running => None,
+        };
         let plugin = f.next()?.to_owned();
         let owner = Some(f.next()?).filter(|o| !o.is_empty()).map(str::to_owned);
         let last_error = Some(f.next()?).filter(|e| !e.is_empty()).map(str::to_owned);
@@ -113,6 +118,13 @@ mod tests {
         assert_eq!(r.finished_at, None);
         assert_eq!(r.last_error, None);
         assert!(TaskRecord::decode("a", "garbage").is_none());
+    }
+
+    #[test]
+    fn a_running_record_carries_its_claim_token_not_a_finish_time() {
+        let r = TaskRecord::decode("a", "r\t100\t1\t5\t50\t77\tnoop\t\t\tnull").unwrap();
+        assert_eq!(r.state, TaskState::Running);
+        assert_eq!(r.finished_at, None);
     }
 
     #[test]

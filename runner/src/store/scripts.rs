@@ -5,6 +5,7 @@ use redis::Script;
 pub struct Scripts {
     pub schedule: Script,
     pub claim: Script,
+    pub renew: Script,
     pub finish: Script,
     pub move_task: Script,
     pub cancel: Script,
@@ -29,6 +30,7 @@ impl Scripts {
         Scripts {
             schedule: with_prelude(include_str!("lua/schedule.lua")),
             claim: with_prelude(include_str!("lua/claim.lua")),
+            renew: with_prelude(include_str!("lua/renew.lua")),
             finish: with_prelude(include_str!("lua/finish.lua")),
             move_task: with_prelude(include_str!("lua/move.lua")),
             cancel: with_prelude(include_str!("lua/cancel.lua")),

@@ -1,34 +1,41 @@
--- Claims up to ARGV[1] due tasks of one shard: due -> inflight with a lease of ARGV[2] ms and
--- attempts + 1. Nothing is deleted: the record stays until the outcome is recorded.
+-- Claims up to ARGV[1] due tasks of one shard: due -> inflight with a lease of ARGV[2] ms,
+-- attempts + 1, and a fresh claim token (the shard's claim counter) in the record's `fin` field.
+-- Nothing is deleted: the record stays until the outcome is recorded.
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
--- Hot path: only the record's `state due attempts` prefix is rewritten (no full decode) unless the
--- shard has owners to unindex.
--- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), then per task: id, record}.
+-- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
+-- has owners to unindex.
+-- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, then per task: id, record}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 reap_expired(now, limit)
-local out = { now, 0, 0 }
-local owners = redis.call('EXISTS', K_BYOWNER) == 1
+local out = { now, 0, 0, 0 }
 local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(ids) do
-  local rec = redis.call('HGET', K_TASKS, id)
-  local due, att, rest
-  if rec then due, att, rest = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(.*)$') end
-  redis.call('ZREM', K_DUE, id)
-  if due then -- (else an index entry without a scheduled record: repaired by the ZREM)
-    if owners then
-      local t = parse(rec)
-      if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+if #ids == 0 then
+  out[2] = head_due()
+else
+  local token = tostring(redis.call('HINCRBY', K_META, 'claim', 1))
+  out[4] = token
+  local owners = redis.call('EXISTS', K_BYOWNER) == 1
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', K_TASKS, id)
+    local due, att, mc, rest
+    if rec then due, att, mc, rest = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(.*)$') end
+    redis.call('ZREM', K_DUE, id)
+    if due then -- (else an index entry without a scheduled record: repaired by the ZREM)
+      if owners then
+        local t = parse(rec)
+        if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+      end
+      rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
+      redis.call('HSET', K_TASKS, id, rec)
+      redis.call('ZADD', K_INFLIGHT, now + lease, id)
+      out[#out + 1] = id
+      out[#out + 1] = rec
     end
-    rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. rest
-    redis.call('HSET', K_TASKS, id, rec)
-    redis.call('ZADD', K_INFLIGHT, now + lease, id)
-    out[#out + 1] = id
-    out[#out + 1] = rec
   end
+  out[2] = head_due()
 end
-out[2] = head_due()
 local l = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')
 out[3] = l[2] and tonumber(l[2]) or -1
 return out

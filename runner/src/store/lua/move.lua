@@ -1,10 +1,10 @@
--- Moves one scheduled task. KEYS[6]: its done-record key.
+-- Moves one scheduled task. KEYS[7]: its done-record key.
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).
 -- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'}.
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then
-  if redis.call('EXISTS', KEYS[6]) == 1 then return { 'done' } end
+  if redis.call('EXISTS', KEYS[7]) == 1 then return { 'done' } end
   return { 'missing' }
 end
 if t.st == 'r' then return { 'running' } end

@@ -1,11 +1,18 @@
 -- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
--- Every shard script gets the same first five KEYS, all under the shard's hash tag {ns:s}:
+-- Every shard script gets the same first six KEYS, all under the shard's hash tag {ns:s}:
 --   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
 --   KEYS[3] inflight (ZSET id -> lease)  KEYS[4] dead (ZSET id -> died at)
 --   KEYS[5] byowner (ZSET, score 0, member owner \0 due(15 digits) \0 id)
+--   KEYS[6] meta (HASH: 'claim' -> the shard's claim counter)
+-- Script-specific keys follow from KEYS[7].
 -- A record is ten tab-separated fields, the payload last (it may hold anything):
---   state(s|r|d|x) due attempts max_attempts created finished plugin owner last_error payload
-local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+--   state(s|r|d|x) due attempts max_attempts created fin plugin owner last_error payload
+-- `fin` is the finish time (ms) of a done or dead task, the claim token of a running one (the
+-- fence: finish, renew and effects must name it), and empty for a scheduled one. Records written
+-- before claim tokens existed have an empty `fin` while running: no runner holds such a claim, so
+-- they are recovered by lease expiry.
+local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6]
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -69,10 +76,22 @@ local function reap_expired(now, limit)
         redis.call('HSET', K_TASKS, id, encode(t))
         redis.call('ZADD', K_DEAD, now, id)
       else
-        t.st = 's'; t.due = now
+        t.st = 's'; t.due = now; t.fin = ''
         redis.call('HSET', K_TASKS, id, encode(t))
         index_scheduled(id, t)
       end
     end
   end
+end
+
+-- The state and `fin` field of a stored record, without decoding the rest.
+local function state_and_fin(rec)
+  if not rec then return nil, nil end
+  return string.match(rec, '^(%a)\t%-?%d+\t%d+\t%d+\t%d+\t(%d*)\t')
+end
+
+-- Whether `rec` is running under the claim `token`.
+local function holds(rec, token)
+  local st, fin = state_and_fin(rec)
+  return st == 'r' and fin == token
 end

@@ -5,7 +5,7 @@ local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return { 'missing' } end
 if t.st ~= 'x' then return { 'not_dead' } end
 redis.call('ZREM', K_DEAD, id)
-t.st = 's'; t.att = 0; t.fin = ''; t.due = now_ms()
+t.st = 's'; t.att = 0; t.fin = ''; t.due = now_ms(); t.created = string.format('%d', t.due)
 redis.call('HSET', K_TASKS, id, encode(t))
 index_scheduled(id, t)
 wake_if_head(channel, shard, t.due)

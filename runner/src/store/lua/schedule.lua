@@ -1,5 +1,5 @@
 -- Schedules a batch of tasks of one shard.
--- KEYS[6..5+n]: the done-record key of each task.
+-- KEYS[7..6+n]: the done-record key of each task.
 -- ARGV: channel, shard, mode ('upsert' replaces a task that has not started; 'absent' only creates),
 --       then 7 per task: id, due, max_attempts, plugin, owner, payload, created (0 = Redis time).
 -- Returns per task: 'ok' | 'running' | 'exists'.
@@ -11,7 +11,7 @@ local n = (#ARGV - 3) / 7
 for i = 0, n - 1 do
   local b = 3 + i * 7
   local id = ARGV[b + 1]
-  local done_key = KEYS[6 + i]
+  local done_key = KEYS[7 + i]
   local old = parse(redis.call('HGET', K_TASKS, id))
   local verdict = 'ok'
   if old then

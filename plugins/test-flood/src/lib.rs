@@ -1,0 +1,63 @@
+//! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `events`,
+//! `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
+//! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
+//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin).
+
+use eggtimer_sdk::{FollowUp, Level, Outcome, Task, emit, handler, kv, log};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+pub struct Flood {
+    pub what: String,
+    #[serde(default)]
+    pub id: String,
+}
+
+pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
+    let big = "x".repeat(64 * 1024);
+    match task.payload.what.as_str() {
+        "kv" => {
+            for i in 0.. {
+                kv::set(&format!("k{i}"), &big, None)?;
+            }
+        }
+        "events" => {
+            for _ in 0.. {
+                emit("flood", &big)?;
+            }
+        }
+        "logs" => {
+            for _ in 0.. {
+                log(Level::Debug, &big);
+            }
+        }
+        "follow-ups" => {
+            for i in 0.. {
+                eggtimer_sdk::schedule(FollowUp::new("noop", &i)?)?;
+            }
+        }
+        "cancels" => {
+            for i in 0.. {
+                eggtimer_sdk::cancel(&format!("t{i}"));
+            }
+        }
+        "one-of-each" => {
+            kv::set("written", &true, None)?;
+            emit("flood", &"one")?;
+            let bad = kv::set(
+                "bad-ttl",
+                &true,
+                Some(std::time::Duration::from_secs(400 * 365 * 86400)),
+            );
+            return match bad {
+                Err(e) => Err(format!("the bad TTL was refused: {e}").into()),
+                Ok(()) => Ok(Outcome::Done),
+            };
+        }
+        "cancel" => eggtimer_sdk::cancel(&task.payload.id),
+        other => return Ok(Outcome::Fail(format!("unknown flood {other:?}"))),
+    }
+    Ok(Outcome::Done)
+}
+
+handler!(handle);

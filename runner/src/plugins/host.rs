@@ -1,0 +1,402 @@
+//! The host functions a plugin calls (`eggtimer:plugin/host`) and the per-run budget of effects.
+//!
+//! A plugin never reaches Redis: kv reads go through the run's [`TaskHost`] (and are remembered,
+//! so the commit can check they are unchanged); everything else is buffered as [`Effects`].
+//! Every ask is checked when it is made (names, JSON, times, TTLs), so nothing is refused halfway
+//! through the commit. A run that goes over its budget is stopped there (a trap), fails its
+//! attempt with an error naming the budget, and none of its effects apply; what it buffered is
+//! bounded by the budget, so a hostile plugin can't grow the runner's memory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::time::{Duration, Instant};
+
+use sha1::{Digest, Sha1};
+use tracing::{debug, info, warn};
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, Trap};
+use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings;
+use super::bindings::eggtimer::plugin::types as wit;
+use super::valid_plugin_name;
+use crate::executor::{Effects, TaskHost, now_ms};
+use crate::store::{KvRead, KvWrite, NewTask};
+
+/// The latest time a follow-up may be scheduled for (9999-12-31T23:59:59.999Z), in ms.
+pub const MAX_TIME_MS: i64 = 253_402_300_799_999;
+/// The longest kv TTL (10 years), in ms.
+pub const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+/// Longest kv key and value.
+const MAX_KEY_BYTES: usize = 512;
+/// Most attempts a follow-up may ask for.
+const MAX_ATTEMPTS: u32 = 100;
+
+/// What one run may ask for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Budget {
+    /// Bytes of kv writes (keys and values), events (topics and data), log messages and follow-up
+    /// payloads, all together.
+    pub effect_bytes: usize,
+    /// Follow-up tasks.
+    pub follow_ups: usize,
+    /// Cancels.
+    pub cancels: usize,
+    /// kv reads (each is a Redis round trip).
+    pub kv_reads: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            effect_bytes: 1 << 20,
+            follow_ups: 100,
+            cancels: 100,
+            kv_reads: 1000,
+        }
+    }
+}
+
+/// The trap raised when a run goes over its budget.
+#[derive(Debug, thiserror::Error)]
+#[error("the plugin went over its effects budget: {0}")]
+pub struct OverBudget(pub String);
+
+/// What the current call is and what it asked for so far.
+#[derive(Default)]
+pub struct CallCtx {
+    pub task_id: String,
+    /// The occurrence of the task (its `created`): follow-up ids derive from it.
+    pub occurrence: i64,
+    pub plugin: String,
+    pub host: Option<Arc<dyn TaskHost>>,
+    pub effects: Effects,
+    pub budget: Budget,
+    pub bytes: usize,
+    /// This run's kv writes, so the plugin reads its own writes.
+    pub kv_overlay: HashMap<String, Option<String>>,
+    /// Keys read from Redis (the first read of each is checked at commit).
+    pub kv_seen: std::collections::HashSet<String>,
+    pub max_payload_bytes: usize,
+    pub default_max_attempts: u32,
+}
+
+impl CallCtx {
+    fn spend(&mut self, bytes: usize, what: &str) -> wasmtime::Result<()> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > self.budget.effect_bytes {
+            return Err(OverBudget(format!(
+                "more than {} bytes of kv writes, events, logs and follow-ups in one run (at a {what}; raise it with --max-effect-bytes)",
+                self.budget.effect_bytes
+            ))
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// The data of one instance's Store.
+pub struct State {
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub limits: StoreLimits,
+    pub call: CallCtx,
+    /// The guest's wall clock, frozen at the call's start.
+    pub started_at: Arc<AtomicI64>,
+    /// When the current call must have ended (checked at every epoch tick).
+    pub deadline: Instant,
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// The guest's wall clock: frozen at the start of the current call (the plugin's time comes
+/// from the host's `now`).
+pub struct FrozenClock(pub Arc<AtomicI64>);
+
+impl HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.0.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64)
+    }
+}
+
+/// A topic name: 1 to 64 of a-z 0-9 . _ -
+pub fn valid_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
+/// An owner: 1 to 200 bytes, no control characters.
+pub fn valid_owner(o: &str) -> bool {
+    !o.is_empty() && o.len() <= 200 && !o.chars().any(char::is_control)
+}
+
+/// The id of the `index`-th follow-up of one occurrence of task `parent` (`occurrence`: when it
+/// was scheduled). A re-run of the same occurrence (after a crash, a retry, a lost claim) derives
+/// the same ids, so its follow-ups are not created twice; a new occurrence (run-again, replay,
+/// upsert) derives new ones, so they are not dropped. The SDK's test host derives them the same
+/// way.
+pub fn derive_id(parent: &str, occurrence: i64, index: usize) -> String {
+    let mut h = sha2::Sha256::new();
+    sha2::Digest::update(&mut h, parent.as_bytes());
+    sha2::Digest::update(&mut h, b"\n");
+    sha2::Digest::update(&mut h, occurrence.to_string().as_bytes());
+    sha2::Digest::update(&mut h, b"\n");
+    sha2::Digest::update(&mut h, index.to_string().as_bytes());
+    hex::encode(&sha2::Digest::finalize(h)[..10])
+}
+
+impl wit::Host for State {}
+
+impl bindings::eggtimer::plugin::host::Host for State {
+    async fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
+        self.call.spend(message.len(), "log line")?;
+        let (id, plugin) = (&self.call.task_id, &self.call.plugin);
+        match level {
+            wit::Level::Debug => debug!(task = %id, %plugin, "plugin: {message}"),
+            wit::Level::Info => info!(task = %id, %plugin, "plugin: {message}"),
+            wit::Level::Warn => warn!(task = %id, %plugin, "plugin: {message}"),
+            wit::Level::Error => tracing::error!(task = %id, %plugin, "plugin: {message}"),
+        }
+        Ok(())
+    }
+
+    async fn now(&mut self) -> wasmtime::Result<i64> {
+        Ok(now_ms())
+    }
+
+    async fn schedule(&mut self, t: wit::FollowUp) -> wasmtime::Result<Result<String, String>> {
+        let c = &mut self.call;
+        if c.effects.schedule.len() >= c.budget.follow_ups {
+            return Err(OverBudget(format!(
+                "more than {} follow-up tasks in one run (raise it with --max-follow-ups)",
+                c.budget.follow_ups
+            ))
+            .into());
+        }
+        c.spend(t.payload.len() + t.plugin.len(), "follow-up")?;
+        if !valid_plugin_name(&t.plugin) {
+            return Ok(Err(format!("{:?} is not a plugin name", t.plugin)));
+        }
+        if t.payload.len() > c.max_payload_bytes {
+            return Ok(Err(format!(
+                "the payload is larger than {} bytes",
+                c.max_payload_bytes
+            )));
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&t.payload) {
+            return Ok(Err(format!("the payload is not JSON: {e}")));
+        }
+        if !(0..=MAX_TIME_MS).contains(&t.run_at) {
+            return Ok(Err(format!(
+                "run_at {} is outside 0..={MAX_TIME_MS} (ms since the Unix epoch)",
+                t.run_at
+            )));
+        }
+        if let Some(o) = &t.owner
+            && !valid_owner(o)
+        {
+            return Ok(Err(
+                "an owner is 1 to 200 bytes without control characters".into()
+            ));
+        }
+        let max_attempts = t.max_attempts.unwrap_or(c.default_max_attempts);
+        if !(1..=MAX_ATTEMPTS).contains(&max_attempts) {
+            return Ok(Err(format!("max_attempts must be 1 to {MAX_ATTEMPTS}")));
+        }
+        let id = derive_id(&c.task_id, c.occurrence, c.effects.schedule.len());
+        c.effects.schedule.push(NewTask {
+            id: id.clone(),
+            plugin: t.plugin,
+            payload: t.payload,
+            run_at: t.run_at,
+            owner: t.owner,
+            max_attempts,
+        });
+        Ok(Ok(id))
+    }
+
+    async fn cancel(&mut self, id: String) -> wasmtime::Result<()> {
+        let c = &mut self.call;
+        if c.effects.cancel.len() >= c.budget.cancels {
+            return Err(OverBudget(format!(
+                "more than {} cancels in one run (raise it with --max-cancels)",
+                c.budget.cancels
+            ))
+            .into());
+        }
+        c.spend(id.len(), "cancel")?;
+        c.effects.cancel.push(id);
+        Ok(())
+    }
+
+    async fn emit(&mut self, topic: String, data: String) -> wasmtime::Result<Result<(), String>> {
+        self.call.spend(topic.len() + data.len(), "event")?;
+        if !valid_topic(&topic) {
+            return Ok(Err(format!(
+                "{topic:?} is not a topic: use 1 to 64 of a-z 0-9 . _ -"
+            )));
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&data) {
+            return Ok(Err(format!("the event data is not JSON: {e}")));
+        }
+        self.call.effects.ns.events.push((topic, data));
+        Ok(Ok(()))
+    }
+
+    async fn kv_get(&mut self, key: String) -> wasmtime::Result<Result<Option<String>, String>> {
+        let c = &mut self.call;
+        if let Some(v) = c.kv_overlay.get(&key) {
+            return Ok(Ok(v.clone()));
+        }
+        if let Err(e) = check_key(&key) {
+            return Ok(Err(e));
+        }
+        if c.kv_seen.len() >= c.budget.kv_reads {
+            return Err(OverBudget(format!(
+                "more than {} kv reads in one run",
+                c.budget.kv_reads
+            ))
+            .into());
+        }
+        let Some(host) = c.host.clone() else {
+            return Ok(Err("no host".into()));
+        };
+        let value = match host.kv_get(&c.plugin, &key).await {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        // Remember the first read of each key: the commit checks it is unchanged.
+        if c.kv_seen.insert(key.clone()) {
+            c.effects.ns.reads.push(KvRead {
+                key,
+                sha1: value
+                    .as_ref()
+                    .map(|v| hex::encode(Sha1::digest(v.as_bytes()))),
+            });
+        }
+        Ok(Ok(value))
+    }
+
+    async fn kv_set(
+        &mut self,
+        key: String,
+        value: String,
+        ttl_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<(), String>> {
+        self.call.spend(key.len() + value.len(), "kv write")?;
+        if let Err(e) = check_key(&key) {
+            return Ok(Err(e));
+        }
+        let ttl_ms = ttl_ms.filter(|t| *t > 0);
+        if ttl_ms.is_some_and(|t| t > MAX_TTL_MS) {
+            return Ok(Err(format!(
+                "a kv TTL is at most {MAX_TTL_MS} ms (10 years)"
+            )));
+        }
+        self.call
+            .kv_overlay
+            .insert(key.clone(), Some(value.clone()));
+        self.call
+            .effects
+            .ns
+            .kv
+            .push(KvWrite::Set { key, value, ttl_ms });
+        Ok(Ok(()))
+    }
+
+    async fn kv_delete(&mut self, key: String) -> wasmtime::Result<Result<(), String>> {
+        self.call.spend(key.len(), "kv delete")?;
+        if let Err(e) = check_key(&key) {
+            return Ok(Err(e));
+        }
+        self.call.kv_overlay.insert(key.clone(), None);
+        self.call.effects.ns.kv.push(KvWrite::Delete { key });
+        Ok(Ok(()))
+    }
+}
+
+fn check_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(format!("kv keys are 1 to {MAX_KEY_BYTES} bytes"));
+    }
+    Ok(())
+}
+
+/// A readable reason for a failed call.
+pub fn explain_trap(
+    e: &wasmtime::Error,
+    timeout: Duration,
+    memory: usize,
+    stderr_tail: &str,
+) -> String {
+    let text = format!("{e:#}");
+    let mut msg = if let Some(b) = e.downcast_ref::<OverBudget>() {
+        b.to_string()
+    } else {
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => {
+                format!("the plugin ran longer than its time limit of {timeout:?}")
+            }
+            _ if text.contains("forcing trap when growing memory") => {
+                format!(
+                    "the plugin needed more than its memory limit of {} MiB",
+                    memory >> 20
+                )
+            }
+            _ => format!("the plugin trapped: {}", text.lines().next().unwrap_or("")),
+        }
+    };
+    if !stderr_tail.is_empty() {
+        msg.push_str(&format!(" (stderr: {stderr_tail})"));
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        assert_eq!(derive_id("a", 1, 0), derive_id("a", 1, 0));
+        assert_ne!(derive_id("a", 1, 0), derive_id("a", 1, 1));
+        assert_ne!(derive_id("a", 1, 0), derive_id("a", 2, 0));
+        assert_ne!(derive_id("a", 1, 0), derive_id("b", 1, 0));
+        assert_eq!(derive_id("a", 1, 0).len(), 20);
+        // the same vector is checked by the SDK's test host
+        assert_eq!(derive_id("order-1", 1_700_000_000_000, 0), SDK_VECTOR);
+    }
+
+    /// `eggtimer_sdk::testing::derive_id("order-1", 1_700_000_000_000, 0)`.
+    const SDK_VECTOR: &str = "c2b0d6e0fe68e95a329c";
+
+    #[test]
+    fn topics() {
+        assert!(valid_topic("order"));
+        assert!(valid_topic("pet.v2_x-y"));
+        assert!(!valid_topic(""));
+        assert!(!valid_topic("Order"));
+        assert!(!valid_topic("a b"));
+    }
+
+    #[test]
+    fn owners() {
+        assert!(valid_owner("u1"));
+        assert!(!valid_owner(""));
+        assert!(!valid_owner("a\0b"));
+        assert!(!valid_owner(&"x".repeat(201)));
+    }
+}

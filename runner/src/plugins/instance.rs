@@ -1,0 +1,265 @@
+//! Warm instances and calls.
+//!
+//! A call takes an idle instance of the plugin version from the pool (or instantiates one), runs
+//! `handle` asynchronously and puts the instance back. The pool keeps at most
+//! `PluginOptions::warm_instances` idle instances over all plugins and evicts the least recently
+//! used, so many plugins never exhaust the allocator: the pooling allocator has room for every
+//! worker's running instance plus the idle ones.
+//!
+//! Time limit: a call is wall-clock bounded whatever the guest does. Running guest code is
+//! interrupted at an epoch tick past the deadline; a guest waiting in a WASI call (sleep, poll)
+//! is waiting on a host future, which is dropped when the call's tokio timeout fires. Either way
+//! the instance is dropped, never reused.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tracing::{info, warn};
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime_wasi::WasiCtx;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+use super::bindings::Plugin;
+use super::bindings::eggtimer::plugin::types as wit;
+use super::host::{CallCtx, FrozenClock, State, explain_trap};
+use super::{Loaded, PluginOptions};
+use crate::executor::{Outcome, Run, TaskHost, now_ms};
+use crate::store::Claimed;
+
+/// Captured guest output kept per instance before it is recycled.
+const OUTPUT_CAP: usize = 1 << 20;
+/// Calls on one instance before it is recycled (bounds what a plugin can leak between tasks).
+const MAX_REUSE: u32 = 10_000;
+
+/// An instance kept for reuse.
+pub(super) struct Warm {
+    digest: String,
+    store: Store<State>,
+    plugin: Plugin,
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+    out_seen: usize,
+    err_seen: usize,
+    calls: u32,
+}
+
+/// Idle instances, least recently used first.
+pub(super) struct Pool {
+    idle: Mutex<VecDeque<Warm>>,
+    cap: usize,
+}
+
+impl Pool {
+    pub fn new(cap: usize) -> Pool {
+        Pool {
+            idle: Mutex::new(VecDeque::new()),
+            cap,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Warm>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self, digest: &str) -> Option<Warm> {
+        let mut idle = self.lock();
+        let i = idle.iter().rposition(|w| w.digest == digest)?;
+        idle.remove(i)
+    }
+
+    fn put(&self, w: Warm) {
+        if self.cap == 0 {
+            return;
+        }
+        let evicted = {
+            let mut idle = self.lock();
+            let evicted = if idle.len() >= self.cap {
+                idle.pop_front()
+            } else {
+                None
+            };
+            idle.push_back(w);
+            evicted
+        };
+        drop(evicted); // its memory goes back to the allocator outside the lock
+    }
+
+    /// Drops the idle instances of versions other than `keep` (after a swap or delete).
+    pub fn forget_except(&self, keep: &[String]) {
+        let dropped: Vec<Warm> = {
+            let mut idle = self.lock();
+            let (stay, go): (VecDeque<Warm>, VecDeque<Warm>) =
+                idle.drain(..).partition(|w| keep.contains(&w.digest));
+            *idle = stay;
+            go.into_iter().collect()
+        };
+        drop(dropped);
+    }
+
+    pub fn idle(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// Runs one task on `loaded` (the current version of its plugin).
+pub(super) async fn call(
+    engine: &wasmtime::Engine,
+    pool: &Pool,
+    opts: &PluginOptions,
+    loaded: &Loaded,
+    task: &Claimed,
+    host: Arc<dyn TaskHost>,
+) -> Run {
+    let mut warm = match pool.take(&loaded.digest) {
+        Some(w) => w,
+        None => match instantiate(engine, opts, loaded).await {
+            Ok(w) => w,
+            Err(e) => return Run::failed(e),
+        },
+    };
+    let deadline = Instant::now() + opts.timeout;
+    {
+        let data = warm.store.data_mut();
+        data.started_at.store(now_ms(), Ordering::Relaxed);
+        data.deadline = deadline;
+        data.call = CallCtx {
+            task_id: task.id.clone(),
+            occurrence: task.created,
+            plugin: task.plugin.clone(),
+            host: Some(host),
+            budget: opts.budget.clone(),
+            max_payload_bytes: opts.max_payload_bytes,
+            default_max_attempts: opts.default_max_attempts,
+            ..CallCtx::default()
+        };
+    }
+    warm.store.set_epoch_deadline(1);
+    let input = wit::Task {
+        id: task.id.clone(),
+        plugin: task.plugin.clone(),
+        attempt: task.attempt,
+        max_attempts: task.max_attempts,
+        due: task.due,
+        owner: task.owner.clone(),
+        payload: task.payload.clone(),
+    };
+    let result = tokio::time::timeout_at(
+        deadline.into(),
+        warm.plugin.call_handle(&mut warm.store, &input),
+    )
+    .await;
+    let call = std::mem::take(&mut warm.store.data_mut().call);
+    let stderr_tail = drain_output(&mut warm, task);
+    warm.calls += 1;
+    let result = match result {
+        Ok(r) => r,
+        // The guest was waiting in a host call (a WASI sleep or poll) at its deadline: the call
+        // was dropped mid-way, so the instance can't be used again.
+        Err(_) => {
+            let mut msg = format!(
+                "the plugin ran longer than its time limit of {:?} (it was waiting in a WASI call)",
+                opts.timeout
+            );
+            if !stderr_tail.is_empty() {
+                msg.push_str(&format!(" (stderr: {stderr_tail})"));
+            }
+            return Run::failed(msg);
+        }
+    };
+    let run = match result {
+        Ok(Ok(outcome)) => Run {
+            outcome: Ok(match outcome {
+                wit::Outcome::Done => Outcome::Done,
+                wit::Outcome::RetryAfter(ms) => Outcome::RetryAfter(ms),
+                wit::Outcome::Fail(reason) => Outcome::Fail(reason),
+                wit::Outcome::RunAgainAt(t) => Outcome::RunAgainAt(t),
+            }),
+            effects: call.effects,
+        },
+        // The handler returned an error: a failed attempt; effects are dropped.
+        Ok(Err(e)) => Run::failed(format!("the handler returned an error: {e}")),
+        // A trap (or over budget): the instance can't be re-entered, drop it.
+        Err(e) => return Run::failed(explain_trap(&e, opts.timeout, opts.memory, &stderr_tail)),
+    };
+    let full = warm.out_seen > OUTPUT_CAP / 2 || warm.err_seen > OUTPUT_CAP / 2;
+    if warm.calls < MAX_REUSE && !full {
+        pool.put(warm);
+    }
+    run
+}
+
+async fn instantiate(
+    engine: &wasmtime::Engine,
+    opts: &PluginOptions,
+    loaded: &Loaded,
+) -> Result<Warm, String> {
+    let stdout = MemoryOutputPipe::new(OUTPUT_CAP);
+    let stderr = MemoryOutputPipe::new(OUTPUT_CAP);
+    let started_at = Arc::new(AtomicI64::new(now_ms()));
+    // No preopened directories, no environment, no network, no stdin: a plugin reaches nothing.
+    let wasi = WasiCtx::builder()
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .wall_clock(FrozenClock(Arc::clone(&started_at)))
+        .build();
+    let limits = StoreLimitsBuilder::new()
+        .memory_size(opts.memory)
+        .trap_on_grow_failure(true)
+        .build();
+    let state = State {
+        wasi,
+        table: ResourceTable::new(),
+        limits,
+        call: CallCtx::default(),
+        started_at,
+        deadline: Instant::now() + opts.timeout,
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| &mut s.limits);
+    // At every tick: past the deadline the guest is interrupted; before it, it yields to the
+    // runtime, so a busy guest shares its thread with other calls.
+    store.epoch_deadline_callback(|ctx| {
+        if Instant::now() >= ctx.data().deadline {
+            Ok(UpdateDeadline::Interrupt)
+        } else {
+            Ok(UpdateDeadline::Yield(1))
+        }
+    });
+    store.set_epoch_deadline(1);
+    let plugin = loaded
+        .pre
+        .instantiate_async(&mut store)
+        .await
+        .map_err(|e| format!("instantiating the plugin failed: {e:#}"))?;
+    Ok(Warm {
+        digest: loaded.digest.clone(),
+        store,
+        plugin,
+        stdout,
+        stderr,
+        out_seen: 0,
+        err_seen: 0,
+        calls: 0,
+    })
+}
+
+/// Logs what the guest printed since the last call; returns the last of its stderr.
+fn drain_output(warm: &mut Warm, task: &Claimed) -> String {
+    let out = warm.stdout.contents();
+    let err = warm.stderr.contents();
+    let new_out = String::from_utf8_lossy(&out[warm.out_seen.min(out.len())..]).into_owned();
+    let new_err = String::from_utf8_lossy(&err[warm.err_seen.min(err.len())..]).into_owned();
+    warm.out_seen = out.len();
+    warm.err_seen = err.len();
+    for line in new_out.lines() {
+        info!(task = %task.id, plugin = %task.plugin, "plugin stdout: {line}");
+    }
+    for line in new_err.lines() {
+        warn!(task = %task.id, plugin = %task.plugin, "plugin stderr: {line}");
+    }
+    let tail: Vec<&str> = new_err.lines().rev().take(3).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}

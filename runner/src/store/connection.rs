@@ -1,0 +1,115 @@
+//! Where Redis is and the connection to it: one self-reconnecting multiplexed connection, or a
+//! Redis Cluster client.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// Where Redis is: one server, or the seed nodes of a Redis Cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RedisTarget {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+impl RedisTarget {
+    /// Parses `redis://host:port` or `redis+cluster://host:port,host:port`.
+    pub fn parse(url: &str) -> Result<RedisTarget> {
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = rest
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if nodes.is_empty() {
+                bail!("{url}: a cluster URL needs at least one host:port");
+            }
+            Ok(RedisTarget::Cluster(nodes))
+        } else if url.starts_with("redis://")
+            || url.starts_with("rediss://")
+            || url.starts_with("unix://")
+        {
+            Ok(RedisTarget::Single(url.to_owned()))
+        } else {
+            bail!("{url}: expected redis://host:port or redis+cluster://host:port,host:port")
+        }
+    }
+
+    /// A URL of one node for pub/sub (a cluster broadcasts PUBLISH to every node); `attempt`
+    /// rotates through a cluster's nodes, so a subscriber whose node died moves to another.
+    pub fn pubsub_url(&self, attempt: usize) -> &str {
+        match self {
+            RedisTarget::Single(u) => u,
+            RedisTarget::Cluster(nodes) => &nodes[attempt % nodes.len()],
+        }
+    }
+}
+
+/// A Redis connection: one multiplexed, self-reconnecting connection, or a cluster client.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Connects to Redis with timeouts, so that a Redis that is away fails calls quickly.
+pub(super) async fn connect(target: &RedisTarget) -> Result<Conn> {
+    match target {
+        RedisTarget::Single(url) => {
+            let client = redis::Client::open(url.as_str())
+                .with_context(|| format!("bad Redis URL {url}"))?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_response_timeout(Some(Duration::from_secs(5)))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_millis(500));
+            let conn = ConnectionManager::new_with_config(client, config)
+                .await
+                .with_context(|| format!("connecting to Redis at {url}"))?;
+            Ok(Conn::Single(conn))
+        }
+        RedisTarget::Cluster(nodes) => {
+            let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(Duration::from_secs(2))
+                .response_timeout(Duration::from_secs(5))
+                .build()
+                .context("bad Redis Cluster node list")?;
+            let conn = client
+                .get_async_connection()
+                .await
+                .with_context(|| format!("connecting to Redis Cluster at {}", nodes.join(",")))?;
+            Ok(Conn::Cluster(conn))
+        }
+    }
+}

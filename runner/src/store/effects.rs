@@ -1,0 +1,75 @@
+//! A run's effects on the namespace slot: kv reads (for the optimistic check), kv writes and
+//! events, committed by one script.
+
+use anyhow::{Context, Result, bail};
+
+use super::{Claimed, Committed, KvWrite, NsEffects, Store};
+
+/// How long the marker of an applied commit is kept: a retried commit of the same claim comes
+/// within seconds; a day is plenty.
+const MARKER_TTL_MS: u64 = 24 * 3600 * 1000;
+
+impl Store {
+    /// Commits one run's kv writes and events (at most once per claim), provided no kv entry it
+    /// read has changed since (else nothing is written: [`Committed::Conflict`]).
+    pub async fn commit_ns_effects(&self, run: &Claimed, fx: &NsEffects) -> Result<Committed> {
+        let (task_id, plugin) = (run.id.as_str(), run.plugin.as_str());
+        let keys = self.keys();
+        let mut inv = self.inner.scripts.effects.prepare_invoke();
+        inv.key(keys.effects_marker(task_id, &run.token.to_string()));
+        inv.arg(MARKER_TTL_MS)
+            .arg(self.inner.opts.stream_maxlen)
+            .arg(fx.reads.len());
+        let mut ix = 1;
+        for r in &fx.reads {
+            ix += 1;
+            inv.key(keys.kv(plugin, &r.key))
+                .arg(ix)
+                .arg(r.sha1.as_deref().unwrap_or(""));
+        }
+        for w in &fx.kv {
+            ix += 1;
+            match w {
+                KvWrite::Set { key, value, ttl_ms } => {
+                    inv.key(keys.kv(plugin, key))
+                        .arg("set")
+                        .arg(ix)
+                        .arg(value)
+                        .arg(ttl_ms.unwrap_or(0));
+                }
+                KvWrite::Delete { key } => {
+                    inv.key(keys.kv(plugin, key)).arg("del").arg(ix);
+                }
+            }
+        }
+        for (topic, data) in &fx.events {
+            ix += 1;
+            inv.key(keys.events(topic))
+                .arg("emit")
+                .arg(ix)
+                .arg(task_id)
+                .arg(plugin)
+                .arg(data);
+        }
+        let v: i64 = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("effects script")?;
+        Ok(match v {
+            1 => Committed::Applied,
+            0 => Committed::AppliedBefore,
+            -1 => Committed::Conflict,
+            other => bail!("the effects script answered {other}, which this runner does not know"),
+        })
+    }
+
+    /// Reads one entry of a plugin's key-value store.
+    pub async fn kv_get(&self, plugin: &str, key: &str) -> Result<Option<String>> {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(self.keys().kv(plugin, key))
+            .query_async(&mut self.conn())
+            .await
+            .context("kv get")?;
+        Ok(v)
+    }
+}

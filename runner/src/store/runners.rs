@@ -1,0 +1,111 @@
+//! Runners and shards: heartbeats in Redis time, shard leases, the pub/sub client, PING.
+
+use anyhow::{Context, Result};
+
+use super::{LeaseOp, Store};
+
+impl Store {
+    /// Records that a runner is alive (its info, JSON, readable for `ttl_ms`) and returns the ids
+    /// of the runners heard from within `window_ms`, sorted. Times are Redis time, so runners'
+    /// clocks do not matter.
+    pub async fn heartbeat(
+        &self,
+        runner_id: &str,
+        info: &str,
+        ttl_ms: u64,
+        window_ms: u64,
+    ) -> Result<Vec<String>> {
+        let k = self.keys();
+        self.inner
+            .scripts
+            .heartbeat
+            .key(k.runners())
+            .key(k.runner(runner_id))
+            .arg(runner_id)
+            .arg(info)
+            .arg(ttl_ms.max(1))
+            .arg(window_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("heartbeat")
+    }
+
+    /// Removes a runner's heartbeat (graceful shutdown).
+    pub async fn forget_runner(&self, runner_id: &str) -> Result<()> {
+        let k = self.keys();
+        redis::pipe()
+            .cmd("DEL")
+            .arg(k.runner(runner_id))
+            .ignore()
+            .cmd("ZREM")
+            .arg(k.runners())
+            .arg(runner_id)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .context("removing a heartbeat")
+    }
+
+    /// The info (JSON) of every live runner.
+    pub async fn runners(&self) -> Result<Vec<String>> {
+        let k = self.keys();
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(k.runners())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await
+            .context("listing runners")?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids.iter().map(|id| k.runner(id)).collect();
+        let infos: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut self.conn())
+            .await
+            .context("listing runners")?;
+        Ok(infos.into_iter().flatten().collect())
+    }
+
+    /// Acquires, renews or releases a shard lease for `runner_id`; true when it holds (held) it.
+    pub async fn shard_lease(
+        &self,
+        shard: u32,
+        op: LeaseOp,
+        runner_id: &str,
+        ttl_ms: u64,
+    ) -> Result<bool> {
+        let op = match op {
+            LeaseOp::Acquire => "acquire",
+            LeaseOp::Renew => "renew",
+            LeaseOp::Release => "release",
+        };
+        let held: i64 = self
+            .inner
+            .scripts
+            .lease
+            .key(self.keys().shard_lease(shard))
+            .arg(op)
+            .arg(runner_id)
+            .arg(ttl_ms.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .context("shard lease script")?;
+        Ok(held == 1)
+    }
+
+    /// Whether Redis answers.
+    pub async fn ping(&self) -> Result<()> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn())
+            .await
+            .context("PING")?;
+        Ok(())
+    }
+
+    /// A plain client for pub/sub subscriptions (`attempt`: see [`super::RedisTarget::pubsub_url`]).
+    pub fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
+        Ok(redis::Client::open(self.target().pubsub_url(attempt))?)
+    }
+}

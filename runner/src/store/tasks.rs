@@ -1,0 +1,309 @@
+//! A task's life: schedule, claim, renew, finish, move, cancel, replay, owner shift. Each is one
+//! Lua script on one shard (see `lua/`), with every key in KEYS.
+
+use anyhow::{Context, Result, bail};
+use futures::future::try_join_all;
+use redis::Value;
+
+use super::types::Verdict;
+use super::{
+    ClaimBatch, Claimed, Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, Store,
+    TaskRecord, field_safe,
+};
+
+impl Store {
+    /// Schedules tasks (any number, any shards): one script per shard, sent concurrently.
+    /// The verdicts come back in the order of `tasks`.
+    pub async fn schedule(&self, tasks: &[NewTask], mode: ScheduleMode) -> Result<Vec<Scheduled>> {
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards() as usize];
+        for (i, t) in tasks.iter().enumerate() {
+            by_shard[self.shard_of(&t.id) as usize].push(i);
+        }
+        let channel = self.keys().wake_channel();
+        let calls = by_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, ix)| !ix.is_empty())
+            .map(|(shard, ix)| {
+                let shard = shard as u32;
+                let mut inv = self.shard_script(&self.inner.scripts.schedule, shard);
+                for &i in ix {
+                    inv.key(self.keys().done(shard, &tasks[i].id));
+                }
+                inv.arg(&channel).arg(shard).arg(match mode {
+                    ScheduleMode::Upsert => "upsert",
+                    ScheduleMode::IfAbsent => "absent",
+                });
+                for &i in ix {
+                    let t = &tasks[i];
+                    inv.arg(&t.id)
+                        .arg(t.run_at.max(0))
+                        .arg(t.max_attempts)
+                        .arg(&t.plugin)
+                        .arg(t.owner.as_deref().unwrap_or(""))
+                        .arg(&t.payload)
+                        .arg(0);
+                }
+                let mut conn = self.conn();
+                async move {
+                    let words: Vec<String> = inv
+                        .invoke_async(&mut conn)
+                        .await
+                        .context("schedule script")?;
+                    if words.len() != ix.len() {
+                        bail!(
+                            "the schedule script answered {} verdicts for {} tasks",
+                            words.len(),
+                            ix.len()
+                        );
+                    }
+                    Ok::<_, anyhow::Error>((ix, words))
+                }
+            });
+        let mut out = vec![Scheduled::Ok; tasks.len()];
+        for (ix, words) in try_join_all(calls).await? {
+            for (&i, w) in ix.iter().zip(words) {
+                out[i] = Scheduled::parse("schedule", &w)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Claims up to `limit` due tasks of a shard with a lease of `lease_ms` (after putting tasks
+    /// whose lease expired back to due). The claimed tasks share one fresh claim token.
+    pub async fn claim(&self, shard: u32, limit: usize, lease_ms: u64) -> Result<ClaimBatch> {
+        let mut inv = self.shard_script(&self.inner.scripts.claim, shard);
+        inv.arg(limit).arg(lease_ms);
+        let v: Vec<Value> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("claim script")?;
+        if v.len() < 4 || !v.len().is_multiple_of(2) {
+            bail!("the claim script answered {} values", v.len());
+        }
+        let now = int(&v[0])?;
+        let next = int(&v[1])?;
+        let lease = int(&v[2])?;
+        let token = int(&v[3])? as u64;
+        let mut tasks = Vec::with_capacity((v.len() - 4) / 2);
+        for c in v[4..].chunks_exact(2) {
+            let id = string(&c[0])?;
+            let rec = string(&c[1])?;
+            let r = TaskRecord::decode(&id, &rec).with_context(|| {
+                format!("the claim script returned a record it can't have written for {id:?}")
+            })?;
+            tasks.push(Claimed {
+                id,
+                shard,
+                token,
+                attempt: r.attempts,
+                due: r.run_at,
+                max_attempts: r.max_attempts,
+                plugin: r.plugin,
+                owner: r.owner,
+                payload: r.payload,
+                created: r.created_at,
+            });
+        }
+        Ok(ClaimBatch {
+            now,
+            next_due: (next >= 0).then_some(next),
+            next_lease_expiry: (lease >= 0).then_some(lease),
+            tasks,
+        })
+    }
+
+    /// Renews the leases of claimed tasks of one shard to `lease_ms` from now. Returns, per task,
+    /// whether its claim is still current (false: it was lost and must not be finished).
+    pub async fn renew(
+        &self,
+        shard: u32,
+        held: &[(&str, u64)],
+        lease_ms: u64,
+    ) -> Result<Vec<bool>> {
+        let mut inv = self.shard_script(&self.inner.scripts.renew, shard);
+        inv.arg(lease_ms);
+        for (id, token) in held {
+            inv.arg(*id).arg(*token);
+        }
+        let v: Vec<i64> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("renew script")?;
+        if v.len() != held.len() {
+            bail!(
+                "the renew script answered {} values for {} tasks",
+                v.len(),
+                held.len()
+            );
+        }
+        Ok(v.into_iter().map(|x| x == 1).collect())
+    }
+
+    /// Records outcomes of claimed tasks of one shard, fenced by claim token.
+    pub async fn finish(
+        &self,
+        shard: u32,
+        items: &[(&str, u64, &Finish)],
+    ) -> Result<Vec<Finished>> {
+        let mut inv = self.shard_script(&self.inner.scripts.finish, shard);
+        for (id, _, _) in items {
+            inv.key(self.keys().done(shard, id));
+        }
+        inv.arg(self.keys().wake_channel())
+            .arg(shard)
+            .arg(self.inner.opts.keep_done_ms.max(1));
+        for (id, token, f) in items {
+            let (kind, value, error) = match f {
+                Finish::Done => ("done", 0, ""),
+                Finish::Retry { after_ms, error } => ("retry", *after_ms, error.as_str()),
+                Finish::Dead { error } => ("dead", 0, error.as_str()),
+                Finish::Again { at } => ("again", *at, ""),
+                Finish::Release => ("release", 0, ""),
+            };
+            inv.arg(*id)
+                .arg(*token)
+                .arg(kind)
+                .arg(value)
+                .arg(field_safe(error));
+        }
+        let words: Vec<String> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("finish script")?;
+        if words.len() != items.len() {
+            bail!(
+                "the finish script answered {} verdicts for {} tasks",
+                words.len(),
+                items.len()
+            );
+        }
+        words.iter().map(|w| Finished::parse("finish", w)).collect()
+    }
+
+    /// Moves a scheduled task; returns its new due time.
+    pub async fn move_task(&self, id: &str, how: Move) -> Result<Result<i64, Refused>> {
+        let shard = self.shard_of(id);
+        let mut inv = self.shard_script(&self.inner.scripts.move_task, shard);
+        let (mode, value) = match how {
+            Move::At(t) => ("at", t),
+            Move::Shift(d) => ("shift", d),
+            Move::Now => ("now", 0),
+        };
+        inv.key(self.keys().done(shard, id));
+        inv.arg(self.keys().wake_channel())
+            .arg(shard)
+            .arg(id)
+            .arg(mode)
+            .arg(value);
+        let v: Vec<Value> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("move script")?;
+        word_then_int("move", &v)
+    }
+
+    /// Cancels a scheduled (or dead) task.
+    pub async fn cancel(&self, id: &str) -> Result<Result<(), Refused>> {
+        self.delete(id, false, "").await
+    }
+
+    /// Cancels a scheduled (or dead) task only if it belongs to `plugin` (a plugin's cancel).
+    pub async fn cancel_for_plugin(&self, id: &str, plugin: &str) -> Result<Result<(), Refused>> {
+        self.delete(id, false, plugin).await
+    }
+
+    /// Drops a dead task.
+    pub async fn drop_dead(&self, id: &str) -> Result<Result<(), Refused>> {
+        self.delete(id, true, "").await
+    }
+
+    async fn delete(&self, id: &str, only_dead: bool, plugin: &str) -> Result<Result<(), Refused>> {
+        let shard = self.shard_of(id);
+        let mut inv = self.shard_script(&self.inner.scripts.cancel, shard);
+        inv.key(self.keys().done(shard, id));
+        inv.arg(id)
+            .arg(if only_dead { "1" } else { "0" })
+            .arg(plugin);
+        let w: String = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("cancel script")?;
+        <Result<(), Refused>>::parse("cancel", &w)
+    }
+
+    /// Puts a dead task back, due now with its attempts reset.
+    pub async fn revive(&self, id: &str) -> Result<Result<i64, Refused>> {
+        let shard = self.shard_of(id);
+        let mut inv = self.shard_script(&self.inner.scripts.revive, shard);
+        inv.arg(self.keys().wake_channel()).arg(shard).arg(id);
+        let v: Vec<Value> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("revive script")?;
+        word_then_int("revive", &v)
+    }
+
+    /// Shifts all scheduled tasks of an owner (optionally of one plugin); returns how many moved.
+    /// Atomic per shard (one script each), not across shards.
+    pub async fn shift_owner(
+        &self,
+        owner: &str,
+        shift_ms: i64,
+        plugin: Option<&str>,
+    ) -> Result<u64> {
+        let channel = self.keys().wake_channel();
+        let calls = (0..self.shards()).map(|shard| {
+            let mut inv = self.shard_script(&self.inner.scripts.shift_owner, shard);
+            inv.arg(&channel)
+                .arg(shard)
+                .arg(owner)
+                .arg(shift_ms)
+                .arg(plugin.unwrap_or(""));
+            let mut conn = self.conn();
+            async move { inv.invoke_async::<u64>(&mut conn).await }
+        });
+        let moved = try_join_all(calls).await.context("owner shift script")?;
+        Ok(moved.iter().sum())
+    }
+}
+
+/// `{'ok', n}` or `{refusal}`.
+fn word_then_int(script: &str, v: &[Value]) -> Result<Result<i64, Refused>> {
+    let word = string(v.first().context("an empty reply")?)?;
+    match <Result<(), Refused>>::parse(script, &word)? {
+        Ok(()) => Ok(Ok(int(v.get(1).with_context(|| {
+            format!("the {script} script answered ok without a value")
+        })?)?)),
+        Err(r) => Ok(Err(r)),
+    }
+}
+
+/// An integer reply (Lua numbers arrive as integers; strings of digits are accepted too).
+pub(super) fn int(v: &Value) -> Result<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .with_context(|| {
+                format!(
+                    "expected an integer reply, got {:?}",
+                    String::from_utf8_lossy(b)
+                )
+            }),
+        Value::SimpleString(s) => s
+            .parse()
+            .with_context(|| format!("expected an integer reply, got {s:?}")),
+        other => bail!("expected an integer reply, got {other:?}"),
+    }
+}
+
+/// A string reply.
+pub(super) fn string(v: &Value) -> Result<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).context("a reply that is not UTF-8"),
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => bail!("expected a string reply, got {other:?}"),
+    }
+}

@@ -1,0 +1,245 @@
+//! The types the store's callers pass in and get back.
+
+/// A task to schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewTask {
+    pub id: String,
+    pub plugin: String,
+    /// Raw JSON text.
+    pub payload: String,
+    pub run_at: i64,
+    pub owner: Option<String>,
+    pub max_attempts: u32,
+}
+
+/// How `schedule` treats an id that exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScheduleMode {
+    /// Replace a task that has not started (the API's idempotent upsert).
+    Upsert,
+    /// Create only; an existing task of that id in any state is left alone (follow-up tasks).
+    IfAbsent,
+}
+
+/// What `schedule` did with one task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheduled {
+    Ok,
+    /// The id is running: nothing changed.
+    Running,
+    /// IfAbsent and the id exists: nothing changed.
+    Exists,
+}
+
+/// A task claimed by this runner: it holds the claim `token` (the fence of finish, renew and
+/// effects) and its lease while the claim is current.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claimed {
+    pub id: String,
+    pub shard: u32,
+    /// The claim token: unique per claim of this task (the shard's claim counter).
+    pub token: u64,
+    pub attempt: u32,
+    pub due: i64,
+    pub max_attempts: u32,
+    pub plugin: String,
+    pub owner: Option<String>,
+    pub payload: String,
+    /// When this occurrence of the task was scheduled (set again by upsert, run-again and
+    /// replay): with the id it names the occurrence, from which follow-up ids are derived.
+    pub created: i64,
+}
+
+/// The result of one claim.
+#[derive(Debug)]
+pub struct ClaimBatch {
+    /// Redis time of the claim (ms).
+    pub now: i64,
+    /// The shard's earliest due time after the claim, if any.
+    pub next_due: Option<i64>,
+    /// The earliest lease expiry of the shard's in-flight tasks, if any.
+    pub next_lease_expiry: Option<i64>,
+    pub tasks: Vec<Claimed>,
+}
+
+/// The outcome to record for a claimed task.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Finish {
+    Done,
+    /// Due again after `after_ms`, or dead when it was the last attempt.
+    Retry {
+        after_ms: i64,
+        error: String,
+    },
+    Dead {
+        error: String,
+    },
+    /// The same task runs again at `at`, attempts reset.
+    Again {
+        at: i64,
+    },
+    /// Not started: put back as it was (graceful shutdown).
+    Release,
+}
+
+/// What `finish` did with one outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    Done,
+    Retry,
+    Dead,
+    Again,
+    Release,
+    /// The claim was no longer current (reaped, claimed again, replaced): refused.
+    Stale,
+}
+
+/// What to do with a shard lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOp {
+    Acquire,
+    Renew,
+    Release,
+}
+
+/// How to move a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    At(i64),
+    Shift(i64),
+    Now,
+}
+
+/// Why a change to one task was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("no task with this id")]
+    Missing,
+    #[error("the task is running")]
+    Running,
+    #[error("the task is done")]
+    Done,
+    #[error("the task is dead; retry it through the dead-letter routes")]
+    Dead,
+    #[error("the task is not dead")]
+    NotDead,
+    #[error("the task belongs to another plugin")]
+    OtherPlugin,
+}
+
+/// A write to a plugin's key-value store, applied with the run's effects.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvWrite {
+    Set {
+        key: String,
+        value: String,
+        ttl_ms: Option<u64>,
+    },
+    Delete {
+        key: String,
+    },
+}
+
+/// A kv entry as a run read it: the commit checks it is unchanged.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvRead {
+    pub key: String,
+    /// sha1 (hex) of the value read; None when it was absent.
+    pub sha1: Option<String>,
+}
+
+/// The kv reads, kv writes and events of one handler run, committed together on the `{ns}` slot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NsEffects {
+    /// The first read of each key (the commit is refused if any of them changed).
+    pub reads: Vec<KvRead>,
+    pub kv: Vec<KvWrite>,
+    /// (topic, data JSON)
+    pub events: Vec<(String, String)>,
+}
+
+/// What committing a run's kv writes and events did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Committed {
+    Applied,
+    /// This claim's effects were applied before (a retried commit).
+    AppliedBefore,
+    /// A kv entry the run read has changed: nothing was written; run the handler again.
+    Conflict,
+}
+
+/// Options of a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub namespace: String,
+    pub shards: u32,
+    /// How long done records stay readable (ms).
+    pub keep_done_ms: u64,
+    /// Cap of each event stream (XADD MAXLEN ~).
+    pub stream_maxlen: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            namespace: "eggtimer".into(),
+            shards: 16,
+            keep_done_ms: 600_000,
+            stream_maxlen: 1_000_000,
+        }
+    }
+}
+
+/// Decodes a script's status word; anything else is an error naming the script and the word.
+pub(super) trait Verdict: Sized {
+    fn from_word(word: &str) -> Option<Self>;
+
+    fn parse(script: &str, word: &str) -> anyhow::Result<Self> {
+        Self::from_word(word).ok_or_else(|| {
+            anyhow::anyhow!(
+                "the {script} script answered {word:?}, which this runner does not know"
+            )
+        })
+    }
+}
+
+impl Verdict for Scheduled {
+    fn from_word(w: &str) -> Option<Self> {
+        Some(match w {
+            "ok" => Scheduled::Ok,
+            "running" => Scheduled::Running,
+            "exists" => Scheduled::Exists,
+            _ => return None,
+        })
+    }
+}
+
+impl Verdict for Finished {
+    fn from_word(w: &str) -> Option<Self> {
+        Some(match w {
+            "done" => Finished::Done,
+            "retry" => Finished::Retry,
+            "dead" => Finished::Dead,
+            "again" => Finished::Again,
+            "release" => Finished::Release,
+            "stale" => Finished::Stale,
+            _ => return None,
+        })
+    }
+}
+
+/// `ok`, or why a change to one task was refused.
+impl Verdict for Result<(), Refused> {
+    fn from_word(w: &str) -> Option<Self> {
+        Some(match w {
+            "ok" => Ok(()),
+            "missing" => Err(Refused::Missing),
+            "running" => Err(Refused::Running),
+            "done" => Err(Refused::Done),
+            "dead" => Err(Refused::Dead),
+            "not_dead" => Err(Refused::NotDead),
+            "other_plugin" => Err(Refused::OtherPlugin),
+            _ => return None,
+        })
+    }
+}

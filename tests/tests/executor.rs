@@ -1,0 +1,350 @@
+//! One run per claim, whatever the load or the plugin: the executor and the plugin host against
+//! hostile plugins and slow handlers, through the real runner binary, a real redis-server and
+//! real wasm. Counts come from the plugins' own event streams.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, plugins_dir, read_stream,
+    read_stream_timed, rss_bytes, upload, wait_state,
+};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(30);
+
+fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
+    let dir = plugins_dir();
+    let mut args = vec![
+        "--plugins-dir",
+        dir.to_str().unwrap(),
+        "--retry-base",
+        "50ms",
+    ];
+    args.extend_from_slice(extra);
+    RunnerProcess::start(&redis.url(), &args)
+}
+
+async fn schedule(base: &str, specs: Value) {
+    let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;
+    assert_eq!(s, 201, "{b}");
+}
+
+async fn wait_events(redis: &RedisServer, topic: &str, n: usize, limit: Duration) {
+    let key = format!("{{eggtimer}}:events:{topic}");
+    eventually(limit, &format!("{n} events on {topic}"), || async {
+        (read_stream(&mut redis.conn(), &key).len() >= n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_plugin_that_sleeps_fails_alone_and_other_plugins_tasks_stay_on_time() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--plugin-timeout", "1s"]);
+    // Eight tasks whose handler sleeps in a blocking WASI call far past the time limit.
+    let sleepers: Vec<Value> = (0..8)
+        .map(|i| json!({"plugin": "test-sleep", "id": format!("sleeper-{i}"), "payload": {"ms": 600_000}}))
+        .collect();
+    schedule(&r.url, json!(sleepers)).await;
+    // 200 coupon reminders falling due over 2 s beside them.
+    let t0 = now_ms() + 500;
+    let reminders: Vec<Value> = (0..200)
+        .map(|i| {
+            let due = t0 + i * 10;
+            json!({"plugin": "coupon-expiry", "id": format!("c{i}"), "run_at": due,
+                   "payload": {"coupon_id": format!("c{i}"), "user_id": "u1", "expires_at": due + 2 * 3600 * 1000}})
+        })
+        .collect();
+    schedule(&r.url, json!(reminders)).await;
+    wait_events(&redis, "push", 200, T).await;
+    let events = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:push");
+    let mut late: Vec<i64> = events
+        .iter()
+        .map(|(at, id, _)| {
+            let i: i64 = id.trim_start_matches('c').parse().unwrap();
+            at - (t0 + i * 10)
+        })
+        .collect();
+    late.sort();
+    assert_eq!(late.len(), 200, "each reminder once");
+    assert!(late[0] >= 0, "a reminder fired early: {late:?}");
+    assert!(
+        late[199] < 1500,
+        "reminders were held up by the sleepers: lateness p50 {} ms, max {} ms",
+        late[100],
+        late[199]
+    );
+    // the sleepers failed their own attempts, with the reason
+    let t = eventually(T, "a sleeper's failed attempt", || async {
+        let (_, t) = call("GET", &format!("{}/v1/tasks/sleeper-0", r.url), None).await;
+        t["last_error"].is_string().then_some(t)
+    })
+    .await;
+    let err = t["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("ran longer than its time limit of 1s"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn two_tasks_for_one_order_due_at_one_instant_on_two_runners_cancel_it_once() {
+    let redis = RedisServer::start();
+    let a = start(&redis, &["--shard-lease", "1s"]);
+    let b = start(&redis, &["--shard-lease", "1s"]);
+    // wait until both runners poll shards
+    eventually(T, "both runners to own shards", || async {
+        let (_, rs) = call("GET", &format!("{}/v1/runners", a.url), None).await;
+        let owning = rs
+            .as_array()?
+            .iter()
+            .filter(|r| r["shards"].as_array().is_some_and(|s| !s.is_empty()))
+            .count();
+        (owning == 2).then_some(())
+    })
+    .await;
+    let orders = 60;
+    let due = now_ms() + 700;
+    let specs: Vec<Value> = (0..orders)
+        .flat_map(|k| {
+            ["a", "b"].map(|side| {
+                json!({"plugin": "order-cancel", "id": format!("o{k}-{side}"), "run_at": due,
+                       "payload": {"order_id": format!("o{k}"), "user_id": "u1"}})
+            })
+        })
+        .collect();
+    schedule(&a.url, json!(specs)).await;
+    for k in 0..orders {
+        for side in ["a", "b"] {
+            wait_state(&b.url, &format!("o{k}-{side}"), "done", T).await;
+        }
+    }
+    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:order");
+    let mut per_order: HashMap<String, usize> = HashMap::new();
+    for e in &events {
+        *per_order
+            .entry(e.2["order_id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    let twice: Vec<_> = per_order.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "orders cancelled more than once: {twice:?}"
+    );
+    assert_eq!(per_order.len(), orders, "every order cancelled");
+}
+
+#[tokio::test]
+async fn handlers_slower_than_the_lease_run_exactly_once() {
+    let redis = RedisServer::start();
+    let r = start(
+        &redis,
+        &[
+            "--lease",
+            "500ms",
+            "--workers",
+            "4",
+            "--prefetch",
+            "4",
+            "--plugin-timeout",
+            "3s",
+        ],
+    );
+    let n = 24;
+    let specs: Vec<Value> = (0..n)
+        .map(|i| json!({"plugin": "test-sleep", "id": format!("slow-{i}"), "payload": {"ms": 1200, "tag": format!("{i}")}}))
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    for i in 0..n {
+        let t = wait_state(&r.url, &format!("slow-{i}"), "done", T).await;
+        assert_eq!(t["attempts"], 1, "slow-{i} was claimed again: {t}");
+    }
+    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for e in &events {
+        *runs
+            .entry(e.2["tag"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(runs.len(), n, "every task ran");
+    assert!(runs.values().all(|c| *c == 1), "a task ran twice: {runs:?}");
+    let (_, dead) = call("GET", &format!("{}/v1/dead", r.url), None).await;
+    assert_eq!(dead["tasks"], json!([]));
+}
+
+#[tokio::test]
+async fn a_killed_runners_tasks_run_again_within_about_one_lease_with_the_defaults() {
+    let redis = RedisServer::start();
+    let mut a = start(&redis, &[]);
+    let n = 8;
+    let specs: Vec<Value> = (0..n)
+        .map(|i| json!({"plugin": "test-sleep", "id": format!("k{i}"), "payload": {"ms": 700, "tag": format!("{i}")}}))
+        .collect();
+    // long enough that they are in flight on `a` when it dies (the time limit is 1 s)
+    schedule(&a.url, json!(specs)).await;
+    for i in 0..n {
+        wait_state(&a.url, &format!("k{i}"), "running", T).await;
+    }
+    let b = start(&redis, &[]);
+    a.kill();
+    let killed = Instant::now();
+    let killed_ms = now_ms();
+    for i in 0..n {
+        wait_state(&b.url, &format!("k{i}"), "done", Duration::from_secs(40)).await;
+    }
+    let took = killed.elapsed();
+    let events = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:sleep");
+    let mut per_tag: HashMap<String, Vec<i64>> = HashMap::new();
+    for (at, _, d) in &events {
+        per_tag
+            .entry(d["tag"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(*at);
+    }
+    assert_eq!(per_tag.len(), n);
+    // Each ran to completion once, on `b` (the killed runner never finished one).
+    for (tag, ats) in &per_tag {
+        assert_eq!(ats.len(), 1, "task {tag} completed {} times", ats.len());
+        // rerun start = event − 700 ms of sleep; it must come about one lease (5 s by default)
+        // plus a membership tick after the kill, not the old 30 s.
+        let rerun_after = ats[0] - 700 - killed_ms;
+        assert!(
+            rerun_after < 9_000,
+            "task {tag} ran again {rerun_after} ms after the kill"
+        );
+    }
+    eprintln!("takeover: every task done {took:?} after the kill -9");
+}
+
+#[tokio::test]
+async fn a_plugin_that_floods_effects_fails_alone_with_none_of_them_applied() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--plugin-timeout", "5s"]);
+    let kinds = ["kv", "events", "logs", "follow-ups", "cancels"];
+    let specs: Vec<Value> = kinds
+        .iter()
+        .map(|k| json!({"plugin": "test-flood", "id": format!("flood-{k}"), "max_attempts": 1, "payload": {"what": k}}))
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    for k in kinds {
+        let t = wait_state(&r.url, &format!("flood-{k}"), "dead", T).await;
+        let err = t["last_error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("went over its effects budget"),
+            "flood of {k}: {err}"
+        );
+    }
+    let mut c = redis.conn();
+    let kv: Vec<String> = redis::cmd("KEYS")
+        .arg("{eggtimer}:kv:test-flood:*")
+        .query(&mut c)
+        .unwrap();
+    assert!(kv.is_empty(), "kv writes of a failed run applied: {kv:?}");
+    assert!(read_stream(&mut c, "{eggtimer}:events:flood").is_empty());
+    let (_, listed) = call("GET", &format!("{}/v1/dead", r.url), None).await;
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), kinds.len());
+    let tasks: usize = (0..16)
+        .map(|s| {
+            redis::cmd("HLEN")
+                .arg(format!("{{eggtimer:{s}}}:tasks"))
+                .query::<usize>(&mut c)
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        tasks,
+        kinds.len(),
+        "no follow-up of a failed run was created"
+    );
+    // the runner is fine: small, and another plugin's task still runs
+    let rss = rss_bytes(r.pid());
+    assert!(rss < 512 << 20, "the runner grew to {} MiB", rss >> 20);
+    schedule(&r.url, json!({"plugin": "order-cancel", "id": "after", "payload": {"order_id": "x", "user_id": "u"}})).await;
+    wait_state(&r.url, "after", "done", T).await;
+}
+
+#[tokio::test]
+async fn a_bad_ttl_fails_the_run_and_nothing_of_it_is_written() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    schedule(&r.url, json!({"plugin": "test-flood", "id": "bad-ttl", "max_attempts": 1, "payload": {"what": "one-of-each"}})).await;
+    let t = wait_state(&r.url, "bad-ttl", "dead", T).await;
+    let err = t["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("the bad TTL was refused") && err.contains("a kv TTL is at most"),
+        "{err}"
+    );
+    let mut c = redis.conn();
+    let written: Option<String> = redis::cmd("GET")
+        .arg("{eggtimer}:kv:test-flood:written")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(written, None, "a write of the failed run was applied");
+    assert!(read_stream(&mut c, "{eggtimer}:events:flood").is_empty());
+}
+
+#[tokio::test]
+async fn a_plugin_cancels_only_its_own_plugins_tasks() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    let far = now_ms() + 3_600_000;
+    schedule(
+        &r.url,
+        json!([
+            {"plugin": "coupon-expiry", "id": "other-team", "run_at": far,
+             "payload": {"coupon_id": "c", "user_id": "u", "expires_at": far}},
+            {"plugin": "test-flood", "id": "own", "run_at": far, "payload": {"what": "noop"}},
+        ]),
+    )
+    .await;
+    schedule(&r.url, json!([
+        {"plugin": "test-flood", "id": "cancel-other", "payload": {"what": "cancel", "id": "other-team"}},
+        {"plugin": "test-flood", "id": "cancel-own", "payload": {"what": "cancel", "id": "own"}},
+    ]))
+    .await;
+    wait_state(&r.url, "cancel-other", "done", T).await;
+    wait_state(&r.url, "cancel-own", "done", T).await;
+    let (s, t) = call("GET", &format!("{}/v1/tasks/other-team", r.url), None).await;
+    assert_eq!((s, &t["state"]), (200, &json!("scheduled")), "{t}");
+    let (s, _) = call("GET", &format!("{}/v1/tasks/own", r.url), None).await;
+    assert_eq!(s, 404, "the plugin's own task was cancelled");
+}
+
+/// The same component with a custom section appended: another digest, so another version.
+fn variant(wasm: &[u8], n: usize) -> Vec<u8> {
+    let name = b"eggtimer-test-variant";
+    let payload = n.to_le_bytes();
+    let mut out = wasm.to_vec();
+    out.push(0); // custom section
+    let size = 1 + name.len() + payload.len();
+    assert!(size < 128);
+    out.push(size as u8);
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.extend_from_slice(&payload);
+    out
+}
+
+#[tokio::test]
+async fn many_plugins_share_a_small_instance_pool_without_exhausting_it() {
+    let redis = RedisServer::start();
+    let r = start(
+        &redis,
+        &["--workers", "4", "--prefetch", "4", "--warm-instances", "4"],
+    );
+    let noop = plugin_wasm("noop");
+    let plugins = 24;
+    for p in 0..plugins {
+        let (s, b) = upload(&r.url, &format!("v{p}"), variant(&noop, p)).await;
+        assert_eq!(s, 201, "{b}");
+    }
+    let specs: Vec<Value> = (0..plugins * 10)
+        .map(|i| json!({"plugin": format!("v{}", i % plugins), "id": format!("t{i}"), "payload": null}))
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    for i in 0..plugins * 10 {
+        let t = wait_state(&r.url, &format!("t{i}"), "done", T).await;
+        assert_eq!(t["attempts"], 1, "t{i} failed an attempt: {t}");
+    }
+}
