@@ -208,8 +208,10 @@ impl FollowUp {
     }
 }
 
-/// Schedules a follow-up task and returns its id. The id is derived from this task's id and the
-/// number of follow-ups scheduled so far in this run, so a re-run never schedules it twice.
+/// Schedules a follow-up task and returns its id. The id is derived from this task's id, its
+/// occurrence (when it was scheduled) and the number of follow-ups scheduled so far in this run,
+/// so a re-run of the same occurrence never schedules it twice, and a new occurrence (scheduled
+/// again, run again, replayed) never loses it. See [`testing::derive_id`].
 ///
 /// ```
 /// # use eggtimer_sdk::{FollowUp, schedule};
@@ -220,7 +222,8 @@ pub fn schedule(task: FollowUp) -> Result<String> {
     sys::schedule(task)
 }
 
-/// Cancels a scheduled task (nothing happens if it does not exist or already ran).
+/// Cancels a scheduled task of this plugin (nothing happens if it does not exist, already ran, or
+/// belongs to another plugin).
 ///
 /// ```
 /// eggtimer_sdk::cancel("order-1234");
@@ -240,6 +243,11 @@ pub fn emit<T: Serialize>(topic: &str, data: &T) -> Result<()> {
 }
 
 /// The plugin's own key-value store (scoped to the plugin; values are JSON).
+///
+/// Reads are checked when the run's effects are committed: if a key this run read was changed by
+/// another run meanwhile, none of this run's effects apply and the handler runs again with fresh
+/// reads. So two runs that race on one key behave as if one ran after the other, and "check a
+/// key, then write it and emit" happens once (see the SDK's README, "What exactly once means").
 pub mod kv {
     use super::*;
 

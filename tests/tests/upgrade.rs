@@ -1,0 +1,151 @@
+//! Upgrades lose nothing: data written by an earlier main keeps working with this build.
+//!
+//! The earlier data is written by the earlier main's own Lua scripts, read from git history (every
+//! write of a task's state is one of those scripts; the Rust around them only passes arguments),
+//! so the test needs no second build of the runner.
+
+use std::process::Command;
+use std::time::Duration;
+
+use eggtimer::store::shard_of;
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, now_ms, plugins_dir, read_stream, wait_state, workspace,
+};
+
+/// The main before claim tokens (records without a token; five keys per shard script).
+const BEFORE_CLAIM_TOKENS: &str = "e09a83c57049997b022c353e5a7c0b60cb7ccb48";
+
+/// A script of that main: its prelude and the script's own file.
+fn old_script(name: &str) -> String {
+    let show = |path: &str| {
+        let out = Command::new("git")
+            .current_dir(workspace())
+            .args(["show", &format!("{BEFORE_CLAIM_TOKENS}:{path}")])
+            .output()
+            .expect("running git (the upgrade test reads the earlier main's scripts from history)");
+        assert!(
+            out.status.success(),
+            "git show {path} failed: {} (the test needs the repository's history: a full clone)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    format!(
+        "{}\n{}",
+        show("runner/src/store/lua/prelude.lua"),
+        show(&format!("runner/src/store/lua/{name}.lua"))
+    )
+}
+
+/// The earlier layout of one shard's keys (five, then the done keys).
+fn old_keys(shard: u32, ids: &[&str]) -> Vec<String> {
+    let tag = format!("{{eggtimer:{shard}}}");
+    let mut k: Vec<String> = ["due", "tasks", "inflight", "dead", "byowner"]
+        .iter()
+        .map(|n| format!("{tag}:{n}"))
+        .collect();
+    k.extend(ids.iter().map(|id| format!("{tag}:done:{id}")));
+    k
+}
+
+/// Schedules one task with the earlier main's schedule script.
+fn old_schedule(
+    c: &mut redis::Connection,
+    id: &str,
+    plugin: &str,
+    due: i64,
+    owner: &str,
+    payload: &str,
+) {
+    let shard = shard_of(id, 16);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(old_script("schedule"));
+    let keys = old_keys(shard, &[id]);
+    cmd.arg(keys.len()).arg(&keys);
+    cmd.arg("{eggtimer}:wake").arg(shard).arg("upsert");
+    cmd.arg(id)
+        .arg(due)
+        .arg(5)
+        .arg(plugin)
+        .arg(owner)
+        .arg(payload)
+        .arg(0);
+    let v: Vec<String> = cmd.query(c).unwrap();
+    assert_eq!(v, ["ok"]);
+}
+
+#[tokio::test]
+async fn tasks_written_by_the_main_before_claim_tokens_run_after_the_upgrade() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("HSET")
+        .arg("{eggtimer}:meta")
+        .arg("shards")
+        .arg(16)
+        .query(&mut c)
+        .unwrap();
+    // A task the earlier runner had claimed when it was stopped for the upgrade: running, in the
+    // earlier record format (no claim token), with a short lease.
+    old_schedule(
+        &mut c,
+        "old-running",
+        "order-cancel",
+        0,
+        "",
+        r#"{"order_id":"r","user_id":"u"}"#,
+    );
+    let shard = shard_of("old-running", 16);
+    let claimed: redis::Value = redis::cmd("EVAL")
+        .arg(old_script("claim"))
+        .arg(5)
+        .arg(old_keys(shard, &[]))
+        .arg(10)
+        .arg(800)
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        format!("{claimed:?}").contains("old-running"),
+        "{claimed:?}"
+    );
+    // Scheduled tasks: one due now, one due later with an owner.
+    old_schedule(
+        &mut c,
+        "old-due",
+        "order-cancel",
+        now_ms(),
+        "",
+        r#"{"order_id":"d","user_id":"u"}"#,
+    );
+    let later = now_ms() + 1500;
+    old_schedule(
+        &mut c,
+        "old-later",
+        "order-cancel",
+        later,
+        "u9",
+        r#"{"order_id":"l","user_id":"u9"}"#,
+    );
+
+    // The upgraded runner.
+    let dir = plugins_dir();
+    let r = RunnerProcess::start(&redis.url(), &["--plugins-dir", dir.to_str().unwrap()]);
+    let (_, owned) = call("GET", &format!("{}/v1/owners/u9/tasks", r.url), None).await;
+    assert_eq!(
+        owned[0]["id"], "old-later",
+        "the earlier owner index is read: {owned}"
+    );
+    assert_eq!(owned[0]["run_at"], later);
+    let t = Duration::from_secs(20);
+    wait_state(&r.url, "old-due", "done", t).await;
+    wait_state(&r.url, "old-later", "done", t).await;
+    // the earlier claim's lease expires and the task runs again, under a claim token now
+    let running = wait_state(&r.url, "old-running", "done", t).await;
+    assert_eq!(running["attempts"], 2, "{running}");
+    let events = read_stream(&mut c, "{eggtimer}:events:order");
+    let mut orders: Vec<&str> = events
+        .iter()
+        .map(|e| e.2["order_id"].as_str().unwrap())
+        .collect();
+    orders.sort();
+    assert_eq!(orders, ["d", "l", "r"], "each ran once: {events:?}");
+}
