@@ -238,6 +238,18 @@ pub struct ServeArgs {
     /// How long a graceful shutdown waits for running tasks.
     #[arg(long, env = "EGGTIMER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Open HTTP connections at once (more wait to be accepted).
+    #[arg(long, env = "EGGTIMER_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// Time a client has to send a request's headers.
+    #[arg(long, env = "EGGTIMER_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub http_header_timeout: Duration,
+    /// Time a client has to send a request's body.
+    #[arg(long, env = "EGGTIMER_HTTP_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub http_body_timeout: Duration,
+    /// Time a whole request may take (408 after it).
+    #[arg(long, env = "EGGTIMER_HTTP_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub http_request_timeout: Duration,
     /// Log filter (tracing EnvFilter syntax), e.g. info or eggtimer=debug.
     #[arg(long, env = "EGGTIMER_LOG", default_value = "info")]
     pub log: String,

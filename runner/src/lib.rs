@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod executor;
+pub mod limits;
 pub mod local_redis;
 pub mod membership;
 pub mod metrics;

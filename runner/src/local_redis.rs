@@ -1,10 +1,19 @@
 //! The private redis-server that `eggtimer` starts when it is given no Redis URL: a child process
 //! on a free loopback port, with append-only persistence under the data directory.
 //!
+//! The data directory is 0700 and locked (`<dir>/lock`, flock) for as long as the runner lives,
+//! so a second runner on the same directory is refused instead of starting a second server on the
+//! same append-only file. The server requires a random password, kept in `<dir>/redis.conf` and in
+//! `<dir>/redis-url` (both 0600; never on a command line, which other local users can read).
+//!
 //! The child is started from the main thread with a parent-death signal (SIGTERM), so it goes away
 //! with the runner even after a kill -9, and flushes its append-only file as it does.
 
+use std::fs::File;
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +23,63 @@ use anyhow::{Context, Result, bail};
 /// A redis-server child; stopped (SIGTERM, then waited for) when dropped.
 pub struct LocalRedis {
     child: Child,
+    /// The URL with the password: for connecting, never for logs (see [`LocalRedis::shown_url`]).
     pub url: String,
+    port: u16,
+    password: String,
+    /// Held (flock) until the runner exits.
+    _lock: File,
+}
+
+/// Writes a file readable by its owner only.
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Takes the data directory's lock, or says who has it.
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!(
+            "another eggtimer is already using the data directory {} (it holds {}): give this \
+             runner its own --data-dir, or join the same Redis with --redis \"$(cat {})\"",
+            dir.display(),
+            path.display(),
+            dir.join("redis-url").display()
+        );
+    }
+    Ok(f)
+}
+
+/// The server's password: kept from an earlier start (the data outlives one run), else new.
+fn password(dir: &Path) -> Result<String> {
+    let conf = std::fs::read_to_string(dir.join("redis.conf")).unwrap_or_default();
+    if let Some(pw) = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("requirepass "))
+        .map(str::trim)
+        .filter(|p| p.len() >= 32 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Ok(pw.to_owned());
+    }
+    Ok(hex::encode(rand::random::<[u8; 32]>()))
 }
 
 /// How to install redis-server, for error messages.
@@ -37,33 +102,40 @@ impl LocalRedis {
         let dir = dir
             .canonicalize()
             .with_context(|| format!("resolving {}", dir.display()))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} private (0700)", dir.display()))?;
+        let lock = lock(&dir)?;
+        let password = password(&dir)?;
+        let conf = dir.join("redis.conf");
+        write_private(&conf, &format!("requirepass {password}\n"))?;
         let port = free_port()?;
         let mut cmd = Command::new("redis-server");
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-        ])
-        .args([
-            "--appendfsync",
-            fsync,
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "yes",
-        ])
-        .arg("--dir")
-        .arg(&dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        cmd.arg(&conf)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+            ])
+            .args([
+                "--appendfsync",
+                fsync,
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::process::CommandExt;
@@ -84,18 +156,25 @@ impl LocalRedis {
         };
         let mut me = LocalRedis {
             child,
-            url: format!("redis://127.0.0.1:{port}"),
+            url: format!("redis://:{password}@127.0.0.1:{port}"),
+            port,
+            password,
+            _lock: lock,
         };
         me.wait_ready(&dir)?;
-        // For people and scripts: `redis-cli -u $(cat eggtimer-data/redis-url)`.
-        std::fs::write(dir.join("redis-url"), format!("{}\n", me.url))
-            .context("writing redis-url")?;
+        // For people and scripts: `redis-cli -u "$(cat eggtimer-data/redis-url)"`.
+        write_private(&dir.join("redis-url"), &format!("{}\n", me.url))?;
         Ok(me)
+    }
+
+    /// The URL without the password, for logs.
+    pub fn shown_url(&self) -> String {
+        format!("redis://:***@127.0.0.1:{}", self.port)
     }
 
     fn wait_ready(&mut self, dir: &Path) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let addr = self.url.trim_start_matches("redis://").to_owned();
+        let addr = format!("127.0.0.1:{}", self.port);
         loop {
             if let Some(status) = self.child.try_wait()? {
                 bail!(
@@ -104,13 +183,26 @@ impl LocalRedis {
                 );
             }
             if let Ok(mut s) = TcpStream::connect(&addr) {
-                use std::io::{Read, Write};
+                use std::io::Read;
                 s.set_read_timeout(Some(Duration::from_secs(1)))?;
-                let mut buf = [0u8; 64];
-                // Loading an AOF answers -LOADING: wait for +PONG.
-                if s.write_all(b"PING\r\n").is_ok()
-                    && matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
-                {
+                let auth = format!(
+                    "*2\r\n$4\r\nAUTH\r\n${}\r\n{}\r\nPING\r\n",
+                    self.password.len(),
+                    self.password
+                );
+                // Loading an AOF answers -LOADING: wait for +PONG after +OK.
+                let mut got = Vec::new();
+                if s.write_all(auth.as_bytes()).is_ok() {
+                    let mut buf = [0u8; 128];
+                    while let Ok(n @ 1..) = s.read(&mut buf) {
+                        got.extend_from_slice(&buf[..n]);
+                        // two replies: AUTH's and PING's
+                        if got.windows(2).filter(|w| w == b"\r\n").count() >= 2 {
+                            break;
+                        }
+                    }
+                }
+                if got.windows(5).any(|w| w == b"+PONG") {
                     return Ok(());
                 }
             }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, HttpLimits};
 use crate::config::ServeArgs;
 use crate::executor::ExecutorOptions;
 use crate::local_redis::LocalRedis;
@@ -22,13 +22,18 @@ use crate::store::{RedisTarget, Store, StoreOptions};
 
 /// Runs `eggtimer serve` until SIGTERM or ctrl-c.
 pub fn main(args: ServeArgs) -> Result<()> {
+    if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        anyhow::bail!(
+            "--token (or EGGTIMER_TOKEN) is empty: give a token, or leave it out to run without auth"
+        );
+    }
     // The private redis-server is started from the main thread: its parent-death signal is tied
     // to the thread that spawned it.
     let local = match &args.redis {
         Some(_) => None,
         None => {
             let r = LocalRedis::start(&args.data_dir, &args.redis_fsync)?;
-            info!(url = %r.url, dir = %args.data_dir.display(), "started a private redis-server");
+            info!(url = %r.shown_url(), dir = %args.data_dir.display(), "started a private redis-server");
             Some(r)
         }
     };
@@ -170,16 +175,23 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",
         args.namespace,
         store.shards(),
-        url,
+        crate::store::redact(&url),
         if private { ", private" } else { "" }
     );
-    let mut stop_http = stop.clone();
-    axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(async move {
-            let _ = stop_http.wait_for(|s| *s).await;
-        })
-        .await
-        .context("serving HTTP")?;
+    let http = tokio::spawn(api::serve(
+        listener,
+        api::router(state),
+        HttpLimits {
+            max_connections: args.http_max_connections,
+            header_timeout: args.http_header_timeout,
+            body_timeout: args.http_body_timeout,
+            request_timeout: args.http_request_timeout,
+            ..HttpLimits::default()
+        },
+        stop.clone(),
+    ));
+    let _ = stop.wait_for(|s| *s).await;
+    // Stop claiming at once, whatever HTTP clients still hold connections; then let both drain.
     let drained = runner.shutdown(args.shutdown_grace).await;
     if !drained {
         warn!(
@@ -187,6 +199,7 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
             args.shutdown_grace
         );
     }
+    let _ = http.await;
     info!("stopped");
     Ok(())
 }

@@ -248,22 +248,34 @@ impl RunnerProcess {
 
     /// Like [`RunnerProcess::start`], with extra environment variables.
     pub fn start_with_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> RunnerProcess {
+        Self::launch(Some(redis_url), temp_dir("runner-data"), args, env)
+    }
+
+    /// A runner with its own private redis-server under `data_dir` (no --redis).
+    pub fn start_private(data_dir: &Path, args: &[&str]) -> RunnerProcess {
+        Self::launch(None, data_dir.to_owned(), args, &[])
+    }
+
+    fn launch(
+        redis_url: Option<&str>,
+        data_dir: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> RunnerProcess {
         let port = free_port();
-        let data_dir = temp_dir("runner-data");
         let mut cmd = Command::new(eggtimer_bin());
         cmd.arg("serve")
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--redis",
-                redis_url,
-            ])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(redis_url.map(|u| ["--redis", u]).into_iter().flatten())
             // never the source tree: a fresh data dir, and one compiled-plugin cache per test
             // process (so each runner does not compile every plugin again)
             .arg("--data-dir")
             .arg(&data_dir)
-            .arg("--plugin-cache")
-            .arg(shared_plugin_cache())
+            .args(if args.contains(&"--plugin-cache") {
+                vec![]
+            } else {
+                vec!["--plugin-cache".into(), shared_plugin_cache()]
+            })
             .args(args)
             .env_remove("EGGTIMER_TOKEN")
             .env("EGGTIMER_LOG", "info")

@@ -76,12 +76,15 @@ async fn the_store_scripts_work_on_a_cluster() {
             .iter()
             .all(|v| *v == eggtimer::store::Scheduled::Ok)
     );
-    assert_eq!(s.owner_tasks("alice").await.unwrap().len(), 100);
+    assert_eq!(
+        s.owner_tasks("alice", 1000, None).await.unwrap().0.len(),
+        100
+    );
     assert_eq!(
         s.shift_owner("alice", -3_600_000 - 10_000, None)
             .await
             .unwrap(),
-        100
+        Ok(100)
     );
     // alice's are due now: claim them all over the shards, fail one to dead, ack the rest
     let mut claimed = Vec::new();
@@ -122,7 +125,7 @@ async fn the_store_scripts_work_on_a_cluster() {
         Ok(far + 5)
     );
     assert_eq!(s.cancel("c3").await.unwrap(), Ok(()));
-    assert_eq!(s.owner_tasks("bob").await.unwrap().len(), 99);
+    assert_eq!(s.owner_tasks("bob", 1000, None).await.unwrap().0.len(), 99);
     // effects on the namespace slot, the registry, leases, heartbeats
     let run = &claimed[0];
     let fx = eggtimer::store::NsEffects {

@@ -60,8 +60,8 @@ async fn schedule_is_an_idempotent_upsert() {
     );
     assert_eq!(got.state, TaskState::Scheduled);
     // the owner index followed the replacement
-    assert!(s.owner_tasks("u1").await.unwrap().is_empty());
-    assert_eq!(s.owner_tasks("u2").await.unwrap().len(), 1);
+    assert!(s.owner_tasks("u1", 1000, None).await.unwrap().0.is_empty());
+    assert_eq!(s.owner_tasks("u2", 1000, None).await.unwrap().0.len(), 1);
     // only one entry in due
     let mut c = redis.conn();
     let shard = s.shard_of("a");
@@ -340,9 +340,9 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
         s.shift_owner("alice", -7_200_000, Some("auto-feed"))
             .await
             .unwrap(),
-        5
+        Ok(5)
     );
-    assert_eq!(s.shift_owner("alice", 1000, None).await.unwrap(), 10);
+    assert_eq!(s.shift_owner("alice", 1000, None).await.unwrap(), Ok(10));
     for i in 0..20i64 {
         let t = s.get(&format!("t{i}")).await.unwrap().unwrap();
         let want = match (i % 2 == 0, i % 4 == 0) {
@@ -353,13 +353,13 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
         assert_eq!(t.run_at, want, "t{i}");
     }
     assert_eq!(s.get("prefix").await.unwrap().unwrap().run_at, base);
-    let alice = s.owner_tasks("alice").await.unwrap();
+    let alice = s.owner_tasks("alice", 1000, None).await.unwrap().0;
     assert_eq!(alice.len(), 10);
     assert!(
         alice.windows(2).all(|w| w[0].run_at <= w[1].run_at),
         "soonest first"
     );
-    assert_eq!(s.owner_tasks("ali").await.unwrap().len(), 1);
+    assert_eq!(s.owner_tasks("ali", 1000, None).await.unwrap().0.len(), 1);
 }
 
 #[tokio::test]
@@ -657,4 +657,76 @@ fn redis_sha1(redis: &RedisServer, v: &str) -> String {
         .arg(v)
         .query(&mut redis.conn())
         .unwrap()
+}
+
+#[tokio::test]
+async fn a_large_owner_is_shifted_in_chunks_each_task_exactly_once_and_pages_see_each_once() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 2).await;
+    let n = eggtimer::store::OWNER_CHUNK * 5 + 17; // several chunks per shard
+    let base = now() + 10_000_000;
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| {
+            let mut t = task(&format!("big{i}"), base + i as i64);
+            t.owner = Some("big".into());
+            t
+        })
+        .collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    for shift in [3_000i64, -5_000] {
+        assert_eq!(
+            s.shift_owner("big", shift, None).await.unwrap(),
+            Ok(n as u64)
+        );
+    }
+    for i in 0..n {
+        let t = s.get(&format!("big{i}")).await.unwrap().unwrap();
+        assert_eq!(
+            t.run_at,
+            base + i as i64 - 2_000,
+            "big{i} shifted once each way"
+        );
+    }
+    // pages of 100 see every task exactly once, in due order
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = s.owner_tasks("big", 100, cursor).await.unwrap();
+        seen.extend(page.into_iter().map(|t| (t.run_at, t.id)));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), n);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "in due order, no repeats"
+    );
+}
+
+#[tokio::test]
+async fn a_shift_that_would_leave_the_time_range_moves_nothing() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 4).await;
+    let mut a = task("early", 1_000);
+    a.owner = Some("o".into());
+    let mut b = task("late", now() + 60_000);
+    b.owner = Some("o".into());
+    s.schedule(&[a, b], ScheduleMode::Upsert).await.unwrap();
+    assert_eq!(
+        s.shift_owner("o", -2_000, None).await.unwrap(),
+        Err(Refused::OutOfRange)
+    );
+    assert_eq!(
+        s.move_task("early", Move::Shift(-2_000)).await.unwrap(),
+        Err(Refused::OutOfRange)
+    );
+    assert_eq!(s.get("early").await.unwrap().unwrap().run_at, 1_000);
+    assert_eq!(
+        s.move_task("late", Move::Shift(eggtimer::limits::MAX_TIME_MS))
+            .await
+            .unwrap(),
+        Err(Refused::OutOfRange)
+    );
 }

@@ -2,7 +2,8 @@
 //!
 //! - `plugins` builds every plugin under plugins/ to wasm (its own target dir, so the host build is
 //!   not invalidated) and copies them to target/plugins/<name>.wasm.
-//! - `run [ARGS]` builds the plugins and runs `eggtimer serve --plugins-dir target/plugins ARGS`.
+//! - `run [ARGS]` builds the plugins and runs `eggtimer serve --plugins-dir target/run-plugins ARGS`
+//!   with the sample plugins and `noop` (not the test-only ones).
 //! - `test [ARGS]` builds the plugins and the runner, then runs the whole test suite.
 //! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md).
 
@@ -28,7 +29,8 @@ fn run() -> Result<()> {
     match cmd.as_str() {
         "plugins" => build_plugins().map(|_| ()),
         "run" => {
-            let dir = build_plugins()?;
+            require_redis_server()?;
+            let dir = run_plugins(&build_plugins()?)?;
             cargo(
                 &[
                     "run",
@@ -104,15 +106,66 @@ fn plugin_names() -> Result<Vec<String>> {
     Ok(names)
 }
 
-fn build_plugins() -> Result<PathBuf> {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output();
-    if let Ok(out) = installed
-        && !String::from_utf8_lossy(&out.stdout).contains("wasm32-wasip2")
-    {
-        bail!("the wasm32-wasip2 target is missing: run `rustup target add wasm32-wasip2`");
+/// The plugins `cargo xtask run` loads: the samples and noop.
+const RUN_PLUGINS: [&str; 4] = ["auto-feed", "coupon-expiry", "order-cancel", "noop"];
+
+/// A directory with just the plugins a person running eggtimer wants.
+fn run_plugins(built: &Path) -> Result<PathBuf> {
+    let dir = root().join("target/run-plugins");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    for n in RUN_PLUGINS {
+        let f = format!("{n}.wasm");
+        std::fs::copy(built.join(&f), dir.join(&f)).with_context(|| format!("copying {f}"))?;
     }
+    Ok(dir)
+}
+
+/// `eggtimer` without --redis starts redis-server: say how to install it before building.
+fn require_redis_server() -> Result<()> {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("redis-server").is_file()))
+        .unwrap_or(false);
+    let redis_given = std::env::args().any(|a| a == "--redis" || a.starts_with("--redis="))
+        || std::env::var_os("EGGTIMER_REDIS").is_some();
+    if !found && !redis_given {
+        bail!(
+            "redis-server is not on PATH; eggtimer starts one for you. Install it \
+             (Debian/Ubuntu: `sudo apt-get install -y redis-server`; Fedora: `sudo dnf install redis`; \
+             macOS: `brew install redis`), or pass --redis redis://HOST:PORT"
+        );
+    }
+    Ok(())
+}
+
+/// Adds the wasm32-wasip2 target through rustup when it is missing (or says how to).
+fn ensure_wasm_target() -> Result<()> {
+    let Ok(out) = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+    else {
+        // no rustup: cargo will say if the target is missing
+        return Ok(());
+    };
+    if String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == "wasm32-wasip2")
+    {
+        return Ok(());
+    }
+    eprintln!("xtask: adding the wasm32-wasip2 target (rustup target add wasm32-wasip2)");
+    let status = Command::new("rustup")
+        .args(["target", "add", "wasm32-wasip2"])
+        .status()
+        .context("running rustup")?;
+    if !status.success() {
+        bail!("`rustup target add wasm32-wasip2` failed; run it yourself and try again");
+    }
+    Ok(())
+}
+
+fn build_plugins() -> Result<PathBuf> {
+    ensure_wasm_target()?;
     let names = plugin_names()?;
     let target_dir = root().join("target/wasm");
     let mut args = vec![

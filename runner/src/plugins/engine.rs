@@ -1,6 +1,11 @@
 //! The wasm engine: configuration (async calls, epoch interruption, pooling allocator sized from
 //! the worker count), the linker with WASI and the eggtimer host, compiling and checking a
 //! plugin, and the on-disk cache of compiled code.
+//!
+//! The cache is not a way in: loading compiled code runs it as native code, so a cache file is
+//! loaded only when its keyed MAC (HMAC-SHA256, with a random key kept in the cache directory,
+//! 0600) matches. The directory is made 0700, and one that others can write is not used at all.
+//! A file that does not check out is compiled again from the wasm and rewritten.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -23,7 +28,102 @@ pub(super) const TICK: Duration = Duration::from_millis(10);
 pub(super) struct WasmEngine {
     pub engine: Engine,
     pub linker: Linker<State>,
-    cache_dir: Option<PathBuf>,
+    cache: Option<Cache>,
+}
+
+/// The compiled-code cache: a private directory and the key its files are signed with.
+struct Cache {
+    dir: PathBuf,
+    key: [u8; 32],
+}
+
+type Mac = hmac::Hmac<sha2::Sha256>;
+
+impl Cache {
+    /// Opens (or creates) the cache directory; None, with a warning, when it can't be trusted.
+    fn open(dir: &Path) -> Option<Cache> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+        let setup = || -> Result<Cache> {
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            let meta = std::fs::metadata(dir)?;
+            // SAFETY: getuid has no preconditions.
+            let me = unsafe { libc::getuid() };
+            if meta.uid() != me || meta.mode() & 0o022 != 0 {
+                anyhow::bail!("it is not a private directory of this user");
+            }
+            let key_path = dir.join("key");
+            let key = match std::fs::read(&key_path) {
+                Ok(k) if k.len() == 32 => k.try_into().expect("32 bytes"),
+                _ => {
+                    let k: [u8; 32] = rand::random();
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&key_path)?;
+                    std::io::Write::write_all(&mut f, &k)?;
+                    k
+                }
+            };
+            Ok(Cache {
+                dir: dir.to_owned(),
+                key,
+            })
+        };
+        match setup() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                warn!(
+                    "not using the compiled-plugin cache at {}: {e:#}",
+                    dir.display()
+                );
+                None
+            }
+        }
+    }
+
+    fn mac(&self, bytes: &[u8]) -> Mac {
+        use hmac::Mac as _;
+        let mut m = Mac::new_from_slice(&self.key).expect("any key length");
+        m.update(bytes);
+        m
+    }
+
+    /// The compiled bytes of a file, if its MAC checks out.
+    fn read(&self, path: &Path) -> Option<Vec<u8>> {
+        use hmac::Mac as _;
+        let bytes = std::fs::read(path).ok()?;
+        let tag = hex::decode(
+            std::fs::read_to_string(path.with_extension("mac"))
+                .ok()?
+                .trim(),
+        )
+        .ok()?;
+        match self.mac(&bytes).verify_slice(&tag) {
+            Ok(()) => Some(bytes),
+            Err(_) => {
+                warn!(
+                    "{} does not match its MAC: compiling the plugin again",
+                    path.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Writes compiled bytes and their MAC (each through a rename, so readers never see half).
+    fn write(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        use hmac::Mac as _;
+        let tag = hex::encode(self.mac(bytes).finalize().into_bytes());
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)?;
+        let tmp = path.with_extension("mac.tmp");
+        std::fs::write(&tmp, tag)?;
+        std::fs::rename(&tmp, path.with_extension("mac"))
+    }
 }
 
 /// Instances the pooling allocator has room for: those running (one per worker), those kept warm,
@@ -70,12 +170,12 @@ impl WasmEngine {
         Ok(WasmEngine {
             engine,
             linker,
-            cache_dir: opts.cache_dir.clone(),
+            cache: opts.cache_dir.as_deref().and_then(Cache::open),
         })
     }
 
     fn cache_path(&self, digest: &str) -> Option<PathBuf> {
-        let dir = self.cache_dir.as_ref()?;
+        let dir = &self.cache.as_ref()?.dir;
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.engine.precompile_compatibility_hash().hash(&mut h);
         Some(dir.join(format!("{digest}-wasmtime48-{:016x}.cwasm", h.finish())))
@@ -88,11 +188,13 @@ impl WasmEngine {
         let digest = digest(wasm);
         let cached = self
             .cache_path(&digest)
-            .filter(|p| p.exists())
-            .and_then(|p| {
-                // SAFETY: the file was written by `Component::serialize` of an engine with the same
-                // compatibility hash (it is in the file name), into our own cache directory.
-                unsafe { Component::deserialize_file(&self.engine, &p) }.ok()
+            .zip(self.cache.as_ref())
+            .and_then(|(p, cache)| cache.read(&p))
+            .and_then(|bytes| {
+                // SAFETY: these bytes carry a MAC made with this cache's private key, which only
+                // `write_cache` makes, over the output of `Component::serialize` of an engine with
+                // the same compatibility hash (it is in the file name).
+                unsafe { Component::deserialize(&self.engine, &bytes) }.ok()
             });
         let component = match cached {
             Some(c) => c,
@@ -119,18 +221,19 @@ impl WasmEngine {
     }
 
     fn write_cache(&self, digest: &str, c: &Component) {
-        if let (Some(p), Ok(bytes)) = (self.cache_path(digest), c.serialize()) {
-            let _ = std::fs::create_dir_all(p.parent().unwrap_or(Path::new(".")));
-            let tmp = p.with_extension("tmp");
-            if std::fs::write(&tmp, bytes)
-                .and_then(|_| std::fs::rename(&tmp, &p))
-                .is_err()
-            {
-                warn!(
-                    "could not write the compiled-plugin cache at {}",
-                    p.display()
-                );
+        let (Some(cache), Some(p)) = (self.cache.as_ref(), self.cache_path(digest)) else {
+            return;
+        };
+        match c.serialize() {
+            Ok(bytes) => {
+                if let Err(e) = cache.write(&p, &bytes) {
+                    warn!(
+                        "could not write the compiled-plugin cache at {}: {e}",
+                        p.display()
+                    );
+                }
             }
+            Err(e) => warn!("could not serialize a compiled plugin: {e:#}"),
         }
     }
 }

@@ -25,7 +25,10 @@ impl RedisTarget {
                 .map(|n| format!("redis://{n}"))
                 .collect();
             if nodes.is_empty() {
-                bail!("{url}: a cluster URL needs at least one host:port");
+                bail!(
+                    "{}: a cluster URL needs at least one host:port",
+                    redact(url)
+                );
             }
             Ok(RedisTarget::Cluster(nodes))
         } else if url.starts_with("redis://")
@@ -34,7 +37,10 @@ impl RedisTarget {
         {
             Ok(RedisTarget::Single(url.to_owned()))
         } else {
-            bail!("{url}: expected redis://host:port or redis+cluster://host:port,host:port")
+            bail!(
+                "{}: expected redis://host:port or redis+cluster://host:port,host:port",
+                redact(url)
+            )
         }
     }
 
@@ -88,7 +94,7 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<Conn> {
     match target {
         RedisTarget::Single(url) => {
             let client = redis::Client::open(url.as_str())
-                .with_context(|| format!("bad Redis URL {url}"))?;
+                .with_context(|| format!("bad Redis URL {}", redact(url)))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(2)))
                 .set_response_timeout(Some(Duration::from_secs(5)))
@@ -96,7 +102,7 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<Conn> {
                 .set_max_delay(Duration::from_millis(500));
             let conn = ConnectionManager::new_with_config(client, config)
                 .await
-                .with_context(|| format!("connecting to Redis at {url}"))?;
+                .with_context(|| format!("connecting to Redis at {}", redact(url)))?;
             Ok(Conn::Single(conn))
         }
         RedisTarget::Cluster(nodes) => {
@@ -105,11 +111,48 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<Conn> {
                 .response_timeout(Duration::from_secs(5))
                 .build()
                 .context("bad Redis Cluster node list")?;
-            let conn = client
-                .get_async_connection()
-                .await
-                .with_context(|| format!("connecting to Redis Cluster at {}", nodes.join(",")))?;
+            let conn = client.get_async_connection().await.with_context(|| {
+                format!(
+                    "connecting to Redis Cluster at {}",
+                    redact(&nodes.join(","))
+                )
+            })?;
             Ok(Conn::Cluster(conn))
         }
     }
+}
+
+/// Whether a store failure means Redis could not be reached (as opposed to Redis answering
+/// something this runner did not expect, or a script failing).
+pub fn is_unreachable(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<redis::RedisError>())
+        .any(|r| {
+            r.is_io_error()
+                || r.is_connection_dropped()
+                || r.is_connection_refusal()
+                || r.is_timeout()
+                || r.is_cluster_error()
+                || matches!(
+                    r.kind(),
+                    redis::ErrorKind::ClusterConnectionNotFound
+                        | redis::ErrorKind::Server(
+                            redis::ServerErrorKind::BusyLoading
+                                | redis::ServerErrorKind::TryAgain
+                                | redis::ServerErrorKind::ClusterDown
+                                | redis::ServerErrorKind::MasterDown
+                        )
+                )
+        })
+}
+
+/// A Redis URL (or list) without its passwords, for logs and messages.
+pub fn redact(url: &str) -> String {
+    url.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(a), Some(b)) if b > a => format!("{}***{}", &u[..a + 3], &u[b..]),
+            _ => u.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }

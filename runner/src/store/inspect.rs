@@ -22,46 +22,113 @@ impl Store {
         Ok(live.or(done).and_then(|r| TaskRecord::decode(id, &r)))
     }
 
-    /// The owner's scheduled tasks, soonest first.
-    pub async fn owner_tasks(&self, owner: &str) -> Result<Vec<TaskRecord>> {
+    /// The ids among `ids` that are running now (a read, for checks before a batch is written).
+    pub async fn running_among(&self, ids: &[&str]) -> Result<Vec<String>> {
+        let mut by_shard: Vec<Vec<&str>> = vec![Vec::new(); self.shards() as usize];
+        for id in ids {
+            by_shard[self.shard_of(id) as usize].push(id);
+        }
+        let calls = by_shard
+            .into_iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(shard, v)| {
+                let k = self.keys().shard(shard as u32);
+                let mut conn = self.conn();
+                async move {
+                    let recs: Vec<Option<String>> = redis::cmd("HMGET")
+                        .arg(&k.tasks)
+                        .arg(&v)
+                        .query_async(&mut conn)
+                        .await?;
+                    Ok::<_, anyhow::Error>(
+                        v.iter()
+                            .zip(recs)
+                            .filter(|(_, r)| r.as_deref().is_some_and(|r| r.starts_with("r\t")))
+                            .map(|(id, _)| id.to_string())
+                            .collect::<Vec<_>>(),
+                    )
+                }
+            });
+        Ok(try_join_all(calls)
+            .await
+            .context("checking which tasks are running")?
+            .concat())
+    }
+
+    /// A page of the owner's scheduled tasks, soonest first: at most `limit`, after the cursor
+    /// (the `(due, id)` of the last task of the previous page). Each shard reads O(limit) entries
+    /// of its owner index. The next cursor is None when there is nothing after this page.
+    pub async fn owner_tasks(
+        &self,
+        owner: &str,
+        limit: usize,
+        after: Option<(i64, String)>,
+    ) -> Result<(Vec<TaskRecord>, Option<(i64, String)>)> {
+        let lo = match &after {
+            Some((due, id)) => format!("({owner}\0{due:015}\0{id}"),
+            None => format!("[{owner}\0"),
+        };
+        let hi = format!("({owner}\u{1}");
         let calls = (0..self.shards()).map(|shard| {
             let k = self.keys().shard(shard);
             let mut conn = self.conn();
-            let (lo, hi) = (format!("[{owner}\0"), format!("({owner}\u{1}"));
+            let (lo, hi) = (lo.clone(), hi.clone());
             async move {
                 let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
                     .arg(&k.byowner)
                     .arg(lo)
                     .arg(hi)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit)
                     .query_async(&mut conn)
                     .await?;
-                let ids: Vec<String> = members
+                members
                     .iter()
-                    .filter_map(|m| m.rsplit('\0').next())
-                    .map(str::to_owned)
-                    .collect();
-                if ids.is_empty() {
-                    return Ok::<_, anyhow::Error>(Vec::new());
-                }
-                let recs: Vec<Option<String>> = redis::cmd("HMGET")
-                    .arg(&k.tasks)
-                    .arg(&ids)
-                    .query_async(&mut conn)
-                    .await?;
-                Ok(ids
-                    .iter()
-                    .zip(recs)
-                    .filter_map(|(id, r)| r.and_then(|r| TaskRecord::decode(id, &r)))
-                    .filter(|t| t.state == TaskState::Scheduled)
-                    .collect())
+                    .map(|m| {
+                        let mut parts = m.splitn(3, '\0').skip(1);
+                        let due = parts.next().and_then(|d| d.parse::<i64>().ok());
+                        match (due, parts.next()) {
+                            (Some(due), Some(id)) => Ok((due, id.to_owned(), shard)),
+                            _ => {
+                                anyhow::bail!("an owner index entry this runner can't read: {m:?}")
+                            }
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()
             }
         });
-        let mut all: Vec<TaskRecord> = try_join_all(calls)
+        let mut entries: Vec<(i64, String, u32)> = try_join_all(calls)
             .await
             .context("listing an owner's tasks")?
             .concat();
-        all.sort_by(|a, b| (a.run_at, &a.id).cmp(&(b.run_at, &b.id)));
-        Ok(all)
+        entries.sort();
+        entries.truncate(limit);
+        let next = (entries.len() == limit)
+            .then(|| entries.last().map(|(d, id, _)| (*d, id.clone())))
+            .flatten();
+        let reads = entries.iter().map(|(_, id, shard)| {
+            let k = self.keys().shard(*shard);
+            let mut conn = self.conn();
+            let id = id.clone();
+            async move {
+                let r: Option<String> = redis::cmd("HGET")
+                    .arg(&k.tasks)
+                    .arg(&id)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, anyhow::Error>(r.and_then(|r| TaskRecord::decode(&id, &r)))
+            }
+        });
+        let tasks = try_join_all(reads)
+            .await
+            .context("reading an owner's tasks")?
+            .into_iter()
+            .flatten()
+            .filter(|t| t.state == TaskState::Scheduled)
+            .collect();
+        Ok((tasks, next))
     }
 
     /// Dead tasks, most recently dead first. The cursor is the `(died_at, id)` of the last one

@@ -25,12 +25,13 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 
-pub use connection::RedisTarget;
 use connection::{Conn, connect};
+pub use connection::{RedisTarget, is_unreachable, redact};
 pub use keys::Keys;
 pub use plugins::{PluginEntry, Rollback};
 pub use record::{TaskRecord, TaskState, field_safe};
 use scripts::Scripts;
+pub use tasks::OWNER_CHUNK;
 pub use types::*;
 
 /// The handle to the data model; cheap to clone.

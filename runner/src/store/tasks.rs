@@ -245,28 +245,93 @@ impl Store {
     }
 
     /// Shifts all scheduled tasks of an owner (optionally of one plugin); returns how many moved.
-    /// Atomic per shard (one script each), not across shards.
+    /// Refused with nothing moved when any of the owner's tasks would leave the time range.
+    /// Each shard is shifted in chunks of at most [`OWNER_CHUNK`] tasks, each chunk one script
+    /// (atomic per chunk, not across the whole owner).
     pub async fn shift_owner(
         &self,
         owner: &str,
         shift_ms: i64,
         plugin: Option<&str>,
-    ) -> Result<u64> {
+    ) -> Result<Result<u64, Refused>> {
+        if shift_ms == 0 {
+            return Ok(Ok(0));
+        }
+        let bounds =
+            try_join_all((0..self.shards()).map(|shard| self.owner_due_bounds(shard, owner)))
+                .await
+                .context("reading an owner's due times")?;
+        for (lo, hi) in bounds.into_iter().flatten() {
+            if crate::limits::shifted("", lo, shift_ms).is_err()
+                || crate::limits::shifted("", hi, shift_ms).is_err()
+            {
+                return Ok(Err(Refused::OutOfRange));
+            }
+        }
         let channel = self.keys().wake_channel();
         let calls = (0..self.shards()).map(|shard| {
-            let mut inv = self.shard_script(&self.inner.scripts.shift_owner, shard);
-            inv.arg(&channel)
-                .arg(shard)
-                .arg(owner)
-                .arg(shift_ms)
-                .arg(plugin.unwrap_or(""));
-            let mut conn = self.conn();
-            async move { inv.invoke_async::<u64>(&mut conn).await }
+            let channel = channel.clone();
+            async move {
+                let mut moved = 0u64;
+                let mut cursor = String::new();
+                loop {
+                    let mut inv = self.shard_script(&self.inner.scripts.shift_owner, shard);
+                    inv.arg(&channel)
+                        .arg(shard)
+                        .arg(owner)
+                        .arg(shift_ms)
+                        .arg(plugin.unwrap_or(""))
+                        .arg(&cursor)
+                        .arg(OWNER_CHUNK);
+                    let (n, next): (u64, String) = inv.invoke_async(&mut self.conn()).await?;
+                    moved += n;
+                    if next.is_empty() {
+                        return Ok::<_, anyhow::Error>(moved);
+                    }
+                    cursor = next;
+                }
+            }
         });
         let moved = try_join_all(calls).await.context("owner shift script")?;
-        Ok(moved.iter().sum())
+        Ok(Ok(moved.iter().sum()))
+    }
+
+    /// The earliest and latest due time in a shard's index of an owner (None: no tasks).
+    async fn owner_due_bounds(&self, shard: u32, owner: &str) -> Result<Option<(i64, i64)>> {
+        let k = self.keys().shard(shard);
+        let (lo, hi) = (format!("[{owner}\0"), format!("({owner}\u{1}"));
+        let (first, last): (Vec<String>, Vec<String>) = redis::pipe()
+            .cmd("ZRANGEBYLEX")
+            .arg(&k.byowner)
+            .arg(&lo)
+            .arg(&hi)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .cmd("ZREVRANGEBYLEX")
+            .arg(&k.byowner)
+            .arg(&hi)
+            .arg(&lo)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await?;
+        let due = |m: &String| -> Result<i64> {
+            m.split('\0')
+                .nth(1)
+                .and_then(|d| d.parse().ok())
+                .with_context(|| format!("an owner index entry without a due time: {m:?}"))
+        };
+        match (first.first(), last.first()) {
+            (Some(f), Some(l)) => Ok(Some((due(f)?, due(l)?))),
+            _ => Ok(None),
+        }
     }
 }
+
+/// Most tasks one owner-shift script moves (a chunk holds Redis for about a millisecond).
+pub const OWNER_CHUNK: usize = 500;
 
 /// `{'ok', n}` or `{refusal}`.
 fn word_then_int(script: &str, v: &[Value]) -> Result<Result<i64, Refused>> {

@@ -29,6 +29,9 @@ pub enum Scheduled {
     Running,
     /// IfAbsent and the id exists: nothing changed.
     Exists,
+    /// Upsert, and another task of the same batch and shard is running: nothing of that shard's
+    /// part of the batch was written.
+    NotWritten,
 }
 
 /// A task claimed by this runner: it holds the claim `token` (the fence of finish, renew and
@@ -125,6 +128,8 @@ pub enum Refused {
     NotDead,
     #[error("the task belongs to another plugin")]
     OtherPlugin,
+    #[error("the new due time would be outside 0 to 253402300799999 (year 9999)")]
+    OutOfRange,
 }
 
 /// A write to a plugin's key-value store, applied with the run's effects.
@@ -209,6 +214,7 @@ impl Verdict for Scheduled {
             "ok" => Scheduled::Ok,
             "running" => Scheduled::Running,
             "exists" => Scheduled::Exists,
+            "not_written" => Scheduled::NotWritten,
             _ => return None,
         })
     }
@@ -239,6 +245,7 @@ impl Verdict for Result<(), Refused> {
             "dead" => Err(Refused::Dead),
             "not_dead" => Err(Refused::NotDead),
             "other_plugin" => Err(Refused::OtherPlugin),
+            "out_of_range" => Err(Refused::OutOfRange),
             _ => return None,
         })
     }

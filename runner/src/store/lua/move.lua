@@ -1,6 +1,7 @@
 -- Moves one scheduled task. KEYS[7]: its done-record key.
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).
--- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'}.
+-- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'} | {'out_of_range'} (a shift
+-- that would leave 0..MAX_TIME: nothing moved).
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then
@@ -9,11 +10,13 @@ if not t then
 end
 if t.st == 'r' then return { 'running' } end
 if t.st == 'x' then return { 'dead' } end
+local due
+if mode == 'at' then due = value
+elseif mode == 'shift' then due = t.due + value
+else due = now_ms() end
+if due < 0 or due > MAX_TIME then return { 'out_of_range' } end
 unindex_scheduled(id, t)
-if mode == 'at' then t.due = value
-elseif mode == 'shift' then t.due = t.due + value
-else t.due = now_ms() end
-if t.due < 0 then t.due = 0 end
+t.due = due
 redis.call('HSET', K_TASKS, id, encode(t))
 index_scheduled(id, t)
 wake_if_head(channel, shard, t.due)

@@ -14,6 +14,10 @@
 local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
 
+-- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
+-- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
+local MAX_TIME = 253402300799999
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -2,12 +2,27 @@
 -- KEYS[7..6+n]: the done-record key of each task.
 -- ARGV: channel, shard, mode ('upsert' replaces a task that has not started; 'absent' only creates),
 --       then 7 per task: id, due, max_attempts, plugin, owner, payload, created (0 = Redis time).
--- Returns per task: 'ok' | 'running' | 'exists'.
+-- In 'upsert' mode the batch is all or nothing: if any of its ids is running, nothing is written
+-- and the others answer 'not_written'.
+-- Returns per task: 'ok' | 'running' | 'exists' | 'not_written'.
 local channel, shard, mode = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local out = {}
 local earliest = nil
 local n = (#ARGV - 3) / 7
+if mode == 'upsert' then
+  local any_running = false
+  for i = 0, n - 1 do
+    local old = redis.call('HGET', K_TASKS, ARGV[3 + i * 7 + 1])
+    out[i + 1] = 'not_written'
+    if old and string.sub(old, 1, 1) == 'r' then
+      out[i + 1] = 'running'
+      any_running = true
+    end
+  end
+  if any_running then return out end
+  out = {}
+end
 for i = 0, n - 1 do
   local b = 3 + i * 7
   local id = ARGV[b + 1]

@@ -1,7 +1,24 @@
--- Shifts every scheduled task of one owner in this shard (optionally only one plugin's) by ±ms.
--- ARGV: channel, shard, owner, shift_ms, plugin ('' = all). Returns the number of tasks moved.
-local channel, shard, owner, shift, plugin = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local members = redis.call('ZRANGEBYLEX', K_BYOWNER, '[' .. owner .. '\0', '(' .. owner .. '\1')
+-- Shifts up to ARGV[7] scheduled tasks of one owner in this shard (optionally only one plugin's)
+-- by ±ms, continuing after a cursor, so a large owner is shifted in chunks that each hold Redis
+-- only briefly. It walks the owner's index (in due order) against the direction of the shift, so
+-- a task it moved lands in the part already walked and is never shifted twice.
+-- ARGV: channel, shard, owner, shift_ms, plugin ('' = all), cursor ('' = start), limit.
+-- The caller has checked that no task of the owner leaves 0..MAX_TIME; one scheduled meanwhile is
+-- clamped into it.
+-- Returns {moved, next cursor ('' when the owner's index is walked to its end)}.
+local channel, shard, owner, shift, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3],
+  tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
+local lo, hi = '[' .. owner .. '\0', '(' .. owner .. '\1'
+local members
+if shift > 0 then
+  local top = hi
+  if cursor ~= '' then top = '(' .. cursor end
+  members = redis.call('ZREVRANGEBYLEX', K_BYOWNER, top, lo, 'LIMIT', 0, limit)
+else
+  local bottom = lo
+  if cursor ~= '' then bottom = '(' .. cursor end
+  members = redis.call('ZRANGEBYLEX', K_BYOWNER, bottom, hi, 'LIMIT', 0, limit)
+end
 local moved = 0
 local earliest = nil
 for _, m in ipairs(members) do
@@ -9,7 +26,7 @@ for _, m in ipairs(members) do
   local t = parse(redis.call('HGET', K_TASKS, id))
   if t and t.st == 's' and (plugin == '' or t.plugin == plugin) then
     unindex_scheduled(id, t)
-    t.due = math.max(t.due + shift, 0)
+    t.due = math.min(math.max(t.due + shift, 0), MAX_TIME)
     redis.call('HSET', K_TASKS, id, encode(t))
     index_scheduled(id, t)
     moved = moved + 1
@@ -19,4 +36,6 @@ for _, m in ipairs(members) do
   end
 end
 if earliest then wake_if_head(channel, shard, earliest) end
-return moved
+local next_cursor = ''
+if #members == limit then next_cursor = members[#members] end
+return { moved, next_cursor }

@@ -1,0 +1,83 @@
+//! The error reply of every route: `{"error": {"code", "message"}}` with the status of API.md.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::limits::OutOfBounds;
+
+/// An error reply.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message)
+    }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+impl From<OutOfBounds> for ApiError {
+    fn from(e: OutOfBounds) -> Self {
+        ApiError::bad(e.0)
+    }
+}
+
+/// A store failure: Redis unreachable is 503 (the runner stays up and recovers on its own);
+/// anything else (a script error, an answer this runner does not know) is 500 `internal`, with
+/// the details in the log.
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        if crate::store::is_unreachable(&e) {
+            tracing::warn!("redis unreachable: {e:#}");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_unavailable",
+                format!("Redis is not available: {e:#}"),
+            )
+        } else {
+            tracing::error!("internal error: {e:#}");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "an internal error; the runner's log has the details",
+            )
+        }
+    }
+}

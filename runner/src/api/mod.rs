@@ -1,0 +1,153 @@
+//! The admin HTTP API (API.md): the only code that imports axum.
+//!
+//! Files: `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
+//! `plugins`, `ops` (the routes), `server` (the listener: connection cap, timeouts, shutdown).
+//! Bodies are read as raw JSON and every field is checked on its own, so every 4xx names the
+//! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
+//! is a 503; any other failure is a 500 `internal` with the details in the log.
+
+mod body;
+mod error;
+mod ops;
+mod plugins;
+mod server;
+mod tasks;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+pub use error::ApiError;
+pub use server::{HttpLimits, serve};
+pub use tasks::MAX_BATCH;
+
+use crate::metrics::Metrics;
+use crate::plugins::Registry;
+use crate::store::Store;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub token: Option<String>,
+    pub max_payload_bytes: usize,
+    pub max_plugin_bytes: usize,
+    pub max_body_bytes: usize,
+    /// Live-runner listing, filled in by the membership module.
+    pub runners:
+        Arc<dyn Fn() -> futures::future::BoxFuture<'static, anyhow::Result<Value>> + Send + Sync>,
+    pub owned_shards: Arc<dyn Fn() -> usize + Send + Sync>,
+}
+
+/// The router with every route of API.md.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/tasks", post(tasks::schedule))
+        .route(
+            "/tasks/{id}",
+            get(tasks::get_task)
+                .patch(tasks::move_task)
+                .delete(tasks::cancel_task),
+        )
+        .route("/tasks/{id}/run", post(tasks::run_now))
+        .route("/owners/{owner}/tasks", get(tasks::owner_tasks))
+        .route("/owners/{owner}/shift", post(tasks::owner_shift))
+        .route("/dead", get(tasks::dead_list))
+        .route("/dead/{id}/retry", post(tasks::dead_retry))
+        .route("/dead/{id}", axum::routing::delete(tasks::dead_drop))
+        .route("/plugins", get(plugins::plugin_list))
+        .route(
+            "/plugins/{name}",
+            put(plugins::plugin_upload)
+                .get(plugins::plugin_get)
+                .delete(plugins::plugin_delete),
+        )
+        .route("/plugins/{name}/rollback", post(plugins::plugin_rollback))
+        .route("/runners", get(ops::runners))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .nest("/v1", v1)
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"ok": true})) }),
+        )
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(middleware::map_response(json_errors))
+        .with_state(state)
+}
+
+async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = &st.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Makes every error answer the JSON error body, whoever produced it (axum's own 405, a path or
+/// query that does not decode, a timeout), keeping its status and its text as the message.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let (code, default) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ("method_not_allowed", "this route does not take that method")
+        }
+        StatusCode::REQUEST_TIMEOUT => ("timeout", "the request took too long"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("too_large", "the body is too large"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported_media_type", "wrong content type"),
+        StatusCode::NOT_FOUND => ("not_found", "no such route"),
+        s if s.is_server_error() => ("internal", "an internal error"),
+        _ => ("bad_request", "the request is malformed"),
+    };
+    let message = if text.is_empty() {
+        default.to_owned()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, code, message).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}

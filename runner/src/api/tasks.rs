@@ -1,0 +1,454 @@
+//! Task routes: schedule (one or a batch, all or nothing), read, move, cancel, run now; an owner's
+//! tasks and shift; dead letters.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::body::{self, ApiResult};
+use super::error::ApiError;
+use crate::executor::now_ms;
+use crate::limits;
+use crate::plugins::valid_plugin_name;
+use crate::store::{Move, NewTask, Refused, ScheduleMode, Scheduled, TaskRecord};
+
+/// Most specs in one POST /v1/tasks.
+pub const MAX_BATCH: usize = 10_000;
+/// Most tasks of one page of an owner's tasks.
+pub const MAX_PAGE: usize = 1000;
+/// Largest body of the small JSON routes (PATCH, shift).
+const SMALL_BODY: usize = 64 << 10;
+
+/// A task spec with its fields still raw, so each is checked with a message naming it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec<'a> {
+    #[serde(borrow)]
+    plugin: Option<&'a RawValue>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow)]
+    run_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    delay_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    owner: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_attempts: Option<&'a RawValue>,
+}
+
+fn new_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Checks one task spec and turns it into a task; `at` prefixes messages (e.g. "[3].").
+fn parse_spec(v: &RawValue, at: &str, now: i64, max_payload: usize) -> ApiResult<NewTask> {
+    let s: RawSpec = body::object(v, at, "a task spec")?;
+    let plugin = body::string(s.plugin, at, "plugin")?
+        .ok_or_else(|| ApiError::bad(format!("{at}plugin is required")))?;
+    if !valid_plugin_name(&plugin) {
+        return Err(ApiError::bad(format!(
+            "{at}plugin {plugin:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+        )));
+    }
+    let run_at = match (
+        body::time(s.run_at, at, "run_at")?,
+        body::int(s.delay_ms, at, "delay_ms")?,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(format!(
+                "{at}give run_at or delay_ms, not both"
+            )));
+        }
+        (Some(t), None) => t,
+        (None, Some(d)) => {
+            limits::duration(&format!("{at}delay_ms"), d)?;
+            limits::shifted(&format!("{at}delay_ms"), now, d)?
+        }
+        (None, None) => now,
+    };
+    let id = match body::string(s.id, at, "id")? {
+        Some(id) => {
+            limits::id(&format!("{at}id"), &id)?;
+            id
+        }
+        None => new_id(),
+    };
+    let owner = body::string(s.owner, at, "owner")?;
+    if let Some(o) = &owner {
+        limits::id(&format!("{at}owner"), o)?;
+    }
+    let max_attempts = match body::int(s.max_attempts, at, "max_attempts") {
+        Ok(None) => 5,
+        Ok(Some(n @ 1..=1000)) => n as u32,
+        _ => {
+            return Err(ApiError::bad(format!(
+                "{at}max_attempts must be an integer from 1 to 1000"
+            )));
+        }
+    };
+    let payload = s.payload.map_or("null", |p| p.get());
+    if payload.len() > max_payload {
+        return Err(ApiError::too_large(format!(
+            "{at}payload is {} bytes; the limit is {max_payload}",
+            payload.len()
+        )));
+    }
+    Ok(NewTask {
+        id,
+        plugin,
+        payload: payload.to_owned(),
+        run_at,
+        owner,
+        max_attempts,
+    })
+}
+
+/// Whether a plugin of that name exists (loaded here, or in the registry).
+async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
+    Ok(st.registry.plugins().get(name).is_some() || st.store.plugin_current(name).await?.is_some())
+}
+
+/// `POST /v1/tasks`: one spec or an array; all or nothing.
+pub async fn schedule(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, st.max_body_bytes).await?;
+    let v = body::raw(&bytes)?;
+    let now = now_ms();
+    let single = !body::is_array(v);
+    let specs: Vec<NewTask> = if single {
+        vec![parse_spec(v, "", now, st.max_payload_bytes)?]
+    } else {
+        let items = body::array(v, MAX_BATCH, "the array of task specs")?;
+        if items.is_empty() {
+            return Err(ApiError::bad("the array of task specs is empty"));
+        }
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, s)| parse_spec(s, &format!("[{i}]."), now, st.max_payload_bytes))
+            .collect::<ApiResult<_>>()?
+    };
+    let at = |i: usize| {
+        if single {
+            String::new()
+        } else {
+            format!("[{i}] ")
+        }
+    };
+    // an unknown plugin, named with the first spec that uses it
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in specs.iter().enumerate() {
+        if seen.insert(t.plugin.as_str()) && !plugin_exists(&st, &t.plugin).await? {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_plugin",
+                format!(
+                    "{}no plugin named {:?}; upload it with PUT /v1/plugins/{}; nothing was scheduled",
+                    at(i),
+                    t.plugin,
+                    t.plugin
+                ),
+            ));
+        }
+    }
+    // A running id refuses the whole batch. Checked before writing (the scripts also refuse a
+    // shard's part atomically, which covers a task claimed in between).
+    let ids: Vec<&str> = specs.iter().map(|t| t.id.as_str()).collect();
+    let running = st.store.running_among(&ids).await?;
+    if let Some(i) = specs.iter().position(|t| running.contains(&t.id)) {
+        return Err(running_conflict(&at(i), &specs[i].id));
+    }
+    let verdicts = st.store.schedule(&specs, ScheduleMode::Upsert).await?;
+    if let Some(i) = verdicts.iter().position(|v| *v == Scheduled::Running) {
+        return Err(running_conflict(&at(i), &specs[i].id));
+    }
+    for t in &specs {
+        st.metrics.observe_scheduled(&t.plugin, 1);
+    }
+    let replies: Vec<Value> = specs
+        .iter()
+        .map(|t| json!({"id": t.id, "run_at": t.run_at}))
+        .collect();
+    let body = if single {
+        replies.into_iter().next().unwrap_or(Value::Null)
+    } else {
+        Value::Array(replies)
+    };
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+fn running_conflict(at: &str, id: &str) -> ApiError {
+    ApiError::conflict(format!(
+        "{at}task {id:?} is running, so it can't be replaced; nothing was scheduled"
+    ))
+}
+
+fn refused(id: &str, r: Refused) -> ApiError {
+    match r {
+        Refused::Missing => ApiError::not_found(format!("no task {id:?}")),
+        Refused::OutOfRange => ApiError::bad(format!("task {id:?}: {r}; nothing moved")),
+        other => ApiError::conflict(format!("task {id:?}: {other}")),
+    }
+}
+
+fn check_id(id: &str) -> ApiResult<()> {
+    limits::id("the task id", id).map_err(Into::into)
+}
+
+fn check_owner(owner: &str) -> ApiResult<()> {
+    limits::id("the owner", owner).map_err(Into::into)
+}
+
+async fn task_reply(st: &AppState, id: &str) -> ApiResult<TaskRecord> {
+    st.store
+        .get(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no task {id:?}")))
+}
+
+/// `GET /v1/tasks/{id}`.
+pub async fn get_task(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    check_id(&id)?;
+    Ok(axum::Json(task_reply(&st, &id).await?).into_response())
+}
+
+/// The fields of a PATCH or shift body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveBody<'a> {
+    #[serde(borrow)]
+    run_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    shift_ms: Option<&'a RawValue>,
+}
+
+/// `PATCH /v1/tasks/{id}`: `{"run_at"}` or `{"shift_ms"}`.
+pub async fn move_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    check_id(&id)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, SMALL_BODY).await?;
+    let b: MoveBody = body::object(body::raw(&bytes)?, "", "the body")?;
+    let how = match (
+        body::time(b.run_at, "", "run_at")?,
+        body::int(b.shift_ms, "", "shift_ms")?,
+    ) {
+        (Some(t), None) => Move::At(t),
+        (None, Some(d)) => Move::Shift(limits::shift("shift_ms", d)?),
+        _ => return Err(ApiError::bad("give exactly one of run_at or shift_ms")),
+    };
+    st.store
+        .move_task(&id, how)
+        .await?
+        .map_err(|r| refused(&id, r))?;
+    Ok(axum::Json(task_reply(&st, &id).await?).into_response())
+}
+
+/// `DELETE /v1/tasks/{id}`.
+pub async fn cancel_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    check_id(&id)?;
+    st.store.cancel(&id).await?.map_err(|r| refused(&id, r))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST /v1/tasks/{id}/run`.
+pub async fn run_now(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    check_id(&id)?;
+    let at = st
+        .store
+        .move_task(&id, Move::Now)
+        .await?
+        .map_err(|r| refused(&id, r))?;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"id": id, "run_at": at})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+pub struct PageQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+fn page_limit(q: &PageQuery, default: usize) -> ApiResult<usize> {
+    match q.limit.as_deref() {
+        None => Ok(default),
+        Some(l) => match l.parse::<usize>() {
+            Ok(n @ 1..=MAX_PAGE) => Ok(n),
+            _ => Err(ApiError::bad(format!(
+                "limit must be an integer from 1 to {MAX_PAGE}"
+            ))),
+        },
+    }
+}
+
+/// A cursor `<ms>:<id>` as this API returns them.
+fn page_cursor(q: &PageQuery) -> ApiResult<Option<(i64, String)>> {
+    match q.cursor.as_deref() {
+        None | Some("") => Ok(None),
+        Some(c) => {
+            let bad = || ApiError::bad("cursor is not one this API returned");
+            let (t, id) = c.split_once(':').ok_or_else(bad)?;
+            let t = t.parse::<i64>().map_err(|_| bad())?;
+            limits::time("cursor", t).map_err(|_| bad())?;
+            limits::id("cursor", id).map_err(|_| bad())?;
+            Ok(Some((t, id.to_owned())))
+        }
+    }
+}
+
+/// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
+/// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
+pub async fn owner_tasks(
+    State(st): State<AppState>,
+    Path(owner): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> ApiResult<Response> {
+    check_owner(&owner)?;
+    let limit = page_limit(&q, MAX_PAGE)?;
+    let (tasks, next) = st
+        .store
+        .owner_tasks(&owner, limit, page_cursor(&q)?)
+        .await?;
+    let mut resp = axum::Json(tasks).into_response();
+    if let Some((t, id)) = next
+        && let Ok(v) = HeaderValue::from_str(&format!("{t}:{id}"))
+    {
+        resp.headers_mut().insert("x-next-cursor", v);
+    }
+    Ok(resp)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShiftBody<'a> {
+    #[serde(borrow)]
+    shift_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    plugin: Option<&'a RawValue>,
+}
+
+/// `POST /v1/owners/{owner}/shift`.
+pub async fn owner_shift(
+    State(st): State<AppState>,
+    Path(owner): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    check_owner(&owner)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, SMALL_BODY).await?;
+    let b: ShiftBody = body::object(body::raw(&bytes)?, "", "the body")?;
+    let shift = body::int(b.shift_ms, "", "shift_ms")?
+        .ok_or_else(|| ApiError::bad("shift_ms is required"))?;
+    limits::shift("shift_ms", shift)?;
+    let plugin = body::string(b.plugin, "", "plugin")?;
+    if let Some(p) = &plugin
+        && !valid_plugin_name(p)
+    {
+        return Err(ApiError::bad(format!("plugin {p:?} is not a plugin name")));
+    }
+    let n = st
+        .store
+        .shift_owner(&owner, shift, plugin.as_deref())
+        .await?
+        .map_err(|r| {
+            ApiError::bad(format!(
+                "shift_ms {shift}: a task of owner {owner:?} would leave the time range ({r}); nothing moved"
+            ))
+        })?;
+    Ok(axum::Json(json!({"shifted": n})).into_response())
+}
+
+/// `GET /v1/dead?limit=&cursor=`.
+pub async fn dead_list(
+    State(st): State<AppState>,
+    Query(q): Query<PageQuery>,
+) -> ApiResult<Response> {
+    let limit = page_limit(&q, 100)?;
+    let (tasks, next) = st.store.dead(limit, page_cursor(&q)?).await?;
+    let next = next.map(|(t, id)| format!("{t}:{id}"));
+    Ok(axum::Json(json!({"tasks": tasks, "next_cursor": next})).into_response())
+}
+
+/// `POST /v1/dead/{id}/retry`.
+pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    check_id(&id)?;
+    let at = st.store.revive(&id).await?.map_err(|r| refused(&id, r))?;
+    Ok(axum::Json(json!({"id": id, "run_at": at})).into_response())
+}
+
+/// `DELETE /v1/dead/{id}`.
+pub async fn dead_drop(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    check_id(&id)?;
+    st.store
+        .drop_dead(&id)
+        .await?
+        .map_err(|r| refused(&id, r))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(s: &str) -> ApiResult<NewTask> {
+        let v: &RawValue = serde_json::from_str(s).unwrap();
+        parse_spec(v, "[0].", 1_000, 64)
+    }
+
+    #[test]
+    fn specs_are_bounded_and_errors_name_the_field() {
+        let e = spec(r#"{"plugin":"p","run_at":9223372036854775807}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("[0].run_at must be a time"),
+            "{}",
+            e.message
+        );
+        let e = spec(r#"{"plugin":"p","delay_ms":9223372036854775807}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("[0].delay_ms must be from 0"),
+            "{}",
+            e.message
+        );
+        let e = spec(r#"{"plugin":"p","id":"a\u0000b"}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("[0].id must be 1 to 200 bytes"),
+            "{}",
+            e.message
+        );
+        let e = spec(&format!(
+            r#"{{"plugin":"p","owner":"{}"}}"#,
+            "o".repeat(5000)
+        ))
+        .unwrap_err();
+        assert!(e.message.starts_with("[0].owner"), "{}", e.message);
+        let e = spec(r#"{"plugin":"p","nope":1}"#).unwrap_err();
+        assert!(e.message.contains("unknown field `nope`"), "{}", e.message);
+        let e = spec(r#"{"plugin":"p","payload":"this is longer than sixty-four bytes, which is the limit in this test"}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let t = spec(r#"{"plugin":"p","delay_ms":5,"payload":{"a":[1,2]}}"#).unwrap();
+        assert_eq!((t.run_at, t.payload.as_str()), (1_005, r#"{"a":[1,2]}"#));
+    }
+}

@@ -1,0 +1,115 @@
+//! The bounds every input keeps (API.md, "Limits every route keeps"): times, durations, ids and
+//! owners. The API, the CLI, the plugin host and the executor all check against these, so no
+//! stored time can leave the range and no arithmetic on one can overflow, in Rust or in Lua
+//! (whose numbers are doubles: every value here is far below 2^53).
+
+/// The latest time anything may be due: 9999-12-31T23:59:59.999Z, in ms since the Unix epoch.
+pub const MAX_TIME_MS: i64 = 253_402_300_799_999;
+/// The longest duration or shift: 10 years, in ms.
+pub const MAX_DURATION_MS: i64 = 315_360_000_000;
+/// The longest id or owner, in bytes.
+pub const MAX_ID_BYTES: usize = 200;
+
+/// Why a value is out of bounds; the message names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OutOfBounds(pub String);
+
+/// A time: an integer in [0, MAX_TIME_MS].
+pub fn time(field: &str, v: i64) -> Result<i64, OutOfBounds> {
+    if (0..=MAX_TIME_MS).contains(&v) {
+        Ok(v)
+    } else {
+        Err(OutOfBounds(format!(
+            "{field} must be a time from 0 to {MAX_TIME_MS} (ms since the Unix epoch), got {v}"
+        )))
+    }
+}
+
+/// A duration that may be negative (a shift): |v| ≤ MAX_DURATION_MS.
+pub fn shift(field: &str, v: i64) -> Result<i64, OutOfBounds> {
+    if v.checked_abs().is_some_and(|a| a <= MAX_DURATION_MS) {
+        Ok(v)
+    } else {
+        Err(OutOfBounds(format!(
+            "{field} must be from -{MAX_DURATION_MS} to {MAX_DURATION_MS} ms (10 years), got {v}"
+        )))
+    }
+}
+
+/// A non-negative duration: 0 ≤ v ≤ MAX_DURATION_MS.
+pub fn duration(field: &str, v: i64) -> Result<i64, OutOfBounds> {
+    if (0..=MAX_DURATION_MS).contains(&v) {
+        Ok(v)
+    } else {
+        Err(OutOfBounds(format!(
+            "{field} must be from 0 to {MAX_DURATION_MS} ms (10 years), got {v}"
+        )))
+    }
+}
+
+/// `base + d`, which must stay a time.
+pub fn shifted(field: &str, base: i64, d: i64) -> Result<i64, OutOfBounds> {
+    let t = base.checked_add(d).unwrap_or(i64::MAX);
+    time(field, t).map_err(|_| {
+        OutOfBounds(format!(
+            "{field}: {base} {} {} ms is outside 0 to {MAX_TIME_MS}",
+            if d < 0 { '-' } else { '+' },
+            d.unsigned_abs()
+        ))
+    })
+}
+
+/// Ids and owners: 1 to 200 bytes of UTF-8 without control characters.
+pub fn id_like(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_ID_BYTES && !s.chars().any(char::is_control)
+}
+
+/// [`id_like`] with a message naming the field.
+pub fn id(field: &str, s: &str) -> Result<(), OutOfBounds> {
+    if id_like(s) {
+        Ok(())
+    } else {
+        Err(OutOfBounds(format!(
+            "{field} must be 1 to {MAX_ID_BYTES} bytes without control characters (got {} bytes)",
+            s.len()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_shifts_stay_in_range() {
+        assert!(time("t", 0).is_ok());
+        assert!(time("t", MAX_TIME_MS).is_ok());
+        assert!(time("t", -1).is_err());
+        assert!(time("t", i64::MAX).unwrap_err().0.contains("t must be"));
+        assert!(shift("s", -MAX_DURATION_MS).is_ok());
+        assert!(shift("s", i64::MIN).is_err());
+        assert!(shift("s", i64::MAX).is_err());
+        assert!(duration("d", -1).is_err());
+        assert_eq!(shifted("run_at", 100, -50), Ok(50));
+        assert!(shifted("run_at", 100, -101).is_err());
+        assert!(shifted("run_at", MAX_TIME_MS, 1).is_err());
+        assert!(shifted("run_at", i64::MAX, i64::MAX).is_err());
+    }
+
+    #[test]
+    fn ids() {
+        assert!(id_like("order 42"));
+        assert!(id_like(&"é".repeat(100)));
+        assert!(!id_like(&"é".repeat(101)));
+        assert!(!id_like(""));
+        assert!(!id_like("a\0b"));
+        assert!(!id_like("a\tb"));
+        assert!(
+            id("id", &"x".repeat(5000))
+                .unwrap_err()
+                .0
+                .contains("5000 bytes")
+        );
+    }
+}
