@@ -101,13 +101,23 @@ pub fn int(v: Option<&RawValue>, at: &str, name: &str) -> ApiResult<Option<i64>>
     match v {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
-        Some(r) => serde_json::from_str::<i64>(r.get()).map(Some).map_err(|_| {
+        Some(r) => integer(r.get()).map(Some).ok_or_else(|| {
             ApiError::bad(format!(
                 "{at}{name} must be an integer (ms) from -9223372036854775808 to 9223372036854775807, got {}",
                 short(r.get())
             ))
         }),
     }
+}
+
+/// A JSON number that is an integer: `12`, or `12.0` / `1.2e1` (JSON Schema counts those as
+/// integers too) when exact (|v| < 2^53).
+fn integer(text: &str) -> Option<i64> {
+    if let Ok(i) = serde_json::from_str::<i64>(text) {
+        return Some(i);
+    }
+    let f = serde_json::from_str::<f64>(text).ok()?;
+    (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0).then_some(f as i64)
 }
 
 /// An optional time field, within [0, MAX_TIME_MS].

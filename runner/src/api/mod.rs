@@ -7,6 +7,7 @@
 //! is a 503; any other failure is a 500 `internal` with the details in the log.
 
 mod body;
+mod doc;
 mod error;
 mod ops;
 mod plugins;
@@ -20,9 +21,12 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use serde_json::{Value, json};
+use axum::routing::get;
+use serde_json::Value;
 use subtle::ConstantTimeEq;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use error::ApiError;
 pub use server::{HttpLimits, serve};
@@ -48,43 +52,54 @@ pub struct AppState {
     pub owned_shards: Arc<dyn Fn() -> usize + Send + Sync>,
 }
 
-/// The router with every route of API.md.
+/// The router with every route of API.md, each registered from its handler's OpenAPI annotation,
+/// and `GET /v1/openapi.json` describing exactly those.
 pub fn router(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/tasks", post(tasks::schedule))
+    let (router, doc) = documented(state.clone());
+    let doc = Arc::new(doc::finish(doc));
+    router
         .route(
-            "/tasks/{id}",
-            get(tasks::get_task)
-                .patch(tasks::move_task)
-                .delete(tasks::cancel_task),
+            "/v1/openapi.json",
+            get(move || {
+                let doc = Arc::clone(&doc);
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
         )
-        .route("/tasks/{id}/run", post(tasks::run_now))
-        .route("/owners/{owner}/tasks", get(tasks::owner_tasks))
-        .route("/owners/{owner}/shift", post(tasks::owner_shift))
-        .route("/dead", get(tasks::dead_list))
-        .route("/dead/{id}/retry", post(tasks::dead_retry))
-        .route("/dead/{id}", axum::routing::delete(tasks::dead_drop))
-        .route("/plugins", get(plugins::plugin_list))
-        .route(
-            "/plugins/{name}",
-            put(plugins::plugin_upload)
-                .get(plugins::plugin_get)
-                .delete(plugins::plugin_delete),
-        )
-        .route("/plugins/{name}/rollback", post(plugins::plugin_rollback))
-        .route("/runners", get(ops::runners))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
-        .nest("/v1", v1)
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(json!({"ok": true})) }),
-        )
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// The documented routes (the bearer token guards the /v1 ones) and their OpenAPI document.
+pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let v1 = OpenApiRouter::new()
+        .routes(routes!(tasks::schedule))
+        .routes(routes!(
+            tasks::get_task,
+            tasks::move_task,
+            tasks::cancel_task
+        ))
+        .routes(routes!(tasks::run_now))
+        .routes(routes!(tasks::owner_tasks))
+        .routes(routes!(tasks::owner_shift))
+        .routes(routes!(tasks::dead_list))
+        .routes(routes!(tasks::dead_retry))
+        .routes(routes!(tasks::dead_drop))
+        .routes(routes!(plugins::plugin_list))
+        .routes(routes!(
+            plugins::plugin_upload,
+            plugins::plugin_get,
+            plugins::plugin_delete
+        ))
+        .routes(routes!(plugins::plugin_rollback))
+        .routes(routes!(ops::runners))
+        .route_layer(middleware::from_fn_with_state(state, auth));
+    OpenApiRouter::with_openapi(doc::ApiDoc::openapi())
+        .merge(v1)
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(ops::metrics))
+        .split_for_parts()
 }
 
 async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {

@@ -7,17 +7,28 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::body::ApiResult;
+use super::doc;
 use crate::metrics::Gauges;
 
+/// `GET /v1/runners`: the live runners of the namespace.
+#[utoipa::path(get, path = "/v1/runners", tag = "operations",
+    responses((status = 200, description = "live runners", body = Vec<doc::RunnerInfo>), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn runners(State(st): State<AppState>) -> ApiResult<Response> {
     Ok(axum::Json((st.runners)().await?).into_response())
 }
 
+/// `GET /readyz`: 200 when Redis answers.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "ready", body = doc::Ok), doc::Errors))]
 pub async fn readyz(State(st): State<AppState>) -> ApiResult<Response> {
     st.store.ping().await?;
     Ok(axum::Json(json!({"ok": true})).into_response())
 }
 
+/// `GET /metrics`: Prometheus text.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"), doc::Errors))]
 pub async fn metrics(State(st): State<AppState>) -> Response {
     let shards = st.store.shard_counts().await.unwrap_or_default();
     let runners = match (st.runners)().await {
@@ -35,4 +46,11 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
         st.metrics.render(&g),
     )
         .into_response()
+}
+
+/// `GET /healthz`: 200 while the process runs.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "alive", body = doc::Ok)))]
+pub async fn healthz() -> Response {
+    axum::Json(json!({"ok": true})).into_response()
 }

@@ -8,9 +8,19 @@ use serde_json::json;
 
 use super::AppState;
 use super::body::{self, ApiResult};
+use super::doc;
 use super::error::ApiError;
 use crate::plugins::valid_plugin_name;
 use crate::store::Rollback;
+
+/// A plugin name in the path.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct PluginName {
+    #[param(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    name: String,
+}
 
 fn check_name(name: &str) -> ApiResult<()> {
     if valid_plugin_name(name) {
@@ -22,6 +32,14 @@ fn check_name(name: &str) -> ApiResult<()> {
     }
 }
 
+/// `PUT /v1/plugins/{name}`: the wasm binary; checked (compiled, contract fitted) before it is
+/// stored; 201 for a new version, 200 when these bytes are already current.
+#[utoipa::path(put, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
+    request_body(content = doc::WasmBinary, content_type = "application/wasm",
+        description = "a WebAssembly component built against wit/plugin.wit"),
+    responses((status = 201, description = "a new version", body = doc::Uploaded),
+        (status = 200, description = "already the current version", body = doc::Uploaded), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn plugin_upload(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -64,10 +82,18 @@ pub async fn plugin_upload(
     }
 }
 
+/// `GET /v1/plugins`.
+#[utoipa::path(get, path = "/v1/plugins", tag = "plugins",
+    responses((status = 200, description = "the current version of every plugin", body = Vec<crate::store::PluginEntry>), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn plugin_list(State(st): State<AppState>) -> ApiResult<Response> {
     Ok(axum::Json(st.store.plugin_list().await?).into_response())
 }
 
+/// `GET /v1/plugins/{name}`: the current version and the history.
+#[utoipa::path(get, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
+    responses((status = 200, description = "the plugin", body = doc::PluginDetail), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn plugin_get(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -84,6 +110,10 @@ pub async fn plugin_get(
     Ok(axum::Json(v).into_response())
 }
 
+/// `POST /v1/plugins/{name}/rollback`.
+#[utoipa::path(post, path = "/v1/plugins/{name}/rollback", tag = "plugins", params(PluginName),
+    responses((status = 200, description = "the version now current", body = crate::store::PluginEntry), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn plugin_rollback(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -98,6 +128,10 @@ pub async fn plugin_rollback(
     }
 }
 
+/// `DELETE /v1/plugins/{name}`.
+#[utoipa::path(delete, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
+    responses((status = 204, description = "deleted"), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn plugin_delete(
     State(st): State<AppState>,
     Path(name): Path<String>,

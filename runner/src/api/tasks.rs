@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::body::{self, ApiResult};
+use super::doc;
 use super::error::ApiError;
 use crate::executor::now_ms;
 use crate::limits;
@@ -117,6 +118,10 @@ async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
 }
 
 /// `POST /v1/tasks`: one spec or an array; all or nothing.
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    request_body(content = doc::ScheduleBody, content_type = "application/json"),
+    responses((status = 201, description = "scheduled", body = doc::ScheduleReply), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn schedule(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -219,6 +224,9 @@ async fn task_reply(st: &AppState, id: &str) -> ApiResult<TaskRecord> {
 }
 
 /// `GET /v1/tasks/{id}`.
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
+    responses((status = 200, description = "the task", body = crate::store::TaskRecord), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn get_task(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     check_id(&id)?;
     Ok(axum::Json(task_reply(&st, &id).await?).into_response())
@@ -235,6 +243,10 @@ struct MoveBody<'a> {
 }
 
 /// `PATCH /v1/tasks/{id}`: `{"run_at"}` or `{"shift_ms"}`.
+#[utoipa::path(patch, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
+    request_body(content = doc::MoveBody, content_type = "application/json"),
+    responses((status = 200, description = "moved", body = crate::store::TaskRecord), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn move_task(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -261,6 +273,9 @@ pub async fn move_task(
 }
 
 /// `DELETE /v1/tasks/{id}`.
+#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
+    responses((status = 204, description = "cancelled"), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn cancel_task(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -271,6 +286,9 @@ pub async fn cancel_task(
 }
 
 /// `POST /v1/tasks/{id}/run`.
+#[utoipa::path(post, path = "/v1/tasks/{id}/run", tag = "tasks", params(TaskId),
+    responses((status = 202, description = "due now", body = doc::ScheduledTask), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn run_now(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     check_id(&id)?;
     let at = st
@@ -285,10 +303,44 @@ pub async fn run_now(State(st): State<AppState>, Path(id): Path<String>) -> ApiR
         .into_response())
 }
 
-#[derive(Deserialize)]
+/// A page: how many, and where the previous page ended.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
+    /// 1 to 1000.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
+    /// The `next_cursor` (or `X-Next-Cursor`) of the previous page; empty for the first page.
+    #[param(pattern = "^([0-9]{1,15}:[^\\x00-\\x1f\\x7f-\\x9f]{1,200})?$")]
     cursor: Option<String>,
+}
+
+/// A task id in the path.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct TaskId {
+    /// 1 to 200 bytes without control characters.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    id: String,
+}
+
+/// An owner in the path.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct OwnerName {
+    /// 1 to 200 bytes without control characters.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    owner: String,
 }
 
 fn page_limit(q: &PageQuery, default: usize) -> ApiResult<usize> {
@@ -310,8 +362,11 @@ fn page_cursor(q: &PageQuery) -> ApiResult<Option<(i64, String)>> {
         Some(c) => {
             let bad = || ApiError::bad("cursor is not one this API returned");
             let (t, id) = c.split_once(':').ok_or_else(bad)?;
+            // a position, not a due time: any 1 to 15 digits
+            if t.is_empty() || t.len() > 15 || !t.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
             let t = t.parse::<i64>().map_err(|_| bad())?;
-            limits::time("cursor", t).map_err(|_| bad())?;
             limits::id("cursor", id).map_err(|_| bad())?;
             Ok(Some((t, id.to_owned())))
         }
@@ -320,6 +375,12 @@ fn page_cursor(q: &PageQuery) -> ApiResult<Option<(i64, String)>> {
 
 /// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
 /// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
+#[utoipa::path(get, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PageQuery),
+    responses((status = 200, description = "a page of the owner's scheduled tasks",
+        body = Vec<crate::store::TaskRecord>,
+        headers(("x-next-cursor" = String, description = "the cursor of the next page, when there may be one"))),
+        doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn owner_tasks(
     State(st): State<AppState>,
     Path(owner): Path<String>,
@@ -350,6 +411,10 @@ struct ShiftBody<'a> {
 }
 
 /// `POST /v1/owners/{owner}/shift`.
+#[utoipa::path(post, path = "/v1/owners/{owner}/shift", tag = "owners", params(OwnerName),
+    request_body(content = doc::ShiftBody, content_type = "application/json"),
+    responses((status = 200, description = "shifted", body = doc::Shifted), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn owner_shift(
     State(st): State<AppState>,
     Path(owner): Path<String>,
@@ -382,6 +447,9 @@ pub async fn owner_shift(
 }
 
 /// `GET /v1/dead?limit=&cursor=`.
+#[utoipa::path(get, path = "/v1/dead", tag = "dead letters", params(PageQuery),
+    responses((status = 200, description = "a page of dead tasks", body = doc::DeadPage), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn dead_list(
     State(st): State<AppState>,
     Query(q): Query<PageQuery>,
@@ -393,6 +461,9 @@ pub async fn dead_list(
 }
 
 /// `POST /v1/dead/{id}/retry`.
+#[utoipa::path(post, path = "/v1/dead/{id}/retry", tag = "dead letters", params(TaskId),
+    responses((status = 200, description = "due now", body = doc::ScheduledTask), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     check_id(&id)?;
     let at = st.store.revive(&id).await?.map_err(|r| refused(&id, r))?;
@@ -400,6 +471,9 @@ pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> A
 }
 
 /// `DELETE /v1/dead/{id}`.
+#[utoipa::path(delete, path = "/v1/dead/{id}", tag = "dead letters", params(TaskId),
+    responses((status = 204, description = "dropped"), doc::Errors),
+    security((), ("bearer" = [])))]
 pub async fn dead_drop(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     check_id(&id)?;
     st.store
@@ -412,6 +486,72 @@ pub async fn dead_drop(State(st): State<AppState>, Path(id): Path<String>) -> Ap
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Any JSON value, nested a little.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            ".{0,30}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,10}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Spec-shaped objects: the real field names with any values.
+    fn spec_like() -> impl Strategy<Value = Value> {
+        let field = prop_oneof![
+            Just("plugin"),
+            Just("payload"),
+            Just("run_at"),
+            Just("delay_ms"),
+            Just("id"),
+            Just("owner"),
+            Just("max_attempts"),
+            Just("other"),
+        ];
+        let value = prop_oneof![
+            any_json(),
+            any::<i64>().prop_map(|n| json!(n)),
+            "[a-z0-9-]{1,8}".prop_map(Value::String),
+            "\\PC{0,250}".prop_map(Value::String),
+        ];
+        prop::collection::btree_map(field, value, 0..8)
+            .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Whatever the input, the parser answers (never panics), and what it accepts is in
+        /// bounds: a time in range, a valid id and owner, a payload within its limit.
+        #[test]
+        fn the_spec_parser_accepts_only_bounded_tasks(v in prop_oneof![any_json(), spec_like()]) {
+            let text = v.to_string();
+            let raw: &RawValue = serde_json::from_str(&text).unwrap();
+            match parse_spec(raw, "", 1_700_000_000_000, 4096) {
+                Ok(t) => {
+                    prop_assert!(limits::time("", t.run_at).is_ok());
+                    prop_assert!(limits::id_like(&t.id));
+                    prop_assert!(t.owner.as_deref().is_none_or(limits::id_like));
+                    prop_assert!(t.payload.len() <= 4096);
+                    prop_assert!((1..=1000).contains(&t.max_attempts));
+                    prop_assert!(serde_json::from_str::<Value>(&t.payload).is_ok());
+                }
+                Err(e) => prop_assert!(e.status.is_client_error(), "{}", e.message),
+            }
+        }
+    }
 
     fn spec(s: &str) -> ApiResult<NewTask> {
         let v: &RawValue = serde_json::from_str(s).unwrap();

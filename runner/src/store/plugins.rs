@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::Store;
 
 /// One version of a plugin.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PluginEntry {
     pub name: String,
     pub version: u64,

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// Where a task is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Scheduled,
@@ -13,12 +13,13 @@ pub enum TaskState {
 }
 
 /// A task as a reader sees it (the API's task object).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct TaskRecord {
     pub id: String,
     pub plugin: String,
     /// The payload, raw JSON text exactly as scheduled.
     #[serde(serialize_with = "raw_json")]
+    #[schema(value_type = serde_json::Value)]
     pub payload: String,
     pub run_at: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -97,6 +98,61 @@ pub fn field_safe(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The record as `prelude.lua`'s `encode` writes it (its ten fields, in order).
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        st: char,
+        due: i64,
+        att: u32,
+        max: u32,
+        created: i64,
+        fin: &str,
+        plugin: &str,
+        owner: &str,
+        err: &str,
+        payload: &str,
+    ) -> String {
+        format!("{st}\t{due}\t{att}\t{max}\t{created}\t{fin}\t{plugin}\t{owner}\t{err}\t{payload}")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Any stored text decodes or is refused; it never panics.
+        #[test]
+        fn decoding_never_panics(rec in "\\PC{0,200}", tabs in "[a-z0-9\t-]{0,60}") {
+            let _ = TaskRecord::decode("id", &rec);
+            let _ = TaskRecord::decode("id", &tabs);
+        }
+
+        /// What the scripts write decodes to the same fields (the payload may hold tabs).
+        #[test]
+        fn records_round_trip(
+            st in prop::sample::select(vec!['s', 'r', 'd', 'x']),
+            due in 0i64..=crate::limits::MAX_TIME_MS,
+            att in 0u32..1000, max in 1u32..1000,
+            created in 0i64..=crate::limits::MAX_TIME_MS,
+            fin in 0i64..=crate::limits::MAX_TIME_MS,
+            plugin in "[a-z0-9][a-z0-9-]{0,20}",
+            owner in "[^\t\n\r\x00]{0,30}",
+            err in "[^\t\n\r\x00]{0,30}",
+            payload in "\\PC{0,60}",
+        ) {
+            let fin_text = fin.to_string();
+            let rec = encode(st, due, att, max, created, &fin_text, &plugin, &owner, &err, &payload);
+            let r = TaskRecord::decode("id", &rec).expect("decodes");
+            prop_assert_eq!(r.run_at, due);
+            prop_assert_eq!((r.attempts, r.max_attempts, r.created_at), (att, max, created));
+            prop_assert_eq!(r.plugin, plugin);
+            prop_assert_eq!(r.owner, Some(owner).filter(|o| !o.is_empty()));
+            prop_assert_eq!(r.last_error, Some(err).filter(|e| !e.is_empty()));
+            prop_assert_eq!(r.payload, payload);
+            let finished = matches!(st, 'd' | 'x');
+            prop_assert_eq!(r.finished_at, finished.then_some(fin));
+        }
+    }
 
     #[test]
     fn decodes_a_record_whose_payload_has_tabs() {

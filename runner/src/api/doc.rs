@@ -1,0 +1,297 @@
+//! The OpenAPI document (`GET /v1/openapi.json`): the schemas of request and response bodies.
+//! The operations come from each handler's `#[utoipa::path]`, and the router registers every
+//! route from that same annotation (`utoipa_axum::routes!`), so the document can't drift from
+//! the routes. Bodies are parsed by hand (to name the field in errors); these types describe them.
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, ResponseBuilder, ResponsesBuilder};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
+
+use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
+
+/// The error body of every 4xx and 5xx.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// snake_case, e.g. `bad_request`, `not_found`, `conflict`, `redis_unavailable`.
+    pub code: String,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+/// The errors any route may answer (each with [`ErrorBody`]).
+pub struct Errors;
+
+impl IntoResponses for Errors {
+    fn responses() -> std::collections::BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        let mut b = ResponsesBuilder::new();
+        for (code, what) in [
+            ("400", "malformed input; the message names the field"),
+            ("401", "missing or wrong bearer token"),
+            ("404", "no such task, plugin or route"),
+            ("405", "the route does not take this method"),
+            ("408", "the request took too long"),
+            ("409", "conflict, e.g. the task is running"),
+            ("413", "body, payload or batch too large"),
+            ("415", "wrong content type"),
+            ("422", "well-formed but impossible, e.g. an unknown plugin"),
+            ("500", "an internal error (details in the runner's log)"),
+            ("503", "Redis unreachable"),
+        ] {
+            b = b.response(
+                code,
+                ResponseBuilder::new().description(what).content(
+                    "application/json",
+                    utoipa::openapi::ContentBuilder::new()
+                        .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                            "ErrorBody",
+                        ))))
+                        .build(),
+                ),
+            );
+        }
+        b.build().into()
+    }
+}
+
+/// A task to schedule.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// The plugin that runs it.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    pub plugin: String,
+    /// Any JSON, handed to the plugin.
+    pub payload: Option<Value>,
+    /// When (ms since the Unix epoch); neither run_at nor delay_ms means now.
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    pub run_at: Option<i64>,
+    /// How long from now (ms).
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    pub delay_ms: Option<i64>,
+    /// 1 to 200 bytes without control characters; generated when absent.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    pub id: Option<String>,
+    /// 1 to 200 bytes without control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    pub owner: Option<String>,
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
+}
+
+/// One task spec, or an array of 1 to 10,000.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum ScheduleBody {
+    One(TaskSpec),
+    Many(SpecBatch),
+}
+
+/// 1 to 10,000 task specs, scheduled all or nothing.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+pub struct SpecBatch(Vec<TaskSpec>);
+
+impl utoipa::PartialSchema for SpecBatch {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ArrayBuilder::new()
+            .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                "TaskSpec",
+            )))
+            .min_items(Some(1))
+            .max_items(Some(crate::api::MAX_BATCH))
+            .description(Some("1 to 10,000 task specs, scheduled all or nothing"))
+            .into()
+    }
+}
+
+impl ToSchema for SpecBatch {
+    fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::schema::Schema>)>) {
+        schemas.push((
+            TaskSpec::name().into(),
+            <TaskSpec as utoipa::PartialSchema>::schema(),
+        ));
+        <TaskSpec as ToSchema>::schemas(schemas);
+    }
+}
+
+/// A scheduled task's id and due time.
+#[derive(Serialize, serde::Deserialize, ToSchema)]
+pub struct ScheduledTask {
+    pub id: String,
+    pub run_at: i64,
+}
+
+/// The answer to a schedule: one, or an array in the order of the specs.
+#[derive(ToSchema, Serialize)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum ScheduleReply {
+    One(ScheduledTask),
+    Many(Vec<ScheduledTask>),
+}
+
+/// Move a task: to a time, or by a signed shift.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum MoveBody {
+    At(MoveAt),
+    By(MoveBy),
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct MoveAt {
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    pub run_at: i64,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct MoveBy {
+    #[schema(minimum = -315360000000_i64, maximum = 315360000000_i64)]
+    pub shift_ms: i64,
+}
+
+/// Shift an owner's scheduled tasks (of one plugin).
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct ShiftBody {
+    #[schema(minimum = -315360000000_i64, maximum = 315360000000_i64)]
+    pub shift_ms: i64,
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    pub plugin: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Shifted {
+    pub shifted: u64,
+}
+
+/// A page of dead tasks, most recently dead first.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DeadPage {
+    pub tasks: Vec<crate::store::TaskRecord>,
+    /// Pass back as `cursor` for the next page; null at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// A plugin binary: a WebAssembly component (raw bytes).
+pub struct WasmBinary;
+
+impl utoipa::PartialSchema for WasmBinary {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .format(Some(utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                utoipa::openapi::schema::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for WasmBinary {}
+
+/// An uploaded plugin version.
+#[derive(Serialize, ToSchema)]
+pub struct Uploaded {
+    pub name: String,
+    pub version: u64,
+    pub digest: String,
+}
+
+/// A plugin's current version and its history, newest first.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PluginDetail {
+    pub name: String,
+    pub version: u64,
+    pub digest: String,
+    pub size: u64,
+    pub uploaded_at: i64,
+    pub history: Vec<crate::store::PluginEntry>,
+}
+
+/// A live runner.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct RunnerInfo {
+    pub id: String,
+    pub address: Option<String>,
+    pub shards: Vec<u32>,
+    pub last_seen: i64,
+    pub started_at: i64,
+}
+
+/// `{"ok": true}`.
+#[derive(Serialize, ToSchema)]
+pub struct Ok {
+    pub ok: bool,
+}
+
+/// The document as JSON, with the one rule of a task spec that utoipa can't express (JSON
+/// Schema's `not`): `run_at` and `delay_ms` are not both given.
+pub fn finish(doc: utoipa::openapi::OpenApi) -> Value {
+    let mut v = serde_json::to_value(doc).expect("the document serializes");
+    if let Some(spec) = v.pointer_mut("/components/schemas/TaskSpec")
+        && let Some(obj) = spec.as_object_mut()
+    {
+        obj.insert(
+            "not".into(),
+            serde_json::json!({
+                "required": ["run_at", "delay_ms"],
+                "properties": {"run_at": {"type": "integer"}, "delay_ms": {"type": "integer"}}
+            }),
+        );
+    }
+    v
+}
+
+/// Adds the bearer-token scheme.
+pub struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "eggtimer admin API",
+        version = "1",
+        description = "Schedule, move, cancel and run delayed tasks; upload WebAssembly plugins. Times are ms since the Unix epoch."
+    ),
+    modifiers(&Bearer),
+    components(schemas(ErrorBody, ErrorDetail))
+)]
+pub struct ApiDoc;
+
+// the bounds in the schemas are the limits module's
+const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);

@@ -1,0 +1,105 @@
+//! The OpenAPI document: it covers every route, and schemathesis (PyPI), with all of its checks,
+//! finds no answer of a real runner that breaks it: no 5xx, every status, header and body as
+//! documented, schema-valid input accepted and schema-invalid input refused.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use eggtimer_tests::{RedisServer, RunnerProcess, call, plugins_dir, workspace};
+
+/// The schemathesis command: `EGGTIMER_SCHEMATHESIS`, the venv `.ci/run` makes, or PATH.
+fn schemathesis() -> PathBuf {
+    if let Some(p) = std::env::var_os("EGGTIMER_SCHEMATHESIS") {
+        return p.into();
+    }
+    let venv = workspace().join("target/py/bin/schemathesis");
+    if venv.exists() {
+        return venv;
+    }
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("schemathesis"))
+            .find(|c| c.is_file())
+    });
+    on_path.unwrap_or_else(|| {
+        panic!(
+            "schemathesis is not installed. Install it into the repository's target dir (as .ci/run does): \
+             `python3 -m venv target/py && target/py/bin/pip install schemathesis==4.32.5`"
+        )
+    })
+}
+
+#[tokio::test]
+async fn the_document_names_every_route_of_the_api() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &[]);
+    let (s, doc) = call("GET", &format!("{}/v1/openapi.json", r.url), None).await;
+    assert_eq!(s, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    for (path, methods) in [
+        ("/v1/tasks", &["post"][..]),
+        ("/v1/tasks/{id}", &["get", "patch", "delete"]),
+        ("/v1/tasks/{id}/run", &["post"]),
+        ("/v1/owners/{owner}/tasks", &["get"]),
+        ("/v1/owners/{owner}/shift", &["post"]),
+        ("/v1/dead", &["get"]),
+        ("/v1/dead/{id}/retry", &["post"]),
+        ("/v1/dead/{id}", &["delete"]),
+        ("/v1/plugins", &["get"]),
+        ("/v1/plugins/{name}", &["put", "get", "delete"]),
+        ("/v1/plugins/{name}/rollback", &["post"]),
+        ("/v1/runners", &["get"]),
+        ("/healthz", &["get"]),
+        ("/readyz", &["get"]),
+        ("/metrics", &["get"]),
+    ] {
+        for m in methods {
+            assert!(
+                doc["paths"][path][m].is_object(),
+                "{m} {path} is not in the document"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn schemathesis_with_every_check_finds_nothing() {
+    let bin = schemathesis();
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let r = RunnerProcess::start(&redis.url(), &["--plugins-dir", dir.to_str().unwrap()]);
+    let conf = workspace().join("tests/schemathesis");
+    let out = Command::new(&bin)
+        .current_dir(eggtimer_tests::temp_dir("schemathesis"))
+        .env("PYTHONPATH", &conf)
+        .env("SCHEMATHESIS_HOOKS", "eggtimer_hooks")
+        .arg("--config-file")
+        .arg(conf.join("schemathesis.toml"))
+        .args(["run", &format!("{}/v1/openapi.json", r.url)])
+        .args(["--checks", "all", "--max-examples", "60", "--no-color"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary: String = text
+        .lines()
+        .filter(|l| l.contains("generated") || l.contains("Failures") || l.contains(" ST"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!("schemathesis: {summary}");
+    assert!(
+        out.status.success(),
+        "schemathesis found problems:\n{}\n{}",
+        text.chars().take(20_000).collect::<String>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let generated: u64 = text
+        .lines()
+        .find_map(|l| l.trim().split(" generated").next()?.trim().parse().ok())
+        .expect("schemathesis reports how many requests it generated");
+    assert!(generated > 1000, "only {generated} requests were generated");
+    assert!(
+        !r.log_text().contains("panicked"),
+        "the runner panicked:\n{}",
+        r.log_text()
+    );
+}
