@@ -42,8 +42,8 @@ pub struct BenchArgs {
     /// Most tasks one claim takes (the runner's --claim-batch).
     #[arg(long, default_value_t = 256)]
     pub claim_batch: usize,
-    /// Tasks claimed beyond the free workers (the runner's --prefetch).
-    #[arg(long, default_value_t = 32)]
+    /// Most tasks claimed beyond the free workers (the runner's --prefetch).
+    #[arg(long, default_value_t = 1024)]
     pub prefetch: usize,
     /// Plugin calls at once (the runner's --workers).
     #[arg(long, default_value_t = 32)]
@@ -86,6 +86,10 @@ impl Handler for Recorder {
             self.starts[i].store(started, Ordering::Relaxed);
         }
         Arc::clone(&self.plugins).handle(task, host)
+    }
+
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.plugins.runtime()
     }
 }
 

@@ -202,8 +202,10 @@ pub struct ServeArgs {
     /// Plugin calls at once (a call waiting in a WASI sleep holds one, not a thread).
     #[arg(long, env = "EGGTIMER_WORKERS", default_value_t = 32)]
     pub workers: usize,
-    /// Tasks claimed beyond the free workers, so a freed worker starts the next task at once.
-    #[arg(long, env = "EGGTIMER_PREFETCH", default_value_t = 32)]
+    /// Most tasks claimed beyond the free workers. The prefetch adapts below this to what the
+    /// workers will start within ~20 ms at the recent run time: deep for fast handlers, none for
+    /// slow ones.
+    #[arg(long, env = "EGGTIMER_PREFETCH", default_value_t = 1024)]
     pub prefetch: usize,
     /// Most tasks one claim takes.
     #[arg(long, env = "EGGTIMER_CLAIM_BATCH", default_value_t = 256)]

@@ -20,12 +20,15 @@
 //! [`reserve`]: Executor::reserve
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::time::Instant;
+
 use futures::future::{BoxFuture, join_all};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tracing::{Instrument, debug, info_span, warn};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::metrics::Metrics;
 use crate::store::{Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store};
@@ -103,6 +106,12 @@ pub trait TaskHost: Send + Sync {
 /// Runs tasks. The future must end (the wasm host bounds every call by its time limit).
 pub trait Handler: Send + Sync + 'static {
     fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run>;
+
+    /// The runtime each task's run is spawned on (None: the caller's). The wasm host has its own,
+    /// so guest code never runs on the threads of the pollers, the API and the finisher.
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        None
+    }
 }
 
 impl<F> Handler for F
@@ -125,15 +134,22 @@ pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> 
 
 /// How many times a run whose kv reads went stale is run again before the attempt fails.
 const MAX_CONFLICT_ROUNDS: u32 = 8;
-/// Most outcomes recorded by one finish script.
-const MAX_FINISH_BATCH: usize = 512;
+/// Outcomes of one shard recorded by one finish script at most.
+const FINISH_GROUP: usize = 256;
+/// Longest an outcome waits for others of its shard before it is recorded: a finish script per
+/// shard for many outcomes costs Redis far less per task than one per outcome.
+const FINISH_WAIT: Duration = Duration::from_millis(2);
+/// Tasks are claimed beyond the free workers only as many as the workers will start within this
+/// horizon, judged from the recent run time: a deep prefetch for fast handlers, none for slow.
+const PREFETCH_HORIZON_US: u64 = 20_000;
 
 /// Settings of the executor.
 #[derive(Clone, Debug)]
 pub struct ExecutorOptions {
     /// Handler calls at once.
     pub workers: usize,
-    /// Tasks claimed beyond the free workers, so a worker that frees up starts the next at once.
+    /// Most tasks claimed beyond the free workers (the prefetch adapts below this: see
+    /// [`PREFETCH_HORIZON_US`]), so a worker that frees up starts the next at once.
     pub prefetch: usize,
     /// Lease of a claimed task (ms); renewed every third of it while the task is held.
     pub lease_ms: u64,
@@ -145,7 +161,7 @@ impl Default for ExecutorOptions {
     fn default() -> Self {
         ExecutorOptions {
             workers: 32,
-            prefetch: 32,
+            prefetch: 1024,
             lease_ms: 5_000,
             retry_base_ms: 1000,
             retry_cap_ms: 3_600_000,
@@ -172,8 +188,16 @@ pub fn now_ms() -> i64 {
 }
 
 /// Room for claimed tasks, taken by a poller before it claims; what it does not use goes back
-/// when it is dropped.
-pub struct Reservation(OwnedSemaphorePermit);
+/// when it is dropped, and pollers waiting for room are woken.
+pub struct Reservation(OwnedSemaphorePermit, Arc<Notify>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.0.num_permits() > 0 {
+            self.1.notify_waiters();
+        }
+    }
+}
 
 impl Reservation {
     pub fn len(&self) -> usize {
@@ -262,6 +286,10 @@ pub struct Executor {
     running: Arc<Semaphore>,
     held: Held,
     finisher: mpsc::UnboundedSender<Pending>,
+    /// Signalled whenever slots are freed (reserve waits on it when the prefetch is full).
+    freed: Arc<Notify>,
+    /// Moving average of a run's time (µs), for the adaptive prefetch.
+    run_us: AtomicU64,
     metrics: Arc<Metrics>,
     stopping: watch::Receiver<bool>,
 }
@@ -305,6 +333,8 @@ impl Executor {
             opts,
             held: Held::default(),
             finisher: tx,
+            freed: Arc::new(Notify::new()),
+            run_us: AtomicU64::new(1_000),
             metrics,
             stopping,
         });
@@ -327,22 +357,37 @@ impl Executor {
         self.held.count()
     }
 
-    /// Waits for room and takes up to `max` slots. Under load it waits for a useful amount
-    /// (an eighth of the capacity) so claims stay batched; when idle that much is free at once.
+    /// How many tasks this runner should hold now: every worker busy, plus what the workers
+    /// will start within the prefetch horizon at the recent run time.
+    fn target_held(&self) -> usize {
+        let workers = self.opts.workers.max(1);
+        let run_us = self.run_us.load(Ordering::Relaxed).max(1);
+        let prefetch = (workers as u64 * PREFETCH_HORIZON_US / run_us) as usize;
+        workers + prefetch.min(self.opts.prefetch)
+    }
+
+    /// Waits for room and takes up to `max` slots: as many as bring the tasks held up to
+    /// [`Self::target_held`]. Under load it waits for a useful amount (an eighth of the target)
+    /// so claims stay batched; when idle that much is free at once. None once closed.
     pub async fn reserve(&self, max: usize) -> Option<Reservation> {
-        let max = max.clamp(1, self.capacity());
-        let first = (self.capacity() / 8).clamp(1, max) as u32;
-        let mut p = Arc::clone(&self.slots)
-            .acquire_many_owned(first)
-            .await
-            .ok()?;
-        let more = self.slots.available_permits().min(max - first as usize) as u32;
-        if more > 0
-            && let Ok(m) = Arc::clone(&self.slots).try_acquire_many_owned(more)
-        {
-            p.merge(m);
+        let max = max.max(1);
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let held = self.capacity() - self.slots.available_permits();
+            let target = self.target_held();
+            let room = target.saturating_sub(held).min(max);
+            if room >= (target / 8).clamp(1, max)
+                && let Ok(p) = Arc::clone(&self.slots).try_acquire_many_owned(room as u32)
+            {
+                return Some(Reservation(p, Arc::clone(&self.freed)));
+            }
+            if self.slots.is_closed() {
+                return None;
+            }
+            freed.await;
         }
-        Some(Reservation(p))
     }
 
     /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
@@ -355,9 +400,14 @@ impl Executor {
             };
             self.held.insert(&task);
             let this = Arc::clone(self);
+            // debug level: an info span per task costs the log subscriber real work at load
             let span =
-                info_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
-            tokio::spawn(
+                debug_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
+            let rt = self
+                .handler
+                .runtime()
+                .unwrap_or_else(tokio::runtime::Handle::current);
+            rt.spawn(
                 async move {
                     match this.run_to_outcome(&task).await {
                         Some(finish) => {
@@ -371,7 +421,11 @@ impl Executor {
                                 _slot: slot,
                             });
                         }
-                        None => this.held.remove(task.shard, &task.id, task.token),
+                        None => {
+                            this.held.remove(task.shard, &task.id, task.token);
+                            drop(slot);
+                            this.freed.notify_waiters();
+                        }
                     }
                 }
                 .instrument(span),
@@ -396,14 +450,18 @@ impl Executor {
             let run = Arc::clone(&self.handler)
                 .handle(task.clone(), Arc::clone(&host))
                 .await;
+            let took = t0.elapsed();
+            // moving average (1/8 weight), for the adaptive prefetch
+            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            let avg = self.run_us.load(Ordering::Relaxed);
+            self.run_us.store(avg - avg / 8 + us / 8, Ordering::Relaxed);
             if round == 0 {
-                self.metrics
-                    .observe_run(&task.plugin, lateness, t0.elapsed());
+                self.metrics.observe_run(&task.plugin, lateness, took);
             }
             let outcome = match run.outcome {
                 Ok(o) => o,
                 Err(error) => {
-                    warn!(%error, "the task failed");
+                    warn!(id = %task.id, plugin = %task.plugin, attempt = task.attempt, %error, "the task failed");
                     return Some(self.retry(task, error));
                 }
             };
@@ -418,11 +476,11 @@ impl Executor {
                         continue;
                     }
                     Err(NotCommitted::Lost) => {
-                        warn!("the claim was lost before its effects were committed; dropped them");
+                        warn!(id = %task.id, "the claim was lost before its effects were committed; dropped them");
                         return None;
                     }
                     Err(NotCommitted::Failed(e)) => {
-                        warn!("committing effects failed, the task will run again: {e:#}");
+                        warn!(id = %task.id, "committing effects failed, the task will run again: {e:#}");
                         return None;
                     }
                 }
@@ -502,25 +560,56 @@ impl Executor {
     }
 
     /// Records outcomes as they come, one finish script per shard per batch.
+    /// Records outcomes as they come, buffered per shard (group commit): when no recording is in
+    /// flight everything buffered is recorded at once; while recordings are in flight a shard's
+    /// buffer waits until it holds [`FINISH_GROUP`] outcomes or its oldest has waited
+    /// [`FINISH_WAIT`]. Each recording is one finish script; shards are recorded concurrently.
     async fn finish_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Pending>) {
-        while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < MAX_FINISH_BATCH {
-                match rx.try_recv() {
-                    Ok(p) => batch.push(p),
-                    Err(_) => break,
-                }
+        let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
+        let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        loop {
+            let due = bufs.values().map(|(since, _)| *since + FINISH_WAIT).min();
+            let got = match due {
+                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
+                None => Some(rx.recv().await),
+            };
+            let closed = matches!(got, Some(None));
+            let mut push = |p: Pending| {
+                bufs.entry(p.shard)
+                    .or_insert_with(|| (Instant::now(), Vec::new()))
+                    .1
+                    .push(p)
+            };
+            if let Some(Some(p)) = got {
+                push(p);
             }
-            let mut by_shard: HashMap<u32, Vec<Pending>> = HashMap::new();
-            for p in batch {
-                by_shard.entry(p.shard).or_default().push(p);
+            while let Ok(p) = rx.try_recv() {
+                push(p);
             }
-            join_all(
-                by_shard
-                    .into_iter()
-                    .map(|(shard, group)| self.record(shard, group)),
-            )
-            .await;
+            let now = Instant::now();
+            let idle = recording.load(Ordering::Acquire) == 0;
+            let ready: Vec<u32> = bufs
+                .iter()
+                .filter(|(_, (since, b))| {
+                    idle || closed || b.len() >= FINISH_GROUP || *since + FINISH_WAIT <= now
+                })
+                .map(|(s, _)| *s)
+                .collect();
+            for shard in ready {
+                let (_, group) = bufs.remove(&shard).expect("listed");
+                let this = Arc::clone(&self);
+                let recording = Arc::clone(&recording);
+                recording.fetch_add(1, Ordering::AcqRel);
+                tokio::spawn(async move {
+                    this.record(shard, group).await;
+                    recording.fetch_sub(1, Ordering::AcqRel);
+                    // the recorded tasks' slots are free: wake pollers waiting for room
+                    this.freed.notify_waiters();
+                });
+            }
+            if closed {
+                return;
+            }
         }
     }
 

@@ -116,7 +116,7 @@ async fn tasks_written_by_the_main_before_claim_tokens_run_after_the_upgrade() {
         "",
         r#"{"order_id":"d","user_id":"u"}"#,
     );
-    let later = now_ms() + 1500;
+    let later = now_ms() + 60_000;
     old_schedule(
         &mut c,
         "old-later",
@@ -135,6 +135,9 @@ async fn tasks_written_by_the_main_before_claim_tokens_run_after_the_upgrade() {
         "the earlier owner index is read: {owned}"
     );
     assert_eq!(owned[0]["run_at"], later);
+    // moved through the new API: the earlier record is moved and run
+    let (s, _) = call("POST", &format!("{}/v1/tasks/old-later/run", r.url), None).await;
+    assert_eq!(s, 202);
     let t = Duration::from_secs(20);
     wait_state(&r.url, "old-due", "done", t).await;
     wait_state(&r.url, "old-later", "done", t).await;

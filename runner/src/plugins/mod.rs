@@ -220,20 +220,14 @@ impl Plugins {
 }
 
 impl Handler for Plugins {
-    /// Runs the call on the plugin runtime, so guest code never runs on the caller's threads.
     fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run> {
-        let Some(rt) = self.rt.0.as_ref().map(|r| r.handle().clone()) else {
-            return Box::pin(std::future::ready(Run::failed(
-                "the plugin host is shut down",
-            )));
-        };
-        Box::pin(async move {
-            let this = Arc::clone(&self);
-            match rt.spawn(async move { this.call(&task, host).await }).await {
-                Ok(run) => run,
-                Err(e) => Run::failed(format!("the plugin call ended abnormally: {e}")),
-            }
-        })
+        Box::pin(async move { self.call(&task, host).await })
+    }
+
+    /// The executor spawns each run on the host's own runtime: guest code never runs on the
+    /// caller's threads, and there is no hop between runtimes per call.
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.rt.0.as_ref().map(|r| r.handle().clone())
     }
 }
 
