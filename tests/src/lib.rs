@@ -251,6 +251,14 @@ impl RunnerProcess {
         Self::launch(Some(redis_url), temp_dir("runner-data"), args, env)
     }
 
+    /// A runner on `redis` that loads every plugin built from plugins/, with extra args.
+    pub fn with_plugins(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
+        let dir = plugins_dir();
+        let mut args = vec!["--plugins-dir", dir.to_str().expect("a UTF-8 path")];
+        args.extend_from_slice(extra);
+        Self::start(&redis.url(), &args)
+    }
+
     /// A runner with its own private redis-server under `data_dir` (no --redis).
     pub fn start_private(data_dir: &Path, args: &[&str]) -> RunnerProcess {
         Self::launch(None, data_dir.to_owned(), args, &[])

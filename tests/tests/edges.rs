@@ -17,10 +17,7 @@ use serde_json::{Value, json};
 const T: Duration = Duration::from_secs(20);
 
 fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
-    let dir = plugins_dir();
-    let mut args = vec!["--plugins-dir", dir.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    RunnerProcess::start(&redis.url(), &args)
+    RunnerProcess::with_plugins(redis, extra)
 }
 
 fn code(b: &Value) -> &str {

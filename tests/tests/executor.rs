@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, plugins_dir, read_stream,
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_stream,
     read_stream_timed, rss_bytes, upload, wait_state,
 };
 use serde_json::{Value, json};
@@ -14,15 +14,9 @@ use serde_json::{Value, json};
 const T: Duration = Duration::from_secs(30);
 
 fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
-    let dir = plugins_dir();
-    let mut args = vec![
-        "--plugins-dir",
-        dir.to_str().unwrap(),
-        "--retry-base",
-        "50ms",
-    ];
+    let mut args = vec!["--retry-base", "50ms"];
     args.extend_from_slice(extra);
-    RunnerProcess::start(&redis.url(), &args)
+    RunnerProcess::with_plugins(redis, &args)
 }
 
 async fn schedule(base: &str, specs: Value) {

@@ -4,25 +4,17 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, plugins_dir, read_stream,
-    upload, wait_state,
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_stream, upload,
+    wait_state,
 };
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(20);
 
 fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
-    let dir = plugins_dir();
-    let mut args = vec![
-        "--plugins-dir",
-        dir.to_str().unwrap(),
-        "--retry-base",
-        "50ms",
-        "--plugin-timeout",
-        "300ms",
-    ];
+    let mut args = vec!["--retry-base", "50ms", "--plugin-timeout", "300ms"];
     args.extend_from_slice(extra);
-    RunnerProcess::start(&redis.url(), &args)
+    RunnerProcess::with_plugins(redis, &args)
 }
 
 #[tokio::test]
