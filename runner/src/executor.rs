@@ -454,7 +454,8 @@ impl Executor {
             // moving average (1/8 weight), for the adaptive prefetch
             let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
             let avg = self.run_us.load(Ordering::Relaxed);
-            self.run_us.store(avg - avg / 8 + us / 8, Ordering::Relaxed);
+            self.run_us
+                .store((avg - avg / 8).saturating_add(us / 8), Ordering::Relaxed);
             if round == 0 {
                 self.metrics.observe_run(&task.plugin, lateness, took);
             }
@@ -487,11 +488,30 @@ impl Executor {
             }
             return Some(match outcome {
                 Outcome::Done => Finish::Done,
-                Outcome::RunAgainAt(at) => Finish::Again { at },
-                Outcome::RetryAfter(ms) => Finish::Retry {
-                    after_ms: ms.min(i64::MAX as u64) as i64,
-                    error: format!("the handler asked to retry in {ms} ms"),
+                Outcome::RunAgainAt(at) => match crate::limits::time("run_again_at", at) {
+                    Ok(at) => Finish::Again { at },
+                    Err(e) => {
+                        self.retry(task, format!("the handler's outcome is out of bounds: {e}"))
+                    }
                 },
+                Outcome::RetryAfter(ms) => {
+                    match i64::try_from(ms)
+                        .map_err(|_| crate::limits::OutOfBounds(String::new()))
+                        .and_then(|ms| crate::limits::duration("retry_after", ms))
+                    {
+                        Ok(after_ms) => Finish::Retry {
+                            after_ms,
+                            error: format!("the handler asked to retry in {ms} ms"),
+                        },
+                        Err(_) => self.retry(
+                            task,
+                            format!(
+                                "the handler's outcome is out of bounds: retry_after must be from 0 to {} ms (10 years), got {ms}",
+                                crate::limits::MAX_DURATION_MS
+                            ),
+                        ),
+                    }
+                }
                 Outcome::Fail(reason) => Finish::Dead { error: reason },
             });
         }
@@ -509,7 +529,8 @@ impl Executor {
             self.opts.retry_base_ms,
             self.opts.retry_cap_ms,
             rand::random::<f64>(),
-        ) as i64;
+        )
+        .min(crate::limits::MAX_DURATION_MS as u64) as i64;
         Finish::Retry { after_ms, error }
     }
 

@@ -369,3 +369,29 @@ async fn a_tampered_compiled_plugin_is_compiled_again_not_loaded() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn outcomes_out_of_bounds_fail_the_attempt_and_keep_times_in_range() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--retry-base", "50ms"]);
+    for what in ["retry-never", "run-again-never"] {
+        let (s, _) = call(
+            "POST",
+            &format!("{}/v1/tasks", r.url),
+            Some(json!({"plugin": "test-flood", "id": what, "max_attempts": 2, "payload": {"what": what}})),
+        )
+        .await;
+        assert_eq!(s, 201);
+        let t = wait_state(&r.url, what, "dead", T).await;
+        let err = t["last_error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("the handler's outcome is out of bounds"),
+            "{what}: {t}"
+        );
+        let due = t["run_at"].as_i64().unwrap();
+        assert!(
+            (0..=eggtimer::limits::MAX_TIME_MS).contains(&due),
+            "{what}: {t}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `events`,
 //! `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
-//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin).
+//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or
+//! returns an outcome out of bounds (`retry-never`, `run-again-never`).
 
 use eggtimer_sdk::{FollowUp, Level, Outcome, Task, emit, handler, kv, log};
 use serde::Deserialize;
@@ -55,6 +56,8 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
             };
         }
         "cancel" => eggtimer_sdk::cancel(&task.payload.id),
+        "retry-never" => return Ok(Outcome::RetryAfter(std::time::Duration::MAX)),
+        "run-again-never" => return Ok(Outcome::RunAgainAt(i64::MAX)),
         other => return Ok(Outcome::Fail(format!("unknown flood {other:?}"))),
     }
     Ok(Outcome::Done)
