@@ -115,9 +115,16 @@ pub(super) async fn call(
 ) -> Run {
     let mut warm = match pool.take(&loaded.digest) {
         Some(w) => w,
-        None => match instantiate(engine, opts, loaded).await {
-            Ok(w) => w,
-            Err(e) => return Run::failed(e),
+        // instantiating runs the component's start code: bounded like a call
+        None => match tokio::time::timeout(opts.timeout, instantiate(engine, opts, loaded)).await {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => return Run::failed(e),
+            Err(_) => {
+                return Run::failed(format!(
+                    "instantiating the plugin took longer than its time limit of {:?}",
+                    opts.timeout
+                ));
+            }
         },
     };
     let deadline = Instant::now() + opts.timeout;
@@ -160,7 +167,7 @@ pub(super) async fn call(
         // was dropped mid-way, so the instance can't be used again.
         Err(_) => {
             let mut msg = format!(
-                "the plugin ran longer than its time limit of {:?} (it was waiting in a WASI call)",
+                "the plugin ran longer than its time limit of {:?} (it was waiting in a host or WASI call)",
                 opts.timeout
             );
             if !stderr_tail.is_empty() {
