@@ -156,7 +156,7 @@ impl LocalRedis {
         };
         let mut me = LocalRedis {
             child,
-            url: format!("redis://:{password}@127.0.0.1:{port}"),
+            url: format!("redis://default:{password}@127.0.0.1:{port}"),
             port,
             password,
             _lock: lock,
@@ -169,7 +169,7 @@ impl LocalRedis {
 
     /// The URL without the password, for logs.
     pub fn shown_url(&self) -> String {
-        format!("redis://:***@127.0.0.1:{}", self.port)
+        format!("redis://default:***@127.0.0.1:{}", self.port)
     }
 
     fn wait_ready(&mut self, dir: &Path) -> Result<()> {
