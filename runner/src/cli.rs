@@ -136,9 +136,9 @@ pub async fn run(cmd: Command) -> Result<()> {
                         spec["run_at"] = json!(t);
                     }
                     if let Some(d) = r#in {
-                        spec["delay_ms"] = json!(
-                            parse_duration(&d).map_err(anyhow::Error::msg)?.as_millis() as u64
-                        );
+                        // the API bounds it (10 years); send the exact value, never a wrapped one
+                        let ms = parse_duration(&d).map_err(anyhow::Error::msg)?.as_millis();
+                        spec["delay_ms"] = json!(u64::try_from(ms).unwrap_or(u64::MAX));
                     }
                     if let Some(id) = id {
                         spec["id"] = json!(id);

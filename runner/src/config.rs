@@ -269,13 +269,27 @@ pub fn parse_signed_ms(s: &str) -> Result<i64, String> {
         Some(r) => (true, r),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
-    let d = parse_duration(rest)?.as_millis() as i64;
+    let d = parse_duration(rest)?.as_millis();
+    let d = i64::try_from(d)
+        .ok()
+        .filter(|d| *d <= crate::limits::MAX_DURATION_MS)
+        .ok_or_else(|| format!("{s:?} is longer than 10 years"))?;
     Ok(if neg { -d } else { d })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signed_durations_are_bounded() {
+        assert!(
+            parse_signed_ms("3650000d")
+                .unwrap_err()
+                .contains("longer than 10 years")
+        );
+        assert!(parse_signed_ms("-9999999999999999ms").is_err());
+    }
 
     #[test]
     fn signed_durations() {
