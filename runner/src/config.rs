@@ -252,6 +252,15 @@ pub struct ServeArgs {
     /// Time a whole request may take (408 after it).
     #[arg(long, env = "EGGTIMER_HTTP_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub http_request_timeout: Duration,
+    /// Tests only: skew this runner's own clock by this many ms.
+    #[arg(
+        long,
+        env = "EGGTIMER_TEST_CLOCK_SKEW_MS",
+        hide = true,
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    pub test_clock_skew_ms: i64,
     /// Log filter (tracing EnvFilter syntax), e.g. info or eggtimer=debug.
     #[arg(long, env = "EGGTIMER_LOG", default_value = "info")]
     pub log: String,

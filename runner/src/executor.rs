@@ -20,7 +20,7 @@
 //! [`reserve`]: Executor::reserve
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -169,22 +169,22 @@ impl Default for ExecutorOptions {
     }
 }
 
-/// Milliseconds since the Unix epoch, by this process's clock.
-///
-/// `EGGTIMER_TEST_CLOCK_SKEW_MS` shifts it, so that tests can run a runner whose clock is wrong;
+/// A skew added to this process's clock (`EGGTIMER_TEST_CLOCK_SKEW_MS`, read by `config`), so
+/// that tests can run a runner whose clock is wrong.
+static CLOCK_SKEW_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Sets the clock skew (tests only; `serve` calls it with the hidden flag's value).
+pub fn set_clock_skew_ms(ms: i64) {
+    CLOCK_SKEW_MS.store(ms, Ordering::Relaxed);
+}
+
+/// Milliseconds since the Unix epoch, by this process's clock (plus the test skew, if any);
 /// nothing that decides when a task fires depends on it (that is Redis time).
 pub fn now_ms() -> i64 {
-    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    let skew = *SKEW.get_or_init(|| {
-        std::env::var("EGGTIMER_TEST_CLOCK_SKEW_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-        + skew
+        + CLOCK_SKEW_MS.load(Ordering::Relaxed)
 }
 
 /// Room for claimed tasks, taken by a poller before it claims; what it does not use goes back

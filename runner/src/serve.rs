@@ -22,6 +22,7 @@ use crate::store::{RedisTarget, Store, StoreOptions};
 
 /// Runs `eggtimer serve` until SIGTERM or ctrl-c.
 pub fn main(args: ServeArgs) -> Result<()> {
+    crate::executor::set_clock_skew_ms(args.test_clock_skew_ms);
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         anyhow::bail!(
             "--token (or EGGTIMER_TOKEN) is empty: give a token, or leave it out to run without auth"

@@ -309,7 +309,21 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
         .arg("+")
         .query(&mut redis.conn())
         .unwrap();
-    let _ = (&fast, &slow);
+    // the skew really applies: each runner's heartbeat carries its own clock
+    let (_, listed) = call("GET", &format!("{}/v1/runners", fast.url), None).await;
+    let real = eggtimer_tests::now_ms();
+    let mut offsets: Vec<i64> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["last_seen"].as_i64().unwrap() - real + 1_800_000).div_euclid(3_600_000))
+        .collect();
+    offsets.sort();
+    assert_eq!(
+        offsets,
+        [-1, 1],
+        "the runners' clocks are an hour off each way: {listed}"
+    );
     for (entry, fields) in v {
         let at: i64 = entry.split('-').next().unwrap().parse().unwrap();
         let id = &fields.iter().find(|(k, _)| k == "task_id").unwrap().1;
