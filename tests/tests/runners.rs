@@ -269,7 +269,7 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
         &args,
         &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "3600000")],
     );
-    let slow = RunnerProcess::start_with_env(
+    let _slow = RunnerProcess::start_with_env(
         &redis.url(),
         &args,
         &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "-3600000")],
