@@ -9,9 +9,12 @@
 //!
 //! A run: the handler is called (the wasm host bounds every call); its effects are committed only
 //! if the claim is still current and no kv entry it read has changed (else it runs again with
-//! fresh reads); then its outcome goes to the finisher, which records the outcomes that are ready
-//! with one `finish` script per shard (group commit: a batch forms while the previous one is in
-//! flight, so outcomes wait at most about one Redis round trip).
+//! fresh reads); then its outcome goes to the finisher, which records outcomes with one `finish`
+//! script per shard (group commit: at once when nothing is being recorded, else a shard's
+//! outcomes wait until there are 256 or the oldest has waited 2 ms).
+//!
+//! Files: `handler` (the seam and what a run returns), `held` (the claims held and their lease
+//! renewal), `finisher` (recording outcomes).
 //!
 //! Architecture invariant: effects are committed before the outcome, and finish, renew and
 //! effects are fenced by the claim token; a task whose runner dies at any point is run again
@@ -19,109 +22,24 @@
 //!
 //! [`reserve`]: Executor::reserve
 
-use std::collections::HashMap;
+mod finisher;
+mod handler;
+mod held;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::time::Instant;
-
-use futures::future::{BoxFuture, join_all};
+use futures::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, debug_span, warn};
 
+use finisher::Pending;
+pub use handler::{Effects, Handler, Outcome, Run, TaskHost};
+use held::Held;
+
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store};
-
-/// What a handler decided about its task.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    Done,
-    /// Run again after this many ms (counts as a failed attempt).
-    RetryAfter(u64),
-    /// Give up: dead-letter with this reason.
-    Fail(String),
-    /// Run the same task again at this time (ms), attempts reset.
-    RunAgainAt(i64),
-}
-
-/// The effects a handler asked for, committed before its outcome is recorded.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Effects {
-    /// Follow-up tasks, created only if their (derived) id does not exist yet.
-    pub schedule: Vec<NewTask>,
-    /// Ids of tasks to cancel (only tasks of the same plugin are cancelled).
-    pub cancel: Vec<String>,
-    /// kv reads (checked at commit), kv writes and events.
-    pub ns: NsEffects,
-}
-
-impl Effects {
-    /// Whether there is anything to write (reads alone are not).
-    pub fn writes_nothing(&self) -> bool {
-        self.schedule.is_empty()
-            && self.cancel.is_empty()
-            && self.ns.kv.is_empty()
-            && self.ns.events.is_empty()
-    }
-}
-
-/// One run of a handler.
-#[derive(Debug)]
-pub struct Run {
-    /// `Err` is a failure of the run itself (trap, timeout, unknown plugin, over budget): retried
-    /// with backoff; its effects are dropped.
-    pub outcome: Result<Outcome, String>,
-    pub effects: Effects,
-}
-
-impl Run {
-    /// A run that failed before it could decide anything (retried with backoff).
-    pub fn failed(error: impl Into<String>) -> Run {
-        Run {
-            outcome: Err(error.into()),
-            effects: Effects::default(),
-        }
-    }
-
-    /// A run with an outcome and no effects.
-    pub fn outcome(outcome: Outcome) -> Run {
-        Run {
-            outcome: Ok(outcome),
-            effects: Effects::default(),
-        }
-    }
-}
-
-/// Reads a handler may make while it runs.
-pub trait TaskHost: Send + Sync {
-    /// One entry of the plugin's key-value store.
-    fn kv_get<'a>(
-        &'a self,
-        plugin: &'a str,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, String>>;
-}
-
-/// Runs tasks. The future must end (the wasm host bounds every call by its time limit).
-pub trait Handler: Send + Sync + 'static {
-    fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run>;
-
-    /// The runtime each task's run is spawned on (None: the caller's). The wasm host has its own,
-    /// so guest code never runs on the threads of the pollers, the API and the finisher.
-    fn runtime(&self) -> Option<tokio::runtime::Handle> {
-        None
-    }
-}
-
-impl<F> Handler for F
-where
-    F: Fn(&Claimed, &Arc<dyn TaskHost>) -> Run + Send + Sync + 'static,
-{
-    fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run> {
-        Box::pin(std::future::ready(self(&task, &host)))
-    }
-}
+use crate::store::{Claimed, Committed, Finish, ScheduleMode, Store};
 
 /// Retry backoff: `base · 2^(attempt−1)`, capped, with jitter in its upper half. Pure.
 pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> u64 {
@@ -207,62 +125,6 @@ impl Reservation {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// The claims this runner holds: shard → task id → claim token.
-#[derive(Default)]
-struct Held(Mutex<HashMap<u32, HashMap<String, u64>>>);
-
-impl Held {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, HashMap<String, u64>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn insert(&self, t: &Claimed) {
-        self.lock()
-            .entry(t.shard)
-            .or_default()
-            .insert(t.id.clone(), t.token);
-    }
-
-    /// Removes a claim (only that claim: a newer one of the same id stays).
-    fn remove(&self, shard: u32, id: &str, token: u64) {
-        let mut g = self.lock();
-        if let Some(m) = g.get_mut(&shard)
-            && m.get(id) == Some(&token)
-        {
-            m.remove(id);
-        }
-    }
-
-    fn holds(&self, t: &Claimed) -> bool {
-        self.lock()
-            .get(&t.shard)
-            .is_some_and(|m| m.get(&t.id) == Some(&t.token))
-    }
-
-    fn snapshot(&self) -> Vec<(u32, Vec<(String, u64)>)> {
-        self.lock()
-            .iter()
-            .filter(|(_, m)| !m.is_empty())
-            .map(|(s, m)| (*s, m.iter().map(|(i, t)| (i.clone(), *t)).collect()))
-            .collect()
-    }
-
-    fn count(&self) -> usize {
-        self.lock().values().map(HashMap::len).sum()
-    }
-}
-
-/// An outcome waiting for the finisher; its slot is freed once it is recorded.
-struct Pending {
-    shard: u32,
-    id: String,
-    token: u64,
-    attempt: u32,
-    plugin: String,
-    finish: Finish,
-    _slot: OwnedSemaphorePermit,
 }
 
 /// Why a run's effects were not committed.
@@ -578,146 +440,6 @@ impl Executor {
             }
         }
         Ok(())
-    }
-
-    /// Records outcomes as they come, one finish script per shard per batch.
-    /// Records outcomes as they come, buffered per shard (group commit): when no recording is in
-    /// flight everything buffered is recorded at once; while recordings are in flight a shard's
-    /// buffer waits until it holds [`FINISH_GROUP`] outcomes or its oldest has waited
-    /// [`FINISH_WAIT`]. Each recording is one finish script; shards are recorded concurrently.
-    async fn finish_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Pending>) {
-        let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
-        let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        loop {
-            let due = bufs.values().map(|(since, _)| *since + FINISH_WAIT).min();
-            let got = match due {
-                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
-                None => Some(rx.recv().await),
-            };
-            let closed = matches!(got, Some(None));
-            let mut push = |p: Pending| {
-                bufs.entry(p.shard)
-                    .or_insert_with(|| (Instant::now(), Vec::new()))
-                    .1
-                    .push(p)
-            };
-            if let Some(Some(p)) = got {
-                push(p);
-            }
-            while let Ok(p) = rx.try_recv() {
-                push(p);
-            }
-            let now = Instant::now();
-            let idle = recording.load(Ordering::Acquire) == 0;
-            let ready: Vec<u32> = bufs
-                .iter()
-                .filter(|(_, (since, b))| {
-                    idle || closed || b.len() >= FINISH_GROUP || *since + FINISH_WAIT <= now
-                })
-                .map(|(s, _)| *s)
-                .collect();
-            for shard in ready {
-                let (_, group) = bufs.remove(&shard).expect("listed");
-                let this = Arc::clone(&self);
-                let recording = Arc::clone(&recording);
-                recording.fetch_add(1, Ordering::AcqRel);
-                tokio::spawn(async move {
-                    this.record(shard, group).await;
-                    recording.fetch_sub(1, Ordering::AcqRel);
-                    // the recorded tasks' slots are free: wake pollers waiting for room
-                    this.freed.notify_waiters();
-                });
-            }
-            if closed {
-                return;
-            }
-        }
-    }
-
-    async fn record(&self, shard: u32, group: Vec<Pending>) {
-        let items: Vec<(&str, u64, &Finish)> = group
-            .iter()
-            .map(|p| (p.id.as_str(), p.token, &p.finish))
-            .collect();
-        let mut delay = Duration::from_millis(50);
-        let mut tries = 0;
-        let verdicts = loop {
-            match self.store.finish(shard, &items).await {
-                Ok(v) => break Some(v),
-                // A finish that was applied but whose answer was lost answers `stale` when sent
-                // again (the claim is over): retrying is safe.
-                Err(e) if tries < 4 => {
-                    warn!(
-                        shard,
-                        "recording outcomes failed, retrying in {delay:?}: {e:#}"
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    tries += 1;
-                }
-                Err(e) => {
-                    warn!(
-                        shard,
-                        "recording outcomes failed; the leases will expire and the tasks run again: {e:#}"
-                    );
-                    break None;
-                }
-            }
-        };
-        if let Some(verdicts) = &verdicts {
-            self.metrics.observe_finishes(
-                group
-                    .iter()
-                    .zip(verdicts)
-                    .map(|(p, v)| (p.plugin.as_str(), *v)),
-            );
-            for (p, v) in group.iter().zip(verdicts) {
-                if *v == Finished::Stale {
-                    warn!(id = %p.id, attempt = p.attempt, "outcome refused: the claim was lost");
-                } else {
-                    debug!(id = %p.id, attempt = p.attempt, ?v, "recorded");
-                }
-            }
-        }
-        for p in &group {
-            self.held.remove(shard, &p.id, p.token);
-        }
-        // dropping `group` frees the slots
-    }
-
-    /// Renews the leases of everything held, every third of the lease, until stopped and empty.
-    async fn renew_loop(self: Arc<Self>) {
-        let every = Duration::from_millis((self.opts.lease_ms / 3).max(10));
-        loop {
-            tokio::time::sleep(every).await;
-            if *self.stopping.borrow()
-                && self.held.count() == 0
-                && self.slots.available_permits() == self.capacity()
-            {
-                return;
-            }
-            let lease = self.opts.lease_ms;
-            let calls = self.held.snapshot().into_iter().map(|(shard, held)| {
-                let this = &self;
-                async move {
-                    for chunk in held.chunks(1000) {
-                        let refs: Vec<(&str, u64)> = chunk.iter().map(|(i, t)| (i.as_str(), *t)).collect();
-                        match this.store.renew(shard, &refs, lease).await {
-                            Ok(current) => {
-                                for ((id, token), ok) in chunk.iter().zip(current) {
-                                    if !ok {
-                                        warn!(shard, %id, "lost the claim of a running task (cancelled, replaced or reaped)");
-                                        this.held.remove(shard, id, *token);
-                                    }
-                                }
-                            }
-                            Err(e) => warn!(shard, "renewing leases failed: {e:#}"),
-                        }
-                    }
-                }
-            });
-            join_all(calls).await;
-        }
     }
 
     /// Waits until every claimed task has been recorded (or `limit` passed); true when all did.

@@ -1,0 +1,131 @@
+//! The finisher: records outcomes, buffered per shard and group-committed, one finish script per
+//! shard per recording.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::{Executor, FINISH_GROUP, FINISH_WAIT};
+use crate::store::{Finish, Finished};
+
+/// An outcome waiting for the finisher; its slot is freed once it is recorded.
+pub(super) struct Pending {
+    pub(super) shard: u32,
+    pub(super) id: String,
+    pub(super) token: u64,
+    pub(super) attempt: u32,
+    pub(super) plugin: String,
+    pub(super) finish: Finish,
+    pub(super) _slot: OwnedSemaphorePermit,
+}
+
+impl Executor {
+    /// Records outcomes as they come, buffered per shard (group commit): when no recording is in
+    /// flight everything buffered is recorded at once; while recordings are in flight a shard's
+    /// buffer waits until it holds [`FINISH_GROUP`] outcomes or its oldest has waited
+    /// [`FINISH_WAIT`]. Each recording is one finish script; shards are recorded concurrently.
+    pub(super) async fn finish_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Pending>) {
+        let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
+        let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        loop {
+            let due = bufs.values().map(|(since, _)| *since + FINISH_WAIT).min();
+            let got = match due {
+                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
+                None => Some(rx.recv().await),
+            };
+            let closed = matches!(got, Some(None));
+            let mut push = |p: Pending| {
+                bufs.entry(p.shard)
+                    .or_insert_with(|| (Instant::now(), Vec::new()))
+                    .1
+                    .push(p)
+            };
+            if let Some(Some(p)) = got {
+                push(p);
+            }
+            while let Ok(p) = rx.try_recv() {
+                push(p);
+            }
+            let now = Instant::now();
+            let idle = recording.load(Ordering::Acquire) == 0;
+            let ready: Vec<u32> = bufs
+                .iter()
+                .filter(|(_, (since, b))| {
+                    idle || closed || b.len() >= FINISH_GROUP || *since + FINISH_WAIT <= now
+                })
+                .map(|(s, _)| *s)
+                .collect();
+            for shard in ready {
+                let (_, group) = bufs.remove(&shard).expect("listed");
+                let this = Arc::clone(&self);
+                let recording = Arc::clone(&recording);
+                recording.fetch_add(1, Ordering::AcqRel);
+                tokio::spawn(async move {
+                    this.record(shard, group).await;
+                    recording.fetch_sub(1, Ordering::AcqRel);
+                    // the recorded tasks' slots are free: wake pollers waiting for room
+                    this.freed.notify_waiters();
+                });
+            }
+            if closed {
+                return;
+            }
+        }
+    }
+
+    pub(super) async fn record(&self, shard: u32, group: Vec<Pending>) {
+        let items: Vec<(&str, u64, &Finish)> = group
+            .iter()
+            .map(|p| (p.id.as_str(), p.token, &p.finish))
+            .collect();
+        let mut delay = Duration::from_millis(50);
+        let mut tries = 0;
+        let verdicts = loop {
+            match self.store.finish(shard, &items).await {
+                Ok(v) => break Some(v),
+                // A finish that was applied but whose answer was lost answers `stale` when sent
+                // again (the claim is over): retrying is safe.
+                Err(e) if tries < 4 => {
+                    warn!(
+                        shard,
+                        "recording outcomes failed, retrying in {delay:?}: {e:#}"
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    tries += 1;
+                }
+                Err(e) => {
+                    warn!(
+                        shard,
+                        "recording outcomes failed; the leases will expire and the tasks run again: {e:#}"
+                    );
+                    break None;
+                }
+            }
+        };
+        if let Some(verdicts) = &verdicts {
+            self.metrics.observe_finishes(
+                group
+                    .iter()
+                    .zip(verdicts)
+                    .map(|(p, v)| (p.plugin.as_str(), *v)),
+            );
+            for (p, v) in group.iter().zip(verdicts) {
+                if *v == Finished::Stale {
+                    warn!(id = %p.id, attempt = p.attempt, "outcome refused: the claim was lost");
+                } else {
+                    debug!(id = %p.id, attempt = p.attempt, ?v, "recorded");
+                }
+            }
+        }
+        for p in &group {
+            self.held.remove(shard, &p.id, p.token);
+        }
+        // dropping `group` frees the slots
+    }
+}
