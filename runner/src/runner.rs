@@ -60,13 +60,6 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// Claimed tasks this runner holds now (queued or running).
-    pub fn held(&self) -> usize {
-        self.exec.held()
-    }
-}
-
-impl Runner {
     /// Joins the namespace's runners, polls the shards it is given and runs due tasks through
     /// `handler`.
     pub fn start(

@@ -168,12 +168,18 @@ pub async fn schedule(
             ));
         }
     }
-    // A running id refuses the whole batch. Checked before writing (the scripts also refuse a
-    // shard's part atomically, which covers a task claimed in between).
-    let ids: Vec<&str> = specs.iter().map(|t| t.id.as_str()).collect();
-    let running = st.store.running_among(&ids).await?;
-    if let Some(i) = specs.iter().position(|t| running.contains(&t.id)) {
-        return Err(running_conflict(&at(i), &specs[i].id));
+    // A running id refuses the whole batch. Each shard's part is all or nothing in its script;
+    // a batch over several shards is also checked before anything is written.
+    let first_shard = st.store.shard_of(&specs[0].id);
+    if specs
+        .iter()
+        .any(|t| st.store.shard_of(&t.id) != first_shard)
+    {
+        let ids: Vec<&str> = specs.iter().map(|t| t.id.as_str()).collect();
+        let running = st.store.running_among(&ids).await?;
+        if let Some(i) = specs.iter().position(|t| running.contains(&t.id)) {
+            return Err(running_conflict(&at(i), &specs[i].id));
+        }
     }
     let verdicts = st.store.schedule(&specs, ScheduleMode::Upsert).await?;
     if let Some(i) = verdicts.iter().position(|v| *v == Scheduled::Running) {

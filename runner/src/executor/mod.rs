@@ -147,6 +147,8 @@ pub struct Executor {
     /// Handler calls at once.
     running: Arc<Semaphore>,
     held: Held,
+    /// The reads a handler makes (kv), shared by every run.
+    host: Arc<dyn TaskHost>,
     finisher: mpsc::UnboundedSender<Pending>,
     /// Signalled whenever slots are freed (reserve waits on it when the prefetch is full).
     freed: Arc<Notify>,
@@ -186,6 +188,9 @@ impl Executor {
         stopping: watch::Receiver<bool>,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let host: Arc<dyn TaskHost> = Arc::new(StoreHost {
+            store: store.clone(),
+        });
         let workers = opts.workers.max(1);
         let exec = Arc::new(Executor {
             store,
@@ -194,6 +199,7 @@ impl Executor {
             running: Arc::new(Semaphore::new(workers)),
             opts,
             held: Held::default(),
+            host,
             finisher: tx,
             freed: Arc::new(Notify::new()),
             run_us: AtomicU64::new(1_000),
@@ -212,11 +218,6 @@ impl Executor {
     /// The lease a claim should ask for (ms).
     pub fn lease_ms(&self) -> u64 {
         self.opts.lease_ms
-    }
-
-    /// Claimed tasks this runner holds now.
-    pub fn held(&self) -> usize {
-        self.held.count()
     }
 
     /// How many tasks this runner should hold now: every worker busy, plus what the workers
@@ -303,14 +304,11 @@ impl Executor {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
-        let host: Arc<dyn TaskHost> = Arc::new(StoreHost {
-            store: self.store.clone(),
-        });
         let lateness = now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
             let t0 = std::time::Instant::now();
             let run = Arc::clone(&self.handler)
-                .handle(task.clone(), Arc::clone(&host))
+                .handle(task.clone(), Arc::clone(&self.host))
                 .await;
             let took = t0.elapsed();
             // moving average (1/8 weight), for the adaptive prefetch

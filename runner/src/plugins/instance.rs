@@ -98,10 +98,6 @@ impl Pool {
         };
         drop(dropped);
     }
-
-    pub fn idle(&self) -> usize {
-        self.lock().len()
-    }
 }
 
 /// Runs one task on `loaded` (the current version of its plugin).

@@ -30,7 +30,7 @@ use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-pub use host::{Budget, MAX_TIME_MS, MAX_TTL_MS, derive_id, valid_owner, valid_topic};
+pub use host::{Budget, derive_id, valid_topic};
 pub use registry::{PluginVersion, Registry, UploadError, valid_plugin_name};
 
 use crate::executor::{Handler, Run, TaskHost};
@@ -187,11 +187,6 @@ impl Plugins {
             .collect();
         v.sort();
         v
-    }
-
-    /// Idle instances kept for reuse.
-    pub fn warm_instances(&self) -> usize {
-        self.pool.idle()
     }
 
     /// Drops every idle instance (the next calls instantiate afresh).

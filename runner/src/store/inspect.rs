@@ -22,38 +22,51 @@ impl Store {
         Ok(live.or(done).and_then(|r| TaskRecord::decode(id, &r)))
     }
 
-    /// The ids among `ids` that are running now (a read, for checks before a batch is written).
-    pub async fn running_among(&self, ids: &[&str]) -> Result<Vec<String>> {
-        let mut by_shard: Vec<Vec<&str>> = vec![Vec::new(); self.shards() as usize];
-        for id in ids {
-            by_shard[self.shard_of(id) as usize].push(id);
+    /// The stored records of `ids` (None: no live record), in the order of `ids`: one HMGET per
+    /// shard, sent concurrently.
+    async fn read_records(&self, ids: &[&str]) -> Result<Vec<Option<String>>> {
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards() as usize];
+        for (i, id) in ids.iter().enumerate() {
+            by_shard[self.shard_of(id) as usize].push(i);
         }
         let calls = by_shard
             .into_iter()
             .enumerate()
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(shard, v)| {
+            .filter(|(_, ix)| !ix.is_empty())
+            .map(|(shard, ix)| {
                 let k = self.keys().shard(shard as u32);
                 let mut conn = self.conn();
+                let names: Vec<&str> = ix.iter().map(|&i| ids[i]).collect();
                 async move {
                     let recs: Vec<Option<String>> = redis::cmd("HMGET")
                         .arg(&k.tasks)
-                        .arg(&v)
+                        .arg(&names)
                         .query_async(&mut conn)
                         .await?;
-                    Ok::<_, anyhow::Error>(
-                        v.iter()
-                            .zip(recs)
-                            .filter(|(_, r)| r.as_deref().is_some_and(|r| r.starts_with("r\t")))
-                            .map(|(id, _)| id.to_string())
-                            .collect::<Vec<_>>(),
-                    )
+                    Ok::<_, anyhow::Error>((ix, recs))
                 }
             });
-        Ok(try_join_all(calls)
+        let mut out = vec![None; ids.len()];
+        for (ix, recs) in try_join_all(calls).await? {
+            for (i, r) in ix.into_iter().zip(recs) {
+                out[i] = r;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The ids among `ids` that are running now (a read, for checks before a batch is written).
+    pub async fn running_among(&self, ids: &[&str]) -> Result<Vec<String>> {
+        let recs = self
+            .read_records(ids)
             .await
-            .context("checking which tasks are running")?
-            .concat())
+            .context("checking which tasks are running")?;
+        Ok(ids
+            .iter()
+            .zip(recs)
+            .filter(|(_, r)| r.as_deref().is_some_and(|r| r.starts_with("r\t")))
+            .map(|(id, _)| id.to_string())
+            .collect())
     }
 
     /// A page of the owner's scheduled tasks, soonest first: at most `limit`, after the cursor
@@ -108,24 +121,15 @@ impl Store {
         let next = (entries.len() == limit)
             .then(|| entries.last().map(|(d, id, _)| (*d, id.clone())))
             .flatten();
-        let reads = entries.iter().map(|(_, id, shard)| {
-            let k = self.keys().shard(*shard);
-            let mut conn = self.conn();
-            let id = id.clone();
-            async move {
-                let r: Option<String> = redis::cmd("HGET")
-                    .arg(&k.tasks)
-                    .arg(&id)
-                    .query_async(&mut conn)
-                    .await?;
-                Ok::<_, anyhow::Error>(r.and_then(|r| TaskRecord::decode(&id, &r)))
-            }
-        });
-        let tasks = try_join_all(reads)
+        let ids: Vec<&str> = entries.iter().map(|(_, id, _)| id.as_str()).collect();
+        let recs = self
+            .read_records(&ids)
             .await
-            .context("reading an owner's tasks")?
-            .into_iter()
-            .flatten()
+            .context("reading an owner's tasks")?;
+        let tasks = ids
+            .iter()
+            .zip(recs)
+            .filter_map(|(id, r)| r.and_then(|r| TaskRecord::decode(id, &r)))
             .filter(|t| t.state == TaskState::Scheduled)
             .collect();
         Ok((tasks, next))

@@ -50,13 +50,7 @@ impl Store {
                         .invoke_async(&mut conn)
                         .await
                         .context("schedule script")?;
-                    if words.len() != ix.len() {
-                        bail!(
-                            "the schedule script answered {} verdicts for {} tasks",
-                            words.len(),
-                            ix.len()
-                        );
-                    }
+                    expect_len("schedule", words.len(), ix.len())?;
                     Ok::<_, anyhow::Error>((ix, words))
                 }
             });
@@ -130,13 +124,7 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("renew script")?;
-        if v.len() != held.len() {
-            bail!(
-                "the renew script answered {} values for {} tasks",
-                v.len(),
-                held.len()
-            );
-        }
+        expect_len("renew", v.len(), held.len())?;
         Ok(v.into_iter().map(|x| x == 1).collect())
     }
 
@@ -171,13 +159,7 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("finish script")?;
-        if words.len() != items.len() {
-            bail!(
-                "the finish script answered {} verdicts for {} tasks",
-                words.len(),
-                items.len()
-            );
-        }
+        expect_len("finish", words.len(), items.len())?;
         words.iter().map(|w| Finished::parse("finish", w)).collect()
     }
 
@@ -332,6 +314,14 @@ impl Store {
 
 /// Most tasks one owner-shift script moves (a chunk holds Redis for about a millisecond).
 pub const OWNER_CHUNK: usize = 500;
+
+/// A script answers one value per task it was given; anything else is an error.
+fn expect_len(script: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        bail!("the {script} script answered {got} values for {want} tasks");
+    }
+    Ok(())
+}
 
 /// `{'ok', n}` or `{refusal}`.
 fn word_then_int(script: &str, v: &[Value]) -> Result<Result<i64, Refused>> {
