@@ -152,6 +152,7 @@ fn tasks(prefix_from: usize, dues: &[i64], plugin: &str) -> Vec<NewTask> {
             run_at: *d,
             owner: None,
             max_attempts: 5,
+            unique_for_ms: 0,
         })
         .collect()
 }

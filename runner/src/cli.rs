@@ -6,7 +6,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::config::{
-    Command, DeadCmd, OwnerCmd, PluginCmd, RemoteArgs, TaskCmd, parse_duration, parse_signed_ms,
+    Command, DeadCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, TaskCmd, parse_duration,
+    parse_signed_ms,
 };
 
 struct Remote {
@@ -115,6 +116,30 @@ pub async fn run(cmd: Command) -> Result<()> {
                     r.call(Method::DELETE, &format!("/v1/plugins/{}", enc(&name)), None)
                         .await?
                 }
+                PluginCmd::Pause { name } => {
+                    r.call(
+                        Method::POST,
+                        &format!("/v1/plugins/{}/pause", enc(&name)),
+                        None,
+                    )
+                    .await?
+                }
+                PluginCmd::Resume { name } => {
+                    r.call(
+                        Method::POST,
+                        &format!("/v1/plugins/{}/resume", enc(&name)),
+                        None,
+                    )
+                    .await?
+                }
+                PluginCmd::Limit { name, max, .. } => {
+                    r.call(
+                        Method::PATCH,
+                        &format!("/v1/plugins/{}", enc(&name)),
+                        Some(json!({"max_concurrency": max})),
+                    )
+                    .await?
+                }
             }
         }
         Command::Task { remote, cmd } => {
@@ -150,6 +175,32 @@ pub async fn run(cmd: Command) -> Result<()> {
                         spec["max_attempts"] = json!(m);
                     }
                     r.call(Method::POST, "/v1/tasks", Some(spec)).await?
+                }
+                TaskCmd::Find {
+                    plugin,
+                    state,
+                    owner,
+                    due_after,
+                    due_before,
+                    limit,
+                    cursor,
+                } => {
+                    let mut q = Vec::new();
+                    for (k, v) in [
+                        ("plugin", plugin),
+                        ("state", state),
+                        ("owner", owner),
+                        ("due_after", due_after.map(|t| t.to_string())),
+                        ("due_before", due_before.map(|t| t.to_string())),
+                        ("limit", limit.map(|n| n.to_string())),
+                        ("cursor", cursor),
+                    ] {
+                        if let Some(v) = v {
+                            q.push(format!("{k}={}", enc(&v)));
+                        }
+                    }
+                    r.call(Method::GET, &format!("/v1/tasks?{}", q.join("&")), None)
+                        .await?
                 }
                 TaskCmd::Get { id } => {
                     r.call(Method::GET, &format!("/v1/tasks/{}", enc(&id)), None)
@@ -196,6 +247,17 @@ pub async fn run(cmd: Command) -> Result<()> {
                     )
                     .await?
                 }
+                OwnerCmd::Cancel { owner, plugin } => {
+                    let q = plugin
+                        .map(|p| format!("?plugin={}", enc(&p)))
+                        .unwrap_or_default();
+                    r.call(
+                        Method::DELETE,
+                        &format!("/v1/owners/{}/tasks{q}", enc(&owner)),
+                        None,
+                    )
+                    .await?
+                }
                 OwnerCmd::List { owner } => {
                     r.call(
                         Method::GET,
@@ -221,6 +283,67 @@ pub async fn run(cmd: Command) -> Result<()> {
                     r.call(Method::DELETE, &format!("/v1/dead/{}", enc(&id)), None)
                         .await?
                 }
+                DeadCmd::RetryAll { plugin } => {
+                    r.call(
+                        Method::POST,
+                        "/v1/dead/retry",
+                        Some(json!({"plugin": plugin})),
+                    )
+                    .await?
+                }
+                DeadCmd::DropAll { plugin } => {
+                    let q = plugin
+                        .map(|p| format!("?plugin={}", enc(&p)))
+                        .unwrap_or_default();
+                    r.call(Method::DELETE, &format!("/v1/dead{q}"), None)
+                        .await?
+                }
+            }
+        }
+        Command::Schedule { remote, cmd } => {
+            let r = Remote::new(&remote)?;
+            let path = |id: &str, then: &str| format!("/v1/schedules/{}{then}", enc(id));
+            match cmd {
+                ScheduleCmd::Put {
+                    id,
+                    plugin,
+                    cron,
+                    every,
+                    tz,
+                    payload,
+                    owner,
+                    overlap,
+                    max_attempts,
+                } => {
+                    let payload: Value =
+                        serde_json::from_str(&payload).context("--payload must be JSON")?;
+                    let mut spec = json!({"plugin": plugin, "payload": payload});
+                    if let Some(c) = cron {
+                        spec["cron"] = json!(c);
+                    }
+                    if let Some(e) = every {
+                        let ms = parse_duration(&e).map_err(anyhow::Error::msg)?.as_millis();
+                        spec["every_ms"] = json!(u64::try_from(ms).unwrap_or(u64::MAX));
+                    }
+                    for (k, v) in [("tz", tz), ("owner", owner), ("overlap", overlap)] {
+                        if let Some(v) = v {
+                            spec[k] = json!(v);
+                        }
+                    }
+                    if let Some(m) = max_attempts {
+                        spec["max_attempts"] = json!(m);
+                    }
+                    r.call(Method::PUT, &path(&id, ""), Some(spec)).await?
+                }
+                ScheduleCmd::List => r.call(Method::GET, "/v1/schedules", None).await?,
+                ScheduleCmd::Get { id } => r.call(Method::GET, &path(&id, ""), None).await?,
+                ScheduleCmd::Pause { id } => {
+                    r.call(Method::POST, &path(&id, "/pause"), None).await?
+                }
+                ScheduleCmd::Resume { id } => {
+                    r.call(Method::POST, &path(&id, "/resume"), None).await?
+                }
+                ScheduleCmd::Delete { id } => r.call(Method::DELETE, &path(&id, ""), None).await?,
             }
         }
     };

@@ -49,6 +49,13 @@ pub enum Command {
     },
     /// Run the benchmark workloads of BENCH.md against a private redis-server.
     Bench(crate::bench::BenchArgs),
+    /// Recurring schedules.
+    Schedule {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: ScheduleCmd,
+    },
     /// The dead-letter set.
     Dead {
         #[command(flatten)]
@@ -86,6 +93,56 @@ pub enum PluginCmd {
     Rollback { name: String },
     /// Delete a plugin.
     Delete { name: String },
+    /// Pause a plugin: no runner starts its tasks until it is resumed.
+    Pause { name: String },
+    /// Resume a paused plugin: its overdue tasks run at once.
+    Resume { name: String },
+    /// Limit a plugin's runs at once across all runners (--max N, or --none for no limit).
+    Limit {
+        name: String,
+        #[arg(long, conflicts_with = "none", required_unless_present = "none")]
+        max: Option<u32>,
+        #[arg(long)]
+        none: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ScheduleCmd {
+    /// Create or replace a recurring schedule (--cron or --every).
+    Put {
+        id: String,
+        plugin: String,
+        /// 5-field cron: minute hour day-of-month month day-of-week.
+        #[arg(long, conflicts_with = "every", required_unless_present = "every")]
+        cron: Option<String>,
+        /// A fixed interval, e.g. 30s, 5m.
+        #[arg(long)]
+        every: Option<String>,
+        /// IANA time zone of --cron (default UTC).
+        #[arg(long)]
+        tz: Option<String>,
+        /// The payload of each firing (JSON).
+        #[arg(long, default_value = "null")]
+        payload: String,
+        #[arg(long)]
+        owner: Option<String>,
+        /// skip (default: no firing while the previous one is due or running) or allow.
+        #[arg(long)]
+        overlap: Option<String>,
+        #[arg(long)]
+        max_attempts: Option<u32>,
+    },
+    /// List the schedules.
+    List,
+    /// Show a schedule and its next fire times.
+    Get { id: String },
+    /// Pause a schedule.
+    Pause { id: String },
+    /// Resume a schedule.
+    Resume { id: String },
+    /// Delete a schedule (firings already created stay).
+    Delete { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -111,6 +168,26 @@ pub enum TaskCmd {
     },
     /// Show a task.
     Get { id: String },
+    /// Find tasks by plugin, state, owner and due range (one page; --cursor for the next).
+    Find {
+        #[arg(long)]
+        plugin: Option<String>,
+        /// scheduled | running | dead | done
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        /// Due at or after (ms since the epoch).
+        #[arg(long)]
+        due_after: Option<i64>,
+        /// Due at or before (ms since the epoch).
+        #[arg(long)]
+        due_before: Option<i64>,
+        #[arg(long)]
+        limit: Option<u32>,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
     /// Cancel a task.
     Cancel { id: String },
     /// Run a task now.
@@ -137,6 +214,12 @@ pub enum OwnerCmd {
     },
     /// List an owner's scheduled tasks.
     List { owner: String },
+    /// Cancel all of an owner's scheduled tasks (of one plugin).
+    Cancel {
+        owner: String,
+        #[arg(long)]
+        plugin: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -150,6 +233,16 @@ pub enum DeadCmd {
     Retry { id: String },
     /// Drop a dead task.
     Drop { id: String },
+    /// Put every dead task (of one plugin) back.
+    RetryAll {
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+    /// Drop every dead task (of one plugin).
+    DropAll {
+        #[arg(long)]
+        plugin: Option<String>,
+    },
 }
 
 /// Flags of `eggtimer serve`.

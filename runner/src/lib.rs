@@ -13,6 +13,8 @@ pub mod metrics;
 pub mod plugins;
 pub mod poller;
 pub mod runner;
+pub mod scheduler;
+pub mod schedules;
 pub mod serve;
 pub mod shards;
 pub mod store;

@@ -121,7 +121,7 @@ impl Metrics {
                 Finished::Done | Finished::Again => s.succeeded += 1,
                 Finished::Retry => s.retried += 1,
                 Finished::Dead => s.dead += 1,
-                Finished::Release | Finished::Stale => {}
+                Finished::Release | Finished::Defer | Finished::Stale => {}
             }
         }
     }

@@ -1,4 +1,5 @@
-//! The runner: assembles the pollers, the wake-up listener and the executor, and stops them.
+//! The runner: assembles the pollers, the wake-up listener, the scheduler and the executor, and
+//! stops them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,11 +86,18 @@ impl Runner {
             opts.membership.clone(),
             membership_stop_rx,
         ));
-        let mut joins = vec![tokio::spawn(poller::listen(
-            store.clone(),
-            Arc::clone(&shards),
-            stop_rx.clone(),
-        ))];
+        let mut joins = vec![
+            tokio::spawn(poller::listen(
+                store.clone(),
+                Arc::clone(&shards),
+                stop_rx.clone(),
+            )),
+            tokio::spawn(crate::scheduler::run(
+                store.clone(),
+                Arc::clone(&shards),
+                stop_rx.clone(),
+            )),
+        ];
         for shard in 0..store.shards() {
             joins.push(tokio::spawn(poller::poll_shard(
                 shard,

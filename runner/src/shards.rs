@@ -61,12 +61,20 @@ impl ShardSlot {
     }
 }
 
-/// The slots of all shards of the namespace.
-pub struct Shards(Vec<ShardSlot>);
+/// The slots of all shards of the namespace, and the scheduler's wake-up.
+pub struct Shards(Vec<ShardSlot>, Notify);
 
 impl Shards {
     pub fn new(count: u32) -> Arc<Self> {
-        Arc::new(Shards((0..count).map(|_| ShardSlot::new()).collect()))
+        Arc::new(Shards(
+            (0..count).map(|_| ShardSlot::new()).collect(),
+            Notify::new(),
+        ))
+    }
+
+    /// Waits until a schedule was created or resumed (a wake message `s<shard>:<ms>`).
+    pub async fn schedules_changed(&self) {
+        self.1.notified().await
     }
 
     pub fn get(&self, shard: u32) -> &ShardSlot {
@@ -82,8 +90,13 @@ impl Shards {
         (0..self.count()).filter(|s| self.get(*s).owned()).collect()
     }
 
-    /// Handles a wake message `<shard>:<due>` (unknown or malformed ones are ignored).
+    /// Handles a wake message `<shard>:<due>`, or `s<shard>:<ms>` for the scheduler (unknown or
+    /// malformed ones are ignored).
     pub fn on_wake_message(&self, msg: &str) {
+        if msg.starts_with('s') {
+            self.1.notify_one();
+            return;
+        }
         let Some((s, d)) = msg.split_once(':') else {
             return;
         };
@@ -99,6 +112,7 @@ impl Shards {
         for s in &self.0 {
             s.wake();
         }
+        self.1.notify_one();
     }
 }
 

@@ -21,6 +21,7 @@ fn task(id: &str, run_at: i64, owner: Option<&str>) -> NewTask {
         run_at,
         owner: owner.map(str::to_owned),
         max_attempts: 2,
+        unique_for_ms: 0,
     }
 }
 
@@ -243,6 +244,7 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
         run_at: now_ms() + (i % 300) as i64,
         owner: None,
         max_attempts: 20,
+        unique_for_ms: 0,
     };
     let mut acked = Vec::new();
     let mut refused = 0;

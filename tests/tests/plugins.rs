@@ -258,6 +258,7 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
         run_at: 0,
         owner: Some("u7".into()),
         max_attempts: 5,
+        unique_for_ms: 0,
     };
     let store = eggtimer::Store::open(
         eggtimer::RedisTarget::Single(redis.url()),

@@ -54,6 +54,7 @@ fn load(
                     run_at: now_ms() + ((n + k) % 500) as i64,
                     owner: None,
                     max_attempts: 20,
+                    unique_for_ms: 0,
                 })
                 .collect();
             match store.schedule(&batch, ScheduleMode::Upsert).await {
@@ -294,6 +295,7 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
             run_at: base + 500 + i as i64 * 5,
             owner: None,
             max_attempts: 5,
+            unique_for_ms: 0,
         })
         .collect();
     store.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();

@@ -28,6 +28,7 @@ fn task(id: &str, run_at: i64) -> NewTask {
         run_at,
         owner: None,
         max_attempts: 3,
+        unique_for_ms: 0,
     }
 }
 

@@ -15,12 +15,20 @@ use eggtimer_tests::{
 /// The main before claim tokens (records without a token; five keys per shard script).
 const BEFORE_CLAIM_TOKENS: &str = "e09a83c57049997b022c353e5a7c0b60cb7ccb48";
 
-/// A script of that main: its prelude and the script's own file.
+/// The main before the plugin index, pausing and dedup windows (six keys per shard script).
+const BEFORE_PLUGIN_INDEX: &str = "068d2c00b8dd37788ee59cdb8fed1f043b911ae1";
+
+/// A script of the main before claim tokens: its prelude and the script's own file.
 fn old_script(name: &str) -> String {
+    script_at(BEFORE_CLAIM_TOKENS, name)
+}
+
+/// A script of the main at `commit`.
+fn script_at(commit: &str, name: &str) -> String {
     let show = |path: &str| {
         let out = Command::new("git")
             .current_dir(workspace())
-            .args(["show", &format!("{BEFORE_CLAIM_TOKENS}:{path}")])
+            .args(["show", &format!("{commit}:{path}")])
             .output()
             .expect("running git (the upgrade test reads the earlier main's scripts from history)");
         assert!(
@@ -151,4 +159,139 @@ async fn tasks_written_by_the_main_before_claim_tokens_run_after_the_upgrade() {
         .collect();
     orders.sort();
     assert_eq!(orders, ["d", "l", "r"], "each ran once: {events:?}");
+}
+
+/// The six keys of one shard of the main before the plugin index, then `extra` (done keys).
+fn keys_before_plugin_index(shard: u32, ids: &[&str]) -> Vec<String> {
+    let tag = format!("{{eggtimer:{shard}}}");
+    let mut k: Vec<String> = ["due", "tasks", "inflight", "dead", "byowner", "meta"]
+        .iter()
+        .map(|n| format!("{tag}:{n}"))
+        .collect();
+    k.extend(ids.iter().map(|id| format!("{tag}:done:{id}")));
+    k
+}
+
+#[tokio::test]
+async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_after_the_upgrade() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("HSET")
+        .arg("{eggtimer}:meta")
+        .arg("shards")
+        .arg(16)
+        .query(&mut c)
+        .unwrap();
+    let schedule = |c: &mut redis::Connection, id: &str, due: i64| {
+        let shard = shard_of(id, 16);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script_at(BEFORE_PLUGIN_INDEX, "schedule"));
+        let keys = keys_before_plugin_index(shard, &[id]);
+        cmd.arg(keys.len()).arg(&keys);
+        cmd.arg("{eggtimer}:wake").arg(shard).arg("upsert");
+        cmd.arg(id)
+            .arg(due)
+            .arg(1)
+            .arg("order-cancel")
+            .arg("u7")
+            .arg(format!(r#"{{"order_id":"{id}","user_id":"u7"}}"#))
+            .arg(0);
+        let v: Vec<String> = cmd.query(c).unwrap();
+        assert_eq!(v, ["ok"]);
+    };
+    let later = now_ms() + 3_600_000;
+    for i in 0..20 {
+        schedule(&mut c, &format!("pi-{i}"), later + i);
+    }
+    // one dead letter, by the earlier claim and finish scripts
+    schedule(&mut c, "pi-dead", 0);
+    let shard = shard_of("pi-dead", 16);
+    let claimed: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(script_at(BEFORE_PLUGIN_INDEX, "claim"))
+        .arg(6)
+        .arg(keys_before_plugin_index(shard, &[]))
+        .arg(10)
+        .arg(60_000)
+        .query(&mut c)
+        .unwrap();
+    let token: i64 = redis::from_redis_value_ref(&claimed[3]).unwrap();
+    let keys = keys_before_plugin_index(shard, &["pi-dead"]);
+    let v: Vec<String> = redis::cmd("EVAL")
+        .arg(script_at(BEFORE_PLUGIN_INDEX, "finish"))
+        .arg(keys.len())
+        .arg(&keys)
+        .arg("{eggtimer}:wake")
+        .arg(shard)
+        .arg(600_000)
+        .arg("pi-dead")
+        .arg(token)
+        .arg("dead")
+        .arg(0)
+        .arg("gave up before the upgrade")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v, ["dead"]);
+
+    // The upgraded runner migrates the indexes on start.
+    let dir = plugins_dir();
+    let r = RunnerProcess::start(&redis.url(), &["--plugins-dir", dir.to_str().unwrap()]);
+    let (_, page) = call(
+        "GET",
+        &format!(
+            "{}/v1/tasks?plugin=order-cancel&state=scheduled&limit=100",
+            r.url
+        ),
+        None,
+    )
+    .await;
+    let ids: Vec<&str> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (0..20).map(|i| format!("pi-{i}")).collect();
+    assert_eq!(
+        ids, want,
+        "the earlier tasks are in the plugin index, in due order"
+    );
+    let (_, dead) = call(
+        "GET",
+        &format!("{}/v1/tasks?plugin=order-cancel&state=dead", r.url),
+        None,
+    )
+    .await;
+    assert_eq!(dead["tasks"][0]["id"], "pi-dead", "{dead}");
+    // pausing parks them; resuming and running one works on the earlier records
+    let (s, _) = call(
+        "POST",
+        &format!("{}/v1/plugins/order-cancel/pause", r.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/dead/retry", r.url),
+        Some(serde_json::json!({"plugin": "order-cancel"})),
+    )
+    .await;
+    assert_eq!((s, &b["retried"]), (200, &serde_json::json!(1)), "{b}");
+    let (s, _) = call("POST", &format!("{}/v1/tasks/pi-3/run", r.url), None).await;
+    assert_eq!(s, 202);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (_, t) = call("GET", &format!("{}/v1/tasks/pi-3", r.url), None).await;
+    assert_eq!(t["state"], "scheduled", "paused: not started: {t}");
+    let (s, _) = call(
+        "POST",
+        &format!("{}/v1/plugins/order-cancel/resume", r.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let t = Duration::from_secs(20);
+    wait_state(&r.url, "pi-3", "done", t).await;
+    wait_state(&r.url, "pi-dead", "done", t).await;
+    let (_, owned) = call("GET", &format!("{}/v1/owners/u7/tasks", r.url), None).await;
+    assert_eq!(owned.as_array().unwrap().len(), 19, "{owned}");
 }

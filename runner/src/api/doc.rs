@@ -92,6 +92,10 @@ pub struct TaskSpec {
     pub owner: Option<String>,
     #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<u32>,
+    /// After the task finished, scheduling this id again within this long (ms) is 409
+    /// `duplicate` and changes nothing.
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    pub unique_for_ms: Option<i64>,
 }
 
 /// One task spec, or an array of 1 to 10,000.
@@ -231,6 +235,120 @@ pub struct PluginDetail {
     pub size: u64,
     pub uploaded_at: i64,
     pub history: Vec<crate::store::PluginEntry>,
+}
+
+/// A plugin's current version and its settings.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: u64,
+    pub digest: String,
+    pub size: u64,
+    pub uploaded_at: i64,
+    pub paused: bool,
+    pub max_concurrency: Option<u32>,
+}
+
+/// A plugin's settings to change.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct PluginPatch {
+    /// At most this many runs at once across all runners; null: no limit.
+    #[schema(minimum = 1, maximum = 100000)]
+    pub max_concurrency: Option<u32>,
+}
+
+/// A page of found tasks.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct TaskPage {
+    pub tasks: Vec<crate::store::TaskRecord>,
+    /// Pass back as `cursor` for the next page; null at the end (a page may be short before it).
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Cancelled {
+    pub cancelled: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Retried {
+    pub retried: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Dropped {
+    pub dropped: u64,
+}
+
+/// Optionally, one plugin.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct PluginOnly {
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    pub plugin: Option<String>,
+}
+
+/// A recurring schedule: exactly one of `cron` and `every_ms`.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    pub plugin: String,
+    pub payload: Option<Value>,
+    /// 5 fields: minute hour day-of-month month day-of-week.
+    pub cron: Option<String>,
+    #[schema(minimum = 1000, maximum = 315360000000_i64)]
+    pub every_ms: Option<i64>,
+    /// An IANA time zone name (default "UTC").
+    pub tz: Option<String>,
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    pub owner: Option<String>,
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    pub start_at: Option<i64>,
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    pub end_at: Option<i64>,
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
+    pub overlap: Option<crate::schedules::Overlap>,
+}
+
+/// A schedule's id and when it fires next (null: never, or paused).
+#[derive(Serialize, ToSchema)]
+pub struct SchedulePutReply {
+    pub id: String,
+    pub next_run_at: Option<i64>,
+}
+
+/// A recurring schedule; `upcoming` (its next 5 fire times) only for one schedule.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ScheduleInfo {
+    pub id: String,
+    pub plugin: String,
+    pub payload: Value,
+    pub cron: Option<String>,
+    pub every_ms: Option<i64>,
+    pub tz: String,
+    pub owner: Option<String>,
+    pub start_at: Option<i64>,
+    pub end_at: Option<i64>,
+    pub max_attempts: u32,
+    pub overlap: crate::schedules::Overlap,
+    pub paused: bool,
+    pub next_run_at: Option<i64>,
+    /// The task id of its latest firing.
+    pub last_task_id: Option<String>,
+    pub upcoming: Option<Vec<i64>>,
 }
 
 /// A live runner.

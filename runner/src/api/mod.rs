@@ -1,7 +1,7 @@
 //! The admin HTTP API (API.md): the only code that imports axum.
 //!
 //! Files: `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
-//! `plugins`, `ops` (the routes), `server` (the listener: connection cap, timeouts, shutdown).
+//! `find` (filters and bulk actions), `plugins`, `schedules`, `ops` (the routes), `server` (the listener: connection cap, timeouts, shutdown).
 //! Bodies are read as raw JSON and every field is checked on its own, so every 4xx names the
 //! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
 //! is a 503; any other failure is a 500 `internal` with the details in the log.
@@ -9,8 +9,10 @@
 mod body;
 mod doc;
 mod error;
+mod find;
 mod ops;
 mod plugins;
+mod schedules;
 mod server;
 mod tasks;
 
@@ -73,25 +75,37 @@ pub fn router(state: AppState) -> Router {
 /// The documented routes (the bearer token guards the /v1 ones) and their OpenAPI document.
 pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let v1 = OpenApiRouter::new()
-        .routes(routes!(tasks::schedule))
+        .routes(routes!(tasks::schedule, find::find_tasks))
         .routes(routes!(
             tasks::get_task,
             tasks::move_task,
             tasks::cancel_task
         ))
         .routes(routes!(tasks::run_now))
-        .routes(routes!(tasks::owner_tasks))
+        .routes(routes!(tasks::owner_tasks, find::owner_cancel))
         .routes(routes!(tasks::owner_shift))
-        .routes(routes!(tasks::dead_list))
+        .routes(routes!(tasks::dead_list, find::dead_drop_all))
+        .routes(routes!(find::dead_retry_all))
         .routes(routes!(tasks::dead_retry))
         .routes(routes!(tasks::dead_drop))
         .routes(routes!(plugins::plugin_list))
         .routes(routes!(
             plugins::plugin_upload,
             plugins::plugin_get,
+            plugins::plugin_patch,
             plugins::plugin_delete
         ))
         .routes(routes!(plugins::plugin_rollback))
+        .routes(routes!(plugins::plugin_pause))
+        .routes(routes!(plugins::plugin_resume))
+        .routes(routes!(schedules::schedule_list))
+        .routes(routes!(
+            schedules::schedule_put,
+            schedules::schedule_get,
+            schedules::schedule_delete
+        ))
+        .routes(routes!(schedules::schedule_pause))
+        .routes(routes!(schedules::schedule_resume))
         .routes(routes!(ops::runners))
         .route_layer(middleware::from_fn_with_state(state, auth));
     OpenApiRouter::with_openapi(doc::ApiDoc::openapi())

@@ -11,7 +11,7 @@ use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use crate::plugins::valid_plugin_name;
-use crate::store::Rollback;
+use crate::store::{PluginEntry, PluginSettings, Rollback};
 
 /// A plugin name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -87,7 +87,110 @@ pub async fn plugin_upload(
     responses((status = 200, description = "the current version of every plugin", body = Vec<crate::store::PluginEntry>), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_list(State(st): State<AppState>) -> ApiResult<Response> {
-    Ok(axum::Json(st.store.plugin_list().await?).into_response())
+    let settings = st.store.plugin_settings_all().await?;
+    let list: Vec<serde_json::Value> = st
+        .store
+        .plugin_list()
+        .await?
+        .iter()
+        .map(|e| with_settings(e, &settings.get(&e.name).cloned().unwrap_or_default()))
+        .collect();
+    Ok(axum::Json(list).into_response())
+}
+
+/// A version with the plugin's settings (paused, max_concurrency).
+fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
+    let mut v = serde_json::to_value(e).expect("serializes");
+    v["paused"] = json!(s.paused);
+    v["max_concurrency"] = json!(s.max_concurrency);
+    v
+}
+
+async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
+    st.store
+        .plugin_current(name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))
+}
+
+/// Pauses or resumes a plugin: the setting first (what runners and the API show), then every
+/// shard (what claims obey). Both are idempotent, so a failed call is made good by repeating it.
+async fn set_paused(st: &AppState, name: &str, paused: bool) -> ApiResult<Response> {
+    check_name(name)?;
+    let cur = current(st, name).await?;
+    let mut s = st.store.plugin_settings(name).await?;
+    s.paused = paused;
+    st.store.set_plugin_settings(name, &s).await?;
+    st.store.set_paused(name, paused).await?;
+    Ok(axum::Json(with_settings(&cur, &s)).into_response())
+}
+
+/// `POST /v1/plugins/{name}/pause`: no runner starts its tasks until it is resumed; they stay
+/// scheduled without using attempts, and scheduling them still works.
+#[utoipa::path(post, path = "/v1/plugins/{name}/pause", tag = "plugins", params(PluginName),
+    responses((status = 200, description = "paused", body = doc::PluginInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn plugin_pause(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    set_paused(&st, &name, true).await
+}
+
+/// `POST /v1/plugins/{name}/resume`: every overdue task of the plugin runs at once, in due order.
+#[utoipa::path(post, path = "/v1/plugins/{name}/resume", tag = "plugins", params(PluginName),
+    responses((status = 200, description = "resumed", body = doc::PluginInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn plugin_resume(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    set_paused(&st, &name, false).await
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchBody<'a> {
+    #[serde(borrow)]
+    max_concurrency: Option<&'a serde_json::value::RawValue>,
+}
+
+/// `PATCH /v1/plugins/{name}` `{"max_concurrency": n | null}`: at most n runs at once across all
+/// runners of the namespace (null: no limit).
+#[utoipa::path(patch, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
+    request_body(content = doc::PluginPatch, content_type = "application/json"),
+    responses((status = 200, description = "the plugin with its settings", body = doc::PluginInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn plugin_patch(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    check_name(&name)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, 64 << 10).await?;
+    let b: PatchBody = body::object(body::raw(&bytes)?, "", "the body")?;
+    let Some(raw) = b.max_concurrency else {
+        return Err(ApiError::bad(
+            "max_concurrency is required (an integer from 1 to 100000, or null)",
+        ));
+    };
+    let max = match body::int(Some(raw), "", "max_concurrency")? {
+        None => None,
+        Some(n @ 1..=100_000) => Some(n as u32),
+        Some(n) => {
+            return Err(ApiError::bad(format!(
+                "max_concurrency must be an integer from 1 to 100000, or null; got {n}"
+            )));
+        }
+    };
+    let cur = current(&st, &name).await?;
+    let mut s = st.store.plugin_settings(&name).await?;
+    s.max_concurrency = max;
+    st.store.set_plugin_settings(&name, &s).await?;
+    st.registry.sync_settings().await?;
+    Ok(axum::Json(with_settings(&cur, &s)).into_response())
 }
 
 /// `GET /v1/plugins/{name}`: the current version and the history.
@@ -105,7 +208,7 @@ pub async fn plugin_get(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))?;
     let history = st.store.plugin_history(&name).await?;
-    let mut v = serde_json::to_value(&cur).expect("serializes");
+    let mut v = with_settings(&cur, &st.store.plugin_settings(&name).await?);
     v["history"] = serde_json::to_value(history).expect("serializes");
     Ok(axum::Json(v).into_response())
 }

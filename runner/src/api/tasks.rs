@@ -43,6 +43,8 @@ struct RawSpec<'a> {
     owner: Option<&'a RawValue>,
     #[serde(borrow)]
     max_attempts: Option<&'a RawValue>,
+    #[serde(borrow)]
+    unique_for_ms: Option<&'a RawValue>,
 }
 
 fn new_id() -> String {
@@ -95,6 +97,10 @@ fn parse_spec(v: &RawValue, at: &str, now: i64, max_payload: usize) -> ApiResult
             )));
         }
     };
+    let unique_for_ms = match body::int(s.unique_for_ms, at, "unique_for_ms")? {
+        None => 0,
+        Some(d) => limits::duration(&format!("{at}unique_for_ms"), d)? as u64,
+    };
     let payload = s.payload.map_or("null", |p| p.get());
     if payload.len() > max_payload {
         return Err(ApiError::too_large(format!(
@@ -109,6 +115,7 @@ fn parse_spec(v: &RawValue, at: &str, now: i64, max_payload: usize) -> ApiResult
         run_at,
         owner,
         max_attempts,
+        unique_for_ms,
     })
 }
 
@@ -180,10 +187,17 @@ pub async fn schedule(
         if let Some(i) = specs.iter().position(|t| running.contains(&t.id)) {
             return Err(running_conflict(&at(i), &specs[i].id));
         }
+        let dups = st.store.duplicates_among(&ids).await?;
+        if let Some(i) = specs.iter().position(|t| dups.contains(&t.id)) {
+            return Err(duplicate(&at(i), &specs[i].id));
+        }
     }
     let verdicts = st.store.schedule(&specs, ScheduleMode::Upsert).await?;
     if let Some(i) = verdicts.iter().position(|v| *v == Scheduled::Running) {
         return Err(running_conflict(&at(i), &specs[i].id));
+    }
+    if let Some(i) = verdicts.iter().position(|v| *v == Scheduled::Duplicate) {
+        return Err(duplicate(&at(i), &specs[i].id));
     }
     for t in &specs {
         st.metrics.observe_scheduled(&t.plugin, 1);
@@ -206,6 +220,16 @@ fn running_conflict(at: &str, id: &str) -> ApiError {
     ))
 }
 
+fn duplicate(at: &str, id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "duplicate",
+        format!(
+            "{at}task {id:?} finished within its unique_for_ms window, so scheduling it again is a duplicate; nothing was scheduled"
+        ),
+    )
+}
+
 fn refused(id: &str, r: Refused) -> ApiError {
     match r {
         Refused::Missing => ApiError::not_found(format!("no task {id:?}")),
@@ -214,11 +238,11 @@ fn refused(id: &str, r: Refused) -> ApiError {
     }
 }
 
-fn check_id(id: &str) -> ApiResult<()> {
+pub(super) fn check_id(id: &str) -> ApiResult<()> {
     limits::id("the task id", id).map_err(Into::into)
 }
 
-fn check_owner(owner: &str) -> ApiResult<()> {
+pub(super) fn check_owner(owner: &str) -> ApiResult<()> {
     limits::id("the owner", owner).map_err(Into::into)
 }
 
@@ -347,6 +371,26 @@ pub struct OwnerName {
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
     )]
     owner: String,
+}
+
+/// An optional plugin filter.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PluginFilter {
+    #[param(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    pub plugin: Option<String>,
+}
+
+pub(super) fn page_limit_of(limit: Option<&str>, default: usize) -> ApiResult<usize> {
+    match limit {
+        None => Ok(default),
+        Some(l) => match l.parse::<usize>() {
+            Ok(n @ 1..=MAX_PAGE) => Ok(n),
+            _ => Err(ApiError::bad(format!(
+                "limit must be an integer from 1 to {MAX_PAGE}"
+            ))),
+        },
+    }
 }
 
 fn page_limit(q: &PageQuery, default: usize) -> ApiResult<usize> {

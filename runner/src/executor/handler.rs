@@ -86,6 +86,18 @@ pub trait Handler: Send + Sync + 'static {
     fn runtime(&self) -> Option<tokio::runtime::Handle> {
         None
     }
+
+    /// At most this many runs of `plugin` at once across the namespace's runners (None: no
+    /// limit). The executor takes a slot in Redis before each run.
+    fn max_concurrency(&self, _plugin: &str) -> Option<u32> {
+        None
+    }
+
+    /// How long a concurrency slot lasts without being taken again: longer than one call can run,
+    /// so only a dead runner's slots expire.
+    fn slot_lease_ms(&self) -> u64 {
+        60_000
+    }
 }
 
 impl<F> Handler for F

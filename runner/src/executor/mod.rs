@@ -146,6 +146,8 @@ pub struct Executor {
     slots: Arc<Semaphore>,
     /// Handler calls at once.
     running: Arc<Semaphore>,
+    /// Held by the batch whose tasks are taking workers (see `submit`).
+    start_turn: tokio::sync::Mutex<()>,
     held: Held,
     /// The reads a handler makes (kv), shared by every run.
     host: Arc<dyn TaskHost>,
@@ -197,6 +199,7 @@ impl Executor {
             handler,
             slots: Arc::new(Semaphore::new(workers + opts.prefetch)),
             running: Arc::new(Semaphore::new(workers)),
+            start_turn: tokio::sync::Mutex::new(()),
             opts,
             held: Held::default(),
             host,
@@ -254,7 +257,10 @@ impl Executor {
     }
 
     /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
+    /// They start in the order given (a claim's order: due order), batches in the order they
+    /// were claimed: a free worker goes to the earliest task waiting.
     pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation) {
+        let mut batch = Vec::with_capacity(tasks.len());
         for task in tasks {
             let Some(slot) = res.0.split(1) else {
                 // more tasks than slots can't happen (claims ask for res.len()); be safe anyway
@@ -262,50 +268,111 @@ impl Executor {
                 continue;
             };
             self.held.insert(&task);
-            let this = Arc::clone(self);
-            // debug level: an info span per task costs the log subscriber real work at load
-            let span =
-                debug_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
-            let rt = self
-                .handler
-                .runtime()
-                .unwrap_or_else(tokio::runtime::Handle::current);
-            rt.spawn(
-                async move {
-                    match this.run_to_outcome(&task).await {
-                        Some(finish) => {
-                            let _ = this.finisher.send(Pending {
-                                shard: task.shard,
-                                id: task.id,
-                                token: task.token,
-                                attempt: task.attempt,
-                                plugin: task.plugin,
-                                finish,
-                                _slot: slot,
-                            });
-                        }
-                        None => {
-                            this.held.remove(task.shard, &task.id, task.token);
-                            drop(slot);
-                            this.freed.notify_waiters();
-                        }
+            batch.push((task, slot));
+        }
+        let rt = self
+            .handler
+            .runtime()
+            .unwrap_or_else(tokio::runtime::Handle::current);
+        let this = Arc::clone(self);
+        let starter_rt = rt.clone();
+        rt.spawn(async move {
+            // batches take their turn in claim order (the lock is fair)
+            let _turn = this.start_turn.lock().await;
+            for (task, slot) in batch {
+                let Ok(worker) = Arc::clone(&this.running).acquire_owned().await else {
+                    return; // the semaphore is never closed
+                };
+                this.start(&starter_rt, task, slot, worker);
+            }
+        });
+    }
+
+    /// Runs one task on `rt` with its worker; its outcome goes to the finisher.
+    fn start(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        task: Claimed,
+        slot: OwnedSemaphorePermit,
+        worker: OwnedSemaphorePermit,
+    ) {
+        let this = Arc::clone(self);
+        // debug level: an info span per task costs the log subscriber real work at load
+        let span =
+            debug_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
+        rt.spawn(
+            async move {
+                let outcome = this.run_to_outcome(&task).await;
+                drop(worker);
+                match outcome {
+                    Some(finish) => {
+                        let _ = this.finisher.send(Pending {
+                            shard: task.shard,
+                            id: task.id,
+                            token: task.token,
+                            attempt: task.attempt,
+                            plugin: task.plugin,
+                            finish,
+                            _slot: slot,
+                        });
+                    }
+                    None => {
+                        this.held.remove(task.shard, &task.id, task.token);
+                        drop(slot);
+                        this.freed.notify_waiters();
                     }
                 }
-                .instrument(span),
-            );
-        }
+            }
+            .instrument(span),
+        );
     }
 
     /// Runs the task until it has an outcome to record; None when nothing may be recorded (the
     /// claim was lost, or its effects could not be committed: the lease then expires and the
     /// task runs again).
     async fn run_to_outcome(&self, task: &Claimed) -> Option<Finish> {
-        let _worker = Arc::clone(&self.running).acquire_owned().await.ok()?;
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
+        let Some(max) = self.handler.max_concurrency(&task.plugin) else {
+            return self.run_rounds(task, None).await;
+        };
+        // a concurrency slot per run, across all runners; none free: back to scheduled shortly,
+        // the attempt given back, and the worker is free for other plugins' tasks at once
+        let holder = format!("{}#{}", task.id, task.token);
+        if !self.take_slot(task, &holder, max).await {
+            let after_ms = 100 + (rand::random::<f64>() * 200.0) as i64;
+            return Some(Finish::Defer { after_ms });
+        }
+        let finish = self.run_rounds(task, Some((&holder, max))).await;
+        if let Err(e) = self.store.slot_give(&task.plugin, &holder).await {
+            warn!(plugin = %task.plugin, "giving a concurrency slot back failed (it expires on its own): {e:#}");
+        }
+        finish
+    }
+
+    /// Takes (or renews) a concurrency slot of the task's plugin.
+    async fn take_slot(&self, task: &Claimed, holder: &str, max: u32) -> bool {
+        let lease = self.handler.slot_lease_ms();
+        match self.store.slot_take(&task.plugin, holder, max, lease).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                warn!(plugin = %task.plugin, "taking a concurrency slot failed: {e:#}");
+                false
+            }
+        }
+    }
+
+    /// Runs the handler (again while the kv entries it read change), holding the slot if any.
+    async fn run_rounds(&self, task: &Claimed, slot: Option<(&str, u32)>) -> Option<Finish> {
         let lateness = now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
+            if round > 0
+                && let Some((holder, max)) = slot
+            {
+                // renew: a run after a conflict starts a new time limit
+                self.take_slot(task, holder, max).await;
+            }
             let t0 = std::time::Instant::now();
             let run = Arc::clone(&self.handler)
                 .handle(task.clone(), Arc::clone(&self.host))

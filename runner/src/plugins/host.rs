@@ -218,6 +218,7 @@ impl bindings::eggtimer::plugin::host::Host for State {
             run_at: t.run_at,
             owner: t.owner,
             max_attempts,
+            unique_for_ms: 0,
         });
         Ok(Ok(id))
     }

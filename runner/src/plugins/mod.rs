@@ -106,6 +106,8 @@ impl Drop for CallRuntime {
 pub struct Plugins {
     engine: engine::WasmEngine,
     current: RwLock<HashMap<String, Arc<Loaded>>>,
+    /// Each plugin's max_concurrency (from the registry's settings).
+    limits: RwLock<HashMap<String, u32>>,
     pool: instance::Pool,
     opts: PluginOptions,
     rt: CallRuntime,
@@ -125,10 +127,16 @@ impl Plugins {
         Ok(Arc::new(Plugins {
             engine,
             current: RwLock::new(HashMap::new()),
+            limits: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
         }))
+    }
+
+    /// Replaces every plugin's max_concurrency.
+    pub fn set_limits(&self, limits: HashMap<String, u32>) {
+        *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
     }
 
     /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
@@ -223,6 +231,18 @@ impl Handler for Plugins {
     /// caller's threads, and there is no hop between runtimes per call.
     fn runtime(&self) -> Option<tokio::runtime::Handle> {
         self.rt.0.as_ref().map(|r| r.handle().clone())
+    }
+
+    fn max_concurrency(&self, plugin: &str) -> Option<u32> {
+        self.limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin)
+            .copied()
+    }
+
+    fn slot_lease_ms(&self) -> u64 {
+        (self.opts.timeout + std::time::Duration::from_secs(5)).as_millis() as u64
     }
 }
 

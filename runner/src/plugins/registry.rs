@@ -167,8 +167,20 @@ impl Registry {
         Ok(())
     }
 
+    /// Loads every plugin's settings (max_concurrency) from the registry.
+    pub async fn sync_settings(&self) -> Result<()> {
+        let all = self.store.plugin_settings_all().await?;
+        self.plugins.set_limits(
+            all.into_iter()
+                .filter_map(|(name, s)| Some((name, s.max_concurrency?)))
+                .collect(),
+        );
+        Ok(())
+    }
+
     /// Loads the registry's current version of every plugin, and unloads what it no longer has.
     pub async fn sync_all(&self) -> Result<()> {
+        self.sync_settings().await?;
         let entries = self.store.plugin_list().await?;
         for e in &entries {
             if let Err(err) = self.sync_one(&e.name).await {
@@ -247,6 +259,9 @@ impl Registry {
                             m = msgs.next() => match m {
                                 Some(m) => {
                                     let name: String = m.get_payload().unwrap_or_default();
+                                    if let Err(e) = self.sync_settings().await {
+                                        warn!("reloading plugin settings failed: {e:#}");
+                                    }
                                     if let Err(e) = self.sync_one(&name).await {
                                         warn!("reloading plugin {name} failed: {e:#}");
                                     }

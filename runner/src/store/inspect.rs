@@ -24,7 +24,7 @@ impl Store {
 
     /// The stored records of `ids` (None: no live record), in the order of `ids`: one HMGET per
     /// shard, sent concurrently.
-    async fn read_records(&self, ids: &[&str]) -> Result<Vec<Option<String>>> {
+    pub(super) async fn read_records(&self, ids: &[&str]) -> Result<Vec<Option<String>>> {
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards() as usize];
         for (i, id) in ids.iter().enumerate() {
             by_shard[self.shard_of(id) as usize].push(i);

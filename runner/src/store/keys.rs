@@ -10,19 +10,24 @@ pub struct Keys {
     ns: String,
 }
 
-/// The six keys every shard script takes first, in the order `prelude.lua` expects.
+/// The ten keys every shard script takes first, in the order `prelude.lua` expects (it
+/// describes each).
 pub struct ShardKeys {
     pub due: String,
     pub tasks: String,
     pub inflight: String,
     pub dead: String,
     pub byowner: String,
-    /// HASH of shard settings and counters (`claim`: the claim counter).
+    /// HASH of shard settings and counters (`claim`: the claim counter; `paused`; `layout`).
     pub meta: String,
+    pub parked: String,
+    pub byplugin: String,
+    pub unique: String,
+    pub recent: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 6] {
+    pub fn all(&self) -> [&str; 10] {
         [
             &self.due,
             &self.tasks,
@@ -30,6 +35,10 @@ impl ShardKeys {
             &self.dead,
             &self.byowner,
             &self.meta,
+            &self.parked,
+            &self.byplugin,
+            &self.unique,
+            &self.recent,
         ]
     }
 }
@@ -52,7 +61,26 @@ impl Keys {
             dead: format!("{tag}:dead"),
             byowner: format!("{tag}:byowner"),
             meta: format!("{tag}:meta"),
+            parked: format!("{tag}:parked"),
+            byplugin: format!("{tag}:byplugin"),
+            unique: format!("{tag}:unique"),
+            recent: format!("{tag}:recent"),
         }
+    }
+
+    /// The recurring schedules whose id falls in this shard (HASH: see `lua/sched.lua`).
+    pub fn schedules(&self, shard: u32) -> String {
+        format!("{{{}:{}}}:schedules", self.ns, shard)
+    }
+
+    /// ZSET schedule id -> its next fire time, for the schedules of this shard that will fire.
+    pub fn schedule_next(&self, shard: u32) -> String {
+        format!("{{{}:{}}}:sched", self.ns, shard)
+    }
+
+    /// ZSET firing task id -> created at: firings not yet recorded by their schedule.
+    pub fn fired(&self, shard: u32) -> String {
+        format!("{{{}:{}}}:fired", self.ns, shard)
     }
 
     /// A finished task's record, kept for the retention window (a string with a TTL).
@@ -93,6 +121,17 @@ impl Keys {
     /// A plugin binary by content digest.
     pub fn plugin_blob(&self, digest: &str) -> String {
         format!("{{{}}}:plugin:blob:{}", self.ns, digest)
+    }
+
+    /// HASH plugin name -> its settings (JSON: paused, max_concurrency), kept apart from its
+    /// versions so an upload or a rollback keeps them.
+    pub fn plugin_settings(&self) -> String {
+        format!("{{{}}}:plugin:settings", self.ns)
+    }
+
+    /// ZSET of a plugin's concurrency slots (holder -> lease expiry).
+    pub fn plugin_slots(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:slots:{}", self.ns, name)
     }
 
     /// Marks one handler run's effects as applied (`claim` names the claim of the task).
@@ -138,6 +177,9 @@ mod tests {
             assert!(key.starts_with("{eggtimer:3}:"), "{key}");
         }
         assert!(k.done(3, "abc").starts_with("{eggtimer:3}:"));
+        assert!(k.schedules(3).starts_with("{eggtimer:3}:"));
+        assert!(k.schedule_next(3).starts_with("{eggtimer:3}:"));
+        assert!(k.fired(3).starts_with("{eggtimer:3}:"));
         assert_eq!(k.events("order"), "{eggtimer}:events:order");
     }
 }

@@ -10,13 +10,16 @@
 //! Architecture invariant: no other module builds a key name or sends a Redis command; a reply
 //! this runner does not know is an error, never a default answer.
 
+mod bulk;
 mod connection;
 mod effects;
+mod find;
 mod inspect;
 mod keys;
 mod plugins;
 mod record;
 mod runners;
+mod schedules;
 mod scripts;
 mod tasks;
 mod types;
@@ -25,11 +28,14 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 
+pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_unreachable, redact};
+pub use find::{FindCursor, FindQuery};
 pub use keys::Keys;
-pub use plugins::{PluginEntry, Rollback};
+pub use plugins::{PluginEntry, PluginSettings, Rollback};
 pub use record::{TaskRecord, TaskState, field_safe};
+pub use schedules::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
 pub use tasks::OWNER_CHUNK;
 pub use types::*;
@@ -49,7 +55,8 @@ struct Inner {
 }
 
 impl Store {
-    /// Connects and checks the namespace's shard count (recording it on first use).
+    /// Connects, checks the namespace's shard count (recording it on first use) and brings the
+    /// shards' indexes up to this build's key layout.
     pub async fn open(target: RedisTarget, opts: StoreOptions) -> Result<Store> {
         if opts.shards == 0 {
             bail!("the shard count must be at least 1");
@@ -65,6 +72,7 @@ impl Store {
             }),
         };
         store.check_shards().await?;
+        store.migrate().await?;
         Ok(store)
     }
 

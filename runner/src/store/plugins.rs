@@ -1,6 +1,8 @@
 //! The plugin registry's data in Redis: binaries by digest, the current version of each name and
 //! its history. Every change is one script on the namespace slot that also announces it.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +16,17 @@ pub struct PluginEntry {
     pub digest: String,
     pub size: u64,
     pub uploaded_at: i64,
+}
+
+/// A plugin's settings, kept apart from its versions (an upload or rollback keeps them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginSettings {
+    /// No runner starts its tasks (they wait, parked, without using attempts).
+    #[serde(default)]
+    pub paused: bool,
+    /// At most this many runs at once across the namespace's runners (None: no limit).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
 }
 
 /// Outcome of a rollback.
@@ -141,5 +154,88 @@ impl Store {
             .await
             .context("reading a plugin binary")?;
         Ok(b)
+    }
+
+    /// The settings of every plugin that has any.
+    pub async fn plugin_settings_all(&self) -> Result<HashMap<String, PluginSettings>> {
+        let all: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.keys().plugin_settings())
+            .query_async(&mut self.conn())
+            .await
+            .context("reading plugin settings")?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(k, j)| Some((k, serde_json::from_str(&j).ok()?)))
+            .collect())
+    }
+
+    /// One plugin's settings (the defaults when it has none).
+    pub async fn plugin_settings(&self, name: &str) -> Result<PluginSettings> {
+        let j: Option<String> = redis::cmd("HGET")
+            .arg(self.keys().plugin_settings())
+            .arg(name)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a plugin's settings")?;
+        Ok(j.and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or_default())
+    }
+
+    /// Stores a plugin's settings and announces them to every runner (as a new version is).
+    pub async fn set_plugin_settings(&self, name: &str, s: &PluginSettings) -> Result<()> {
+        let j = serde_json::to_string(s).context("encoding plugin settings")?;
+        let _: (i64, i64) = redis::pipe()
+            .cmd("HSET")
+            .arg(self.keys().plugin_settings())
+            .arg(name)
+            .arg(j)
+            .cmd("PUBLISH")
+            .arg(self.keys().plugins_channel())
+            .arg(name)
+            .query_async(&mut self.conn())
+            .await
+            .context("storing a plugin's settings")?;
+        Ok(())
+    }
+
+    /// Takes (or renews) one of a plugin's `max` concurrency slots for `holder`, for `lease_ms`;
+    /// false when all are taken.
+    pub async fn slot_take(
+        &self,
+        plugin: &str,
+        holder: &str,
+        max: u32,
+        lease_ms: u64,
+    ) -> Result<bool> {
+        let n: i64 = self
+            .inner
+            .scripts
+            .slots
+            .key(self.keys().plugin_slots(plugin))
+            .arg("take")
+            .arg(holder)
+            .arg(max)
+            .arg(lease_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("taking a concurrency slot")?;
+        Ok(n == 1)
+    }
+
+    /// Gives a concurrency slot back.
+    pub async fn slot_give(&self, plugin: &str, holder: &str) -> Result<()> {
+        let _: i64 = self
+            .inner
+            .scripts
+            .slots
+            .key(self.keys().plugin_slots(plugin))
+            .arg("give")
+            .arg(holder)
+            .arg(0)
+            .arg(0)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("giving a concurrency slot back")?;
+        Ok(())
     }
 }

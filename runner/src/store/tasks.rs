@@ -42,7 +42,8 @@ impl Store {
                         .arg(&t.plugin)
                         .arg(t.owner.as_deref().unwrap_or(""))
                         .arg(&t.payload)
-                        .arg(0);
+                        .arg(0)
+                        .arg(t.unique_for_ms);
                 }
                 let mut conn = self.conn();
                 async move {
@@ -148,6 +149,7 @@ impl Store {
                 Finish::Dead { error } => ("dead", 0, error.as_str()),
                 Finish::Again { at } => ("again", *at, ""),
                 Finish::Release => ("release", 0, ""),
+                Finish::Defer { after_ms } => ("defer", *after_ms, ""),
             };
             inv.arg(*id)
                 .arg(*token)

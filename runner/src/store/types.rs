@@ -10,6 +10,9 @@ pub struct NewTask {
     pub run_at: i64,
     pub owner: Option<String>,
     pub max_attempts: u32,
+    /// After the task finished (done or dead), scheduling its id again within this long is
+    /// refused as a duplicate (0: no dedup window).
+    pub unique_for_ms: u64,
 }
 
 /// How `schedule` treats an id that exists.
@@ -29,8 +32,10 @@ pub enum Scheduled {
     Running,
     /// IfAbsent and the id exists: nothing changed.
     Exists,
-    /// Upsert, and another task of the same batch and shard is running: nothing of that shard's
-    /// part of the batch was written.
+    /// The id finished within its dedup window (`unique_for_ms`): nothing changed.
+    Duplicate,
+    /// Upsert, and another task of the same batch and shard is running or a duplicate: nothing
+    /// of that shard's part of the batch was written.
     NotWritten,
 }
 
@@ -83,6 +88,11 @@ pub enum Finish {
     },
     /// Not started: put back as it was (graceful shutdown).
     Release,
+    /// Not started because its plugin is at its concurrency limit: due again in `after_ms`, the
+    /// attempt given back.
+    Defer {
+        after_ms: i64,
+    },
 }
 
 /// What `finish` did with one outcome.
@@ -93,6 +103,7 @@ pub enum Finished {
     Dead,
     Again,
     Release,
+    Defer,
     /// The claim was no longer current (reaped, claimed again, replaced): refused.
     Stale,
 }
@@ -214,6 +225,7 @@ impl Verdict for Scheduled {
             "ok" => Scheduled::Ok,
             "running" => Scheduled::Running,
             "exists" => Scheduled::Exists,
+            "duplicate" => Scheduled::Duplicate,
             "not_written" => Scheduled::NotWritten,
             _ => return None,
         })
@@ -228,6 +240,7 @@ impl Verdict for Finished {
             "dead" => Finished::Dead,
             "again" => Finished::Again,
             "release" => Finished::Release,
+            "defer" => Finished::Defer,
             "stale" => Finished::Stale,
             _ => return None,
         })

@@ -1,16 +1,17 @@
--- Cancels one task: a scheduled or dead task is deleted. KEYS[7]: its done-record key.
+-- Cancels one task: a scheduled or dead task is deleted. KEYS[K_FIRST]: its done-record key.
 -- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: else only a task of
 -- this plugin is cancelled, as when a plugin cancels a task).
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin'.
 local id, only_dead, plugin = ARGV[1], ARGV[2] == '1', ARGV[3]
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then
-  if redis.call('EXISTS', KEYS[7]) == 1 then return 'done' end
+  if redis.call('EXISTS', KEYS[K_FIRST]) == 1 then return 'done' end
   return 'missing'
 end
 if plugin ~= '' and t.plugin ~= plugin then return 'other_plugin' end
 if only_dead and t.st ~= 'x' then return 'not_dead' end
 if t.st == 'r' then return 'running' end
-if t.st == 's' then unindex_scheduled(id, t) else redis.call('ZREM', K_DEAD, id) end
+if t.st == 's' then unindex_scheduled(id, t) else unindex_dead(id, t) end
 redis.call('HDEL', K_TASKS, id)
+if t.st == 's' then redis.call('ZREM', K_UNIQUE, id) end -- unfinished: no dedup window
 return 'ok'

@@ -2,6 +2,8 @@
 -- attempts + 1, and a fresh claim token (the shard's claim counter) in the record's `fin` field.
 -- Nothing is deleted: the record stays until the outcome is recorded.
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
+-- A due task of a paused plugin is parked instead (out of `due`, still scheduled, no attempt
+-- used), so pollers never spin on it; resuming the plugin puts it back.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex.
@@ -23,15 +25,21 @@ else
     if rec then due, att, mc, rest = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(.*)$') end
     redis.call('ZREM', K_DUE, id)
     if due then -- (else an index entry without a scheduled record: repaired by the ZREM)
-      if owners then
-        local t = parse(rec)
-        if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+      local plugin = string.match(rest, '^[^\t]*')
+      if is_paused(plugin) then
+        redis.call('ZADD', K_PARKED, due, id)
+      else
+        if owners then
+          local t = parse(rec)
+          if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+        end
+        redis.call('ZREM', K_BYPLUGIN, plugin_member(plugin, 's', tonumber(due), id))
+        rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
+        redis.call('HSET', K_TASKS, id, rec)
+        redis.call('ZADD', K_INFLIGHT, now + lease, id)
+        out[#out + 1] = id
+        out[#out + 1] = rec
       end
-      rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
-      redis.call('HSET', K_TASKS, id, rec)
-      redis.call('ZADD', K_INFLIGHT, now + lease, id)
-      out[#out + 1] = id
-      out[#out + 1] = rec
     end
   end
   out[2] = head_due()

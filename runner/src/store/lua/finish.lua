@@ -1,5 +1,5 @@
 -- Records the outcomes of a batch of claimed tasks of one shard.
--- KEYS[7..6+n]: the done-record key of each task.
+-- KEYS[K_FIRST..]: the done-record key of each task.
 -- ARGV: channel, shard, keep_done_ms, then 5 per task: id, claim token, kind, value, error.
 --   kind 'done'    -> the record moves to its done key (expires after keep_done_ms)
 --   kind 'retry'   -> due again in `value` ms, or dead when attempts reached max_attempts
@@ -7,15 +7,21 @@
 --   kind 'again'   -> the same task runs again at `value` (ms), attempts reset, `created` set to
 --                     now (a new occurrence: its follow-ups get new ids)
 --   kind 'release' -> not started (shutdown): back to its due time, the attempt given back
+--   kind 'defer'   -> not started (its plugin is at its concurrency limit): due again in `value`
+--                     ms, the attempt given back
 -- Fenced by the claim token: an outcome of a claim that no longer holds the task (reaped, claimed
 -- again, replaced) is refused ('stale'). A late outcome of an expired lease not yet reaped is still accepted: nobody
 -- else has the task, so accepting it saves a duplicate run.
--- Returns per task: 'done' | 'retry' | 'dead' | 'again' | 'release' | 'stale'.
+-- A task that finished (done or dead) starts its dedup window, if it asked for one; done tasks
+-- are indexed in `recent` (trimmed to the retention window here).
+-- Returns per task: 'done' | 'retry' | 'dead' | 'again' | 'release' | 'defer' | 'stale'.
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
 local out = {}
 local earliest = nil
 local n = (#ARGV - 3) / 5
+local uniques = redis.call('EXISTS', K_UNIQUE) == 1
+local any_done = false
 for i = 0, n - 1 do
   local b = 3 + i * 5
   local id, token, kind, value, err = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3],
@@ -29,18 +35,21 @@ for i = 0, n - 1 do
       -- hot path: flip the state and set the finish time without decoding the record
       local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', 'd%1' .. string.format('%d', now), 1)
       redis.call('HDEL', K_TASKS, id)
-      redis.call('SET', KEYS[7 + i], done, 'PX', keep)
+      redis.call('SET', KEYS[K_FIRST + i], done, 'PX', keep)
+      redis.call('ZADD', K_RECENT, now, id)
+      any_done = true
+      if uniques then start_unique_window(id, now) end
     else
       local t = parse(rec)
       if kind == 'retry' and t.att >= t.max then kind = 'dead' end
       if kind == 'dead' then
-        t.st = 'x'; t.fin = string.format('%d', now); t.err = err
-        redis.call('HSET', K_TASKS, id, encode(t))
-        redis.call('ZADD', K_DEAD, now, id)
+        bury(id, t, now, err)
+        if uniques then start_unique_window(id, now) end
       else
         if kind == 'retry' then t.due = now + value; t.err = err
         elseif kind == 'again' then
           t.due = math.max(value, 0); t.att = 0; t.err = ''; t.created = string.format('%d', now)
+        elseif kind == 'defer' then t.due = now + value; t.att = t.att - 1
         else t.att = t.att - 1 end -- release
         t.st = 's'; t.fin = ''
         redis.call('HSET', K_TASKS, id, encode(t))
@@ -52,5 +61,7 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = verdict
 end
+if any_done then redis.call('ZREMRANGEBYSCORE', K_RECENT, '-inf', now - keep) end
+if uniques then redis.call('ZREMRANGEBYSCORE', K_UNIQUE, 0, now) end
 if earliest then wake_if_head(channel, shard, earliest) end
 return out

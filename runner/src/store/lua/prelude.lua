@@ -1,10 +1,17 @@
 -- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
--- Every shard script gets the same first six KEYS, all under the shard's hash tag {ns:s}:
+-- Every shard script gets the same first ten KEYS, all under the shard's hash tag {ns:s}:
 --   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
 --   KEYS[3] inflight (ZSET id -> lease)  KEYS[4] dead (ZSET id -> died at)
 --   KEYS[5] byowner (ZSET, score 0, member owner \0 due(15 digits) \0 id)
---   KEYS[6] meta (HASH: 'claim' -> the shard's claim counter)
--- Script-specific keys follow from KEYS[7].
+--   KEYS[6] meta (HASH: 'claim' -> the shard's claim counter; 'paused' -> \0p1\0p2\0, the
+--           plugins paused; 'layout' -> the key layout this shard was migrated to)
+--   KEYS[7] parked (ZSET id -> due: scheduled tasks of a paused plugin, out of `due`)
+--   KEYS[8] byplugin (ZSET, score 0, member plugin \0 s|x \0 due or died-at(15) \0 id: the
+--           scheduled (incl. parked) and dead tasks of each plugin)
+--   KEYS[9] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of
+--           its dedup window (ms) once it finished)
+--   KEYS[10] recent (ZSET id -> finish time of done tasks, trimmed to the retention window)
+-- Script-specific keys follow from KEYS[K_FIRST].
 -- A record is ten tab-separated fields, the payload last (it may hold anything):
 --   state(s|r|d|x) due attempts max_attempts created fin plugin owner last_error payload
 -- `fin` is the finish time (ms) of a done or dead task, the claim token of a running one (the
@@ -13,6 +20,8 @@
 -- they are recovered by lease expiry.
 local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
+local K_PARKED, K_BYPLUGIN, K_UNIQUE, K_RECENT = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local K_FIRST = 11
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
@@ -41,15 +50,68 @@ local function owner_member(owner, due, id)
   return owner .. '\0' .. string.format('%015d', due) .. '\0' .. id
 end
 
--- Puts a scheduled task into `due` and the owner index (the record is written by the caller).
+-- kind 's' (scheduled, score = due) or 'x' (dead, score = died at).
+local function plugin_member(plugin, kind, score, id)
+  return plugin .. '\0' .. kind .. '\0' .. string.format('%015d', score) .. '\0' .. id
+end
+
+-- The plugins paused in this shard (read once per script run).
+local paused_list = nil
+local function is_paused(plugin)
+  if paused_list == nil then paused_list = redis.call('HGET', K_META, 'paused') end
+  return paused_list and string.find(paused_list, '\0' .. plugin .. '\0', 1, true) ~= nil
+end
+
+-- Puts a scheduled task into `due` (or `parked` while its plugin is paused), the owner index and
+-- the plugin index (the record is written by the caller).
 local function index_scheduled(id, t)
-  redis.call('ZADD', K_DUE, t.due, id)
+  if is_paused(t.plugin) then
+    redis.call('ZADD', K_PARKED, t.due, id)
+  else
+    redis.call('ZADD', K_DUE, t.due, id)
+  end
   if t.owner ~= '' then redis.call('ZADD', K_BYOWNER, 0, owner_member(t.owner, t.due, id)) end
+  redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 's', t.due, id))
 end
 
 local function unindex_scheduled(id, t)
   redis.call('ZREM', K_DUE, id)
+  redis.call('ZREM', K_PARKED, id)
   if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+  redis.call('ZREM', K_BYPLUGIN, plugin_member(t.plugin, 's', t.due, id))
+end
+
+-- When a dead task died (its `fin`; records without one sort first).
+local function died_at(t)
+  return tonumber(t.fin) or 0
+end
+
+-- Dead-letters a task (any state but scheduled, whose indexes the caller has left).
+local function bury(id, t, now, err)
+  t.st = 'x'; t.fin = string.format('%d', now); t.err = err
+  redis.call('HSET', K_TASKS, id, encode(t))
+  redis.call('ZADD', K_DEAD, now, id)
+  redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 'x', now, id))
+end
+
+local function unindex_dead(id, t)
+  redis.call('ZREM', K_DEAD, id)
+  redis.call('ZREM', K_BYPLUGIN, plugin_member(t.plugin, 'x', died_at(t), id))
+end
+
+-- A task finished (done or dead): a dedup window it asked for starts now.
+local function start_unique_window(id, now)
+  local u = tonumber(redis.call('ZSCORE', K_UNIQUE, id))
+  if u and u < 0 then redis.call('ZADD', K_UNIQUE, now - u, id) end
+end
+
+-- Whether `id` is inside a dedup window (expired windows are dropped on the way).
+local function in_unique_window(id, now)
+  local u = tonumber(redis.call('ZSCORE', K_UNIQUE, id))
+  if not u or u < 0 then return false end
+  if u > now then return true end
+  redis.call('ZREM', K_UNIQUE, id)
+  return false
 end
 
 -- The earliest due time of the shard, or -1 when nothing is scheduled.
@@ -76,9 +138,8 @@ local function reap_expired(now, limit)
     if t and t.st == 'r' then
       t.err = 'lease expired during attempt ' .. t.att .. ' (its runner died or stalled)'
       if t.att >= t.max then
-        t.st = 'x'; t.fin = string.format('%d', now)
-        redis.call('HSET', K_TASKS, id, encode(t))
-        redis.call('ZADD', K_DEAD, now, id)
+        bury(id, t, now, t.err)
+        start_unique_window(id, now)
       else
         t.st = 's'; t.due = now; t.fin = ''
         redis.call('HSET', K_TASKS, id, encode(t))

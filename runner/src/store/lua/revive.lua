@@ -4,7 +4,7 @@ local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return { 'missing' } end
 if t.st ~= 'x' then return { 'not_dead' } end
-redis.call('ZREM', K_DEAD, id)
+unindex_dead(id, t)
 t.st = 's'; t.att = 0; t.fin = ''; t.due = now_ms(); t.created = string.format('%d', t.due)
 redis.call('HSET', K_TASKS, id, encode(t))
 index_scheduled(id, t)

@@ -1,0 +1,182 @@
+//! Finding tasks and acting on many: `GET /v1/tasks` with filters, an owner's tasks cancelled at
+//! once, every dead letter retried or dropped.
+
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AppState;
+use super::body::ApiResult;
+use super::doc;
+use super::error::ApiError;
+use super::tasks::{OwnerName, PluginFilter, check_owner, page_limit_of};
+use crate::limits;
+use crate::plugins::valid_plugin_name;
+use crate::store::{DeadAction, FindCursor, FindQuery, TaskState};
+
+/// The filters of `GET /v1/tasks` (all optional; they combine).
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FindParams {
+    #[param(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
+    /// scheduled | running | dead | done; without it the states come one after another.
+    #[param(pattern = "^(scheduled|running|dead|done)$")]
+    state: Option<String>,
+    /// 1 to 200 bytes without control characters.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    owner: Option<String>,
+    /// Due at or after (ms).
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 253402300799999_i64)]
+    due_after: Option<String>,
+    /// Due at or before (ms).
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 253402300799999_i64)]
+    due_before: Option<String>,
+    /// 1 to 1000 (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+fn plugin_filter(p: Option<String>) -> ApiResult<Option<String>> {
+    match p.filter(|p| !p.is_empty()) {
+        Some(p) if !valid_plugin_name(&p) => Err(ApiError::bad(format!(
+            "plugin {p:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+        ))),
+        p => Ok(p),
+    }
+}
+
+fn time_param(v: Option<&str>, name: &str) -> ApiResult<Option<i64>> {
+    match v.filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => {
+            let t = v
+                .parse::<i64>()
+                .map_err(|_| ApiError::bad(format!("{name} must be an integer (ms), got {v:?}")))?;
+            Ok(Some(limits::time(name, t)?))
+        }
+    }
+}
+
+/// `GET /v1/tasks`: a page of the tasks matching the filters. Scheduled and running tasks come
+/// soonest due first, dead and done most recent first. A page may hold fewer than `limit` tasks
+/// (even none) when filters skip many: the walk ends when `next_cursor` is null.
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks", params(FindParams),
+    responses((status = 200, description = "a page of tasks", body = doc::TaskPage), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn find_tasks(
+    State(st): State<AppState>,
+    Query(p): Query<FindParams>,
+) -> ApiResult<Response> {
+    let state = match p.state.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some("scheduled") => Some(TaskState::Scheduled),
+        Some("running") => Some(TaskState::Running),
+        Some("dead") => Some(TaskState::Dead),
+        Some("done") => Some(TaskState::Done),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "state must be scheduled, running, dead or done, got {other:?}"
+            )));
+        }
+    };
+    let owner = p.owner.filter(|o| !o.is_empty());
+    if let Some(o) = &owner {
+        check_owner(o)?;
+    }
+    let q = FindQuery {
+        plugin: plugin_filter(p.plugin)?,
+        state,
+        owner,
+        due_after: time_param(p.due_after.as_deref(), "due_after")?,
+        due_before: time_param(p.due_before.as_deref(), "due_before")?,
+        limit: page_limit_of(p.limit.as_deref(), 100)?,
+    };
+    let cursor = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
+        None => None,
+        Some(c) => {
+            let c = FindCursor::decode(c)
+                .filter(|c| state.is_none_or(|s| s == c.state))
+                .ok_or_else(|| {
+                    ApiError::bad("cursor is not one this route returned for these filters")
+                })?;
+            Some(c)
+        }
+    };
+    let (tasks, next) = st.store.find(&q, cursor).await?;
+    Ok(axum::Json(json!({
+        "tasks": tasks,
+        "next_cursor": next.map(|c| c.encode()),
+    }))
+    .into_response())
+}
+
+/// `DELETE /v1/owners/{owner}/tasks?plugin=`: cancels all the owner's scheduled tasks (of one
+/// plugin), in chunks; running tasks are left to finish.
+#[utoipa::path(delete, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PluginFilter),
+    responses((status = 200, description = "cancelled", body = doc::Cancelled), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_cancel(
+    State(st): State<AppState>,
+    Path(owner): Path<String>,
+    Query(f): Query<PluginFilter>,
+) -> ApiResult<Response> {
+    check_owner(&owner)?;
+    let plugin = plugin_filter(f.plugin)?;
+    let n = st.store.cancel_owner(&owner, plugin.as_deref()).await?;
+    Ok(axum::Json(json!({"cancelled": n})).into_response())
+}
+
+/// The body of `POST /v1/dead/retry`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RetryAll {
+    plugin: Option<String>,
+}
+
+/// `POST /v1/dead/retry` `{"plugin"?}`: replays every dead task (of one plugin): due now,
+/// attempts reset.
+#[utoipa::path(post, path = "/v1/dead/retry", tag = "dead letters",
+    request_body(content = doc::PluginOnly, content_type = "application/json"),
+    responses((status = 200, description = "retried", body = doc::Retried), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_retry_all(
+    State(st): State<AppState>,
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    let bytes = super::body::read(body, 64 << 10).await?;
+    let b: RetryAll = if bytes.iter().all(u8::is_ascii_whitespace) {
+        RetryAll::default()
+    } else {
+        super::body::object(super::body::raw(&bytes)?, "", "the body")?
+    };
+    let plugin = plugin_filter(b.plugin)?;
+    let n = st
+        .store
+        .dead_all(DeadAction::Retry, plugin.as_deref())
+        .await?;
+    Ok(axum::Json(json!({"retried": n})).into_response())
+}
+
+/// `DELETE /v1/dead?plugin=`: drops every dead task (of one plugin).
+#[utoipa::path(delete, path = "/v1/dead", tag = "dead letters", params(PluginFilter),
+    responses((status = 200, description = "dropped", body = doc::Dropped), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_drop_all(
+    State(st): State<AppState>,
+    Query(f): Query<PluginFilter>,
+) -> ApiResult<Response> {
+    let plugin = plugin_filter(f.plugin)?;
+    let n = st
+        .store
+        .dead_all(DeadAction::Drop, plugin.as_deref())
+        .await?;
+    Ok(axum::Json(json!({"dropped": n})).into_response())
+}

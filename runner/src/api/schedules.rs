@@ -1,0 +1,300 @@
+//! Recurring schedule routes: create or replace, list, get (with the next fire times), delete,
+//! pause, resume.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::body::{self, ApiResult};
+use super::doc;
+use super::error::ApiError;
+use crate::executor::now_ms;
+use crate::limits;
+use crate::plugins::valid_plugin_name;
+use crate::schedules::{Overlap, ScheduleDef};
+use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};
+
+/// Longest schedule id: its firings are `<id>@<ms>`, which must stay a valid task id.
+const MAX_SCHEDULE_ID: usize = 184;
+
+/// A schedule id in the path.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct ScheduleId {
+    /// 1 to 184 bytes without control characters.
+    #[param(
+        min_length = 1,
+        max_length = 184,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    id: String,
+}
+
+fn check_schedule_id(id: &str) -> ApiResult<()> {
+    limits::id("the schedule id", id)?;
+    if id.len() > MAX_SCHEDULE_ID {
+        return Err(ApiError::bad(format!(
+            "the schedule id must be 1 to {MAX_SCHEDULE_ID} bytes (its firings are <id>@<ms>)"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchedule<'a> {
+    #[serde(borrow)]
+    plugin: Option<&'a RawValue>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cron: Option<&'a RawValue>,
+    #[serde(borrow)]
+    every_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tz: Option<&'a RawValue>,
+    #[serde(borrow)]
+    owner: Option<&'a RawValue>,
+    #[serde(borrow)]
+    start_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    end_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_attempts: Option<&'a RawValue>,
+    #[serde(borrow)]
+    overlap: Option<&'a RawValue>,
+}
+
+fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
+    let s: RawSchedule = body::object(body::raw(bytes)?, "", "a schedule")?;
+    let plugin =
+        body::string(s.plugin, "", "plugin")?.ok_or_else(|| ApiError::bad("plugin is required"))?;
+    if !valid_plugin_name(&plugin) {
+        return Err(ApiError::bad(format!(
+            "plugin {plugin:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+        )));
+    }
+    let owner = body::string(s.owner, "", "owner")?;
+    if let Some(o) = &owner {
+        limits::id("owner", o)?;
+    }
+    let max_attempts = match body::int(s.max_attempts, "", "max_attempts") {
+        Ok(None) => 5,
+        Ok(Some(n @ 1..=1000)) => n as u32,
+        _ => {
+            return Err(ApiError::bad(
+                "max_attempts must be an integer from 1 to 1000",
+            ));
+        }
+    };
+    let overlap = match body::string(s.overlap, "", "overlap")?.as_deref() {
+        None | Some("skip") => Overlap::Skip,
+        Some("allow") => Overlap::Allow,
+        Some(o) => {
+            return Err(ApiError::bad(format!(
+                "overlap must be skip or allow, got {o:?}"
+            )));
+        }
+    };
+    let payload = s.payload.map_or("null", |p| p.get());
+    if payload.len() > max_payload {
+        return Err(ApiError::too_large(format!(
+            "payload is {} bytes; the limit is {max_payload}",
+            payload.len()
+        )));
+    }
+    let def = ScheduleDef {
+        plugin,
+        payload: payload.to_owned(),
+        cron: body::string(s.cron, "", "cron")?,
+        every_ms: body::int(s.every_ms, "", "every_ms")?,
+        tz: body::string(s.tz, "", "tz")?.unwrap_or_else(|| "UTC".into()),
+        owner,
+        start_at: body::time(s.start_at, "", "start_at")?,
+        end_at: body::time(s.end_at, "", "end_at")?,
+        max_attempts,
+        overlap,
+    };
+    def.rule().map_err(ApiError::bad)?;
+    Ok(def)
+}
+
+/// A stored schedule as the API shows it (`upcoming`: also its next fire times).
+fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<Value> {
+    let def: ScheduleDef = serde_json::from_str(&row.def)
+        .map_err(|e| anyhow::anyhow!("schedule {:?} can't be read: {e}", row.id))?;
+    let payload: Value = serde_json::from_str(&def.payload).unwrap_or(Value::Null);
+    let mut v = json!({
+        "id": row.id,
+        "plugin": def.plugin,
+        "payload": payload,
+        "tz": def.tz,
+        "max_attempts": def.max_attempts,
+        "overlap": def.overlap,
+        "paused": row.paused,
+        "next_run_at": row.next,
+        "last_task_id": row.last,
+    });
+    let o = v.as_object_mut().expect("an object");
+    if let Some(c) = &def.cron {
+        o.insert("cron".into(), json!(c));
+    }
+    if let Some(e) = def.every_ms {
+        o.insert("every_ms".into(), json!(e));
+    }
+    for (k, t) in [("start_at", def.start_at), ("end_at", def.end_at)] {
+        if let Some(t) = t {
+            o.insert(k.into(), json!(t));
+        }
+    }
+    if let Some(owner) = &def.owner {
+        o.insert("owner".into(), json!(owner));
+    }
+    if upcoming > 0 {
+        let times = match row.next {
+            Some(n) => {
+                let mut t = vec![n];
+                t.extend(def.upcoming(n, upcoming - 1));
+                t
+            }
+            None => Vec::new(),
+        };
+        o.insert("upcoming".into(), json!(times));
+    }
+    Ok(v)
+}
+
+async fn existing(st: &AppState, id: &str) -> ApiResult<ScheduleRow> {
+    st.store
+        .schedule_get(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no schedule {id:?}")))
+}
+
+/// `PUT /v1/schedules/{id}`: create (201) or replace (200); the same definition again changes
+/// nothing (200, same next firing).
+#[utoipa::path(put, path = "/v1/schedules/{id}", tag = "schedules", params(ScheduleId),
+    request_body(content = doc::ScheduleSpec, content_type = "application/json"),
+    responses((status = 201, description = "created", body = doc::SchedulePutReply),
+        (status = 200, description = "replaced, or unchanged", body = doc::SchedulePutReply), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn schedule_put(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    check_schedule_id(&id)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, st.max_payload_bytes + (64 << 10)).await?;
+    let def = parse_schedule(&bytes, st.max_payload_bytes)?;
+    if st.registry.plugins().get(&def.plugin).is_none()
+        && st.store.plugin_current(&def.plugin).await?.is_none()
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_plugin",
+            format!(
+                "no plugin named {:?}; upload it with PUT /v1/plugins/{}",
+                def.plugin, def.plugin
+            ),
+        ));
+    }
+    let json = serde_json::to_string(&def).map_err(anyhow::Error::from)?;
+    let next = def.next_after(now_ms());
+    let put = st.store.schedule_put(&id, &json, next).await?;
+    let row = existing(&st, &id).await?;
+    let status = if put == SchedulePut::Created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        axum::Json(json!({"id": id, "next_run_at": row.next})),
+    )
+        .into_response())
+}
+
+/// `GET /v1/schedules`.
+#[utoipa::path(get, path = "/v1/schedules", tag = "schedules",
+    responses((status = 200, description = "every schedule, by id", body = Vec<doc::ScheduleInfo>), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn schedule_list(State(st): State<AppState>) -> ApiResult<Response> {
+    let rows = st.store.schedule_list().await?;
+    let list = rows
+        .iter()
+        .map(|r| view(r, 0))
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(axum::Json(list).into_response())
+}
+
+/// `GET /v1/schedules/{id}`: the schedule with its next 5 fire times.
+#[utoipa::path(get, path = "/v1/schedules/{id}", tag = "schedules", params(ScheduleId),
+    responses((status = 200, description = "the schedule", body = doc::ScheduleInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn schedule_get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    check_schedule_id(&id)?;
+    let row = existing(&st, &id).await?;
+    Ok(axum::Json(view(&row, 5)?).into_response())
+}
+
+/// `DELETE /v1/schedules/{id}`: firings already created stay.
+#[utoipa::path(delete, path = "/v1/schedules/{id}", tag = "schedules", params(ScheduleId),
+    responses((status = 204, description = "deleted"), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn schedule_delete(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    check_schedule_id(&id)?;
+    if st.store.schedule_op(&id, ScheduleOp::Delete).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found(format!("no schedule {id:?}")))
+    }
+}
+
+/// `POST /v1/schedules/{id}/pause`.
+#[utoipa::path(post, path = "/v1/schedules/{id}/pause", tag = "schedules", params(ScheduleId),
+    responses((status = 200, description = "paused", body = doc::ScheduleInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn schedule_pause(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    check_schedule_id(&id)?;
+    if !st.store.schedule_op(&id, ScheduleOp::Pause).await? {
+        return Err(ApiError::not_found(format!("no schedule {id:?}")));
+    }
+    Ok(axum::Json(view(&existing(&st, &id).await?, 5)?).into_response())
+}
+
+/// `POST /v1/schedules/{id}/resume`: fires next at its first fire time after now (firings
+/// missed while paused are not made up).
+#[utoipa::path(post, path = "/v1/schedules/{id}/resume", tag = "schedules", params(ScheduleId),
+    responses((status = 200, description = "resumed", body = doc::ScheduleInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn schedule_resume(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    check_schedule_id(&id)?;
+    let row = existing(&st, &id).await?;
+    let def: ScheduleDef = serde_json::from_str(&row.def)
+        .map_err(|e| anyhow::anyhow!("schedule {id:?} can't be read: {e}"))?;
+    let next = def.next_after(now_ms());
+    if !st.store.schedule_op(&id, ScheduleOp::Resume(next)).await? {
+        return Err(ApiError::not_found(format!("no schedule {id:?}")));
+    }
+    Ok(axum::Json(view(&existing(&st, &id).await?, 5)?).into_response())
+}

@@ -1,0 +1,297 @@
+//! Recurring schedules: what one is and when it fires. Pure (no Redis, no clock): the scheduler
+//! drives them, the store keeps them.
+//!
+//! A `cron` schedule is the 5-field form in an IANA time zone, evaluated by the `croner` crate,
+//! which handles daylight saving time the way cron users expect: a wall-clock time that does not
+//! exist that day (02:30 when clocks jump from 02:00 to 03:00) fires once at the next valid
+//! minute, and a fixed time in the repeated hour fires once, at its first instance. An `every_ms`
+//! schedule fires at `start_at + k · every_ms` (start_at defaults to the Unix epoch, so every
+//! runner and every repeated PUT agree on the instants).
+
+use std::str::FromStr;
+
+use chrono::{DateTime, TimeZone};
+use chrono_tz::Tz;
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
+
+/// Shortest `every_ms`.
+pub const MIN_EVERY_MS: i64 = 1000;
+
+/// Firings missed by up to this long (a runner died and another took its shards over) are all
+/// still created, late; of older ones (no runner ran) only the most recent is.
+pub const CATCH_UP_MS: i64 = 60_000;
+
+/// Whether a firing waits for the previous one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    /// No firing while the previous firing's task is scheduled and due, or running.
+    #[default]
+    Skip,
+    /// Fire whatever the previous firing is doing.
+    Allow,
+}
+
+/// A schedule's definition, as stored (JSON; equal definitions encode equally).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleDef {
+    pub plugin: String,
+    /// Raw JSON text.
+    pub payload: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<i64>,
+    pub tz: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<i64>,
+    pub max_attempts: u32,
+    #[serde(default)]
+    pub overlap: Overlap,
+}
+
+/// When a schedule fires, checked.
+pub enum Rule {
+    Cron(Box<Cron>, Tz),
+    Every { every: i64, anchor: i64 },
+}
+
+fn cron_parser() -> CronParser {
+    CronParser::builder()
+        .seconds(Seconds::Disallowed)
+        .year(Year::Disallowed)
+        .build()
+}
+
+impl ScheduleDef {
+    /// Checks the timing fields; the error names the field.
+    pub fn rule(&self) -> Result<Rule, String> {
+        let tz = Tz::from_str(&self.tz).map_err(|_| {
+            format!(
+                "tz {:?} is not an IANA time zone name (e.g. \"Europe/Berlin\")",
+                self.tz
+            )
+        })?;
+        if let (Some(s), Some(e)) = (self.start_at, self.end_at)
+            && e < s
+        {
+            return Err("end_at is before start_at".into());
+        }
+        match (&self.cron, self.every_ms) {
+            (Some(c), None) => {
+                let cron = cron_parser().parse(c).map_err(|e| {
+                    format!("cron {c:?} is not a 5-field cron expression (minute hour day-of-month month day-of-week): {e}")
+                })?;
+                Ok(Rule::Cron(Box::new(cron), tz))
+            }
+            (None, Some(every)) => {
+                if !(MIN_EVERY_MS..=MAX_DURATION_MS).contains(&every) {
+                    return Err(format!(
+                        "every_ms must be from {MIN_EVERY_MS} to {MAX_DURATION_MS} (10 years), got {every}"
+                    ));
+                }
+                Ok(Rule::Every {
+                    every,
+                    anchor: self.start_at.unwrap_or(0),
+                })
+            }
+            _ => Err("give exactly one of cron and every_ms".into()),
+        }
+    }
+
+    /// The first firing after `t` (ms), within start_at..=end_at; None when there is none.
+    pub fn next_after(&self, t: i64) -> Option<i64> {
+        let rule = self.rule().ok()?;
+        let from = match self.start_at {
+            Some(s) if s > t => s - 1,
+            _ => t,
+        };
+        let next = match rule {
+            Rule::Every { every, anchor } => {
+                if from < anchor {
+                    anchor
+                } else {
+                    anchor.checked_add(((from - anchor) / every + 1).checked_mul(every)?)?
+                }
+            }
+            Rule::Cron(cron, tz) => {
+                // cron fires on whole minutes: search from the whole second at or before `from`,
+                // exclusive, which finds the first firing after `from` itself
+                let at = at_ms(&tz, from.div_euclid(1000) * 1000)?;
+                cron.find_next_occurrence(&at, false)
+                    .ok()?
+                    .timestamp_millis()
+            }
+        };
+        (next <= self.end_at.unwrap_or(MAX_TIME_MS).min(MAX_TIME_MS)).then_some(next)
+    }
+
+    /// The latest firing at or before `t`, not before start_at (None: none yet).
+    pub fn latest_at_or_before(&self, t: i64) -> Option<i64> {
+        let t = t.min(self.end_at.unwrap_or(MAX_TIME_MS));
+        let latest = match self.rule().ok()? {
+            Rule::Every { every, anchor } => {
+                if t < anchor {
+                    return None;
+                }
+                anchor + (t - anchor) / every * every
+            }
+            Rule::Cron(cron, tz) => {
+                let at = at_ms(&tz, t.div_euclid(1000) * 1000)?;
+                cron.find_previous_occurrence(&at, true)
+                    .ok()?
+                    .timestamp_millis()
+            }
+        };
+        (latest >= self.start_at.unwrap_or(i64::MIN)).then_some(latest)
+    }
+
+    /// The first firing at or after `t`.
+    pub fn first_from(&self, t: i64) -> Option<i64> {
+        self.next_after(t.checked_sub(1)?)
+    }
+
+    /// The next `n` firings after `t`.
+    pub fn upcoming(&self, t: i64, n: usize) -> Vec<i64> {
+        let mut out = Vec::with_capacity(n);
+        let mut at = t;
+        while out.len() < n {
+            match self.next_after(at) {
+                Some(next) => {
+                    out.push(next);
+                    at = next;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+fn at_ms(tz: &Tz, ms: i64) -> Option<DateTime<Tz>> {
+    tz.timestamp_millis_opt(ms).single()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cron(expr: &str, tz: &str) -> ScheduleDef {
+        ScheduleDef {
+            plugin: "p".into(),
+            payload: "null".into(),
+            cron: Some(expr.into()),
+            every_ms: None,
+            tz: tz.into(),
+            owner: None,
+            start_at: None,
+            end_at: None,
+            max_attempts: 5,
+            overlap: Overlap::Skip,
+        }
+    }
+
+    fn ny(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> i64 {
+        chrono_tz::America::New_York
+            .with_ymd_and_hms(y, mo, d, h, mi, 0)
+            .earliest()
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    const HOUR: i64 = 3_600_000;
+
+    #[test]
+    fn a_time_skipped_by_dst_fires_once_at_the_next_valid_minute() {
+        // 2026-03-08: New York clocks jump from 02:00 to 03:00; 02:30 does not exist
+        let d = cron("30 2 * * *", "America/New_York");
+        let fires = d.upcoming(ny(2026, 3, 7, 12, 0), 3);
+        assert_eq!(
+            fires[0],
+            ny(2026, 3, 8, 3, 0),
+            "the skipped 02:30 fires at 03:00"
+        );
+        assert_eq!(fires[1], ny(2026, 3, 9, 2, 30));
+        assert_eq!(fires[1] - fires[0], 23 * HOUR + 30 * 60_000);
+    }
+
+    #[test]
+    fn a_time_in_the_repeated_hour_fires_once() {
+        // 2026-11-01: New York clocks go back from 02:00 to 01:00; 01:30 happens twice
+        let d = cron("30 1 * * *", "America/New_York");
+        let fires = d.upcoming(ny(2026, 10, 31, 12, 0), 2);
+        assert_eq!(fires[0], ny(2026, 11, 1, 1, 30), "the first 01:30");
+        assert_eq!(
+            fires[1] - fires[0],
+            25 * HOUR,
+            "the next firing is the next day's, not the repeated 01:30"
+        );
+    }
+
+    #[test]
+    fn every_ms_is_anchored_and_bounded() {
+        let mut d = cron("", "UTC");
+        d.cron = None;
+        d.every_ms = Some(1000);
+        d.start_at = Some(10_500);
+        d.end_at = Some(13_500);
+        assert_eq!(d.next_after(0), Some(10_500));
+        assert_eq!(d.next_after(10_500), Some(11_500));
+        assert_eq!(d.next_after(11_499), Some(11_500));
+        assert_eq!(d.next_after(13_500), None, "past end_at");
+        assert_eq!(d.latest_at_or_before(12_999), Some(12_500));
+        assert_eq!(d.latest_at_or_before(10_000), None, "before start_at");
+        assert_eq!(d.upcoming(0, 10), vec![10_500, 11_500, 12_500, 13_500]);
+    }
+
+    #[test]
+    fn cron_next_is_strictly_after_and_latest_is_at_or_before() {
+        let d = cron("*/15 * * * *", "UTC");
+        assert_eq!(d.next_after(0), Some(15 * 60_000));
+        assert_eq!(d.next_after(15 * 60_000), Some(30 * 60_000));
+        assert_eq!(d.next_after(15 * 60_000 - 1), Some(15 * 60_000));
+        assert_eq!(d.latest_at_or_before(31 * 60_000), Some(30 * 60_000));
+        assert_eq!(d.latest_at_or_before(30 * 60_000), Some(30 * 60_000));
+        assert_eq!(d.first_from(30 * 60_000), Some(30 * 60_000));
+    }
+
+    #[test]
+    fn bad_definitions_name_the_field() {
+        assert!(
+            cron("61 * * * *", "UTC")
+                .rule()
+                .err()
+                .unwrap()
+                .contains("cron")
+        );
+        assert!(
+            cron("* * * * * *", "UTC")
+                .rule()
+                .err()
+                .unwrap()
+                .contains("5-field")
+        );
+        assert!(
+            cron("* * * * *", "Mars/Olympus")
+                .rule()
+                .err()
+                .unwrap()
+                .contains("tz")
+        );
+        let mut both = cron("* * * * *", "UTC");
+        both.every_ms = Some(1000);
+        assert!(both.rule().err().unwrap().contains("exactly one"));
+        let mut fast = cron("", "UTC");
+        fast.cron = None;
+        fast.every_ms = Some(10);
+        assert!(fast.rule().err().unwrap().contains("every_ms"));
+    }
+}

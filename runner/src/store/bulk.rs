@@ -1,0 +1,159 @@
+//! Changes to many tasks at once (pausing a plugin, cancelling an owner's tasks, replaying or
+//! dropping dead letters) and the start-up migration of the indexes. Each walks every shard in
+//! chunks of at most [`BULK_CHUNK`] tasks, one script per chunk, so Redis is never held long;
+//! each chunk is atomic, the whole is not (a task changed meanwhile is handled by its own script).
+
+use anyhow::{Context, Result};
+use futures::future::try_join_all;
+
+use super::Store;
+
+/// Most tasks one bulk script handles (a chunk holds Redis for about a millisecond).
+pub const BULK_CHUNK: usize = 500;
+
+/// The key layout this build keeps (recorded per shard by the migration).
+const LAYOUT: &str = "3";
+
+/// A bulk change to dead letters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadAction {
+    Retry,
+    Drop,
+}
+
+impl Store {
+    /// Runs a chunked script on every shard (concurrently) until each answers an empty cursor;
+    /// returns the sum of the counts.
+    /// `args` gives the script's arguments for a shard and cursor.
+    async fn chunked<F>(&self, what: &str, script: &redis::Script, args: F) -> Result<u64>
+    where
+        F: Fn(u32, &str) -> Vec<String> + Sync,
+    {
+        let args = &args;
+        let calls = (0..self.shards()).map(|shard| async move {
+            let mut total = 0u64;
+            let mut cursor = String::new();
+            loop {
+                let mut inv = self.shard_script(script, shard);
+                for a in args(shard, &cursor) {
+                    inv.arg(a);
+                }
+                let (n, next): (u64, String) = inv.invoke_async(&mut self.conn()).await?;
+                total += n;
+                if next.is_empty() {
+                    return Ok::<_, anyhow::Error>(total);
+                }
+                cursor = next;
+            }
+        });
+        let counts = try_join_all(calls)
+            .await
+            .with_context(|| format!("{what} script"))?;
+        Ok(counts.iter().sum())
+    }
+
+    /// Pauses (`true`) or resumes a plugin on every shard: while paused, claims park its due
+    /// tasks instead of starting them; resuming puts the parked ones back, due as they were.
+    /// Returns how many parked tasks were put back.
+    pub async fn set_paused(&self, plugin: &str, paused: bool) -> Result<u64> {
+        let channel = self.keys().wake_channel();
+        self.chunked("pause", &self.inner.scripts.pause, |shard, cursor| {
+            vec![
+                channel.clone(),
+                shard.to_string(),
+                if paused { "pause" } else { "resume" }.into(),
+                plugin.into(),
+                cursor.into(),
+                BULK_CHUNK.to_string(),
+            ]
+        })
+        .await
+    }
+
+    /// Cancels every scheduled task of an owner (of one plugin); returns how many.
+    pub async fn cancel_owner(&self, owner: &str, plugin: Option<&str>) -> Result<u64> {
+        self.bulk("cancel_owner", owner, plugin).await
+    }
+
+    /// Replays or drops every dead task (of one plugin); returns how many.
+    pub async fn dead_all(&self, action: DeadAction, plugin: Option<&str>) -> Result<u64> {
+        let op = match action {
+            DeadAction::Retry => "retry_dead",
+            DeadAction::Drop => "drop_dead",
+        };
+        self.bulk(op, "", plugin).await
+    }
+
+    async fn bulk(&self, op: &str, owner: &str, plugin: Option<&str>) -> Result<u64> {
+        let channel = self.keys().wake_channel();
+        self.chunked(op, &self.inner.scripts.bulk, |shard, cursor| {
+            vec![
+                channel.clone(),
+                shard.to_string(),
+                op.into(),
+                owner.into(),
+                plugin.unwrap_or("").into(),
+                cursor.into(),
+                BULK_CHUNK.to_string(),
+            ]
+        })
+        .await
+    }
+
+    /// Brings every shard's indexes to this build's key layout (see `lua/migrate.lua`); a shard
+    /// already migrated costs one HGET. Safe to run from several runners at once.
+    pub async fn migrate(&self) -> Result<()> {
+        let calls = (0..self.shards()).map(|shard| async move {
+            let mut cursor = "0".to_owned();
+            loop {
+                let mut inv = self.shard_script(&self.inner.scripts.migrate, shard);
+                inv.arg(LAYOUT).arg(&cursor).arg(BULK_CHUNK);
+                let next: String = inv.invoke_async(&mut self.conn()).await?;
+                if next == "0" {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                cursor = next;
+            }
+        });
+        try_join_all(calls)
+            .await
+            .context("migrating the shards' indexes")?;
+        Ok(())
+    }
+
+    /// The ids among `ids` inside a dedup window now (a read, for checks before a batch over
+    /// several shards is written).
+    pub async fn duplicates_among(&self, ids: &[&str]) -> Result<Vec<String>> {
+        let now = crate::executor::now_ms();
+        let mut by_shard: Vec<Vec<&str>> = vec![Vec::new(); self.shards() as usize];
+        for id in ids {
+            by_shard[self.shard_of(id) as usize].push(id);
+        }
+        let calls = by_shard
+            .into_iter()
+            .enumerate()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(shard, ids)| {
+                let k = self.keys().shard(shard as u32);
+                let mut conn = self.conn();
+                async move {
+                    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                        .arg(&k.unique)
+                        .arg(&ids)
+                        .query_async(&mut conn)
+                        .await?;
+                    Ok::<_, anyhow::Error>(
+                        ids.into_iter()
+                            .zip(scores)
+                            .filter(|(_, s)| s.is_some_and(|s| s > now as f64))
+                            .map(|(id, _)| id.to_owned())
+                            .collect::<Vec<_>>(),
+                    )
+                }
+            });
+        Ok(try_join_all(calls)
+            .await
+            .context("checking dedup windows")?
+            .concat())
+    }
+}

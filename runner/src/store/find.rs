@@ -1,0 +1,432 @@
+//! Finding tasks by plugin, state, owner and due range, a page at a time.
+//!
+//! Each state is read from the index that orders it (scheduled: `due` + `parked`, or `byplugin` /
+//! `byowner` when those filters are given; running: `inflight`; dead: `dead` or `byplugin`; done:
+//! `recent`), every shard from the cursor on, so a page costs O(shards × page) whatever the
+//! number of tasks. A filter that no index serves is applied to the records read: such a page may
+//! hold fewer tasks than asked for (even none) and still have a next cursor; the walk ends only
+//! when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
+//! done ones most recent first; without a state filter the states come one after another
+//! (scheduled, running, dead, done).
+
+use std::cmp::Ordering;
+
+use anyhow::{Context, Result, bail};
+use futures::future::try_join_all;
+
+use super::{Store, TaskRecord, TaskState};
+
+/// What to find (every filter optional).
+#[derive(Clone, Debug, Default)]
+pub struct FindQuery {
+    pub plugin: Option<String>,
+    pub state: Option<TaskState>,
+    pub owner: Option<String>,
+    /// Due at or after (ms).
+    pub due_after: Option<i64>,
+    /// Due at or before (ms).
+    pub due_before: Option<i64>,
+    pub limit: usize,
+}
+
+/// Where a walk stopped: a state and a place in its order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FindCursor {
+    pub state: TaskState,
+    /// The order key: due time (scheduled, running) or finish time (dead, done).
+    pub key: i64,
+    pub id: String,
+}
+
+impl FindCursor {
+    /// The opaque text the API hands out: `<state letter>.<key>.<id in hex>`.
+    pub fn encode(&self) -> String {
+        let hex: String = self.id.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}.{}.{hex}", letter(self.state), self.key)
+    }
+
+    pub fn decode(s: &str) -> Option<FindCursor> {
+        let mut parts = s.splitn(3, '.');
+        let state = match parts.next()? {
+            "s" => TaskState::Scheduled,
+            "r" => TaskState::Running,
+            "x" => TaskState::Dead,
+            "d" => TaskState::Done,
+            _ => return None,
+        };
+        let key = parts.next()?.parse().ok()?;
+        let hex = parts.next()?;
+        if !hex.len().is_multiple_of(2) || hex.len() > 800 {
+            return None;
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(FindCursor {
+            state,
+            key,
+            id: String::from_utf8(bytes).ok()?,
+        })
+    }
+}
+
+fn letter(s: TaskState) -> char {
+    match s {
+        TaskState::Scheduled => 's',
+        TaskState::Running => 'r',
+        TaskState::Dead => 'x',
+        TaskState::Done => 'd',
+    }
+}
+
+const STATES: [TaskState; 4] = [
+    TaskState::Scheduled,
+    TaskState::Running,
+    TaskState::Dead,
+    TaskState::Done,
+];
+
+/// Soonest first for scheduled and running, most recent first for dead and done.
+fn ascending(s: TaskState) -> bool {
+    matches!(s, TaskState::Scheduled | TaskState::Running)
+}
+
+/// The order of two places `(key, id)` within a state.
+fn order(state: TaskState, a: (i64, &str), b: (i64, &str)) -> Ordering {
+    if ascending(state) {
+        a.cmp(&b)
+    } else {
+        b.cmp(&a)
+    }
+}
+
+/// One index of one shard.
+enum Source {
+    /// A lexicographic index whose members are `<prefix><key:015>\0<id>`.
+    Lex { key: String, prefix: String },
+    /// A ZSET of id -> key.
+    Score { key: String },
+    /// The shard's running tasks (few: what its runners hold), ordered by due.
+    Running,
+}
+
+/// Score bounds wide enough for every stored time.
+const LOWEST: i64 = -999_999_999_999_999;
+const HIGHEST: i64 = 999_999_999_999_999;
+
+impl Store {
+    /// One page of tasks matching `q`, after `cursor`; the next cursor is None at the end.
+    pub async fn find(
+        &self,
+        q: &FindQuery,
+        cursor: Option<FindCursor>,
+    ) -> Result<(Vec<TaskRecord>, Option<FindCursor>)> {
+        let states: Vec<TaskState> = match q.state {
+            Some(s) => vec![s],
+            None => STATES.to_vec(),
+        };
+        let (state, after) = match cursor {
+            Some(c) => {
+                if !states.contains(&c.state) {
+                    bail!("the cursor is for another state than the filter");
+                }
+                (c.state, Some((c.key, c.id)))
+            }
+            None => (states[0], None),
+        };
+        let (tasks, next) = self.find_in_state(q, state, after).await?;
+        let next = match next {
+            Some((key, id)) => Some(FindCursor { state, key, id }),
+            None => {
+                // this state is walked: the next one starts (before any place in its order)
+                let i = states.iter().position(|s| *s == state).unwrap_or(0);
+                states.get(i + 1).map(|s| FindCursor {
+                    state: *s,
+                    key: if ascending(*s) { i64::MIN } else { i64::MAX },
+                    id: String::new(),
+                })
+            }
+        };
+        Ok((tasks, next))
+    }
+
+    async fn find_in_state(
+        &self,
+        q: &FindQuery,
+        state: TaskState,
+        after: Option<(i64, String)>,
+    ) -> Result<(Vec<TaskRecord>, Option<(i64, String)>)> {
+        let limit = q.limit.max(1);
+        // a cursor that starts a state is no place at all
+        let after = after.filter(|(_, id)| !id.is_empty());
+        let mut sources = Vec::new();
+        for shard in 0..self.shards() {
+            let k = self.keys().shard(shard);
+            let src = match (state, &q.plugin, &q.owner) {
+                (TaskState::Scheduled, Some(p), _) => vec![Source::Lex {
+                    key: k.byplugin,
+                    prefix: format!("{p}\0s\0"),
+                }],
+                (TaskState::Scheduled, None, Some(o)) => vec![Source::Lex {
+                    key: k.byowner,
+                    prefix: format!("{o}\0"),
+                }],
+                (TaskState::Scheduled, None, None) => vec![
+                    Source::Score { key: k.due },
+                    Source::Score { key: k.parked },
+                ],
+                (TaskState::Running, _, _) => vec![Source::Running],
+                (TaskState::Dead, Some(p), _) => vec![Source::Lex {
+                    key: k.byplugin,
+                    prefix: format!("{p}\0x\0"),
+                }],
+                (TaskState::Dead, None, _) => vec![Source::Score { key: k.dead }],
+                (TaskState::Done, _, _) => vec![Source::Score { key: k.recent }],
+            };
+            sources.extend(src.into_iter().map(|s| (shard, s)));
+        }
+        let calls = sources.iter().map(|(shard, src)| {
+            let after = after.clone();
+            async move {
+                let (places, more) = self
+                    .walk(*shard, src, state, q, after.as_ref(), limit)
+                    .await?;
+                let recs = self.records_of(*shard, state, &places).await?;
+                Ok::<_, anyhow::Error>((places, recs, more))
+            }
+        });
+        let walked = try_join_all(calls).await.context("finding tasks")?;
+        // Nothing past the first place a source stopped at may be shown yet: that source may
+        // still have matches before it.
+        let mut cut: Option<(i64, String)> = None;
+        let mut found: Vec<((i64, String), TaskRecord)> = Vec::new();
+        for (places, recs, more) in walked {
+            if more && let Some(last) = places.last() {
+                let earlier = match &cut {
+                    Some(c) => order(state, (last.0, &last.1), (c.0, &c.1)) == Ordering::Less,
+                    None => true,
+                };
+                if earlier {
+                    cut = Some(last.clone());
+                }
+            }
+            for (place, rec) in places.into_iter().zip(recs) {
+                if let Some(rec) = rec.filter(|r| matches(r, q, state, place.0)) {
+                    found.push((place, rec));
+                }
+            }
+        }
+        found.sort_by(|a, b| order(state, (a.0.0, &a.0.1), (b.0.0, &b.0.1)));
+        if let Some(c) = &cut {
+            found.retain(|(p, _)| order(state, (p.0, &p.1), (c.0, &c.1)) != Ordering::Greater);
+        }
+        let next = if found.len() > limit {
+            found.truncate(limit);
+            found.last().map(|(p, _)| p.clone())
+        } else if found.len() == limit {
+            found.last().map(|(p, _)| p.clone())
+        } else {
+            cut
+        };
+        Ok((found.into_iter().map(|(_, r)| r).collect(), next))
+    }
+
+    /// Up to `limit` places of one source after `after`, and whether it may have more.
+    async fn walk(
+        &self,
+        shard: u32,
+        src: &Source,
+        state: TaskState,
+        q: &FindQuery,
+        after: Option<&(i64, String)>,
+        limit: usize,
+    ) -> Result<(Vec<(i64, String)>, bool)> {
+        let mut conn = self.conn();
+        let (lo_due, hi_due) = match state {
+            // the due range bounds the index itself where it is ordered by due
+            TaskState::Scheduled => (
+                q.due_after.unwrap_or(LOWEST),
+                q.due_before.unwrap_or(HIGHEST),
+            ),
+            _ => (LOWEST, HIGHEST),
+        };
+        let places: Vec<(i64, String)> = match src {
+            Source::Lex { key, prefix } => {
+                let asc = ascending(state);
+                // past every member with the prefix: its last \0 raised to \u{1}
+                let end = format!("({}\u{1}", &prefix[..prefix.len() - 1]);
+                let from = match after {
+                    Some((k, id)) => format!("({prefix}{k:015}\0{id}"),
+                    None if asc => format!("[{prefix}{:015}", lo_due.max(0)),
+                    None => end.clone(),
+                };
+                let to = if asc { end } else { format!("[{prefix}") };
+                let members: Vec<String> =
+                    redis::cmd(if asc { "ZRANGEBYLEX" } else { "ZREVRANGEBYLEX" })
+                        .arg(key)
+                        .arg(&from)
+                        .arg(&to)
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(limit)
+                        .query_async(&mut conn)
+                        .await?;
+                let n = members.len();
+                let mut out = Vec::with_capacity(n);
+                for m in &members {
+                    let rest = m
+                        .strip_prefix(prefix.as_str())
+                        .with_context(|| format!("an index entry out of its range: {m:?}"))?;
+                    let (k, id) = rest
+                        .split_once('\0')
+                        .and_then(|(k, id)| Some((k.parse::<i64>().ok()?, id)))
+                        .with_context(|| format!("an index entry this runner can't read: {m:?}"))?;
+                    if asc && k > hi_due {
+                        return Ok((out, false));
+                    }
+                    out.push((k, id.to_owned()));
+                }
+                return Ok((out, n == limit));
+            }
+            Source::Score { key } => {
+                let (ck, cm) = match after {
+                    Some((k, id)) => (k.to_string(), id.clone()),
+                    None => (String::new(), String::new()),
+                };
+                let flat: Vec<String> = self
+                    .inner
+                    .scripts
+                    .range
+                    .key(key)
+                    .arg(if ascending(state) { "asc" } else { "desc" })
+                    .arg(ck)
+                    .arg(cm)
+                    .arg(lo_due)
+                    .arg(hi_due)
+                    .arg(limit)
+                    .invoke_async(&mut conn)
+                    .await?;
+                flat.chunks_exact(2)
+                    .map(|c| {
+                        let k: f64 = c[1].parse().with_context(|| {
+                            format!("a score this runner can't read: {:?}", c[1])
+                        })?;
+                        Ok((k as i64, c[0].clone()))
+                    })
+                    .collect::<Result<_>>()?
+            }
+            Source::Running => {
+                let k = self.keys().shard(shard);
+                let ids: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(&k.inflight)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn)
+                    .await?;
+                let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                let recs = self.read_records(&refs).await?;
+                let mut places: Vec<(i64, String)> = ids
+                    .iter()
+                    .zip(recs)
+                    .filter_map(|(id, r)| {
+                        let r = TaskRecord::decode(id, &r?)?;
+                        Some((r.run_at, id.clone()))
+                    })
+                    .filter(|(k, id)| match after {
+                        Some((ak, aid)) => (*k, id.as_str()) > (*ak, aid.as_str()),
+                        None => true,
+                    })
+                    .collect();
+                places.sort();
+                places.truncate(limit);
+                // every running task of the shard was looked at: nothing more after the page
+                // unless it was cut at the limit
+                let more = places.len() == limit;
+                return Ok((places, more));
+            }
+        };
+        let more = places.len() == limit;
+        Ok((places, more))
+    }
+
+    /// The records at `places` of one shard (live records, or done records for done).
+    async fn records_of(
+        &self,
+        shard: u32,
+        state: TaskState,
+        places: &[(i64, String)],
+    ) -> Result<Vec<Option<TaskRecord>>> {
+        if places.is_empty() {
+            return Ok(Vec::new());
+        }
+        let k = self.keys().shard(shard);
+        let raw: Vec<Option<String>> = if state == TaskState::Done {
+            let keys: Vec<String> = places
+                .iter()
+                .map(|(_, id)| self.keys().done(shard, id))
+                .collect();
+            redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(&mut self.conn())
+                .await?
+        } else {
+            let ids: Vec<&str> = places.iter().map(|(_, id)| id.as_str()).collect();
+            redis::cmd("HMGET")
+                .arg(&k.tasks)
+                .arg(&ids)
+                .query_async(&mut self.conn())
+                .await?
+        };
+        Ok(places
+            .iter()
+            .zip(raw)
+            .map(|((_, id), r)| r.and_then(|r| TaskRecord::decode(id, &r)))
+            .collect())
+    }
+}
+
+/// Whether a record found at `key` in the index of `state` is current and passes the filters.
+fn matches(r: &TaskRecord, q: &FindQuery, state: TaskState, key: i64) -> bool {
+    let place_holds = match state {
+        TaskState::Scheduled | TaskState::Running => r.run_at == key,
+        TaskState::Dead | TaskState::Done => r.finished_at.unwrap_or(0) == key,
+    };
+    r.state == state
+        && place_holds
+        && q.plugin.as_ref().is_none_or(|p| *p == r.plugin)
+        && q.owner.as_ref().is_none_or(|o| Some(o) == r.owner.as_ref())
+        && q.due_after.is_none_or(|t| r.run_at >= t)
+        && q.due_before.is_none_or(|t| r.run_at <= t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_refuse_garbage() {
+        let c = FindCursor {
+            state: TaskState::Dead,
+            key: 1_700_000_000_000,
+            id: "order:42 ✓.x".into(),
+        };
+        assert_eq!(FindCursor::decode(&c.encode()), Some(c));
+        for bad in ["", "q.1.00", "s.x.00", "s.1.0", "s.1.zz", "s.1.ff"] {
+            assert_eq!(FindCursor::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn dead_and_done_come_most_recent_first() {
+        assert_eq!(
+            order(TaskState::Dead, (2, "a"), (1, "a")),
+            Ordering::Less,
+            "a later death comes first"
+        );
+        assert_eq!(
+            order(TaskState::Scheduled, (1, "a"), (2, "a")),
+            Ordering::Less
+        );
+    }
+}

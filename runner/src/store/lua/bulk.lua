@@ -1,0 +1,66 @@
+-- Acts on many tasks of one shard in chunks: each run handles at most `limit` index entries, so
+-- Redis is held only briefly; the caller runs it again with the returned cursor until it is ''.
+-- ARGV: channel, shard, op, owner, plugin ('' = any), cursor ('' = start), limit.
+--   'cancel_owner': cancels the owner's scheduled tasks (of `plugin`), walking the owner index
+--                   after `cursor` (running tasks are left alone).
+--   'retry_dead':   puts dead tasks (of `plugin`) back: due now, attempts reset.
+--   'drop_dead':    deletes dead tasks (of `plugin`).
+-- Returns {count, next cursor}.
+local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
+  ARGV[5], ARGV[6], tonumber(ARGV[7])
+local count, earliest = 0, nil
+local members
+if op == 'cancel_owner' then
+  local lo = '[' .. owner .. '\0'
+  if cursor ~= '' then lo = '(' .. cursor end
+  members = redis.call('ZRANGEBYLEX', K_BYOWNER, lo, '(' .. owner .. '\1', 'LIMIT', 0, limit)
+  for _, m in ipairs(members) do
+    local id = string.match(m, '^[^%z]*%z[^%z]*%z(.*)$')
+    local t = parse(redis.call('HGET', K_TASKS, id))
+    if t and t.st == 's' and t.owner == owner then
+      if plugin == '' or t.plugin == plugin then
+        unindex_scheduled(id, t)
+        redis.call('HDEL', K_TASKS, id)
+        redis.call('ZREM', K_UNIQUE, id)
+        count = count + 1
+      end
+    else
+      redis.call('ZREM', K_BYOWNER, m) -- a stale index entry: repair
+    end
+  end
+  local next_cursor = ''
+  if #members == limit then next_cursor = members[#members] end
+  return { count, next_cursor }
+end
+-- dead tasks: each one handled leaves the dead indexes, so every chunk starts at the front
+local now = now_ms()
+local ids = {}
+if plugin ~= '' then
+  members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, '[' .. plugin .. '\0x\0', '(' .. plugin .. '\0x\1',
+    'LIMIT', 0, limit)
+  for i, m in ipairs(members) do ids[i] = string.match(m, '^[^%z]*%z.%z[^%z]*%z(.*)$') end
+else
+  ids = redis.call('ZRANGE', K_DEAD, 0, limit - 1)
+end
+for i, id in ipairs(ids) do
+  local t = parse(redis.call('HGET', K_TASKS, id))
+  if t and t.st == 'x' then
+    unindex_dead(id, t)
+    if op == 'retry_dead' then
+      t.st = 's'; t.att = 0; t.fin = ''; t.due = now; t.created = string.format('%d', now)
+      redis.call('HSET', K_TASKS, id, encode(t))
+      index_scheduled(id, t)
+      earliest = now
+    else
+      redis.call('HDEL', K_TASKS, id)
+    end
+    count = count + 1
+  elseif members then
+    redis.call('ZREM', K_BYPLUGIN, members[i]) -- a stale index entry: repair
+  else
+    redis.call('ZREM', K_DEAD, id)
+  end
+end
+if earliest then wake_if_head(channel, shard, earliest) end
+if #ids == limit then return { count, 'more' } end
+return { count, '' }

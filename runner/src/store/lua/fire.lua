@@ -1,0 +1,22 @@
+-- Creates one firing of a recurring schedule as an ordinary scheduled task, at most once.
+-- KEYS[K_FIRST]: the firing's done-record key; KEYS[K_FIRST + 1]: fired (ZSET firing id ->
+-- created at: firings whose schedule has not yet recorded them; the scheduler removes an entry
+-- once the schedule has moved past it, and entries older than ARGV[9] ms are trimmed).
+-- ARGV: channel, shard, id, due, max_attempts, plugin, owner, payload, keep_fired_ms.
+-- Returns 'ok' | 'exists' (created before: by another runner, or before a crash).
+local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
+local fired = KEYS[K_FIRST + 1]
+local now = now_ms()
+if redis.call('ZSCORE', fired, id) or redis.call('HEXISTS', K_TASKS, id) == 1
+  or redis.call('EXISTS', KEYS[K_FIRST]) == 1 then
+  return 'exists'
+end
+local t = { st = 's', due = tonumber(ARGV[4]), att = 0, max = tonumber(ARGV[5]),
+  created = string.format('%d', now), fin = '', plugin = ARGV[6], owner = ARGV[7], err = '',
+  payload = ARGV[8] }
+redis.call('HSET', K_TASKS, id, encode(t))
+index_scheduled(id, t)
+redis.call('ZADD', fired, now, id)
+redis.call('ZREMRANGEBYSCORE', fired, '-inf', now - tonumber(ARGV[9]))
+wake_if_head(channel, shard, t.due)
+return 'ok'
