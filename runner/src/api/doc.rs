@@ -256,7 +256,7 @@ pub struct PluginInfo {
 #[serde(deny_unknown_fields)]
 pub struct PluginPatch {
     /// At most this many runs at once across all runners; null: no limit.
-    #[schema(minimum = 1, maximum = 100000)]
+    #[schema(minimum = 1, maximum = 100000, required = true)]
     pub max_concurrency: Option<u32>,
 }
 
@@ -322,6 +322,8 @@ pub struct ScheduleSpec {
     pub overlap: Option<crate::schedules::Overlap>,
 }
 
+// (ScheduleSpec's `not`/`anyOf` rule is added in `finish`.)
+
 /// A schedule's id and when it fires next (null: never, or paused).
 #[derive(Serialize, ToSchema)]
 pub struct SchedulePutReply {
@@ -372,6 +374,26 @@ pub struct Ok {
 /// Schema's `not`): `run_at` and `delay_ms` are not both given.
 pub fn finish(doc: utoipa::openapi::OpenApi) -> Value {
     let mut v = serde_json::to_value(doc).expect("the document serializes");
+    // a schedule: exactly one of cron and every_ms
+    if let Some(obj) = v
+        .pointer_mut("/components/schemas/ScheduleSpec")
+        .and_then(Value::as_object_mut)
+    {
+        obj.insert(
+            "not".into(),
+            serde_json::json!({
+                "required": ["cron", "every_ms"],
+                "properties": {"cron": {"type": "string"}, "every_ms": {"type": "integer"}}
+            }),
+        );
+        obj.insert(
+            "anyOf".into(),
+            serde_json::json!([
+                {"required": ["cron"], "properties": {"cron": {"type": "string"}}},
+                {"required": ["every_ms"], "properties": {"every_ms": {"type": "integer"}}}
+            ]),
+        );
+    }
     if let Some(spec) = v.pointer_mut("/components/schemas/TaskSpec")
         && let Some(obj) = spec.as_object_mut()
     {

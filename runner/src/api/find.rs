@@ -40,12 +40,16 @@ pub struct FindParams {
     /// 1 to 1000 (default 100).
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page (empty: the first page).
+    #[param(
+        max_length = 500,
+        pattern = "^([srxd]\\.-?[0-9]{1,19}\\.([0-9a-f]{2})*)?$"
+    )]
     cursor: Option<String>,
 }
 
 fn plugin_filter(p: Option<String>) -> ApiResult<Option<String>> {
-    match p.filter(|p| !p.is_empty()) {
+    match p {
         Some(p) if !valid_plugin_name(&p) => Err(ApiError::bad(format!(
             "plugin {p:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
         ))),
@@ -54,7 +58,7 @@ fn plugin_filter(p: Option<String>) -> ApiResult<Option<String>> {
 }
 
 fn time_param(v: Option<&str>, name: &str) -> ApiResult<Option<i64>> {
-    match v.filter(|v| !v.is_empty()) {
+    match v {
         None => Ok(None),
         Some(v) => {
             let t = v
@@ -75,7 +79,7 @@ pub async fn find_tasks(
     State(st): State<AppState>,
     Query(p): Query<FindParams>,
 ) -> ApiResult<Response> {
-    let state = match p.state.as_deref().filter(|s| !s.is_empty()) {
+    let state = match p.state.as_deref() {
         None => None,
         Some("scheduled") => Some(TaskState::Scheduled),
         Some("running") => Some(TaskState::Running),
@@ -87,7 +91,7 @@ pub async fn find_tasks(
             )));
         }
     };
-    let owner = p.owner.filter(|o| !o.is_empty());
+    let owner = p.owner;
     if let Some(o) = &owner {
         check_owner(o)?;
     }
@@ -103,10 +107,7 @@ pub async fn find_tasks(
         None => None,
         Some(c) => {
             let c = FindCursor::decode(c)
-                .filter(|c| state.is_none_or(|s| s == c.state))
-                .ok_or_else(|| {
-                    ApiError::bad("cursor is not one this route returned for these filters")
-                })?;
+                .ok_or_else(|| ApiError::bad("cursor is not one this route returned"))?;
             Some(c)
         }
     };
@@ -135,7 +136,7 @@ pub async fn owner_cancel(
 }
 
 /// The body of `POST /v1/dead/retry`.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RetryAll {
     plugin: Option<String>,
@@ -152,11 +153,12 @@ pub async fn dead_retry_all(
     body: axum::body::Body,
 ) -> ApiResult<Response> {
     let bytes = super::body::read(body, 64 << 10).await?;
-    let b: RetryAll = if bytes.iter().all(u8::is_ascii_whitespace) {
-        RetryAll::default()
-    } else {
-        super::body::object(super::body::raw(&bytes)?, "", "the body")?
-    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad(
+            "the body must be a JSON object: {} for every plugin, or {\"plugin\": name}",
+        ));
+    }
+    let b: RetryAll = super::body::object(super::body::raw(&bytes)?, "", "the body")?;
     let plugin = plugin_filter(b.plugin)?;
     let n = st
         .store

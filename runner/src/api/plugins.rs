@@ -148,13 +148,6 @@ pub async fn plugin_resume(
     set_paused(&st, &name, false).await
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PatchBody<'a> {
-    #[serde(borrow)]
-    max_concurrency: Option<&'a serde_json::value::RawValue>,
-}
-
 /// `PATCH /v1/plugins/{name}` `{"max_concurrency": n | null}`: at most n runs at once across all
 /// runners of the namespace (null: no limit).
 #[utoipa::path(patch, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
@@ -170,8 +163,15 @@ pub async fn plugin_patch(
     check_name(&name)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, 64 << 10).await?;
-    let b: PatchBody = body::object(body::raw(&bytes)?, "", "the body")?;
-    let Some(raw) = b.max_concurrency else {
+    // `null` (no limit) and a missing field differ here, so the fields are read as a map
+    let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
+        body::object(body::raw(&bytes)?, "", "the body")?;
+    if let Some(other) = b.keys().find(|k| *k != "max_concurrency") {
+        return Err(ApiError::bad(format!(
+            "unknown field `{other}`, expected `max_concurrency`"
+        )));
+    }
+    let Some(raw) = b.get("max_concurrency").copied() else {
         return Err(ApiError::bad(
             "max_concurrency is required (an integer from 1 to 100000, or null)",
         ));

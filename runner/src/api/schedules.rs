@@ -121,7 +121,21 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
         max_attempts,
         overlap,
     };
-    def.rule().map_err(ApiError::bad)?;
+    if def.cron.is_some() == def.every_ms.is_some() {
+        return Err(ApiError::bad("give exactly one of cron and every_ms"));
+    }
+    if let Some(e) = def.every_ms
+        && !(crate::schedules::MIN_EVERY_MS..=limits::MAX_DURATION_MS).contains(&e)
+    {
+        return Err(ApiError::bad(format!(
+            "every_ms must be from {} to {} (10 years), got {e}",
+            crate::schedules::MIN_EVERY_MS,
+            limits::MAX_DURATION_MS
+        )));
+    }
+    // well-formed but impossible: a cron expression or time zone that does not exist
+    def.rule()
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_schedule", e))?;
     Ok(def)
 }
 
