@@ -6,23 +6,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_stream,
-    read_stream_timed, rss_bytes, upload, wait_state,
+    RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
+    read_stream_timed, rss_bytes, runner_fast_retry as start, upload, wait_state,
 };
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
-
-fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
-    let mut args = vec!["--retry-base", "50ms"];
-    args.extend_from_slice(extra);
-    RunnerProcess::with_plugins(redis, &args)
-}
-
-async fn schedule(base: &str, specs: Value) {
-    let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;
-    assert_eq!(s, 201, "{b}");
-}
 
 async fn wait_events(redis: &RedisServer, topic: &str, n: usize, limit: Duration) {
     let key = format!("{{eggtimer}}:events:{topic}");

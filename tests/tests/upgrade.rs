@@ -65,15 +65,31 @@ fn old_schedule(
     owner: &str,
     payload: &str,
 ) {
+    let keys = old_keys(shard_of(id, 16), &[id]);
+    schedule_at(
+        c,
+        BEFORE_CLAIM_TOKENS,
+        &keys,
+        (id, plugin, due, 5, owner, payload),
+    );
+}
+
+/// Schedules one task `(id, plugin, due, max_attempts, owner, payload)` with the schedule script
+/// of the main at `commit`, given that main's keys for it.
+fn schedule_at(
+    c: &mut redis::Connection,
+    commit: &str,
+    keys: &[String],
+    (id, plugin, due, max_attempts, owner, payload): (&str, &str, i64, u32, &str, &str),
+) {
     let shard = shard_of(id, 16);
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(old_script("schedule"));
-    let keys = old_keys(shard, &[id]);
-    cmd.arg(keys.len()).arg(&keys);
+    cmd.arg(script_at(commit, "schedule"));
+    cmd.arg(keys.len()).arg(keys);
     cmd.arg("{eggtimer}:wake").arg(shard).arg("upsert");
     cmd.arg(id)
         .arg(due)
-        .arg(5)
+        .arg(max_attempts)
         .arg(plugin)
         .arg(owner)
         .arg(payload)
@@ -183,21 +199,14 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
         .query(&mut c)
         .unwrap();
     let schedule = |c: &mut redis::Connection, id: &str, due: i64| {
-        let shard = shard_of(id, 16);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(script_at(BEFORE_PLUGIN_INDEX, "schedule"));
-        let keys = keys_before_plugin_index(shard, &[id]);
-        cmd.arg(keys.len()).arg(&keys);
-        cmd.arg("{eggtimer}:wake").arg(shard).arg("upsert");
-        cmd.arg(id)
-            .arg(due)
-            .arg(1)
-            .arg("order-cancel")
-            .arg("u7")
-            .arg(format!(r#"{{"order_id":"{id}","user_id":"u7"}}"#))
-            .arg(0);
-        let v: Vec<String> = cmd.query(c).unwrap();
-        assert_eq!(v, ["ok"]);
+        let keys = keys_before_plugin_index(shard_of(id, 16), &[id]);
+        let payload = format!(r#"{{"order_id":"{id}","user_id":"u7"}}"#);
+        schedule_at(
+            c,
+            BEFORE_PLUGIN_INDEX,
+            &keys,
+            (id, "order-cancel", due, 1, "u7", &payload),
+        );
     };
     let later = now_ms() + 3_600_000;
     for i in 0..20 {

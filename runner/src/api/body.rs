@@ -139,6 +139,17 @@ pub fn string(v: Option<&RawValue>, at: &str, name: &str) -> ApiResult<Option<St
     }
 }
 
+/// A plugin name given in a field (`at` prefixes the message, e.g. "[3].").
+pub fn plugin_name(at: &str, name: &str) -> ApiResult<()> {
+    if crate::plugins::valid_plugin_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::bad(format!(
+            "{at}plugin {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+        )))
+    }
+}
+
 /// The start of a raw value, for messages.
 fn short(s: &str) -> String {
     if s.len() <= 40 {

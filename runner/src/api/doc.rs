@@ -332,17 +332,21 @@ pub struct SchedulePutReply {
 }
 
 /// A recurring schedule; `upcoming` (its next 5 fire times) only for one schedule.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 pub struct ScheduleInfo {
     pub id: String,
     pub plugin: String,
     pub payload: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub every_ms: Option<i64>,
     pub tz: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub start_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub end_at: Option<i64>,
     pub max_attempts: u32,
     pub overlap: crate::schedules::Overlap,
@@ -350,6 +354,7 @@ pub struct ScheduleInfo {
     pub next_run_at: Option<i64>,
     /// The task id of its latest firing.
     pub last_task_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub upcoming: Option<Vec<i64>>,
 }
 

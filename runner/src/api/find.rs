@@ -1,7 +1,7 @@
 //! Finding tasks and acting on many: `GET /v1/tasks` with filters, an owner's tasks cancelled at
 //! once, every dead letter retried or dropped.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
@@ -10,10 +10,9 @@ use super::AppState;
 use super::body::ApiResult;
 use super::doc;
 use super::error::ApiError;
-use super::tasks::{OwnerName, PluginFilter, check_owner, page_limit_of};
+use super::params::{check_owner, page_limit_of, plugin_filter};
 use crate::limits;
-use crate::plugins::valid_plugin_name;
-use crate::store::{DeadAction, FindCursor, FindQuery, TaskState};
+use crate::store::{FindCursor, FindQuery, TaskState};
 
 /// The filters of `GET /v1/tasks` (all optional; they combine).
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -46,15 +45,6 @@ pub struct FindParams {
         pattern = "^([srxd]\\.-?[0-9]{1,19}\\.([0-9a-f]{2})*)?$"
     )]
     cursor: Option<String>,
-}
-
-fn plugin_filter(p: Option<String>) -> ApiResult<Option<String>> {
-    match p {
-        Some(p) if !valid_plugin_name(&p) => Err(ApiError::bad(format!(
-            "plugin {p:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
-        ))),
-        p => Ok(p),
-    }
 }
 
 fn time_param(v: Option<&str>, name: &str) -> ApiResult<Option<i64>> {
@@ -117,68 +107,4 @@ pub async fn find_tasks(
         "next_cursor": next.map(|c| c.encode()),
     }))
     .into_response())
-}
-
-/// `DELETE /v1/owners/{owner}/tasks?plugin=`: cancels all the owner's scheduled tasks (of one
-/// plugin), in chunks; running tasks are left to finish.
-#[utoipa::path(delete, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PluginFilter),
-    responses((status = 200, description = "cancelled", body = doc::Cancelled), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn owner_cancel(
-    State(st): State<AppState>,
-    Path(owner): Path<String>,
-    Query(f): Query<PluginFilter>,
-) -> ApiResult<Response> {
-    check_owner(&owner)?;
-    let plugin = plugin_filter(f.plugin)?;
-    let n = st.store.cancel_owner(&owner, plugin.as_deref()).await?;
-    Ok(axum::Json(json!({"cancelled": n})).into_response())
-}
-
-/// The body of `POST /v1/dead/retry`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RetryAll {
-    plugin: Option<String>,
-}
-
-/// `POST /v1/dead/retry` `{"plugin"?}`: replays every dead task (of one plugin): due now,
-/// attempts reset.
-#[utoipa::path(post, path = "/v1/dead/retry", tag = "dead letters",
-    request_body(content = doc::PluginOnly, content_type = "application/json"),
-    responses((status = 200, description = "retried", body = doc::Retried), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn dead_retry_all(
-    State(st): State<AppState>,
-    body: axum::body::Body,
-) -> ApiResult<Response> {
-    let bytes = super::body::read(body, 64 << 10).await?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad(
-            "the body must be a JSON object: {} for every plugin, or {\"plugin\": name}",
-        ));
-    }
-    let b: RetryAll = super::body::object(super::body::raw(&bytes)?, "", "the body")?;
-    let plugin = plugin_filter(b.plugin)?;
-    let n = st
-        .store
-        .dead_all(DeadAction::Retry, plugin.as_deref())
-        .await?;
-    Ok(axum::Json(json!({"retried": n})).into_response())
-}
-
-/// `DELETE /v1/dead?plugin=`: drops every dead task (of one plugin).
-#[utoipa::path(delete, path = "/v1/dead", tag = "dead letters", params(PluginFilter),
-    responses((status = 200, description = "dropped", body = doc::Dropped), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn dead_drop_all(
-    State(st): State<AppState>,
-    Query(f): Query<PluginFilter>,
-) -> ApiResult<Response> {
-    let plugin = plugin_filter(f.plugin)?;
-    let n = st
-        .store
-        .dead_all(DeadAction::Drop, plugin.as_deref())
-        .await?;
-    Ok(axum::Json(json!({"dropped": n})).into_response())
 }

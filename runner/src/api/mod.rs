@@ -1,16 +1,20 @@
 //! The admin HTTP API (API.md): the only code that imports axum.
 //!
 //! Files: `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
-//! `find` (filters and bulk actions), `plugins`, `schedules`, `ops` (the routes), `server` (the listener: connection cap, timeouts, shutdown).
+//! `find` (filters), `owners`, `dead`, `plugins`, `schedules`, `ops` (the routes), `params`
+//! (ids, owners, filters and pages several routes take), `server` (the listener: connection cap, timeouts, shutdown).
 //! Bodies are read as raw JSON and every field is checked on its own, so every 4xx names the
 //! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
 //! is a 503; any other failure is a 500 `internal` with the details in the log.
 
 mod body;
+mod dead;
 mod doc;
 mod error;
 mod find;
 mod ops;
+mod owners;
+mod params;
 mod plugins;
 mod schedules;
 mod server;
@@ -82,12 +86,12 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
             tasks::cancel_task
         ))
         .routes(routes!(tasks::run_now))
-        .routes(routes!(tasks::owner_tasks, find::owner_cancel))
-        .routes(routes!(tasks::owner_shift))
-        .routes(routes!(tasks::dead_list, find::dead_drop_all))
-        .routes(routes!(find::dead_retry_all))
-        .routes(routes!(tasks::dead_retry))
-        .routes(routes!(tasks::dead_drop))
+        .routes(routes!(owners::owner_tasks, owners::owner_cancel))
+        .routes(routes!(owners::owner_shift))
+        .routes(routes!(dead::dead_list, dead::dead_drop_all))
+        .routes(routes!(dead::dead_retry_all))
+        .routes(routes!(dead::dead_retry))
+        .routes(routes!(dead::dead_drop))
         .routes(routes!(plugins::plugin_list))
         .routes(routes!(
             plugins::plugin_upload,

@@ -47,11 +47,7 @@ pub async fn plugin_upload(
     body: Body,
 ) -> ApiResult<Response> {
     body::require_content_type(&headers, "application/wasm")?;
-    if !valid_plugin_name(&name) {
-        return Err(ApiError::bad(format!(
-            "{name:?} is not a plugin name: use [a-z0-9][a-z0-9-]{{0,63}}"
-        )));
-    }
+    check_name(&name)?;
     let wasm = body::read(body, st.max_plugin_bytes).await?;
     use crate::plugins::UploadError as U;
     match st.registry.upload(&name, wasm.to_vec()).await {

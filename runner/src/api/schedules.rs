@@ -15,7 +15,6 @@ use super::doc;
 use super::error::ApiError;
 use crate::executor::now_ms;
 use crate::limits;
-use crate::plugins::valid_plugin_name;
 use crate::schedules::{Overlap, ScheduleDef};
 use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};
 
@@ -75,11 +74,7 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
     let s: RawSchedule = body::object(body::raw(bytes)?, "", "a schedule")?;
     let plugin =
         body::string(s.plugin, "", "plugin")?.ok_or_else(|| ApiError::bad("plugin is required"))?;
-    if !valid_plugin_name(&plugin) {
-        return Err(ApiError::bad(format!(
-            "plugin {plugin:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
-        )));
-    }
+    body::plugin_name("", &plugin)?;
     let owner = body::string(s.owner, "", "owner")?;
     if let Some(o) = &owner {
         limits::id("owner", o)?;
@@ -140,48 +135,32 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
 }
 
 /// A stored schedule as the API shows it (`upcoming`: also its next fire times).
-fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<Value> {
+fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<doc::ScheduleInfo> {
     let def: ScheduleDef = serde_json::from_str(&row.def)
         .map_err(|e| anyhow::anyhow!("schedule {:?} can't be read: {e}", row.id))?;
-    let payload: Value = serde_json::from_str(&def.payload).unwrap_or(Value::Null);
-    let mut v = json!({
-        "id": row.id,
-        "plugin": def.plugin,
-        "payload": payload,
-        "tz": def.tz,
-        "max_attempts": def.max_attempts,
-        "overlap": def.overlap,
-        "paused": row.paused,
-        "next_run_at": row.next,
-        "last_task_id": row.last,
+    let upcoming = (upcoming > 0).then(|| match row.next {
+        Some(n) => std::iter::once(n)
+            .chain(def.upcoming(n, upcoming - 1))
+            .collect(),
+        None => Vec::new(),
     });
-    let o = v.as_object_mut().expect("an object");
-    if let Some(c) = &def.cron {
-        o.insert("cron".into(), json!(c));
-    }
-    if let Some(e) = def.every_ms {
-        o.insert("every_ms".into(), json!(e));
-    }
-    for (k, t) in [("start_at", def.start_at), ("end_at", def.end_at)] {
-        if let Some(t) = t {
-            o.insert(k.into(), json!(t));
-        }
-    }
-    if let Some(owner) = &def.owner {
-        o.insert("owner".into(), json!(owner));
-    }
-    if upcoming > 0 {
-        let times = match row.next {
-            Some(n) => {
-                let mut t = vec![n];
-                t.extend(def.upcoming(n, upcoming - 1));
-                t
-            }
-            None => Vec::new(),
-        };
-        o.insert("upcoming".into(), json!(times));
-    }
-    Ok(v)
+    Ok(doc::ScheduleInfo {
+        id: row.id.clone(),
+        payload: serde_json::from_str(&def.payload).unwrap_or(Value::Null),
+        plugin: def.plugin,
+        cron: def.cron,
+        every_ms: def.every_ms,
+        tz: def.tz,
+        owner: def.owner,
+        start_at: def.start_at,
+        end_at: def.end_at,
+        max_attempts: def.max_attempts,
+        overlap: def.overlap,
+        paused: row.paused,
+        next_run_at: row.next,
+        last_task_id: row.last.clone(),
+        upcoming,
+    })
 }
 
 async fn existing(st: &AppState, id: &str) -> ApiResult<ScheduleRow> {

@@ -2,8 +2,8 @@
 //! tasks and shift; dead letters.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -13,17 +13,15 @@ use super::AppState;
 use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
+use super::params::{TaskId, check_id};
 use crate::executor::now_ms;
 use crate::limits;
-use crate::plugins::valid_plugin_name;
 use crate::store::{Move, NewTask, Refused, ScheduleMode, Scheduled, TaskRecord};
 
 /// Most specs in one POST /v1/tasks.
 pub const MAX_BATCH: usize = 10_000;
-/// Most tasks of one page of an owner's tasks.
-pub const MAX_PAGE: usize = 1000;
 /// Largest body of the small JSON routes (PATCH, shift).
-const SMALL_BODY: usize = 64 << 10;
+pub(super) const SMALL_BODY: usize = 64 << 10;
 
 /// A task spec with its fields still raw, so each is checked with a message naming it.
 #[derive(Deserialize)]
@@ -56,11 +54,7 @@ fn parse_spec(v: &RawValue, at: &str, now: i64, max_payload: usize) -> ApiResult
     let s: RawSpec = body::object(v, at, "a task spec")?;
     let plugin = body::string(s.plugin, at, "plugin")?
         .ok_or_else(|| ApiError::bad(format!("{at}plugin is required")))?;
-    if !valid_plugin_name(&plugin) {
-        return Err(ApiError::bad(format!(
-            "{at}plugin {plugin:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
-        )));
-    }
+    body::plugin_name(at, &plugin)?;
     let run_at = match (
         body::time(s.run_at, at, "run_at")?,
         body::int(s.delay_ms, at, "delay_ms")?,
@@ -230,20 +224,12 @@ fn duplicate(at: &str, id: &str) -> ApiError {
     )
 }
 
-fn refused(id: &str, r: Refused) -> ApiError {
+pub(super) fn refused(id: &str, r: Refused) -> ApiError {
     match r {
         Refused::Missing => ApiError::not_found(format!("no task {id:?}")),
         Refused::OutOfRange => ApiError::bad(format!("task {id:?}: {r}; nothing moved")),
         other => ApiError::conflict(format!("task {id:?}: {other}")),
     }
-}
-
-pub(super) fn check_id(id: &str) -> ApiResult<()> {
-    limits::id("the task id", id).map_err(Into::into)
-}
-
-pub(super) fn check_owner(owner: &str) -> ApiResult<()> {
-    limits::id("the owner", owner).map_err(Into::into)
 }
 
 async fn task_reply(st: &AppState, id: &str) -> ApiResult<TaskRecord> {
@@ -331,206 +317,6 @@ pub async fn run_now(State(st): State<AppState>, Path(id): Path<String>) -> ApiR
         axum::Json(json!({"id": id, "run_at": at})),
     )
         .into_response())
-}
-
-/// A page: how many, and where the previous page ended.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct PageQuery {
-    /// 1 to 1000.
-    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
-    limit: Option<String>,
-    /// The `next_cursor` (or `X-Next-Cursor`) of the previous page; empty for the first page.
-    #[param(pattern = "^([0-9]{1,15}:[^\\x00-\\x1f\\x7f-\\x9f]{1,200})?$")]
-    cursor: Option<String>,
-}
-
-/// A task id in the path.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub struct TaskId {
-    /// 1 to 200 bytes without control characters.
-    #[param(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    id: String,
-}
-
-/// An owner in the path.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub struct OwnerName {
-    /// 1 to 200 bytes without control characters.
-    #[param(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    owner: String,
-}
-
-/// An optional plugin filter.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct PluginFilter {
-    #[param(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
-    pub plugin: Option<String>,
-}
-
-pub(super) fn page_limit_of(limit: Option<&str>, default: usize) -> ApiResult<usize> {
-    match limit {
-        None => Ok(default),
-        Some(l) => match l.parse::<usize>() {
-            Ok(n @ 1..=MAX_PAGE) => Ok(n),
-            _ => Err(ApiError::bad(format!(
-                "limit must be an integer from 1 to {MAX_PAGE}"
-            ))),
-        },
-    }
-}
-
-fn page_limit(q: &PageQuery, default: usize) -> ApiResult<usize> {
-    match q.limit.as_deref() {
-        None => Ok(default),
-        Some(l) => match l.parse::<usize>() {
-            Ok(n @ 1..=MAX_PAGE) => Ok(n),
-            _ => Err(ApiError::bad(format!(
-                "limit must be an integer from 1 to {MAX_PAGE}"
-            ))),
-        },
-    }
-}
-
-/// A cursor `<ms>:<id>` as this API returns them.
-fn page_cursor(q: &PageQuery) -> ApiResult<Option<(i64, String)>> {
-    match q.cursor.as_deref() {
-        None | Some("") => Ok(None),
-        Some(c) => {
-            let bad = || ApiError::bad("cursor is not one this API returned");
-            let (t, id) = c.split_once(':').ok_or_else(bad)?;
-            // a position, not a due time: any 1 to 15 digits
-            if t.is_empty() || t.len() > 15 || !t.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad());
-            }
-            let t = t.parse::<i64>().map_err(|_| bad())?;
-            limits::id("cursor", id).map_err(|_| bad())?;
-            Ok(Some((t, id.to_owned())))
-        }
-    }
-}
-
-/// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
-/// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
-#[utoipa::path(get, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PageQuery),
-    responses((status = 200, description = "a page of the owner's scheduled tasks",
-        body = Vec<crate::store::TaskRecord>,
-        headers(("x-next-cursor" = String, description = "the cursor of the next page, when there may be one"))),
-        doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn owner_tasks(
-    State(st): State<AppState>,
-    Path(owner): Path<String>,
-    Query(q): Query<PageQuery>,
-) -> ApiResult<Response> {
-    check_owner(&owner)?;
-    let limit = page_limit(&q, MAX_PAGE)?;
-    let (tasks, next) = st
-        .store
-        .owner_tasks(&owner, limit, page_cursor(&q)?)
-        .await?;
-    let mut resp = axum::Json(tasks).into_response();
-    if let Some((t, id)) = next
-        && let Ok(v) = HeaderValue::from_str(&format!("{t}:{id}"))
-    {
-        resp.headers_mut().insert("x-next-cursor", v);
-    }
-    Ok(resp)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ShiftBody<'a> {
-    #[serde(borrow)]
-    shift_ms: Option<&'a RawValue>,
-    #[serde(borrow)]
-    plugin: Option<&'a RawValue>,
-}
-
-/// `POST /v1/owners/{owner}/shift`.
-#[utoipa::path(post, path = "/v1/owners/{owner}/shift", tag = "owners", params(OwnerName),
-    request_body(content = doc::ShiftBody, content_type = "application/json"),
-    responses((status = 200, description = "shifted", body = doc::Shifted), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn owner_shift(
-    State(st): State<AppState>,
-    Path(owner): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<Response> {
-    check_owner(&owner)?;
-    body::require_content_type(&headers, "application/json")?;
-    let bytes = body::read(body, SMALL_BODY).await?;
-    let b: ShiftBody = body::object(body::raw(&bytes)?, "", "the body")?;
-    let shift = body::int(b.shift_ms, "", "shift_ms")?
-        .ok_or_else(|| ApiError::bad("shift_ms is required"))?;
-    limits::shift("shift_ms", shift)?;
-    let plugin = body::string(b.plugin, "", "plugin")?;
-    if let Some(p) = &plugin
-        && !valid_plugin_name(p)
-    {
-        return Err(ApiError::bad(format!("plugin {p:?} is not a plugin name")));
-    }
-    let n = st
-        .store
-        .shift_owner(&owner, shift, plugin.as_deref())
-        .await?
-        .map_err(|r| {
-            ApiError::bad(format!(
-                "shift_ms {shift}: a task of owner {owner:?} would leave the time range ({r}); nothing moved"
-            ))
-        })?;
-    Ok(axum::Json(json!({"shifted": n})).into_response())
-}
-
-/// `GET /v1/dead?limit=&cursor=`.
-#[utoipa::path(get, path = "/v1/dead", tag = "dead letters", params(PageQuery),
-    responses((status = 200, description = "a page of dead tasks", body = doc::DeadPage), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn dead_list(
-    State(st): State<AppState>,
-    Query(q): Query<PageQuery>,
-) -> ApiResult<Response> {
-    let limit = page_limit(&q, 100)?;
-    let (tasks, next) = st.store.dead(limit, page_cursor(&q)?).await?;
-    let next = next.map(|(t, id)| format!("{t}:{id}"));
-    Ok(axum::Json(json!({"tasks": tasks, "next_cursor": next})).into_response())
-}
-
-/// `POST /v1/dead/{id}/retry`.
-#[utoipa::path(post, path = "/v1/dead/{id}/retry", tag = "dead letters", params(TaskId),
-    responses((status = 200, description = "due now", body = doc::ScheduledTask), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
-    check_id(&id)?;
-    let at = st.store.revive(&id).await?.map_err(|r| refused(&id, r))?;
-    Ok(axum::Json(json!({"id": id, "run_at": at})).into_response())
-}
-
-/// `DELETE /v1/dead/{id}`.
-#[utoipa::path(delete, path = "/v1/dead/{id}", tag = "dead letters", params(TaskId),
-    responses((status = 204, description = "dropped"), doc::Errors),
-    security((), ("bearer" = [])))]
-pub async fn dead_drop(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
-    check_id(&id)?;
-    st.store
-        .drop_dead(&id)
-        .await?
-        .map_err(|r| refused(&id, r))?;
-    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[cfg(test)]

@@ -125,16 +125,12 @@ impl Store {
     /// several shards is written).
     pub async fn duplicates_among(&self, ids: &[&str]) -> Result<Vec<String>> {
         let now = crate::executor::now_ms();
-        let mut by_shard: Vec<Vec<&str>> = vec![Vec::new(); self.shards() as usize];
-        for id in ids {
-            by_shard[self.shard_of(id) as usize].push(id);
-        }
-        let calls = by_shard
+        let calls = self
+            .by_shard(ids.iter().copied())
             .into_iter()
-            .enumerate()
-            .filter(|(_, ids)| !ids.is_empty())
-            .map(|(shard, ids)| {
-                let k = self.keys().shard(shard as u32);
+            .map(|(shard, ix)| {
+                let ids: Vec<&str> = ix.iter().map(|&i| ids[i]).collect();
+                let k = self.keys().shard(shard);
                 let mut conn = self.conn();
                 async move {
                     let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")

@@ -112,6 +112,9 @@ enum Source {
     Running,
 }
 
+/// A page of one source: the places, the record at each (None: gone), whether it may have more.
+type Walked = (Vec<(i64, String)>, Vec<Option<TaskRecord>>, bool);
+
 /// Score bounds wide enough for every stored time.
 const LOWEST: i64 = -999_999_999_999_999;
 const HIGHEST: i64 = 999_999_999_999_999;
@@ -189,11 +192,8 @@ impl Store {
         let calls = sources.iter().map(|(shard, src)| {
             let after = after.clone();
             async move {
-                let (places, more) = self
-                    .walk(*shard, src, state, q, after.as_ref(), limit)
-                    .await?;
-                let recs = self.records_of(*shard, state, &places).await?;
-                Ok::<_, anyhow::Error>((places, recs, more))
+                self.walk(*shard, src, state, q, after.as_ref(), limit)
+                    .await
             }
         });
         let walked = try_join_all(calls).await.context("finding tasks")?;
@@ -232,7 +232,8 @@ impl Store {
         Ok((found.into_iter().map(|(_, r)| r).collect(), next))
     }
 
-    /// Up to `limit` places of one source after `after`, and whether it may have more.
+    /// Up to `limit` places of one source after `after` with their records, and whether it may
+    /// have more.
     async fn walk(
         &self,
         shard: u32,
@@ -241,7 +242,7 @@ impl Store {
         q: &FindQuery,
         after: Option<&(i64, String)>,
         limit: usize,
-    ) -> Result<(Vec<(i64, String)>, bool)> {
+    ) -> Result<Walked> {
         let mut conn = self.conn();
         let (lo_due, hi_due) = match state {
             // the due range bounds the index itself where it is ordered by due
@@ -251,7 +252,7 @@ impl Store {
             ),
             _ => (LOWEST, HIGHEST),
         };
-        let places: Vec<(i64, String)> = match src {
+        let (places, more) = match src {
             Source::Lex { key, prefix } => {
                 let asc = ascending(state);
                 // past every member with the prefix: its last \0 raised to \u{1}
@@ -272,8 +273,8 @@ impl Store {
                         .arg(limit)
                         .query_async(&mut conn)
                         .await?;
-                let n = members.len();
-                let mut out = Vec::with_capacity(n);
+                let mut out = Vec::with_capacity(members.len());
+                let mut more = members.len() == limit;
                 for m in &members {
                     let rest = m
                         .strip_prefix(prefix.as_str())
@@ -283,11 +284,12 @@ impl Store {
                         .and_then(|(k, id)| Some((k.parse::<i64>().ok()?, id)))
                         .with_context(|| format!("an index entry this runner can't read: {m:?}"))?;
                     if asc && k > hi_due {
-                        return Ok((out, false));
+                        more = false;
+                        break;
                     }
                     out.push((k, id.to_owned()));
                 }
-                return Ok((out, n == limit));
+                (out, more)
             }
             Source::Score { key } => {
                 let (ck, cm) = match after {
@@ -307,14 +309,17 @@ impl Store {
                     .arg(limit)
                     .invoke_async(&mut conn)
                     .await?;
-                flat.chunks_exact(2)
+                let places: Vec<(i64, String)> = flat
+                    .chunks_exact(2)
                     .map(|c| {
                         let k: f64 = c[1].parse().with_context(|| {
                             format!("a score this runner can't read: {:?}", c[1])
                         })?;
                         Ok((k as i64, c[0].clone()))
                     })
-                    .collect::<Result<_>>()?
+                    .collect::<Result<_>>()?;
+                let more = places.len() == limit;
+                (places, more)
             }
             Source::Running => {
                 let k = self.keys().shard(shard);
@@ -326,28 +331,29 @@ impl Store {
                     .await?;
                 let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
                 let recs = self.read_records(&refs).await?;
-                let mut places: Vec<(i64, String)> = ids
+                let mut found: Vec<((i64, String), Option<TaskRecord>)> = ids
                     .iter()
                     .zip(recs)
                     .filter_map(|(id, r)| {
                         let r = TaskRecord::decode(id, &r?)?;
-                        Some((r.run_at, id.clone()))
+                        Some(((r.run_at, id.clone()), Some(r)))
                     })
-                    .filter(|(k, id)| match after {
+                    .filter(|((k, id), _)| match after {
                         Some((ak, aid)) => (*k, id.as_str()) > (*ak, aid.as_str()),
                         None => true,
                     })
                     .collect();
-                places.sort();
-                places.truncate(limit);
+                found.sort_by(|a, b| a.0.cmp(&b.0));
+                found.truncate(limit);
                 // every running task of the shard was looked at: nothing more after the page
                 // unless it was cut at the limit
-                let more = places.len() == limit;
-                return Ok((places, more));
+                let more = found.len() == limit;
+                let (places, recs) = found.into_iter().unzip();
+                return Ok((places, recs, more));
             }
         };
-        let more = places.len() == limit;
-        Ok((places, more))
+        let recs = self.records_of(shard, state, &places).await?;
+        Ok((places, recs, more))
     }
 
     /// The records at `places` of one shard (live records, or done records for done).

@@ -25,16 +25,11 @@ impl Store {
     /// The stored records of `ids` (None: no live record), in the order of `ids`: one HMGET per
     /// shard, sent concurrently.
     pub(super) async fn read_records(&self, ids: &[&str]) -> Result<Vec<Option<String>>> {
-        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards() as usize];
-        for (i, id) in ids.iter().enumerate() {
-            by_shard[self.shard_of(id) as usize].push(i);
-        }
-        let calls = by_shard
+        let calls = self
+            .by_shard(ids.iter().copied())
             .into_iter()
-            .enumerate()
-            .filter(|(_, ix)| !ix.is_empty())
             .map(|(shard, ix)| {
-                let k = self.keys().shard(shard as u32);
+                let k = self.keys().shard(shard);
                 let mut conn = self.conn();
                 let names: Vec<&str> = ix.iter().map(|&i| ids[i]).collect();
                 async move {

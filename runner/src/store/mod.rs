@@ -126,6 +126,20 @@ impl Store {
         shard_of(id, self.shards())
     }
 
+    /// The indexes of `ids` grouped by shard, for one call per shard (shards without ids left out).
+    fn by_shard<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<(u32, Vec<usize>)> {
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); self.shards() as usize];
+        for (i, id) in ids.enumerate() {
+            groups[self.shard_of(id) as usize].push(i);
+        }
+        groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, ix)| !ix.is_empty())
+            .map(|(shard, ix)| (shard as u32, ix))
+            .collect()
+    }
+
     fn shard_script<'a>(
         &'a self,
         script: &'a redis::Script,

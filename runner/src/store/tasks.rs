@@ -15,46 +15,39 @@ impl Store {
     /// Schedules tasks (any number, any shards): one script per shard, sent concurrently.
     /// The verdicts come back in the order of `tasks`.
     pub async fn schedule(&self, tasks: &[NewTask], mode: ScheduleMode) -> Result<Vec<Scheduled>> {
-        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards() as usize];
-        for (i, t) in tasks.iter().enumerate() {
-            by_shard[self.shard_of(&t.id) as usize].push(i);
-        }
+        let groups = self.by_shard(tasks.iter().map(|t| t.id.as_str()));
         let channel = self.keys().wake_channel();
-        let calls = by_shard
-            .iter()
-            .enumerate()
-            .filter(|(_, ix)| !ix.is_empty())
-            .map(|(shard, ix)| {
-                let shard = shard as u32;
-                let mut inv = self.shard_script(&self.inner.scripts.schedule, shard);
-                for &i in ix {
-                    inv.key(self.keys().done(shard, &tasks[i].id));
-                }
-                inv.arg(&channel).arg(shard).arg(match mode {
-                    ScheduleMode::Upsert => "upsert",
-                    ScheduleMode::IfAbsent => "absent",
-                });
-                for &i in ix {
-                    let t = &tasks[i];
-                    inv.arg(&t.id)
-                        .arg(t.run_at.max(0))
-                        .arg(t.max_attempts)
-                        .arg(&t.plugin)
-                        .arg(t.owner.as_deref().unwrap_or(""))
-                        .arg(&t.payload)
-                        .arg(0)
-                        .arg(t.unique_for_ms);
-                }
-                let mut conn = self.conn();
-                async move {
-                    let words: Vec<String> = inv
-                        .invoke_async(&mut conn)
-                        .await
-                        .context("schedule script")?;
-                    expect_len("schedule", words.len(), ix.len())?;
-                    Ok::<_, anyhow::Error>((ix, words))
-                }
+        let calls = groups.iter().map(|(shard, ix)| {
+            let shard = *shard;
+            let mut inv = self.shard_script(&self.inner.scripts.schedule, shard);
+            for &i in ix {
+                inv.key(self.keys().done(shard, &tasks[i].id));
+            }
+            inv.arg(&channel).arg(shard).arg(match mode {
+                ScheduleMode::Upsert => "upsert",
+                ScheduleMode::IfAbsent => "absent",
             });
+            for &i in ix {
+                let t = &tasks[i];
+                inv.arg(&t.id)
+                    .arg(t.run_at.max(0))
+                    .arg(t.max_attempts)
+                    .arg(&t.plugin)
+                    .arg(t.owner.as_deref().unwrap_or(""))
+                    .arg(&t.payload)
+                    .arg(0)
+                    .arg(t.unique_for_ms);
+            }
+            let mut conn = self.conn();
+            async move {
+                let words: Vec<String> = inv
+                    .invoke_async(&mut conn)
+                    .await
+                    .context("schedule script")?;
+                expect_len("schedule", words.len(), ix.len())?;
+                Ok::<_, anyhow::Error>((ix, words))
+            }
+        });
         let mut out = vec![Scheduled::Ok; tasks.len()];
         for (ix, words) in try_join_all(calls).await? {
             for (&i, w) in ix.iter().zip(words) {

@@ -28,9 +28,7 @@ if op == 'cancel_owner' then
       redis.call('ZREM', K_BYOWNER, m) -- a stale index entry: repair
     end
   end
-  local next_cursor = ''
-  if #members == limit then next_cursor = members[#members] end
-  return { count, next_cursor }
+  return chunk_done(count, members, limit)
 end
 -- dead tasks: each one handled leaves the dead indexes, so every chunk starts at the front
 local now = now_ms()
@@ -62,5 +60,4 @@ for i, id in ipairs(ids) do
   end
 end
 if earliest then wake_if_head(channel, shard, earliest) end
-if #ids == limit then return { count, 'more' } end
-return { count, '' }
+return chunk_done(count, ids, limit) -- (dead chunks ignore the cursor: they start at the front)

@@ -114,6 +114,13 @@ local function in_unique_window(id, now)
   return false
 end
 
+-- A chunked walk's answer: the count, and where the next chunk starts ('' when this chunk did
+-- not fill up, so the walk is over).
+local function chunk_done(count, members, limit)
+  if #members == limit then return { count, members[#members] } end
+  return { count, '' }
+end
+
 -- The earliest due time of the shard, or -1 when nothing is scheduled.
 local function head_due()
   local h = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')

@@ -36,6 +36,4 @@ for _, m in ipairs(members) do
   end
 end
 if earliest then wake_if_head(channel, shard, earliest) end
-local next_cursor = ''
-if #members == limit then next_cursor = members[#members] end
-return { moved, next_cursor }
+return chunk_done(moved, members, limit)

@@ -1,0 +1,102 @@
+//! Dead letters: a page of them, replay or drop one, replay or drop all (of one plugin).
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AppState;
+use super::body::ApiResult;
+use super::doc;
+use super::error::ApiError;
+use super::params::{
+    PageQuery, PluginFilter, TaskId, check_id, page_cursor, page_limit, plugin_filter,
+};
+use super::tasks::refused;
+use crate::store::DeadAction;
+
+/// `GET /v1/dead?limit=&cursor=`.
+#[utoipa::path(get, path = "/v1/dead", tag = "dead letters", params(PageQuery),
+    responses((status = 200, description = "a page of dead tasks", body = doc::DeadPage), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_list(
+    State(st): State<AppState>,
+    Query(q): Query<PageQuery>,
+) -> ApiResult<Response> {
+    let limit = page_limit(&q, 100)?;
+    let (tasks, next) = st.store.dead(limit, page_cursor(&q)?).await?;
+    let next = next.map(|(t, id)| format!("{t}:{id}"));
+    Ok(axum::Json(json!({"tasks": tasks, "next_cursor": next})).into_response())
+}
+
+/// `POST /v1/dead/{id}/retry`.
+#[utoipa::path(post, path = "/v1/dead/{id}/retry", tag = "dead letters", params(TaskId),
+    responses((status = 200, description = "due now", body = doc::ScheduledTask), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    check_id(&id)?;
+    let at = st.store.revive(&id).await?.map_err(|r| refused(&id, r))?;
+    Ok(axum::Json(json!({"id": id, "run_at": at})).into_response())
+}
+
+/// `DELETE /v1/dead/{id}`.
+#[utoipa::path(delete, path = "/v1/dead/{id}", tag = "dead letters", params(TaskId),
+    responses((status = 204, description = "dropped"), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_drop(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    check_id(&id)?;
+    st.store
+        .drop_dead(&id)
+        .await?
+        .map_err(|r| refused(&id, r))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The body of `POST /v1/dead/retry`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryAll {
+    plugin: Option<String>,
+}
+
+/// `POST /v1/dead/retry` `{"plugin"?}`: replays every dead task (of one plugin): due now,
+/// attempts reset.
+#[utoipa::path(post, path = "/v1/dead/retry", tag = "dead letters",
+    request_body(content = doc::PluginOnly, content_type = "application/json"),
+    responses((status = 200, description = "retried", body = doc::Retried), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_retry_all(
+    State(st): State<AppState>,
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    let bytes = super::body::read(body, 64 << 10).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad(
+            "the body must be a JSON object: {} for every plugin, or {\"plugin\": name}",
+        ));
+    }
+    let b: RetryAll = super::body::object(super::body::raw(&bytes)?, "", "the body")?;
+    let plugin = plugin_filter(b.plugin)?;
+    let n = st
+        .store
+        .dead_all(DeadAction::Retry, plugin.as_deref())
+        .await?;
+    Ok(axum::Json(json!({"retried": n})).into_response())
+}
+
+/// `DELETE /v1/dead?plugin=`: drops every dead task (of one plugin).
+#[utoipa::path(delete, path = "/v1/dead", tag = "dead letters", params(PluginFilter),
+    responses((status = 200, description = "dropped", body = doc::Dropped), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn dead_drop_all(
+    State(st): State<AppState>,
+    Query(f): Query<PluginFilter>,
+) -> ApiResult<Response> {
+    let plugin = plugin_filter(f.plugin)?;
+    let n = st
+        .store
+        .dead_all(DeadAction::Drop, plugin.as_deref())
+        .await?;
+    Ok(axum::Json(json!({"dropped": n})).into_response())
+}

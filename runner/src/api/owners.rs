@@ -1,0 +1,107 @@
+//! An owner's tasks: a page of them, shift them all, cancel them all.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::AppState;
+use super::body::{self, ApiResult};
+use super::doc;
+use super::error::ApiError;
+use super::params::{
+    MAX_PAGE, OwnerName, PageQuery, PluginFilter, check_owner, page_cursor, page_limit,
+    plugin_filter,
+};
+use super::tasks::SMALL_BODY;
+use crate::limits;
+
+/// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
+/// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
+#[utoipa::path(get, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PageQuery),
+    responses((status = 200, description = "a page of the owner's scheduled tasks",
+        body = Vec<crate::store::TaskRecord>,
+        headers(("x-next-cursor" = String, description = "the cursor of the next page, when there may be one"))),
+        doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_tasks(
+    State(st): State<AppState>,
+    Path(owner): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> ApiResult<Response> {
+    check_owner(&owner)?;
+    let limit = page_limit(&q, MAX_PAGE)?;
+    let (tasks, next) = st
+        .store
+        .owner_tasks(&owner, limit, page_cursor(&q)?)
+        .await?;
+    let mut resp = axum::Json(tasks).into_response();
+    if let Some((t, id)) = next
+        && let Ok(v) = HeaderValue::from_str(&format!("{t}:{id}"))
+    {
+        resp.headers_mut().insert("x-next-cursor", v);
+    }
+    Ok(resp)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShiftBody<'a> {
+    #[serde(borrow)]
+    shift_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    plugin: Option<&'a RawValue>,
+}
+
+/// `POST /v1/owners/{owner}/shift`.
+#[utoipa::path(post, path = "/v1/owners/{owner}/shift", tag = "owners", params(OwnerName),
+    request_body(content = doc::ShiftBody, content_type = "application/json"),
+    responses((status = 200, description = "shifted", body = doc::Shifted), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_shift(
+    State(st): State<AppState>,
+    Path(owner): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    check_owner(&owner)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, SMALL_BODY).await?;
+    let b: ShiftBody = body::object(body::raw(&bytes)?, "", "the body")?;
+    let shift = body::int(b.shift_ms, "", "shift_ms")?
+        .ok_or_else(|| ApiError::bad("shift_ms is required"))?;
+    limits::shift("shift_ms", shift)?;
+    let plugin = body::string(b.plugin, "", "plugin")?;
+    if let Some(p) = &plugin {
+        body::plugin_name("", p)?;
+    }
+    let n = st
+        .store
+        .shift_owner(&owner, shift, plugin.as_deref())
+        .await?
+        .map_err(|r| {
+            ApiError::bad(format!(
+                "shift_ms {shift}: a task of owner {owner:?} would leave the time range ({r}); nothing moved"
+            ))
+        })?;
+    Ok(axum::Json(json!({"shifted": n})).into_response())
+}
+
+/// `DELETE /v1/owners/{owner}/tasks?plugin=`: cancels all the owner's scheduled tasks (of one
+/// plugin), in chunks; running tasks are left to finish.
+#[utoipa::path(delete, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PluginFilter),
+    responses((status = 200, description = "cancelled", body = doc::Cancelled), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_cancel(
+    State(st): State<AppState>,
+    Path(owner): Path<String>,
+    Query(f): Query<PluginFilter>,
+) -> ApiResult<Response> {
+    check_owner(&owner)?;
+    let plugin = plugin_filter(f.plugin)?;
+    let n = st.store.cancel_owner(&owner, plugin.as_deref()).await?;
+    Ok(axum::Json(json!({"cancelled": n})).into_response())
+}
