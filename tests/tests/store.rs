@@ -9,28 +9,7 @@ use eggtimer::store::{
 use eggtimer::{RedisTarget, Store};
 use eggtimer_tests::{RedisServer, eventually};
 
-async fn store(redis: &RedisServer, shards: u32) -> Store {
-    let opts = StoreOptions {
-        shards,
-        keep_done_ms: 60_000,
-        ..StoreOptions::default()
-    };
-    Store::open(RedisTarget::Single(redis.url()), opts)
-        .await
-        .unwrap()
-}
-
-fn task(id: &str, run_at: i64) -> NewTask {
-    NewTask {
-        id: id.into(),
-        plugin: "noop".into(),
-        payload: "{\"n\":1}".into(),
-        run_at,
-        owner: None,
-        max_attempts: 3,
-        unique_for_ms: 0,
-    }
-}
+use eggtimer_tests::{noop_task as task, store_on as store};
 
 fn now() -> i64 {
     eggtimer::executor::now_ms()
@@ -316,51 +295,6 @@ async fn run_again_and_release_put_the_task_back() {
         (h.state, h.run_at, h.attempts),
         (TaskState::Scheduled, 0, 0)
     );
-}
-
-#[tokio::test]
-async fn owner_shift_moves_exactly_that_owners_tasks() {
-    let redis = RedisServer::start();
-    let s = store(&redis, 4).await;
-    let base = now() + 10_000_000;
-    let mut tasks = Vec::new();
-    for i in 0..20 {
-        let mut t = task(&format!("t{i}"), base + i);
-        t.owner = Some(if i % 2 == 0 { "alice" } else { "bob" }.into());
-        if i % 4 == 0 {
-            t.plugin = "auto-feed".into();
-        }
-        tasks.push(t);
-    }
-    // "ali" is a prefix of "alice": it must not match
-    let mut t = task("prefix", base);
-    t.owner = Some("ali".into());
-    tasks.push(t);
-    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
-    assert_eq!(
-        s.shift_owner("alice", -7_200_000, Some("auto-feed"))
-            .await
-            .unwrap(),
-        Ok(5)
-    );
-    assert_eq!(s.shift_owner("alice", 1000, None).await.unwrap(), Ok(10));
-    for i in 0..20i64 {
-        let t = s.get(&format!("t{i}")).await.unwrap().unwrap();
-        let want = match (i % 2 == 0, i % 4 == 0) {
-            (true, true) => base + i - 7_200_000 + 1000,
-            (true, false) => base + i + 1000,
-            _ => base + i,
-        };
-        assert_eq!(t.run_at, want, "t{i}");
-    }
-    assert_eq!(s.get("prefix").await.unwrap().unwrap().run_at, base);
-    let alice = s.owner_tasks("alice", 1000, None).await.unwrap().0;
-    assert_eq!(alice.len(), 10);
-    assert!(
-        alice.windows(2).all(|w| w[0].run_at <= w[1].run_at),
-        "soonest first"
-    );
-    assert_eq!(s.owner_tasks("ali", 1000, None).await.unwrap().0.len(), 1);
 }
 
 #[tokio::test]
@@ -658,76 +592,4 @@ fn redis_sha1(redis: &RedisServer, v: &str) -> String {
         .arg(v)
         .query(&mut redis.conn())
         .unwrap()
-}
-
-#[tokio::test]
-async fn a_large_owner_is_shifted_in_chunks_each_task_exactly_once_and_pages_see_each_once() {
-    let redis = RedisServer::start();
-    let s = store(&redis, 2).await;
-    let n = eggtimer::store::OWNER_CHUNK * 5 + 17; // several chunks per shard
-    let base = now() + 10_000_000;
-    let tasks: Vec<NewTask> = (0..n)
-        .map(|i| {
-            let mut t = task(&format!("big{i}"), base + i as i64);
-            t.owner = Some("big".into());
-            t
-        })
-        .collect();
-    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
-    for shift in [3_000i64, -5_000] {
-        assert_eq!(
-            s.shift_owner("big", shift, None).await.unwrap(),
-            Ok(n as u64)
-        );
-    }
-    for i in 0..n {
-        let t = s.get(&format!("big{i}")).await.unwrap().unwrap();
-        assert_eq!(
-            t.run_at,
-            base + i as i64 - 2_000,
-            "big{i} shifted once each way"
-        );
-    }
-    // pages of 100 see every task exactly once, in due order
-    let mut seen = Vec::new();
-    let mut cursor = None;
-    loop {
-        let (page, next) = s.owner_tasks("big", 100, cursor).await.unwrap();
-        seen.extend(page.into_iter().map(|t| (t.run_at, t.id)));
-        match next {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
-    assert_eq!(seen.len(), n);
-    assert!(
-        seen.windows(2).all(|w| w[0] < w[1]),
-        "in due order, no repeats"
-    );
-}
-
-#[tokio::test]
-async fn a_shift_that_would_leave_the_time_range_moves_nothing() {
-    let redis = RedisServer::start();
-    let s = store(&redis, 4).await;
-    let mut a = task("early", 1_000);
-    a.owner = Some("o".into());
-    let mut b = task("late", now() + 60_000);
-    b.owner = Some("o".into());
-    s.schedule(&[a, b], ScheduleMode::Upsert).await.unwrap();
-    assert_eq!(
-        s.shift_owner("o", -2_000, None).await.unwrap(),
-        Err(Refused::OutOfRange)
-    );
-    assert_eq!(
-        s.move_task("early", Move::Shift(-2_000)).await.unwrap(),
-        Err(Refused::OutOfRange)
-    );
-    assert_eq!(s.get("early").await.unwrap().unwrap().run_at, 1_000);
-    assert_eq!(
-        s.move_task("late", Move::Shift(eggtimer::limits::MAX_TIME_MS))
-            .await
-            .unwrap(),
-        Err(Refused::OutOfRange)
-    );
 }
