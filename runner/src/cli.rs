@@ -81,7 +81,7 @@ fn enc(s: &str) -> String {
 /// Runs one client command.
 pub async fn run(cmd: Command) -> Result<()> {
     let out = match cmd {
-        Command::Serve(_) | Command::Bench(_) => unreachable!("not a client command"),
+        Command::Serve(_) => unreachable!("not a client command"),
         Command::Plugin { remote, cmd } => {
             let r = Remote::new(&remote)?;
             match cmd {

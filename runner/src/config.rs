@@ -47,8 +47,6 @@ pub enum Command {
         #[command(subcommand)]
         cmd: OwnerCmd,
     },
-    /// Run the benchmark workloads of BENCH.md against a private redis-server.
-    Bench(crate::bench::BenchArgs),
     /// Recurring schedules.
     Schedule {
         #[command(flatten)]

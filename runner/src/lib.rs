@@ -2,7 +2,6 @@
 //! WebAssembly plugins. See ARCHITECTURE.md for the map of the modules.
 
 pub mod api;
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod executor;

@@ -20,7 +20,6 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => eggtimer::serve::main(cli.serve),
         Some(Command::Serve(args)) => eggtimer::serve::main(*args),
-        Some(Command::Bench(args)) => eggtimer::bench::main(args),
         Some(cmd) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

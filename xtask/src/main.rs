@@ -52,16 +52,19 @@ fn run() -> Result<()> {
         }
         "bench" => {
             build_plugins()?;
+            // W5 runs the eggtimer binary beside eggtimer-bench: build both
+            cargo(
+                &["build", "--release", "-p", "eggtimer", "--bin", "eggtimer"],
+                None,
+                &[],
+            )?;
             cargo(
                 &[
                     "run",
                     "--release",
                     "-p",
-                    "eggtimer",
-                    "--bin",
-                    "eggtimer",
+                    "eggtimer-bench",
                     "--",
-                    "bench",
                     "--plugins-dir",
                 ],
                 Some(&root().join("target/plugins")),

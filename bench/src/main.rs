@@ -1,0 +1,111 @@
+//! `eggtimer-bench`: the workloads of BENCH.md against a private redis-server (append-only,
+//! fsync every second), the runner used as a library (W0–W4) and as processes (W5). Prints one
+//! JSON line per workload (the types in `report`). `cargo xtask bench` builds and runs it.
+
+mod recorder;
+mod report;
+mod w5;
+mod workloads;
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Parser;
+use eggtimer::plugins::{PluginOptions, Plugins, load_dir};
+use eggtimer::store::{RedisTarget, Store, StoreOptions};
+use eggtimer_tests::RedisServer;
+use serde::Serialize;
+
+use workloads::Bench;
+
+/// Flags of `eggtimer-bench`.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "eggtimer-bench", about = "The benchmark workloads of BENCH.md")]
+pub struct Args {
+    /// Directory of the built plugins (noop.wasm, order-cancel.wasm, bench-record.wasm).
+    #[arg(long, default_value = "target/plugins")]
+    pub plugins_dir: PathBuf,
+    /// Workloads to run, comma-separated (W0..W5).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5")]
+    pub only: String,
+    /// Tasks per workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub n: usize,
+    /// Pending tasks far in the future for W3.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub pending: usize,
+    /// Number of shards.
+    #[arg(long, default_value_t = 16)]
+    pub shards: u32,
+    /// Most tasks one claim takes (the runner's --claim-batch).
+    #[arg(long, default_value_t = 256)]
+    pub claim_batch: usize,
+    /// Most tasks claimed beyond the free workers (the runner's --prefetch).
+    #[arg(long, default_value_t = 1024)]
+    pub prefetch: usize,
+    /// Plugin calls at once (the runner's --workers).
+    #[arg(long, default_value_t = 32)]
+    pub workers: usize,
+}
+
+fn print(report: &impl Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string(report)?);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let redis = RedisServer::start_with(&["--appendfsync", "everysec"]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let store = Store::open(
+            RedisTarget::Single(redis.url()),
+            StoreOptions {
+                shards: args.shards,
+                ..StoreOptions::default()
+            },
+        )
+        .await?;
+        let plugins = Plugins::new(PluginOptions::default())?;
+        load_dir(&plugins, &args.plugins_dir)?;
+        for p in ["noop", "order-cancel", "bench-record"] {
+            if plugins.get(p).is_none() {
+                bail!(
+                    "{p}.wasm is not in {}: run `cargo xtask plugins` first",
+                    args.plugins_dir.display()
+                );
+            }
+        }
+        let b = Bench::new(store, plugins, args.clone(), &redis.url()).await?;
+        let want = |w: &str| {
+            args.only
+                .split(',')
+                .any(|x| x.trim().eq_ignore_ascii_case(w))
+        };
+        if want("W4") {
+            print(&b.w4().await?)?;
+        }
+        if want("W0") {
+            print(&b.w0().await?)?;
+        }
+        let mut w1_alone = None;
+        if want("W1") {
+            b.flush().await?;
+            let w1 = b.w1("W1").await?;
+            print(&w1)?;
+            w1_alone = Some(w1);
+        }
+        if want("W2") {
+            print(&b.w2().await?)?;
+        }
+        if want("W3") {
+            print(&b.w3(w1_alone.as_ref()).await?)?;
+        }
+        if want("W5") {
+            print(&b.w5().await?)?;
+        }
+        Ok(())
+    })
+}

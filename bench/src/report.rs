@@ -1,0 +1,135 @@
+//! What each workload reports: one typed record per workload, printed as one JSON line.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Lateness (handler start − due time) in ms, over the tasks that ran.
+#[derive(Clone, Debug, Serialize)]
+pub struct Lateness {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// Whether every task ran exactly once and none early.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcomes {
+    pub executed: usize,
+    pub missing: usize,
+    pub duplicates: usize,
+    pub early: usize,
+}
+
+/// W0: scheduling through HTTP.
+#[derive(Debug, Serialize)]
+pub struct W0 {
+    pub workload: &'static str,
+    pub n: usize,
+    pub batch: usize,
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub tasks_per_s: f64,
+    pub stored: u64,
+    /// Redis CPU (µs) per task scheduled.
+    pub redis_cpu_us_per_task: f64,
+}
+
+/// W1 (and W1 on top of W3): tasks due evenly over 10 s.
+#[derive(Clone, Debug, Serialize)]
+pub struct W1 {
+    pub workload: &'static str,
+    pub n: usize,
+    pub spread_s: u32,
+    pub lateness_ms: Lateness,
+    pub processed_per_s: f64,
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
+}
+
+/// W2: every task due at the same instant.
+#[derive(Debug, Serialize)]
+pub struct W2 {
+    pub workload: &'static str,
+    pub n: usize,
+    pub drain_s: f64,
+    pub tasks_per_s: f64,
+    pub lateness_ms: Lateness,
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
+    /// Redis CPU (µs) per task while scheduling them (the schedule script).
+    pub redis_cpu_us_per_task_schedule: f64,
+    /// Redis CPU (µs) per task while draining them (claim, renew, finish together: Redis does
+    /// not report CPU per script).
+    pub redis_cpu_us_per_task_claim_and_finish: f64,
+}
+
+/// W3: many tasks pending far in the future, and W1 on top of them.
+#[derive(Debug, Serialize)]
+pub struct W3 {
+    pub workload: &'static str,
+    pub pending: usize,
+    pub fill_s: f64,
+    pub bytes_per_pending_task: f64,
+    pub bytes_beyond_payload: f64,
+    /// Bytes per task of each of shard 0's keys (MEMORY USAGE).
+    pub split_on_shard_0: BTreeMap<String, f64>,
+    pub w1_on_top: W1,
+    pub p99_ratio_vs_w1_alone: Option<f64>,
+}
+
+/// W4: the cost of one plugin call, per plugin.
+#[derive(Debug, Serialize)]
+pub struct W4 {
+    pub workload: &'static str,
+    pub per_task: BTreeMap<String, PluginCost>,
+    pub note: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PluginCost {
+    pub warm_us_per_task: f64,
+    pub fresh_instance_us_per_task: f64,
+}
+
+/// W5: W1 over two runner processes, one killed with SIGKILL mid-stream.
+#[derive(Debug, Serialize)]
+pub struct W5 {
+    pub workload: &'static str,
+    pub n: usize,
+    pub runners: usize,
+    pub killed_at_s: f64,
+    pub lateness_ms: Lateness,
+    pub processed_per_s: f64,
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
+    pub note: &'static str,
+}
+
+/// The value at quantile `p` of sorted values, to 0.01.
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    round(sorted[i])
+}
+
+pub fn lateness(sorted: &[f64]) -> Lateness {
+    Lateness {
+        p50: pct(sorted, 0.5),
+        p95: pct(sorted, 0.95),
+        p99: pct(sorted, 0.99),
+        max: pct(sorted, 1.0),
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    round(v[v.len() / 2])
+}
+
+pub fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

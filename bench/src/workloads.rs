@@ -1,0 +1,407 @@
+//! The workloads W0–W4: the runner in this process (W1–W3 with the recording handler in front of
+//! the real plugin host). W5 is in `w5.rs`. Every wait is on a condition with a deadline.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use eggtimer::executor::{TaskHost, now_ms};
+use eggtimer::metrics::Metrics;
+use eggtimer::plugins::{Plugins, Registry};
+use eggtimer::runner::{Runner, RunnerOptions};
+use eggtimer::store::{Claimed, NewTask, ScheduleMode, Store};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use redis::aio::MultiplexedConnection;
+use serde_json::{Value, json};
+
+use crate::Args;
+use crate::recorder::{Recorder, count};
+use crate::report::{self, PluginCost, lateness, median, round};
+
+pub struct Bench {
+    pub(crate) store: Store,
+    pub(crate) plugins: Arc<Plugins>,
+    pub(crate) args: Args,
+    /// The bench's own connection, for what is not the store's business (FLUSHALL, INFO,
+    /// MEMORY USAGE, reading W5's stream).
+    pub(crate) redis: MultiplexedConnection,
+    pub(crate) redis_url: String,
+}
+
+/// Tasks `b<from + i>` of `plugin` due at `dues[i]`.
+pub(crate) fn tasks(from: usize, dues: &[i64], plugin: &str) -> Vec<NewTask> {
+    dues.iter()
+        .enumerate()
+        .map(|(i, d)| NewTask {
+            id: format!("b{}", from + i),
+            plugin: plugin.into(),
+            payload: "null".into(),
+            run_at: *d,
+            owner: None,
+            max_attempts: 5,
+            unique_for_ms: 0,
+        })
+        .collect()
+}
+
+/// Schedules through the store in batches of 1000, 8 batches in flight.
+pub(crate) async fn schedule_all(store: &Store, tasks: Vec<NewTask>) -> Result<()> {
+    let chunks: Vec<Vec<NewTask>> = tasks.chunks(1000).map(<[NewTask]>::to_vec).collect();
+    let mut s = futures::stream::iter(chunks.into_iter().map(|c| {
+        let store = store.clone();
+        async move { store.schedule(&c, ScheduleMode::Upsert).await }
+    }))
+    .buffer_unordered(8);
+    while let Some(r) = s.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+/// Polls `f` every `every` until it is true; false at the deadline.
+pub(crate) async fn until<F, Fut>(limit: Duration, every: Duration, mut f: F) -> Result<bool>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f().await? {
+            return Ok(true);
+        }
+        tokio::time::sleep(every).await;
+    }
+    Ok(false)
+}
+
+impl Bench {
+    pub async fn new(
+        store: Store,
+        plugins: Arc<Plugins>,
+        args: Args,
+        redis_url: &str,
+    ) -> Result<Bench> {
+        let redis = redis::Client::open(redis_url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        Ok(Bench {
+            store,
+            plugins,
+            args,
+            redis,
+            redis_url: redis_url.to_owned(),
+        })
+    }
+
+    /// Empties Redis, keeping the namespace's shard count.
+    pub async fn flush(&self) -> Result<()> {
+        let mut c = self.redis.clone();
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
+        let _: () = redis::cmd("HSET")
+            .arg(self.store.keys().meta())
+            .arg("shards")
+            .arg(self.store.shards())
+            .query_async(&mut c)
+            .await?;
+        Ok(())
+    }
+
+    fn runner(&self, rec: Arc<Recorder>) -> Runner {
+        let mut opts = RunnerOptions::default();
+        opts.poller.batch = self.args.claim_batch;
+        opts.exec.prefetch = self.args.prefetch;
+        opts.exec.workers = self.args.workers;
+        Runner::start(self.store.clone(), rec, opts, Arc::new(Metrics::default()))
+    }
+
+    async fn info(&self, section: &str, field: &str) -> Result<f64> {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut self.redis.clone())
+            .await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_start_matches(':').parse::<f64>().ok())
+            .with_context(|| format!("{field} in INFO {section}"))
+    }
+
+    /// CPU seconds Redis has used so far.
+    async fn redis_cpu(&self) -> Result<f64> {
+        Ok(self.info("cpu", "used_cpu_sys:").await? + self.info("cpu", "used_cpu_user:").await?)
+    }
+
+    /// Waits until every task ran (or `limit`), then stops the runner; its graceful stop lets
+    /// anything still running (a duplicate too) finish and be counted.
+    async fn finish(&self, runner: Runner, rec: &Recorder, limit: Duration) -> Result<()> {
+        until(limit, Duration::from_millis(20), || async {
+            Ok(rec.all_ran())
+        })
+        .await?;
+        runner.shutdown(Duration::from_secs(10)).await;
+        Ok(())
+    }
+
+    /// W0: N tasks through `POST /v1/tasks`, batches of 1000, 4 requests in flight.
+    pub async fn w0(&self) -> Result<report::W0> {
+        self.flush().await?;
+        let registry = Registry::new(self.store.clone(), Arc::clone(&self.plugins), 16 << 20);
+        let state = eggtimer::api::AppState {
+            store: self.store.clone(),
+            registry,
+            metrics: Arc::new(Metrics::default()),
+            token: None,
+            max_payload_bytes: 64 << 10,
+            max_plugin_bytes: 16 << 20,
+            max_body_bytes: 32 << 20,
+            runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
+            owned_shards: Arc::new(|| 0),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server =
+            tokio::spawn(async move { axum::serve(listener, eggtimer::api::router(state)).await });
+        let n = self.args.n;
+        let far = now_ms() + 86_400_000;
+        let bodies: Vec<Vec<u8>> = (0..n)
+            .collect::<Vec<_>>()
+            .chunks(1000)
+            .map(|c| {
+                serde_json::to_vec(
+                    &c.iter()
+                        .map(|i| json!({"plugin": "noop", "id": format!("b{i}"), "run_at": far}))
+                        .collect::<Vec<_>>(),
+                )
+                .expect("json")
+            })
+            .collect();
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/v1/tasks");
+        let cpu0 = self.redis_cpu().await?;
+        let t0 = Instant::now();
+        let mut s = futures::stream::iter(bodies.into_iter().map(|b| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(b)
+                    .send()
+                    .await?
+                    .error_for_status()
+            }
+        }))
+        .buffer_unordered(4);
+        while let Some(r) = s.next().await {
+            r.context("POST /v1/tasks")?;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = self.redis_cpu().await? - cpu0;
+        server.abort();
+        let stored: u64 = self.store.shard_counts().await?.iter().map(|c| c.0).sum();
+        Ok(report::W0 {
+            workload: "W0",
+            n,
+            batch: 1000,
+            concurrency: 4,
+            seconds: round(secs),
+            tasks_per_s: (n as f64 / secs).round(),
+            stored,
+            redis_cpu_us_per_task: round(cpu * 1e6 / n as f64),
+        })
+    }
+
+    /// W1: N tasks due evenly over 10 s, starting after all are scheduled.
+    pub async fn w1(&self, name: &'static str) -> Result<report::W1> {
+        let n = self.args.n;
+        let start = now_ms() + 3000 + (n as i64 / 50); // leave time to schedule (~100k/s)
+        let dues: Vec<i64> = (0..n)
+            .map(|i| start + (i as i64 * 10_000) / n as i64)
+            .collect();
+        let rec = Recorder::new(Arc::clone(&self.plugins), n);
+        let runner = self.runner(Arc::clone(&rec));
+        let t0 = Instant::now();
+        schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
+        if now_ms() > start {
+            bail!(
+                "scheduling took {:?}, past the first due time; run with a smaller --n",
+                t0.elapsed()
+            );
+        }
+        let limit = Duration::from_millis((start - now_ms()).max(0) as u64 + 40_000);
+        self.finish(runner, &rec, limit).await?;
+        let c = count(&rec, &dues);
+        let span = (c.last_start_us - c.first_start_us) as f64 / 1e6;
+        Ok(report::W1 {
+            workload: name,
+            n,
+            spread_s: 10,
+            lateness_ms: lateness(&c.lateness_ms),
+            processed_per_s: (c.outcomes.executed as f64 / span.max(1e-9)).round(),
+            outcomes: c.outcomes,
+        })
+    }
+
+    /// W2: N tasks due at the same instant.
+    pub async fn w2(&self) -> Result<report::W2> {
+        self.flush().await?;
+        let n = self.args.n;
+        let at = now_ms() + 3000 + (n as i64 / 50);
+        let dues = vec![at; n];
+        let rec = Recorder::new(Arc::clone(&self.plugins), n);
+        let runner = self.runner(Arc::clone(&rec));
+        let cpu0 = self.redis_cpu().await?;
+        schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
+        let cpu1 = self.redis_cpu().await?;
+        if now_ms() > at {
+            bail!("scheduling took past the due instant; run with a smaller --n");
+        }
+        let limit = Duration::from_millis((at - now_ms()).max(0) as u64 + 60_000);
+        self.finish(runner, &rec, limit).await?;
+        let cpu2 = self.redis_cpu().await?;
+        let c = count(&rec, &dues);
+        let drain = (c.last_start_us as f64 / 1000.0 - at as f64) / 1000.0;
+        Ok(report::W2 {
+            workload: "W2",
+            n,
+            drain_s: round(drain),
+            tasks_per_s: (c.outcomes.executed as f64 / drain.max(1e-9)).round(),
+            lateness_ms: lateness(&c.lateness_ms),
+            outcomes: c.outcomes,
+            redis_cpu_us_per_task_schedule: round((cpu1 - cpu0) * 1e6 / n as f64),
+            redis_cpu_us_per_task_claim_and_finish: round((cpu2 - cpu1) * 1e6 / n as f64),
+        })
+    }
+
+    /// W3: `--pending` tasks far in the future, then W1 on top of them.
+    pub async fn w3(&self, w1_alone: Option<&report::W1>) -> Result<report::W3> {
+        self.flush().await?;
+        let m = self.args.pending;
+        let before = self.info("memory", "used_memory:").await?;
+        let far = now_ms() + 365 * 86_400_000;
+        let t0 = Instant::now();
+        let step = 200_000;
+        for from in (0..m).step_by(step) {
+            let k = step.min(m - from);
+            let dues: Vec<i64> = (0..k).map(|i| far + (from + i) as i64).collect();
+            // ids outside the W1 range (`p<i>`), so the recorder ignores them
+            let batch: Vec<NewTask> = tasks(0, &dues, "noop")
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut t)| {
+                    t.id = format!("p{}", from + i);
+                    t
+                })
+                .collect();
+            schedule_all(&self.store, batch).await?;
+        }
+        let fill_s = t0.elapsed().as_secs_f64();
+        let after = self.info("memory", "used_memory:").await?;
+        let k = self.store.keys().shard(0);
+        let mut c = self.redis.clone();
+        let in_shard: u64 = redis::cmd("ZCARD").arg(&k.due).query_async(&mut c).await?;
+        let mut split = BTreeMap::new();
+        for (name, key) in [
+            ("due_zset", &k.due),
+            ("tasks_hash", &k.tasks),
+            ("byplugin_zset", &k.byplugin),
+        ] {
+            let bytes: Option<i64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut c)
+                .await?;
+            split.insert(
+                format!("{name}_bytes_per_task"),
+                (bytes.unwrap_or(0) as f64 / in_shard.max(1) as f64).round(),
+            );
+        }
+        let per_task = (after - before) / m as f64;
+        let w1 = self.w1("W3-W1").await?;
+        let ratio = w1_alone
+            .map(|a| a.lateness_ms.p99)
+            .filter(|a| *a > 0.0)
+            .map(|a| round(w1.lateness_ms.p99 / a));
+        Ok(report::W3 {
+            workload: "W3",
+            pending: m,
+            fill_s: round(fill_s),
+            bytes_per_pending_task: per_task.round(),
+            bytes_beyond_payload: (per_task - "null".len() as f64).round(),
+            split_on_shard_0: split,
+            w1_on_top: w1,
+            p99_ratio_vs_w1_alone: ratio,
+        })
+    }
+
+    /// W4: one plugin call, warm (an idle instance reused, as the executor does) and with a fresh
+    /// instance per task; no Redis.
+    pub async fn w4(&self) -> Result<report::W4> {
+        struct NoKv;
+        impl TaskHost for NoKv {
+            fn kv_get<'a>(
+                &'a self,
+                _: &'a str,
+                _: &'a str,
+            ) -> BoxFuture<'a, Result<Option<String>, String>> {
+                Box::pin(std::future::ready(Ok(None)))
+            }
+        }
+        let host: Arc<dyn TaskHost> = Arc::new(NoKv);
+        let mut per_task = BTreeMap::new();
+        for (plugin, payload) in [
+            ("noop", "null"),
+            ("order-cancel", r#"{"order_id":"o1","user_id":"u1"}"#),
+        ] {
+            let task = Claimed {
+                id: "w4".into(),
+                shard: 0,
+                token: 1,
+                attempt: 1,
+                due: 0,
+                max_attempts: 5,
+                plugin: plugin.into(),
+                owner: None,
+                payload: payload.into(),
+                created: 0,
+            };
+            let rounds = |iters: usize, fresh: bool| {
+                let (plugins, host, task) = (&self.plugins, &host, &task);
+                async move {
+                    let mut out = Vec::new();
+                    for _ in 0..5 {
+                        let t = Instant::now();
+                        for _ in 0..iters {
+                            if fresh {
+                                plugins.forget_warm();
+                            }
+                            let r = plugins.call(task, Arc::clone(host)).await;
+                            if let Err(e) = r.outcome {
+                                bail!("W4 {}: {e}", task.plugin);
+                            }
+                        }
+                        out.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+                    }
+                    Ok(median(out))
+                }
+            };
+            let warm = rounds(20_000, false).await?;
+            let fresh = rounds(2000, true).await?;
+            per_task.insert(
+                plugin.to_owned(),
+                PluginCost {
+                    warm_us_per_task: warm,
+                    fresh_instance_us_per_task: fresh,
+                },
+            );
+        }
+        Ok(report::W4 {
+            workload: "W4",
+            per_task,
+            note: "instantiate (fresh) or reuse (warm) + call + effects collected; no Redis",
+        })
+    }
+}
