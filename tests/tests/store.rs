@@ -351,6 +351,30 @@ async fn done_records_expire_after_the_retention_window() {
         || async { s.get("d").await.unwrap().is_none().then_some(()) },
     )
     .await;
+    // the next finish on the shard deletes it (done records are not kept forever)
+    let key = s.keys().shard(0).tasks;
+    let kept: bool = redis::cmd("HEXISTS")
+        .arg(&key)
+        .arg("d")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(kept, "past its window but not yet swept");
+    s.schedule(&[task("e", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let b = s.claim(0, 1, 30_000).await.unwrap();
+    s.finish(0, &[("e", b.tasks[0].token, &Finish::Done)])
+        .await
+        .unwrap();
+    let kept: bool = redis::cmd("HEXISTS")
+        .arg(&key)
+        .arg("d")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(
+        !kept,
+        "a finish sweeps done records past the retention window"
+    );
 }
 
 /// Several schedulers and claimers hammer one shard; a model of the expected state checks that no

@@ -177,6 +177,37 @@ async fn tasks_written_by_the_main_before_claim_tokens_run_after_the_upgrade() {
     assert_eq!(orders, ["d", "l", "r"], "each ran once: {events:?}");
 }
 
+/// Claims the due task `id` (alone due in its shard) and records `kind` for it, with the scripts
+/// of the main before the plugin index.
+fn finish_before_plugin_index(c: &mut redis::Connection, id: &str, kind: &str) {
+    let shard = shard_of(id, 16);
+    let claimed: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(script_at(BEFORE_PLUGIN_INDEX, "claim"))
+        .arg(6)
+        .arg(keys_before_plugin_index(shard, &[]))
+        .arg(10)
+        .arg(60_000)
+        .query(c)
+        .unwrap();
+    let token: i64 = redis::from_redis_value_ref(&claimed[3]).unwrap();
+    let keys = keys_before_plugin_index(shard, &[id]);
+    let v: Vec<String> = redis::cmd("EVAL")
+        .arg(script_at(BEFORE_PLUGIN_INDEX, "finish"))
+        .arg(keys.len())
+        .arg(&keys)
+        .arg("{eggtimer}:wake")
+        .arg(shard)
+        .arg(600_000)
+        .arg(id)
+        .arg(token)
+        .arg(kind)
+        .arg(0)
+        .arg("gave up before the upgrade")
+        .query(c)
+        .unwrap();
+    assert_eq!(v, [kind]);
+}
+
 /// The six keys of one shard of the main before the plugin index, then `extra` (done keys).
 fn keys_before_plugin_index(shard: u32, ids: &[&str]) -> Vec<String> {
     let tag = format!("{{eggtimer:{shard}}}");
@@ -212,34 +243,11 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
     for i in 0..20 {
         schedule(&mut c, &format!("pi-{i}"), later + i);
     }
-    // one dead letter, by the earlier claim and finish scripts
-    schedule(&mut c, "pi-dead", 0);
-    let shard = shard_of("pi-dead", 16);
-    let claimed: Vec<redis::Value> = redis::cmd("EVAL")
-        .arg(script_at(BEFORE_PLUGIN_INDEX, "claim"))
-        .arg(6)
-        .arg(keys_before_plugin_index(shard, &[]))
-        .arg(10)
-        .arg(60_000)
-        .query(&mut c)
-        .unwrap();
-    let token: i64 = redis::from_redis_value_ref(&claimed[3]).unwrap();
-    let keys = keys_before_plugin_index(shard, &["pi-dead"]);
-    let v: Vec<String> = redis::cmd("EVAL")
-        .arg(script_at(BEFORE_PLUGIN_INDEX, "finish"))
-        .arg(keys.len())
-        .arg(&keys)
-        .arg("{eggtimer}:wake")
-        .arg(shard)
-        .arg(600_000)
-        .arg("pi-dead")
-        .arg(token)
-        .arg("dead")
-        .arg(0)
-        .arg("gave up before the upgrade")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(v, ["dead"]);
+    // one dead letter and one done task, by the earlier claim and finish scripts
+    for (id, kind) in [("pi-dead", "dead"), ("pi-done", "done")] {
+        schedule(&mut c, id, 0);
+        finish_before_plugin_index(&mut c, id, kind);
+    }
 
     // The upgraded runner migrates the indexes on start.
     let dir = plugins_dir();
@@ -271,6 +279,15 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
     )
     .await;
     assert_eq!(dead["tasks"][0]["id"], "pi-dead", "{dead}");
+    // a done task of the earlier layout (its own key) is read as done
+    let (s, done) = call("GET", &format!("{}/v1/tasks/pi-done", r.url), None).await;
+    assert_eq!(
+        (s, &done["state"]),
+        (200, &serde_json::json!("done")),
+        "{done}"
+    );
+    let (s, _) = call("DELETE", &format!("{}/v1/tasks/pi-done", r.url), None).await;
+    assert_eq!(s, 409, "a done task can't be cancelled");
     // pausing parks them; resuming and running one works on the earlier records
     let (s, _) = call(
         "POST",
@@ -303,4 +320,17 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
     wait_state(&r.url, "pi-dead", "done", t).await;
     let (_, owned) = call("GET", &format!("{}/v1/owners/u7/tasks", r.url), None).await;
     assert_eq!(owned.as_array().unwrap().len(), 19, "{owned}");
+    // the earlier done task's id scheduled again: it replaces the old done record and runs
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/tasks", r.url),
+        Some(
+            serde_json::json!({"plugin": "order-cancel", "id": "pi-done",
+                                "payload": {"order_id": "again", "user_id": "u7"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let again = wait_state(&r.url, "pi-done", "done", t).await;
+    assert_eq!(again["attempts"], 1, "{again}");
 }

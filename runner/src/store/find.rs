@@ -352,42 +352,33 @@ impl Store {
                 return Ok((places, recs, more));
             }
         };
-        let recs = self.records_of(shard, state, &places).await?;
+        let recs = self.records_of(shard, &places).await?;
         Ok((places, recs, more))
     }
 
-    /// The records at `places` of one shard (live records, or done records for done).
+    /// The records at `places` of one shard (done ones past the retention window left out).
     async fn records_of(
         &self,
         shard: u32,
-        state: TaskState,
         places: &[(i64, String)],
     ) -> Result<Vec<Option<TaskRecord>>> {
         if places.is_empty() {
             return Ok(Vec::new());
         }
         let k = self.keys().shard(shard);
-        let raw: Vec<Option<String>> = if state == TaskState::Done {
-            let keys: Vec<String> = places
-                .iter()
-                .map(|(_, id)| self.keys().done(shard, id))
-                .collect();
-            redis::cmd("MGET")
-                .arg(&keys)
-                .query_async(&mut self.conn())
-                .await?
-        } else {
-            let ids: Vec<&str> = places.iter().map(|(_, id)| id.as_str()).collect();
-            redis::cmd("HMGET")
-                .arg(&k.tasks)
-                .arg(&ids)
-                .query_async(&mut self.conn())
-                .await?
-        };
+        let ids: Vec<&str> = places.iter().map(|(_, id)| id.as_str()).collect();
+        let raw: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&k.tasks)
+            .arg(&ids)
+            .query_async(&mut self.conn())
+            .await?;
         Ok(places
             .iter()
             .zip(raw)
-            .map(|((_, id), r)| r.and_then(|r| TaskRecord::decode(id, &r)))
+            .map(|((_, id), r)| {
+                r.and_then(|r| TaskRecord::decode(id, &r))
+                    .filter(|r| self.retained(r))
+            })
             .collect())
     }
 }

@@ -6,7 +6,9 @@ use futures::future::try_join_all;
 use super::{Store, TaskRecord, TaskState};
 
 impl Store {
-    /// Reads one task in any state (a done task until its retention ends).
+    /// Reads one task in any state (a done task until its retention ends: its record may outlive
+    /// the window until a later finish on its shard deletes it, but is not shown). A done record
+    /// of the earlier layout (its own key with a TTL) is read too.
     pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>> {
         let shard = self.shard_of(id);
         let k = self.keys().shard(shard);
@@ -19,7 +21,17 @@ impl Store {
             .query_async(&mut self.conn())
             .await
             .context("reading a task")?;
-        Ok(live.or(done).and_then(|r| TaskRecord::decode(id, &r)))
+        Ok(live
+            .or(done)
+            .and_then(|r| TaskRecord::decode(id, &r))
+            .filter(|r| self.retained(r)))
+    }
+
+    /// Whether a record is to be shown: anything but a done task past the retention window.
+    pub(super) fn retained(&self, r: &TaskRecord) -> bool {
+        r.state != TaskState::Done
+            || r.finished_at.unwrap_or(0) + self.inner.opts.keep_done_ms as i64
+                > crate::executor::now_ms()
     }
 
     /// The stored records of `ids` (None: no live record), in the order of `ids`: one HMGET per

@@ -129,9 +129,6 @@ impl Store {
         items: &[(&str, u64, &Finish)],
     ) -> Result<Vec<Finished>> {
         let mut inv = self.shard_script(&self.inner.scripts.finish, shard);
-        for (id, _, _) in items {
-            inv.key(self.keys().done(shard, id));
-        }
         inv.arg(self.keys().wake_channel())
             .arg(shard)
             .arg(self.inner.opts.keep_done_ms.max(1));

@@ -1,4 +1,5 @@
--- Cancels one task: a scheduled or dead task is deleted. KEYS[K_FIRST]: its done-record key.
+-- Cancels one task: a scheduled or dead task is deleted.
+-- KEYS[K_FIRST]: its done-record key in the earlier layout (done records are in `tasks` now).
 -- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: else only a task of
 -- this plugin is cancelled, as when a plugin cancels a task).
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin'.
@@ -8,6 +9,7 @@ if not t then
   if redis.call('EXISTS', KEYS[K_FIRST]) == 1 then return 'done' end
   return 'missing'
 end
+if t.st == 'd' then return 'done' end
 if plugin ~= '' and t.plugin ~= plugin then return 'other_plugin' end
 if only_dead and t.st ~= 'x' then return 'not_dead' end
 if t.st == 'r' then return 'running' end

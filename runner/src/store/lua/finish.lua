@@ -1,7 +1,7 @@
 -- Records the outcomes of a batch of claimed tasks of one shard.
--- KEYS[K_FIRST..]: the done-record key of each task.
 -- ARGV: channel, shard, keep_done_ms, then 5 per task: id, claim token, kind, value, error.
---   kind 'done'    -> the record moves to its done key (expires after keep_done_ms)
+--   kind 'done'    -> the record stays in `tasks` as done, indexed in `recent`; done records
+--                     older than keep_done_ms are deleted here, a chunk per call
 --   kind 'retry'   -> due again in `value` ms, or dead when attempts reached max_attempts
 --   kind 'dead'    -> dead-lettered with `error`
 --   kind 'again'   -> the same task runs again at `value` (ms), attempts reset, `created` set to
@@ -12,8 +12,7 @@
 -- Fenced by the claim token: an outcome of a claim that no longer holds the task (reaped, claimed
 -- again, replaced) is refused ('stale'). A late outcome of an expired lease not yet reaped is still accepted: nobody
 -- else has the task, so accepting it saves a duplicate run.
--- A task that finished (done or dead) starts its dedup window, if it asked for one; done tasks
--- are indexed in `recent` (trimmed to the retention window here).
+-- A task that finished (done or dead) starts its dedup window, if it asked for one.
 -- Returns per task: 'done' | 'retry' | 'dead' | 'again' | 'release' | 'defer' | 'stale'.
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
@@ -34,8 +33,7 @@ for i = 0, n - 1 do
     if kind == 'done' then
       -- hot path: flip the state and set the finish time without decoding the record
       local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', 'd%1' .. string.format('%d', now), 1)
-      redis.call('HDEL', K_TASKS, id)
-      redis.call('SET', KEYS[K_FIRST + i], done, 'PX', keep)
+      redis.call('HSET', K_TASKS, id, done)
       redis.call('ZADD', K_RECENT, now, id)
       any_done = true
       if uniques then start_unique_window(id, now) end
@@ -61,7 +59,7 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = verdict
 end
-if any_done then redis.call('ZREMRANGEBYSCORE', K_RECENT, '-inf', now - keep) end
+if any_done then forget_done(now - keep, 256) end
 if uniques then redis.call('ZREMRANGEBYSCORE', K_UNIQUE, 0, now) end
 if earliest then wake_if_head(channel, shard, earliest) end
 return out

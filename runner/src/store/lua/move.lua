@@ -1,4 +1,5 @@
--- Moves one scheduled task. KEYS[K_FIRST]: its done-record key.
+-- Moves one scheduled task. KEYS[K_FIRST]: its done-record key in the earlier layout
+-- (done records are in `tasks` now).
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).
 -- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'} | {'out_of_range'} (a shift
 -- that would leave 0..MAX_TIME: nothing moved).
@@ -10,6 +11,7 @@ if not t then
 end
 if t.st == 'r' then return { 'running' } end
 if t.st == 'x' then return { 'dead' } end
+if t.st == 'd' then return { 'done' } end
 local due
 if mode == 'at' then due = value
 elseif mode == 'shift' then due = t.due + value

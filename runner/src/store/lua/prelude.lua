@@ -10,7 +10,8 @@
 --           scheduled (incl. parked) and dead tasks of each plugin)
 --   KEYS[9] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of
 --           its dedup window (ms) once it finished)
---   KEYS[10] recent (ZSET id -> finish time of done tasks, trimmed to the retention window)
+--   KEYS[10] recent (ZSET id -> finish time of the done records in `tasks`, which are deleted
+--           once older than the retention window)
 -- Script-specific keys follow from KEYS[K_FIRST].
 -- A record is ten tab-separated fields, the payload last (it may hold anything):
 --   state(s|r|d|x) due attempts max_attempts created fin plugin owner last_error payload
@@ -97,6 +98,17 @@ end
 local function unindex_dead(id, t)
   redis.call('ZREM', K_DEAD, id)
   redis.call('ZREM', K_BYPLUGIN, plugin_member(t.plugin, 'x', died_at(t), id))
+end
+
+-- Deletes up to `limit` done records that finished before `before` (the retention window).
+local function forget_done(before, limit)
+  local ids = redis.call('ZRANGEBYSCORE', K_RECENT, '-inf', '(' .. string.format('%d', before),
+    'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', K_TASKS, id)
+    if rec and string.sub(rec, 1, 1) == 'd' then redis.call('HDEL', K_TASKS, id) end
+    redis.call('ZREM', K_RECENT, id)
+  end
 end
 
 -- A task finished (done or dead): a dedup window it asked for starts now.

@@ -2,7 +2,7 @@
 -- Returns {'ok', due} | {'missing'} | {'not_dead'}.
 local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
 local t = parse(redis.call('HGET', K_TASKS, id))
-if not t then return { 'missing' } end
+if not t or t.st == 'd' then return { 'missing' } end
 if t.st ~= 'x' then return { 'not_dead' } end
 unindex_dead(id, t)
 t.st = 's'; t.att = 0; t.fin = ''; t.due = now_ms(); t.created = string.format('%d', t.due)

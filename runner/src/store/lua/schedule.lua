@@ -1,5 +1,6 @@
 -- Schedules a batch of tasks of one shard.
--- KEYS[K_FIRST..]: the done-record key of each task.
+-- KEYS[K_FIRST..]: the done-record key of each task in the earlier layout (done records are in
+-- `tasks` now; one written before the upgrade still counts until it expires).
 -- ARGV: channel, shard, mode ('upsert' replaces a task that has not started; 'absent' only creates),
 --       then 8 per task: id, due, max_attempts, plugin, owner, payload, created (0 = Redis time),
 --       unique_for_ms (0 = none: else scheduling the id again within that long after the task
@@ -41,13 +42,10 @@ for i = 0, n - 1 do
     if old.st == 'r' then verdict = 'running'
     elseif mode == 'absent' then verdict = 'exists'
     elseif old.st == 's' then unindex_scheduled(id, old)
-    elseif old.st == 'x' then unindex_dead(id, old) end
-  elseif redis.call('EXISTS', done_key) == 1 then
-    if mode == 'absent' then verdict = 'exists'
-    else
-      redis.call('DEL', done_key)
-      redis.call('ZREM', K_RECENT, id)
-    end
+    elseif old.st == 'x' then unindex_dead(id, old)
+    elseif old.st == 'd' then redis.call('ZREM', K_RECENT, id) end
+  elseif redis.call('EXISTS', done_key) == 1 then -- a done record of the earlier layout
+    if mode == 'absent' then verdict = 'exists' else redis.call('DEL', done_key) end
   end
   if verdict == 'ok' and mode == 'absent' and uniques and in_unique_window(id, now) then
     verdict = 'exists'
