@@ -169,21 +169,25 @@ pub async fn schedule(
             ));
         }
     }
-    // A running id refuses the whole batch. Each shard's part is all or nothing in its script;
-    // a batch over several shards is also checked before anything is written.
+    // A running id, or one inside its dedup window, refuses the whole batch. Each shard's part is
+    // all or nothing in its script; a batch over several shards is also checked (one round trip
+    // per shard) before anything is written.
     let first_shard = st.store.shard_of(&specs[0].id);
     if specs
         .iter()
         .any(|t| st.store.shard_of(&t.id) != first_shard)
     {
         let ids: Vec<&str> = specs.iter().map(|t| t.id.as_str()).collect();
-        let running = st.store.running_among(&ids).await?;
-        if let Some(i) = specs.iter().position(|t| running.contains(&t.id)) {
-            return Err(running_conflict(&at(i), &specs[i].id));
-        }
-        let dups = st.store.duplicates_among(&ids).await?;
-        if let Some(i) = specs.iter().position(|t| dups.contains(&t.id)) {
-            return Err(duplicate(&at(i), &specs[i].id));
+        let conflicts = st.store.conflicts_among(&ids).await?;
+        if let Some((i, why)) = conflicts
+            .iter()
+            .enumerate()
+            .find_map(|(i, c)| c.map(|c| (i, c)))
+        {
+            return Err(match why {
+                Scheduled::Duplicate => duplicate(&at(i), &specs[i].id),
+                _ => running_conflict(&at(i), &specs[i].id),
+            });
         }
     }
     let verdicts = st.store.schedule(&specs, ScheduleMode::Upsert).await?;

@@ -120,36 +120,4 @@ impl Store {
             .context("migrating the shards' indexes")?;
         Ok(())
     }
-
-    /// The ids among `ids` inside a dedup window now (a read, for checks before a batch over
-    /// several shards is written).
-    pub async fn duplicates_among(&self, ids: &[&str]) -> Result<Vec<String>> {
-        let now = crate::executor::now_ms();
-        let calls = self
-            .by_shard(ids.iter().copied())
-            .into_iter()
-            .map(|(shard, ix)| {
-                let ids: Vec<&str> = ix.iter().map(|&i| ids[i]).collect();
-                let k = self.keys().shard(shard);
-                let mut conn = self.conn();
-                async move {
-                    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-                        .arg(&k.unique)
-                        .arg(&ids)
-                        .query_async(&mut conn)
-                        .await?;
-                    Ok::<_, anyhow::Error>(
-                        ids.into_iter()
-                            .zip(scores)
-                            .filter(|(_, s)| s.is_some_and(|s| s > now as f64))
-                            .map(|(id, _)| id.to_owned())
-                            .collect::<Vec<_>>(),
-                    )
-                }
-            });
-        Ok(try_join_all(calls)
-            .await
-            .context("checking dedup windows")?
-            .concat())
-    }
 }

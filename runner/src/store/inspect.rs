@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
-use super::{Store, TaskRecord, TaskState};
+use super::{Scheduled, Store, TaskRecord, TaskState};
 
 impl Store {
     /// Reads one task in any state (a done task until its retention ends: its record may outlive
@@ -62,18 +62,54 @@ impl Store {
         Ok(out)
     }
 
-    /// The ids among `ids` that are running now (a read, for checks before a batch is written).
-    pub async fn running_among(&self, ids: &[&str]) -> Result<Vec<String>> {
-        let recs = self
-            .read_records(ids)
+    /// Why each of `ids` would refuse an upsert now: `Running`, `Duplicate` (inside its dedup
+    /// window), or None. A read for the checks before a batch over several shards is written:
+    /// one round trip per shard (the records and the dedup windows together).
+    pub async fn conflicts_among(&self, ids: &[&str]) -> Result<Vec<Option<Scheduled>>> {
+        let now = crate::executor::now_ms() as f64;
+        let calls = self
+            .by_shard(ids.iter().copied())
+            .into_iter()
+            .map(|(shard, ix)| {
+                let names: Vec<&str> = ix.iter().map(|&i| ids[i]).collect();
+                let k = self.keys().shard(shard);
+                let mut conn = self.conn();
+                async move {
+                    let (recs, windows): (Vec<Option<String>>, Vec<Option<f64>>) = redis::pipe()
+                        .cmd("HMGET")
+                        .arg(&k.tasks)
+                        .arg(&names)
+                        .cmd("ZMSCORE")
+                        .arg(&k.unique)
+                        .arg(&names)
+                        .query_async(&mut conn)
+                        .await?;
+                    let verdicts: Vec<Option<Scheduled>> = recs
+                        .iter()
+                        .zip(windows)
+                        .map(|(r, w)| {
+                            if r.as_deref().is_some_and(|r| r.starts_with("r\t")) {
+                                Some(Scheduled::Running)
+                            } else if w.is_some_and(|w| w > now) {
+                                Some(Scheduled::Duplicate)
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
+                    Ok::<_, anyhow::Error>((ix, verdicts))
+                }
+            });
+        let mut out = vec![None; ids.len()];
+        for (ix, verdicts) in try_join_all(calls)
             .await
-            .context("checking which tasks are running")?;
-        Ok(ids
-            .iter()
-            .zip(recs)
-            .filter(|(_, r)| r.as_deref().is_some_and(|r| r.starts_with("r\t")))
-            .map(|(id, _)| id.to_string())
-            .collect())
+            .context("checking a batch for running tasks and dedup windows")?
+        {
+            for (i, v) in ix.into_iter().zip(verdicts) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
     }
 
     /// A page of the owner's scheduled tasks, soonest first: at most `limit`, after the cursor
