@@ -101,7 +101,7 @@ impl Bench {
                     .shard_counts()
                     .await?
                     .iter()
-                    .map(|c| c.0 + c.1)
+                    .map(|c| c.scheduled + c.inflight)
                     .sum();
                 Ok(pending == 0 && now_ms() > start + 10_000)
             },

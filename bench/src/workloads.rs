@@ -42,6 +42,7 @@ pub(crate) fn tasks(from: usize, dues: &[i64], plugin: &str) -> Vec<NewTask> {
             owner: None,
             max_attempts: 5,
             unique_for_ms: 0,
+            traceparent: None,
         })
         .collect()
 }
@@ -199,7 +200,13 @@ impl Bench {
         let secs = t0.elapsed().as_secs_f64();
         let cpu = self.redis_cpu().await? - cpu0;
         server.abort();
-        let stored: u64 = self.store.shard_counts().await?.iter().map(|c| c.0).sum();
+        let stored: u64 = self
+            .store
+            .shard_counts()
+            .await?
+            .iter()
+            .map(|c| c.scheduled)
+            .sum();
         Ok(report::W0 {
             workload: "W0",
             n,
@@ -367,6 +374,7 @@ impl Bench {
                 owner: None,
                 payload: payload.into(),
                 created: 0,
+                traceparent: None,
             };
             let rounds = |iters: usize, fresh: bool| {
                 let (plugins, host, task) = (&self.plugins, &host, &task);

@@ -355,6 +355,11 @@ pub struct ServeArgs {
     /// Log filter (tracing EnvFilter syntax), e.g. info or eggtimer=debug.
     #[arg(long, env = "EGGTIMER_LOG", default_value = "info")]
     pub log: String,
+    /// Export task spans over OTLP/HTTP (protobuf) to this collector, e.g. http://127.0.0.1:4318
+    /// (`/v1/traces` is added unless the URL ends with it). Batching follows the OTEL_BSP_*
+    /// environment variables.
+    #[arg(long, env = "EGGTIMER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Parses `250ms`, `30s`, `10m`, `2h` (humantime).

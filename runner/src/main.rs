@@ -4,19 +4,25 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use eggtimer::config::{Cli, Command};
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let log = match &cli.command {
-        Some(Command::Serve(a)) => a.log.clone(),
-        _ => cli.serve.log.clone(),
+    let serve = match &cli.command {
+        Some(Command::Serve(a)) => a.as_ref(),
+        _ => &cli.serve,
     };
-    let filter = EnvFilter::try_new(&log).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    // only `serve` exports traces
+    let otlp = match &cli.command {
+        None | Some(Command::Serve(_)) => serve.otlp_endpoint.clone(),
+        Some(_) => None,
+    };
+    let _tracing = match eggtimer::trace::init(&serve.log, otlp.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("eggtimer: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         None => eggtimer::serve::main(cli.serve),
         Some(Command::Serve(args)) => eggtimer::serve::main(*args),

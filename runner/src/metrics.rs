@@ -1,11 +1,25 @@
-//! Metrics: counters and histograms kept in memory, rendered as Prometheus text.
+//! Metrics, through the `metrics` crate and its Prometheus exporter (`metrics-exporter-prometheus`).
+//!
+//! The hot path only touches handles: a counter is an atomic add and a histogram sample a push
+//! onto a lock-free bucket. The handles of a plugin are registered once and then found in a
+//! read-mostly map (the same pattern as the plugin registry). Gauges that describe Redis (pending,
+//! backlog, dead, runners) are read when /metrics is scraped and set just before rendering.
+//!
+//! Redis round trips are timed in `store::connection` through the `metrics` facade macros, which
+//! reach this recorder once [`Metrics::install`] has made it the process's global recorder.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use metrics_util::MetricKindMask;
+
 use crate::store::Finished;
+pub use crate::store::ShardCounts;
 
 /// Upper bounds of the firing-lateness buckets (ms).
 const LATENESS_MS: [f64; 13] = [
@@ -15,207 +29,349 @@ const LATENESS_MS: [f64; 13] = [
 const DURATION_S: [f64; 10] = [
     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.1, 1.0, 10.0,
 ];
+/// Upper bounds of the Redis round-trip buckets (seconds).
+const REDIS_S: [f64; 10] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0,
+];
 
-#[derive(Default, Clone)]
-struct Histogram {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
+/// Every metric this runner exposes: name, kind, help. The README's table and the Grafana
+/// dashboard's test read the same names.
+pub const CATALOG: &[(&str, &str, &str)] = &[
+    (
+        "eggtimer_tasks_scheduled_total",
+        "counter",
+        "Tasks scheduled through this runner (API and follow-ups), per plugin.",
+    ),
+    (
+        "eggtimer_tasks_fired_total",
+        "counter",
+        "Tasks started on this runner, per plugin.",
+    ),
+    (
+        "eggtimer_tasks_succeeded_total",
+        "counter",
+        "Tasks whose handler finished them (done or run again), per plugin.",
+    ),
+    (
+        "eggtimer_tasks_retried_total",
+        "counter",
+        "Failed attempts put back for a retry, per plugin.",
+    ),
+    (
+        "eggtimer_tasks_dead_total",
+        "counter",
+        "Tasks dead-lettered, per plugin.",
+    ),
+    (
+        "eggtimer_effect_bytes_total",
+        "counter",
+        "Bytes of kv writes, events and follow-ups committed by runs, per plugin.",
+    ),
+    (
+        "eggtimer_firing_lateness_ms",
+        "histogram",
+        "Handler start time minus due time (ms), per plugin.",
+    ),
+    (
+        "eggtimer_handler_duration_seconds",
+        "histogram",
+        "Time a handler call took, per plugin.",
+    ),
+    (
+        "eggtimer_claims_total",
+        "counter",
+        "Tasks this runner claimed, per shard.",
+    ),
+    (
+        "eggtimer_redis_seconds",
+        "histogram",
+        "Redis round-trip time, per Lua script (and `command`, `pipeline` for the rest).",
+    ),
+    ("eggtimer_pending", "gauge", "Tasks scheduled, per shard."),
+    (
+        "eggtimer_due_backlog",
+        "gauge",
+        "Tasks due now or earlier and not yet claimed, per shard.",
+    ),
+    ("eggtimer_inflight", "gauge", "Tasks running (all runners)."),
+    ("eggtimer_dead", "gauge", "Tasks in the dead-letter set."),
+    (
+        "eggtimer_runner_inflight",
+        "gauge",
+        "Tasks running on this runner.",
+    ),
+    (
+        "eggtimer_plugin_loaded",
+        "gauge",
+        "Plugin versions loaded on this runner (1 = current).",
+    ),
+    (
+        "eggtimer_plugin_instances_idle",
+        "gauge",
+        "Warm plugin instances kept idle on this runner.",
+    ),
+    (
+        "eggtimer_owned_shards",
+        "gauge",
+        "Shards this runner polls.",
+    ),
+    (
+        "eggtimer_runners",
+        "gauge",
+        "Live runners on the namespace.",
+    ),
+];
 
-impl Histogram {
-    fn observe(&mut self, bounds: &[f64], v: f64) {
-        if self.counts.is_empty() {
-            self.counts = vec![0; bounds.len()];
-        }
-        for (i, b) in bounds.iter().enumerate() {
-            if v <= *b {
-                self.counts[i] += 1;
-            }
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str, bounds: &[f64]) {
-        for (i, b) in bounds.iter().enumerate() {
-            let c = self.counts.get(i).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {c}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{}}} {}",
-            labels.trim_end_matches(','),
-            self.sum
-        );
-        let _ = writeln!(
-            out,
-            "{name}_count{{{}}} {}",
-            labels.trim_end_matches(','),
-            self.count
-        );
-    }
-}
-
-#[derive(Default, Clone)]
-struct PluginStats {
-    scheduled: u64,
-    fired: u64,
-    succeeded: u64,
-    retried: u64,
-    dead: u64,
+/// The handles of one plugin's metrics.
+struct PluginHandles {
+    scheduled: Counter,
+    fired: Counter,
+    succeeded: Counter,
+    retried: Counter,
+    dead: Counter,
+    effect_bytes: Counter,
     lateness: Histogram,
     duration: Histogram,
 }
 
-/// The runner's metrics.
-#[derive(Default)]
-pub struct Metrics {
-    plugins: Mutex<BTreeMap<String, PluginStats>>,
-}
-
 /// Gauges read at scrape time.
 pub struct Gauges {
-    /// Per shard: (scheduled, in flight, dead).
-    pub shards: Vec<(u64, u64, u64)>,
+    /// Per shard: (scheduled, in flight, dead, due now).
+    pub shards: Vec<ShardCounts>,
     /// (plugin, version, digest) loaded on this runner.
     pub plugins: Vec<(String, u64, String)>,
     /// Shards this runner polls.
     pub owned_shards: usize,
     pub runners: usize,
+    pub idle_instances: usize,
+}
+
+/// The runner's metrics.
+pub struct Metrics {
+    recorder: Arc<PrometheusRecorder>,
+    handle: PrometheusHandle,
+    plugins: RwLock<HashMap<String, Arc<PluginHandles>>>,
+    claims: RwLock<HashMap<u32, Counter>>,
+    running: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn meta() -> Metadata<'static> {
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()))
 }
 
 impl Metrics {
-    fn with(&self, plugin: &str, f: impl FnOnce(&mut PluginStats)) {
-        let mut m = self.plugins.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = m.get_mut(plugin) {
-            f(s);
-        } else {
-            f(m.entry(plugin.to_owned()).or_default());
+    pub fn new() -> Metrics {
+        let buckets = [
+            ("eggtimer_firing_lateness_ms", &LATENESS_MS[..]),
+            ("eggtimer_handler_duration_seconds", &DURATION_S[..]),
+            ("eggtimer_redis_seconds", &REDIS_S[..]),
+        ];
+        let mut b = PrometheusBuilder::new()
+            // gauges are set at every scrape; a label set no longer set (a plugin version that
+            // was unloaded) leaves the exposition after this long
+            .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(60)));
+        for (name, bounds) in buckets {
+            b = b
+                .set_buckets_for_metric(Matcher::Full(name.into()), bounds)
+                .expect("bucket bounds are not empty");
+        }
+        let recorder = b.build_recorder();
+        for (name, kind, help) in CATALOG {
+            let unit = name.ends_with("_seconds").then_some(Unit::Seconds);
+            let key = KeyName::from_const_str(name);
+            match *kind {
+                "counter" => recorder.describe_counter(key, unit, (*help).into()),
+                "gauge" => recorder.describe_gauge(key, unit, (*help).into()),
+                _ => recorder.describe_histogram(key, unit, (*help).into()),
+            }
+        }
+        let handle = recorder.handle();
+        let running =
+            recorder.register_gauge(&Key::from_static_name("eggtimer_runner_inflight"), &meta());
+        Metrics {
+            recorder: Arc::new(recorder),
+            handle,
+            plugins: RwLock::default(),
+            claims: RwLock::default(),
+            running,
         }
     }
 
+    /// Makes this the process's global recorder (for the `metrics` macros, e.g. the Redis round
+    /// trips). Only the first call in a process installs; later ones are told so (false).
+    pub fn install(&self) -> bool {
+        metrics::set_global_recorder(Global(Arc::clone(&self.recorder))).is_ok()
+    }
+
+    /// Drains the histograms' sample buckets into their counts every few seconds until `stop`,
+    /// so memory stays flat when nobody scrapes (the runner runs it).
+    pub async fn upkeep(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        while !*stop.borrow() {
+            tokio::select! {
+                _ = tick.tick() => self.handle.run_upkeep(),
+                r = stop.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    fn plugin(&self, plugin: &str) -> Arc<PluginHandles> {
+        if let Some(h) = self
+            .plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin)
+        {
+            return Arc::clone(h);
+        }
+        let mut map = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+        let h = map.entry(plugin.to_owned()).or_insert_with(|| {
+            let labels = || vec![Label::new("plugin", plugin.to_owned())];
+            let counter = |name: &'static str| {
+                self.recorder
+                    .register_counter(&Key::from_parts(name, labels()), &meta())
+            };
+            let histogram = |name: &'static str| {
+                self.recorder
+                    .register_histogram(&Key::from_parts(name, labels()), &meta())
+            };
+            Arc::new(PluginHandles {
+                scheduled: counter("eggtimer_tasks_scheduled_total"),
+                fired: counter("eggtimer_tasks_fired_total"),
+                succeeded: counter("eggtimer_tasks_succeeded_total"),
+                retried: counter("eggtimer_tasks_retried_total"),
+                dead: counter("eggtimer_tasks_dead_total"),
+                effect_bytes: counter("eggtimer_effect_bytes_total"),
+                lateness: histogram("eggtimer_firing_lateness_ms"),
+                duration: histogram("eggtimer_handler_duration_seconds"),
+            })
+        });
+        Arc::clone(h)
+    }
+
     pub fn observe_scheduled(&self, plugin: &str, n: u64) {
-        self.with(plugin, |s| s.scheduled += n);
+        self.plugin(plugin).scheduled.increment(n);
     }
 
     /// A task started `lateness_ms` after its due time and its handler took `took`.
     pub fn observe_run(&self, plugin: &str, lateness_ms: i64, took: Duration) {
-        self.with(plugin, |s| {
-            s.fired += 1;
-            s.lateness.observe(&LATENESS_MS, lateness_ms as f64);
-            s.duration.observe(&DURATION_S, took.as_secs_f64());
-        });
+        let h = self.plugin(plugin);
+        h.fired.increment(1);
+        h.lateness.record(lateness_ms as f64);
+        h.duration.record(took.as_secs_f64());
     }
 
-    /// Recorded outcomes (one lock for a chunk).
+    /// A run committed this many bytes of effects.
+    pub fn observe_effects(&self, plugin: &str, bytes: u64) {
+        self.plugin(plugin).effect_bytes.increment(bytes);
+    }
+
+    /// A task started / ended running on this runner.
+    pub fn running(&self, delta: f64) {
+        self.running.increment(delta);
+    }
+
+    /// This runner claimed `n` tasks on `shard`.
+    pub fn observe_claims(&self, shard: u32, n: u64) {
+        if let Some(c) = self
+            .claims
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&shard)
+        {
+            c.increment(n);
+            return;
+        }
+        let mut map = self.claims.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(shard)
+            .or_insert_with(|| {
+                let key = Key::from_parts(
+                    "eggtimer_claims_total",
+                    vec![Label::new("shard", shard.to_string())],
+                );
+                self.recorder.register_counter(&key, &meta())
+            })
+            .increment(n);
+    }
+
+    /// Recorded outcomes.
     pub fn observe_finishes<'a>(&self, outcomes: impl Iterator<Item = (&'a str, Finished)>) {
-        let mut m = self.plugins.lock().unwrap_or_else(|e| e.into_inner());
         for (plugin, how) in outcomes {
-            if !m.contains_key(plugin) {
-                m.insert(plugin.to_owned(), PluginStats::default());
-            }
-            let s = m.get_mut(plugin).expect("inserted");
+            let h = self.plugin(plugin);
             match how {
-                Finished::Done | Finished::Again => s.succeeded += 1,
-                Finished::Retry => s.retried += 1,
-                Finished::Dead => s.dead += 1,
+                Finished::Done | Finished::Again => h.succeeded.increment(1),
+                Finished::Retry => h.retried.increment(1),
+                Finished::Dead => h.dead.increment(1),
                 Finished::Release | Finished::Defer | Finished::Stale => {}
             }
         }
     }
 
-    /// The Prometheus text exposition.
+    fn gauge(&self, name: &'static str, labels: Vec<Label>, v: f64) {
+        self.recorder
+            .register_gauge(&Key::from_parts(name, labels), &meta())
+            .set(v);
+    }
+
+    /// The Prometheus text exposition, with the scrape-time gauges set from `g` first.
     pub fn render(&self, g: &Gauges) -> String {
-        let stats = self
-            .plugins
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut out = String::new();
-        for (name, help, get) in [
-            (
-                "eggtimer_tasks_scheduled_total",
-                "Tasks scheduled through this runner (API and follow-ups).",
-                (|s: &PluginStats| s.scheduled) as fn(&PluginStats) -> u64,
-            ),
-            ("eggtimer_tasks_fired_total", "Tasks started.", |s| s.fired),
-            (
-                "eggtimer_tasks_succeeded_total",
-                "Tasks whose handler finished them.",
-                |s| s.succeeded,
-            ),
-            (
-                "eggtimer_tasks_retried_total",
-                "Failed attempts put back for a retry.",
-                |s| s.retried,
-            ),
-            ("eggtimer_tasks_dead_total", "Tasks dead-lettered.", |s| {
-                s.dead
-            }),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (p, s) in &stats {
-                let _ = writeln!(out, "{name}{{plugin=\"{p}\"}} {}", get(s));
-            }
+        let shard = |i: usize| vec![Label::new("shard", i.to_string())];
+        for (i, s) in g.shards.iter().enumerate() {
+            self.gauge("eggtimer_pending", shard(i), s.scheduled as f64);
+            self.gauge("eggtimer_due_backlog", shard(i), s.due_now as f64);
         }
-        let name = "eggtimer_firing_lateness_ms";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Handler start time minus due time (ms).\n# TYPE {name} histogram"
-        );
-        for (p, s) in &stats {
-            s.lateness
-                .render(&mut out, name, &format!("plugin=\"{p}\","), &LATENESS_MS);
-        }
-        let name = "eggtimer_handler_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time a handler call took.\n# TYPE {name} histogram"
-        );
-        for (p, s) in &stats {
-            s.duration
-                .render(&mut out, name, &format!("plugin=\"{p}\","), &DURATION_S);
-        }
-        let _ = writeln!(
-            out,
-            "# HELP eggtimer_pending Tasks scheduled, per shard.\n# TYPE eggtimer_pending gauge"
-        );
-        for (i, (due, _, _)) in g.shards.iter().enumerate() {
-            let _ = writeln!(out, "eggtimer_pending{{shard=\"{i}\"}} {due}");
-        }
-        let inflight: u64 = g.shards.iter().map(|s| s.1).sum();
-        let dead: u64 = g.shards.iter().map(|s| s.2).sum();
-        let _ = writeln!(
-            out,
-            "# HELP eggtimer_inflight Tasks running (all runners).\n# TYPE eggtimer_inflight gauge\neggtimer_inflight {inflight}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP eggtimer_dead Tasks in the dead-letter set.\n# TYPE eggtimer_dead gauge\neggtimer_dead {dead}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP eggtimer_plugin_loaded Plugin versions loaded on this runner.\n# TYPE eggtimer_plugin_loaded gauge"
-        );
+        let inflight: u64 = g.shards.iter().map(|s| s.inflight).sum();
+        let dead: u64 = g.shards.iter().map(|s| s.dead).sum();
+        self.gauge("eggtimer_inflight", vec![], inflight as f64);
+        self.gauge("eggtimer_dead", vec![], dead as f64);
         for (p, v, d) in &g.plugins {
-            let _ = writeln!(
-                out,
-                "eggtimer_plugin_loaded{{plugin=\"{p}\",version=\"{v}\",digest=\"{d}\"}} 1"
-            );
+            let labels = vec![
+                Label::new("plugin", p.clone()),
+                Label::new("version", v.to_string()),
+                Label::new("digest", d.clone()),
+            ];
+            self.gauge("eggtimer_plugin_loaded", labels, 1.0);
         }
-        let _ = writeln!(
-            out,
-            "# HELP eggtimer_owned_shards Shards this runner polls.\n# TYPE eggtimer_owned_shards gauge\neggtimer_owned_shards {}",
-            g.owned_shards
+        self.gauge(
+            "eggtimer_plugin_instances_idle",
+            vec![],
+            g.idle_instances as f64,
         );
-        let _ = writeln!(
-            out,
-            "# HELP eggtimer_runners Live runners on the namespace.\n# TYPE eggtimer_runners gauge\neggtimer_runners {}",
-            g.runners
-        );
-        out
+        self.gauge("eggtimer_owned_shards", vec![], g.owned_shards as f64);
+        self.gauge("eggtimer_runners", vec![], g.runners as f64);
+        // the running gauge is kept by the executor: keep it from going idle
+        self.running.increment(0.0);
+        self.handle.render()
+    }
+}
+
+/// The recorder shared between [`Metrics`] and the `metrics` macros.
+struct Global(Arc<PrometheusRecorder>);
+
+impl Recorder for Global {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, d: metrics::SharedString) {
+        self.0.describe_counter(key, unit, d)
+    }
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, d: metrics::SharedString) {
+        self.0.describe_gauge(key, unit, d)
+    }
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, d: metrics::SharedString) {
+        self.0.describe_histogram(key, unit, d)
+    }
+    fn register_counter(&self, key: &Key, m: &Metadata<'_>) -> Counter {
+        self.0.register_counter(key, m)
+    }
+    fn register_gauge(&self, key: &Key, m: &Metadata<'_>) -> Gauge {
+        self.0.register_gauge(key, m)
+    }
+    fn register_histogram(&self, key: &Key, m: &Metadata<'_>) -> Histogram {
+        self.0.register_histogram(key, m)
     }
 }
 
@@ -229,11 +385,16 @@ mod tests {
         m.observe_run("noop", 3, Duration::from_micros(5));
         m.observe_run("noop", 40, Duration::from_micros(5));
         m.observe_finishes([("noop", Finished::Done)].into_iter());
+        m.observe_claims(0, 2);
         let g = Gauges {
-            shards: vec![(1, 0, 0)],
+            shards: vec![ShardCounts {
+                scheduled: 1,
+                ..ShardCounts::default()
+            }],
             plugins: vec![],
             owned_shards: 1,
             runners: 1,
+            idle_instances: 0,
         };
         let text = m.render(&g);
         assert!(
@@ -244,7 +405,15 @@ mod tests {
             text.contains("eggtimer_firing_lateness_ms_bucket{plugin=\"noop\",le=\"50\"} 2"),
             "{text}"
         );
-        assert!(text.contains("eggtimer_tasks_fired_total{plugin=\"noop\"} 2"));
+        assert!(
+            text.contains("eggtimer_tasks_fired_total{plugin=\"noop\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("eggtimer_tasks_succeeded_total{plugin=\"noop\"} 1"));
+        assert!(
+            text.contains("eggtimer_claims_total{shard=\"0\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("eggtimer_pending{shard=\"0\"} 1"), "{text}");
     }
 }

@@ -70,6 +70,7 @@ impl Runner {
         metrics: Arc<Metrics>,
     ) -> Runner {
         let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(Arc::clone(&metrics).upkeep(stop_rx.clone()));
         let exec = Executor::new(
             store.clone(),
             handler,

@@ -112,6 +112,7 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
                 owner: def.owner.clone(),
                 max_attempts: def.max_attempts,
                 unique_for_ms: 0,
+                traceparent: None,
             })
             .await
             .context("creating a firing")?;

@@ -112,7 +112,8 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         info!(dir = %dir.display(), ?seeded, "plugins directory loaded");
     }
     registry.sync_all().await?;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new());
+    metrics.install();
     let exec = ExecutorOptions {
         workers: args.workers.max(1),
         prefetch: args.prefetch,

@@ -534,5 +534,6 @@ pub fn noop_task(id: &str, run_at: i64) -> eggtimer::store::NewTask {
         owner: None,
         max_attempts: 3,
         unique_for_ms: 0,
+        traceparent: None,
     }
 }

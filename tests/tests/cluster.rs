@@ -22,6 +22,7 @@ fn task(id: &str, run_at: i64, owner: Option<&str>) -> NewTask {
         owner: owner.map(str::to_owned),
         max_attempts: 2,
         unique_for_ms: 0,
+        traceparent: None,
     }
 }
 
@@ -137,6 +138,7 @@ async fn the_store_scripts_work_on_a_cluster() {
             ttl_ms: None,
         }],
         events: vec![("t".into(), "{}".into())],
+        traceparent: None,
     };
     use eggtimer::store::Committed;
     assert_eq!(
@@ -245,6 +247,7 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
         owner: None,
         max_attempts: 20,
         unique_for_ms: 0,
+        traceparent: None,
     };
     let mut acked = Vec::new();
     let mut refused = 0;
@@ -271,7 +274,9 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
     // wait for the flow to drain, then count from the events
     eventually(T, "the tasks to drain", || async {
         let c = store.shard_counts().await.ok()?;
-        c.iter().all(|(d, i, _)| d + i == 0).then_some(())
+        c.iter()
+            .all(|c| c.scheduled + c.inflight == 0)
+            .then_some(())
     })
     .await;
     let ran: std::collections::HashSet<String> =

@@ -25,6 +25,7 @@ async fn effects_commit_only_if_the_kv_entries_read_are_unchanged() {
             ttl_ms: Some(60_000),
         }],
         events: vec![("order".into(), "{\"n\":1}".into())],
+        traceparent: None,
     };
     assert_eq!(
         s.commit_ns_effects(&claimed[0], &fx).await.unwrap(),
@@ -52,6 +53,7 @@ async fn effects_commit_only_if_the_kv_entries_read_are_unchanged() {
         }],
         kv: vec![],
         events: vec![("order".into(), "{\"n\":2}".into())],
+        traceparent: None,
     };
     assert_eq!(
         s.commit_ns_effects(&claimed[1], &fresh).await.unwrap(),

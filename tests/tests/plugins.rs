@@ -259,6 +259,7 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
         owner: Some("u7".into()),
         max_attempts: 5,
         unique_for_ms: 0,
+        traceparent: None,
     };
     let store = eggtimer::Store::open(
         eggtimer::RedisTarget::Single(redis.url()),

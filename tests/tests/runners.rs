@@ -55,6 +55,7 @@ fn load(
                     owner: None,
                     max_attempts: 20,
                     unique_for_ms: 0,
+                    traceparent: None,
                 })
                 .collect();
             match store.schedule(&batch, ScheduleMode::Upsert).await {
@@ -82,7 +83,7 @@ async fn settle(
 ) -> (Vec<String>, usize) {
     eventually(limit, "every task to run", || async {
         let pending = store.shard_counts().await.ok()?;
-        let busy = pending.iter().any(|(due, inflight, _)| due + inflight > 0);
+        let busy = pending.iter().any(|c| c.scheduled + c.inflight > 0);
         let n = read_stream(&mut redis.conn(), "{eggtimer}:events:push").len();
         (!busy && n >= ids.len()).then_some(())
     })
@@ -296,6 +297,7 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
             owner: None,
             max_attempts: 5,
             unique_for_ms: 0,
+            traceparent: None,
         })
         .collect();
     store.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();

@@ -460,7 +460,7 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
     eventually(Duration::from_secs(30), "every task to be done", || async {
         let done = claimed.lock().unwrap().len();
         let pending = s.shard_counts().await.unwrap()[0];
-        (done == expected && pending == (0, 0, 0)).then_some(())
+        (done == expected && pending == eggtimer::store::ShardCounts::default()).then_some(())
     })
     .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

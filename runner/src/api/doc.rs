@@ -96,6 +96,10 @@ pub struct TaskSpec {
     /// `duplicate` and changes nothing.
     #[schema(minimum = 0, maximum = 315360000000_i64)]
     pub unique_for_ms: Option<i64>,
+    /// A W3C trace context: the task's run joins this trace (overrides the `traceparent`
+    /// header for this spec). Ids of zeros name no trace and are ignored.
+    #[schema(pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
+    pub traceparent: Option<String>,
 }
 
 /// One task spec, or an array of 1 to 10,000.

@@ -40,6 +40,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
         plugins: st.registry.plugins().loaded(),
         owned_shards: (st.owned_shards)(),
         runners,
+        idle_instances: st.registry.plugins().idle_instances(),
     };
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -43,6 +43,8 @@ struct RawSpec<'a> {
     max_attempts: Option<&'a RawValue>,
     #[serde(borrow)]
     unique_for_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    traceparent: Option<&'a RawValue>,
 }
 
 fn new_id() -> String {
@@ -50,8 +52,20 @@ fn new_id() -> String {
 }
 
 /// Checks one task spec and turns it into a task; `at` prefixes messages (e.g. "[3].").
-fn parse_spec(v: &RawValue, at: &str, now: i64, max_payload: usize) -> ApiResult<NewTask> {
+/// `traceparent` is the request's header, used when the spec has none.
+fn parse_spec(
+    v: &RawValue,
+    at: &str,
+    now: i64,
+    max_payload: usize,
+    traceparent: Option<&str>,
+) -> ApiResult<NewTask> {
     let s: RawSpec = body::object(v, at, "a task spec")?;
+    let traceparent = match body::string(s.traceparent, at, "traceparent")? {
+        Some(tp) => crate::trace::parse_traceparent(&tp)
+            .map_err(|e| ApiError::bad(format!("{at}traceparent: {e}")))?,
+        None => traceparent.map(str::to_owned),
+    };
     let plugin = body::string(s.plugin, at, "plugin")?
         .ok_or_else(|| ApiError::bad(format!("{at}plugin is required")))?;
     body::plugin_name(at, &plugin)?;
@@ -110,6 +124,7 @@ fn parse_spec(v: &RawValue, at: &str, now: i64, max_payload: usize) -> ApiResult
         owner,
         max_attempts,
         unique_for_ms,
+        traceparent,
     })
 }
 
@@ -120,6 +135,8 @@ async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
 
 /// `POST /v1/tasks`: one spec or an array; all or nothing.
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    params(("traceparent" = Option<String>, Header, nullable = false, pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+        description = "A W3C trace context for every spec without its own: the runs join this trace")),
     request_body(content = doc::ScheduleBody, content_type = "application/json"),
     responses((status = 201, description = "scheduled", body = doc::ScheduleReply), doc::Errors),
     security((), ("bearer" = [])))]
@@ -133,8 +150,23 @@ pub async fn schedule(
     let v = body::raw(&bytes)?;
     let now = now_ms();
     let single = !body::is_array(v);
+    // an empty header is no header (as proxies and curl's `-H 'traceparent;'` send it)
+    let traceparent = match headers.get("traceparent").filter(|h| !h.is_empty()) {
+        None => None,
+        Some(h) => h
+            .to_str()
+            .map_err(|_| "not visible ASCII".to_owned())
+            .and_then(crate::trace::parse_traceparent)
+            .map_err(|e| ApiError::bad(format!("the traceparent header: {e}")))?,
+    };
     let specs: Vec<NewTask> = if single {
-        vec![parse_spec(v, "", now, st.max_payload_bytes)?]
+        vec![parse_spec(
+            v,
+            "",
+            now,
+            st.max_payload_bytes,
+            traceparent.as_deref(),
+        )?]
     } else {
         let items = body::array(v, MAX_BATCH, "the array of task specs")?;
         if items.is_empty() {
@@ -143,7 +175,10 @@ pub async fn schedule(
         items
             .iter()
             .enumerate()
-            .map(|(i, s)| parse_spec(s, &format!("[{i}]."), now, st.max_payload_bytes))
+            .map(|(i, s)| {
+                let at = format!("[{i}].");
+                parse_spec(s, &at, now, st.max_payload_bytes, traceparent.as_deref())
+            })
             .collect::<ApiResult<_>>()?
     };
     let at = |i: usize| {
@@ -379,7 +414,7 @@ mod tests {
         fn the_spec_parser_accepts_only_bounded_tasks(v in prop_oneof![any_json(), spec_like()]) {
             let text = v.to_string();
             let raw: &RawValue = serde_json::from_str(&text).unwrap();
-            match parse_spec(raw, "", 1_700_000_000_000, 4096) {
+            match parse_spec(raw, "", 1_700_000_000_000, 4096, None) {
                 Ok(t) => {
                     prop_assert!(limits::time("", t.run_at).is_ok());
                     prop_assert!(limits::id_like(&t.id));
@@ -395,7 +430,7 @@ mod tests {
 
     fn spec(s: &str) -> ApiResult<NewTask> {
         let v: &RawValue = serde_json::from_str(s).unwrap();
-        parse_spec(v, "[0].", 1_000, 64)
+        parse_spec(v, "[0].", 1_000, 64, None)
     }
 
     #[test]
@@ -430,5 +465,15 @@ mod tests {
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
         let t = spec(r#"{"plugin":"p","delay_ms":5,"payload":{"a":[1,2]}}"#).unwrap();
         assert_eq!((t.run_at, t.payload.as_str()), (1_005, r#"{"a":[1,2]}"#));
+        let e = spec(r#"{"plugin":"p","traceparent":"00-abc-01"}"#).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("[0].traceparent: expected a W3C traceparent"),
+            "{}",
+            e.message
+        );
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let t = spec(&format!(r#"{{"plugin":"p","traceparent":"{tp}"}}"#)).unwrap();
+        assert_eq!(t.traceparent.as_deref(), Some(tp));
     }
 }

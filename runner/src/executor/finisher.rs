@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info_span, warn};
 
 use super::{Executor, FINISH_GROUP, FINISH_WAIT};
 use crate::store::{Finish, Finished};
+use crate::trace;
 
 /// An outcome waiting for the finisher; its slot is freed once it is recorded.
 pub(super) struct Pending {
@@ -21,6 +22,8 @@ pub(super) struct Pending {
     pub(super) attempt: u32,
     pub(super) plugin: String,
     pub(super) finish: Finish,
+    /// The task's trace span: it ends once the outcome is recorded.
+    pub(super) traced: tracing::Span,
     pub(super) _slot: OwnedSemaphorePermit,
 }
 
@@ -83,6 +86,10 @@ impl Executor {
             .iter()
             .map(|p| (p.id.as_str(), p.token, &p.finish))
             .collect();
+        let spans: Vec<tracing::Span> = group
+            .iter()
+            .map(|p| info_span!(target: trace::TARGET, parent: &p.traced, "task.finish", outcome = tracing::field::Empty))
+            .collect();
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
         let verdicts = loop {
@@ -109,6 +116,9 @@ impl Executor {
             }
         };
         if let Some(verdicts) = &verdicts {
+            for (s, v) in spans.iter().zip(verdicts) {
+                s.record("outcome", tracing::field::debug(v));
+            }
             self.metrics.observe_finishes(
                 group
                     .iter()

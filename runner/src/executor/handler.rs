@@ -38,6 +38,22 @@ impl Effects {
             && self.ns.kv.is_empty()
             && self.ns.events.is_empty()
     }
+
+    /// Bytes written: kv values, events and follow-up payloads (for the effect-bytes metric).
+    pub fn bytes(&self) -> u64 {
+        let kv: usize = self
+            .ns
+            .kv
+            .iter()
+            .map(|w| match w {
+                crate::store::KvWrite::Set { key, value, .. } => key.len() + value.len(),
+                crate::store::KvWrite::Delete { key } => key.len(),
+            })
+            .sum();
+        let events: usize = self.ns.events.iter().map(|(t, d)| t.len() + d.len()).sum();
+        let follow: usize = self.schedule.iter().map(|t| t.payload.len()).sum();
+        (kv + events + follow) as u64
+    }
 }
 
 /// One run of a handler.

@@ -32,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tracing::{Instrument, debug, debug_span, warn};
+use tracing::{Instrument, Span, debug, debug_span, info_span, warn};
 
 use finisher::Pending;
 pub use handler::{Effects, Handler, Outcome, Run, TaskHost};
@@ -40,6 +40,7 @@ use held::Held;
 
 use crate::metrics::Metrics;
 use crate::store::{Claimed, Committed, Finish, ScheduleMode, Store};
+use crate::trace;
 
 /// Retry backoff: `base · 2^(attempt−1)`, capped, with jitter in its upper half. Pure.
 pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> u64 {
@@ -260,6 +261,9 @@ impl Executor {
     /// They start in the order given (a claim's order: due order), batches in the order they
     /// were claimed: a free worker goes to the earliest task waiting.
     pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation) {
+        if let Some(first) = tasks.first() {
+            self.metrics.observe_claims(first.shard, tasks.len() as u64);
+        }
         let mut batch = Vec::with_capacity(tasks.len());
         for task in tasks {
             let Some(slot) = res.0.split(1) else {
@@ -300,9 +304,18 @@ impl Executor {
         // debug level: an info span per task costs the log subscriber real work at load
         let span =
             debug_span!("task", id = %task.id, plugin = %task.plugin, attempt = task.attempt);
+        // the trace span (exported only with --otlp-endpoint; else disabled and free)
+        let traced = info_span!(target: trace::TARGET, "task.run",
+            task.id = %task.id, task.plugin = %task.plugin, task.attempt = task.attempt,
+            task.shard = task.shard, claim = task.token);
+        trace::set_parent(&traced, task.traceparent.as_deref());
+        tracing::info!(target: trace::TARGET, parent: &traced,
+            lateness_ms = now_ms() - task.due, "claimed");
         rt.spawn(
             async move {
-                let outcome = this.run_to_outcome(&task).await;
+                this.metrics.running(1.0);
+                let outcome = this.run_to_outcome(&task, &traced).await;
+                this.metrics.running(-1.0);
                 drop(worker);
                 match outcome {
                     Some(finish) => {
@@ -313,6 +326,7 @@ impl Executor {
                             attempt: task.attempt,
                             plugin: task.plugin,
                             finish,
+                            traced,
                             _slot: slot,
                         });
                     }
@@ -330,12 +344,12 @@ impl Executor {
     /// Runs the task until it has an outcome to record; None when nothing may be recorded (the
     /// claim was lost, or its effects could not be committed: the lease then expires and the
     /// task runs again).
-    async fn run_to_outcome(&self, task: &Claimed) -> Option<Finish> {
+    async fn run_to_outcome(&self, task: &Claimed, traced: &Span) -> Option<Finish> {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
         let Some(max) = self.handler.max_concurrency(&task.plugin) else {
-            return self.run_rounds(task, None).await;
+            return self.run_rounds(task, None, traced).await;
         };
         // a concurrency slot per run, across all runners; none free: back to scheduled shortly,
         // the attempt given back, and the worker is free for other plugins' tasks at once
@@ -344,7 +358,7 @@ impl Executor {
             let after_ms = 100 + (rand::random::<f64>() * 200.0) as i64;
             return Some(Finish::Defer { after_ms });
         }
-        let finish = self.run_rounds(task, Some((&holder, max))).await;
+        let finish = self.run_rounds(task, Some((&holder, max)), traced).await;
         if let Err(e) = self.store.slot_give(&task.plugin, &holder).await {
             warn!(plugin = %task.plugin, "giving a concurrency slot back failed (it expires on its own): {e:#}");
         }
@@ -364,7 +378,12 @@ impl Executor {
     }
 
     /// Runs the handler (again while the kv entries it read change), holding the slot if any.
-    async fn run_rounds(&self, task: &Claimed, slot: Option<(&str, u32)>) -> Option<Finish> {
+    async fn run_rounds(
+        &self,
+        task: &Claimed,
+        slot: Option<(&str, u32)>,
+        traced: &Span,
+    ) -> Option<Finish> {
         let lateness = now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
             if round > 0
@@ -376,6 +395,7 @@ impl Executor {
             let t0 = std::time::Instant::now();
             let run = Arc::clone(&self.handler)
                 .handle(task.clone(), Arc::clone(&self.host))
+                .instrument(info_span!(target: trace::TARGET, parent: traced, "plugin.call", round))
                 .await;
             let took = t0.elapsed();
             // moving average (1/8 weight), for the adaptive prefetch
@@ -394,7 +414,21 @@ impl Executor {
                 }
             };
             if !run.effects.writes_nothing() {
-                match self.commit(task, &run.effects).await {
+                let mut fx = run.effects;
+                // follow-ups and events carry the trace on (as children of this run)
+                let tp = trace::child_traceparent(traced, task.traceparent.as_deref());
+                for t in &mut fx.schedule {
+                    t.traceparent.clone_from(&tp);
+                }
+                fx.ns.traceparent = tp;
+                let committed = self
+                    .commit(task, &fx)
+                    .instrument(info_span!(target: trace::TARGET, parent: traced, "effects.commit"))
+                    .await;
+                if committed.is_ok() {
+                    self.metrics.observe_effects(&task.plugin, fx.bytes());
+                }
+                match committed {
                     Ok(()) => {}
                     Err(NotCommitted::Conflict) => {
                         debug!(

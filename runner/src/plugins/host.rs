@@ -219,6 +219,7 @@ impl bindings::eggtimer::plugin::host::Host for State {
             owner: t.owner,
             max_attempts,
             unique_for_ms: 0,
+            traceparent: None, // the executor sets the run's context
         });
         Ok(Ok(id))
     }

@@ -64,6 +64,10 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     fn take(&self, digest: &str) -> Option<Warm> {
         let mut idle = self.lock();
         let i = idle.iter().rposition(|w| w.digest == digest)?;

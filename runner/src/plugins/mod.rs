@@ -185,6 +185,11 @@ impl Plugins {
     }
 
     /// (name, version, digest) of every loaded plugin.
+    /// Warm instances kept idle (all plugins).
+    pub fn idle_instances(&self) -> usize {
+        self.pool.len()
+    }
+
     pub fn loaded(&self) -> Vec<(String, u64, String)> {
         let mut v: Vec<_> = self
             .current

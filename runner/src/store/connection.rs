@@ -1,12 +1,14 @@
 //! Where Redis is and the connection to it: one self-reconnecting multiplexed connection, or a
 //! Redis Cluster client.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
 
 /// Where Redis is: one server, or the seed nodes of a Redis Cluster.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,12 +63,41 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// Names of the scripts by their SHA1 (filled once by `Scripts::load`), for the round-trip metric.
+pub(super) static SCRIPT_NAMES: OnceLock<HashMap<String, &'static str>> = OnceLock::new();
+
+/// What a command is, for `eggtimer_redis_seconds`: the script's name, or `command`.
+fn command_label(cmd: &Cmd) -> &'static str {
+    let mut args = cmd.args_iter();
+    match (args.next(), args.next()) {
+        (Some(Arg::Simple(verb)), Some(Arg::Simple(sha)))
+            if verb.eq_ignore_ascii_case(b"EVALSHA") =>
+        {
+            std::str::from_utf8(sha)
+                .ok()
+                .and_then(|sha| SCRIPT_NAMES.get()?.get(sha).copied())
+                .unwrap_or("script")
+        }
+        _ => "command",
+    }
+}
+
+/// Times a round trip into `eggtimer_redis_seconds` (a no-op until a recorder is installed).
+async fn timed<T>(label: &'static str, call: RedisFuture<'_, T>) -> redis::RedisResult<T> {
+    let t0 = Instant::now();
+    let r = call.await;
+    metrics::histogram!("eggtimer_redis_seconds", "script" => label)
+        .record(t0.elapsed().as_secs_f64());
+    r
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
+        let call = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        };
+        Box::pin(timed(command_label(cmd), call))
     }
 
     fn req_packed_commands<'a>(
@@ -75,10 +106,11 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
+        let call = match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+        };
+        Box::pin(timed("pipeline", call))
     }
 
     fn get_db(&self) -> i64 {

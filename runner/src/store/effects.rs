@@ -44,12 +44,17 @@ impl Store {
         }
         for (topic, data) in &fx.events {
             ix += 1;
-            inv.key(keys.events(topic))
-                .arg("emit")
-                .arg(ix)
-                .arg(task_id)
-                .arg(plugin)
-                .arg(data);
+            inv.key(keys.events(topic));
+            match &fx.traceparent {
+                Some(tp) => inv
+                    .arg("emit_tp")
+                    .arg(ix)
+                    .arg(task_id)
+                    .arg(plugin)
+                    .arg(data)
+                    .arg(tp),
+                None => inv.arg("emit").arg(ix).arg(task_id).arg(plugin).arg(data),
+            };
         }
         let v: i64 = inv
             .invoke_async(&mut self.conn())

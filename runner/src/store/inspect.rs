@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
-use super::{Scheduled, Store, TaskRecord, TaskState};
+use super::{Scheduled, ShardCounts, Store, TaskRecord, TaskState};
 
 impl Store {
     /// Reads one task in any state (a done task until its retention ends: its record may outlive
@@ -249,8 +249,11 @@ impl Store {
         Ok((all.into_iter().map(|(_, r)| r).collect(), next))
     }
 
-    /// Tasks scheduled (due), in flight and dead, per shard: for metrics.
-    pub async fn shard_counts(&self) -> Result<Vec<(u64, u64, u64)>> {
+    /// Tasks scheduled, due now, in flight and dead, per shard: for metrics.
+    pub async fn shard_counts(&self) -> Result<Vec<ShardCounts>> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         let calls = (0..self.shards()).map(|shard| {
             let k = self.keys().shard(shard);
             let mut conn = self.conn();
@@ -262,8 +265,18 @@ impl Store {
                     .arg(&k.inflight)
                     .cmd("ZCARD")
                     .arg(&k.dead)
-                    .query_async::<(u64, u64, u64)>(&mut conn)
+                    .cmd("ZCOUNT")
+                    .arg(&k.due)
+                    .arg("-inf")
+                    .arg(now)
+                    .query_async::<(u64, u64, u64, u64)>(&mut conn)
                     .await
+                    .map(|(scheduled, inflight, dead, due_now)| ShardCounts {
+                        scheduled,
+                        inflight,
+                        dead,
+                        due_now,
+                    })
             }
         });
         try_join_all(calls).await.context("counting tasks")

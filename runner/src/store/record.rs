@@ -32,6 +32,33 @@ pub struct TaskRecord {
     pub created_at: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<i64>,
+    /// The W3C trace context the task was scheduled with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+/// Marks a trace context at the start of a record's last field: `\x1e<traceparent>\x1e<payload>`.
+/// A JSON text never starts with this byte, so a record without one (every record written before
+/// traces existed) reads as before, and the scripts, which never look into the payload, need no
+/// change.
+const TRACE_MARK: char = '\x1e';
+
+/// Splits a record's last field into its trace context (if any) and the payload.
+pub fn split_trace(field: &str) -> (Option<&str>, &str) {
+    if let Some(rest) = field.strip_prefix(TRACE_MARK)
+        && let Some((tp, payload)) = rest.split_once(TRACE_MARK)
+    {
+        return (Some(tp), payload);
+    }
+    (None, field)
+}
+
+/// The last field of a record for a payload and its trace context (if any).
+pub fn join_trace<'a>(traceparent: Option<&str>, payload: &'a str) -> std::borrow::Cow<'a, str> {
+    match traceparent {
+        Some(tp) => format!("{TRACE_MARK}{tp}{TRACE_MARK}{payload}").into(),
+        None => payload.into(),
+    }
 }
 
 fn raw_json<S: serde::Serializer>(payload: &str, s: S) -> Result<S::Ok, S::Error> {
@@ -65,7 +92,8 @@ impl TaskRecord {
         let plugin = f.next()?.to_owned();
         let owner = Some(f.next()?).filter(|o| !o.is_empty()).map(str::to_owned);
         let last_error = Some(f.next()?).filter(|e| !e.is_empty()).map(str::to_owned);
-        let payload = f.next()?.to_owned();
+        let (traceparent, payload) = split_trace(f.next()?);
+        let (traceparent, payload) = (traceparent.map(str::to_owned), payload.to_owned());
         Some(TaskRecord {
             id: id.to_owned(),
             plugin,
@@ -78,6 +106,7 @@ impl TaskRecord {
             last_error,
             created_at,
             finished_at,
+            traceparent,
         })
     }
 }
@@ -152,6 +181,21 @@ mod tests {
             let finished = matches!(st, 'd' | 'x');
             prop_assert_eq!(r.finished_at, finished.then_some(fin));
         }
+    }
+
+    #[test]
+    fn reads_a_trace_context_before_the_payload() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let last = join_trace(Some(tp), "{\"a\":1}");
+        let rec = encode('s', 5, 0, 3, 1, "", "p", "", "", &last);
+        let r = TaskRecord::decode("t", &rec).unwrap();
+        assert_eq!(
+            (r.traceparent.as_deref(), r.payload.as_str()),
+            (Some(tp), "{\"a\":1}")
+        );
+        // a record without one (as every earlier build wrote it) reads as before
+        let r = TaskRecord::decode("t", &encode('s', 5, 0, 3, 1, "", "p", "", "", "[1]")).unwrap();
+        assert_eq!((r.traceparent, r.payload.as_str()), (None, "[1]"));
     }
 
     #[test]

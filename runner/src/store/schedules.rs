@@ -261,7 +261,7 @@ impl Store {
             .arg(task.max_attempts)
             .arg(&task.plugin)
             .arg(task.owner.as_deref().unwrap_or(""))
-            .arg(&task.payload)
+            .arg(super::record::join_trace(task.traceparent.as_deref(), &task.payload).as_ref())
             .arg(KEEP_FIRED_MS);
         let w: String = inv
             .invoke_async(&mut self.conn())

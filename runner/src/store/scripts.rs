@@ -34,6 +34,42 @@ fn with_prelude(body: &str) -> Script {
 
 impl Scripts {
     pub fn load() -> Self {
+        let s = Self::build();
+        super::connection::SCRIPT_NAMES.get_or_init(|| s.names());
+        s
+    }
+
+    /// The scripts' names by SHA1, for the Redis round-trip metric.
+    fn names(&self) -> std::collections::HashMap<String, &'static str> {
+        [
+            (&self.schedule, "schedule"),
+            (&self.claim, "claim"),
+            (&self.renew, "renew"),
+            (&self.finish, "finish"),
+            (&self.move_task, "move"),
+            (&self.cancel, "cancel"),
+            (&self.revive, "revive"),
+            (&self.shift_owner, "shift_owner"),
+            (&self.pause, "pause"),
+            (&self.bulk, "bulk"),
+            (&self.fire, "fire"),
+            (&self.migrate, "migrate"),
+            (&self.range, "range"),
+            (&self.sched, "sched"),
+            (&self.slots, "slots"),
+            (&self.effects, "effects"),
+            (&self.plugin_put, "plugin_put"),
+            (&self.plugin_rollback, "plugin_rollback"),
+            (&self.plugin_delete, "plugin_delete"),
+            (&self.lease, "lease"),
+            (&self.heartbeat, "heartbeat"),
+        ]
+        .into_iter()
+        .map(|(s, n)| (s.get_hash().to_owned(), n))
+        .collect()
+    }
+
+    fn build() -> Self {
         Scripts {
             schedule: with_prelude(include_str!("lua/schedule.lua")),
             claim: with_prelude(include_str!("lua/claim.lua")),

@@ -34,7 +34,7 @@ impl Store {
                     .arg(t.max_attempts)
                     .arg(&t.plugin)
                     .arg(t.owner.as_deref().unwrap_or(""))
-                    .arg(&t.payload)
+                    .arg(super::record::join_trace(t.traceparent.as_deref(), &t.payload).as_ref())
                     .arg(0)
                     .arg(t.unique_for_ms);
             }
@@ -91,6 +91,7 @@ impl Store {
                 owner: r.owner,
                 payload: r.payload,
                 created: r.created_at,
+                traceparent: r.traceparent,
             });
         }
         Ok(ClaimBatch {

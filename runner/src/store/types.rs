@@ -13,6 +13,8 @@ pub struct NewTask {
     /// After the task finished (done or dead), scheduling its id again within this long is
     /// refused as a duplicate (0: no dedup window).
     pub unique_for_ms: u64,
+    /// A W3C trace context, stored with the task: its run joins that trace.
+    pub traceparent: Option<String>,
 }
 
 /// How `schedule` treats an id that exists.
@@ -56,6 +58,8 @@ pub struct Claimed {
     /// When this occurrence of the task was scheduled (set again by upsert, run-again and
     /// replay): with the id it names the occurrence, from which follow-up ids are derived.
     pub created: i64,
+    /// The W3C trace context it was scheduled with.
+    pub traceparent: Option<String>,
 }
 
 /// The result of one claim.
@@ -172,6 +176,8 @@ pub struct NsEffects {
     pub kv: Vec<KvWrite>,
     /// (topic, data JSON)
     pub events: Vec<(String, String)>,
+    /// The trace context each event carries (a `traceparent` field of the stream entry).
+    pub traceparent: Option<String>,
 }
 
 /// What committing a run's kv writes and events did.
@@ -262,4 +268,15 @@ impl Verdict for Result<(), Refused> {
             _ => return None,
         })
     }
+}
+
+/// What a shard holds (for metrics and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardCounts {
+    /// Tasks scheduled (in `due`, due or not).
+    pub scheduled: u64,
+    pub inflight: u64,
+    pub dead: u64,
+    /// Scheduled tasks due now or earlier (not yet claimed).
+    pub due_now: u64,
 }

@@ -6,7 +6,8 @@
 -- ARGV: marker_ttl_ms, stream_maxlen, n_reads, then per read: key_index, sha1 of the value read
 -- ('' when it was absent); then ops:
 --   'set', key_index, value, ttl_ms (0 = none) | 'del', key_index |
---   'emit', key_index, task_id, plugin, data
+--   'emit', key_index, task_id, plugin, data |
+--   'emit_tp', key_index, task_id, plugin, data, traceparent (the entry gets a traceparent field)
 -- Returns 1 when applied, 0 when this claim's effects were applied before, -1 on a conflict (a key
 -- read has changed: nothing was written; the handler must run again with fresh reads).
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -22,7 +23,7 @@ end
 -- Check every op before writing anything: a script error after a write would leave half of them.
 local ops, j = {}, i
 while j <= #ARGV do
-  local width = ({ set = 4, del = 2, emit = 5 })[ARGV[j]]
+  local width = ({ set = 4, del = 2, emit = 5, emit_tp = 6 })[ARGV[j]]
   if not width then return redis.error_reply('unknown effect op ' .. tostring(ARGV[j])) end
   if ARGV[j] == 'set' and not tonumber(ARGV[j + 3]) then
     return redis.error_reply('bad ttl ' .. tostring(ARGV[j + 3]))
@@ -39,9 +40,13 @@ for _, at in ipairs(ops) do
     else redis.call('SET', key, ARGV[at + 2]) end
   elseif op == 'del' then
     redis.call('DEL', key)
-  else
+  elseif op == 'emit' then
     redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*',
       'task_id', ARGV[at + 2], 'plugin', ARGV[at + 3], 'data', ARGV[at + 4])
+  else
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*',
+      'task_id', ARGV[at + 2], 'plugin', ARGV[at + 3], 'data', ARGV[at + 4],
+      'traceparent', ARGV[at + 5])
   end
 end
 return 1
