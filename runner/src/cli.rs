@@ -78,9 +78,62 @@ fn enc(s: &str) -> String {
         .collect()
 }
 
+/// How a reply is shown to a person (`--json` always prints the reply).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum View {
+    Json,
+    Plugins,
+    Tasks,
+    Task,
+    Runners,
+    Schedules,
+}
+
 /// Runs one client command.
 pub async fn run(cmd: Command) -> Result<()> {
+    let json_flag = match &cmd {
+        Command::Serve(_) => false,
+        Command::Plugin { remote, .. }
+        | Command::Task { remote, .. }
+        | Command::Owner { remote, .. }
+        | Command::Schedule { remote, .. }
+        | Command::Dead { remote, .. }
+        | Command::Runners { remote } => remote.json,
+    };
+    let view = match &cmd {
+        Command::Plugin {
+            cmd: PluginCmd::List,
+            ..
+        } => View::Plugins,
+        Command::Task {
+            cmd: TaskCmd::Get { .. },
+            ..
+        } => View::Task,
+        Command::Task {
+            cmd: TaskCmd::Find { .. },
+            ..
+        }
+        | Command::Owner {
+            cmd: OwnerCmd::List { .. },
+            ..
+        }
+        | Command::Dead {
+            cmd: DeadCmd::List { .. },
+            ..
+        } => View::Tasks,
+        Command::Schedule {
+            cmd: ScheduleCmd::List,
+            ..
+        } => View::Schedules,
+        Command::Runners { .. } => View::Runners,
+        _ => View::Json,
+    };
     let out = match cmd {
+        Command::Runners { remote } => {
+            Remote::new(&remote)?
+                .call(Method::GET, "/v1/runners", None)
+                .await?
+        }
         Command::Serve(_) => unreachable!("not a client command"),
         Command::Plugin { remote, cmd } => {
             let r = Remote::new(&remote)?;
@@ -347,8 +400,21 @@ pub async fn run(cmd: Command) -> Result<()> {
             }
         }
     };
-    if !out.is_null() {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+    if out.is_null() {
+        return Ok(());
+    }
+    let text = match view {
+        _ if json_flag => None,
+        View::Json => None,
+        View::Plugins => Some(crate::table::plugins(&out)),
+        View::Tasks => Some(crate::table::tasks(&out)),
+        View::Task => Some(crate::table::task(&out)),
+        View::Runners => Some(crate::table::runners(&out)),
+        View::Schedules => Some(crate::table::schedules(&out)),
+    };
+    match text {
+        Some(t) => print!("{t}"),
+        None => println!("{}", serde_json::to_string_pretty(&out)?),
     }
     Ok(())
 }

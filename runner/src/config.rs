@@ -61,6 +61,11 @@ pub enum Command {
         #[command(subcommand)]
         cmd: DeadCmd,
     },
+    /// The live runners of the namespace, with the shards each polls.
+    Runners {
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
 }
 
 /// Where the runner's API is.
@@ -77,6 +82,9 @@ pub struct RemoteArgs {
     /// Bearer token.
     #[arg(long, global = true, env = "EGGTIMER_TOKEN")]
     pub token: Option<String>,
+    /// Print the API's JSON reply instead of a table (lists and single tasks print tables).
+    #[arg(long, global = true)]
+    pub json: bool,
 }
 
 #[derive(Subcommand, Debug)]

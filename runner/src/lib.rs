@@ -17,6 +17,7 @@ pub mod schedules;
 pub mod serve;
 pub mod shards;
 pub mod store;
+pub mod table;
 pub mod trace;
 
 pub use executor::{Effects, Handler, Outcome, Run, TaskHost};

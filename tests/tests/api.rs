@@ -503,9 +503,41 @@ async fn the_cli_speaks_the_api() {
     let (c, out, err) = cli(&["plugin", "push", "cli-noop", wasm.to_str().unwrap()]);
     assert_eq!(c, Some(0), "{err}");
     assert!(out.contains("\"version\": 1"), "{out}");
+    // lists print aligned tables; --json prints the API's reply
     let (c, out, _) = cli(&["plugin", "list"]);
     assert_eq!(c, Some(0));
-    assert!(out.contains("cli-noop"));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME ") && lines[0].contains(" VERSION  DIGEST "),
+        "{out}"
+    );
+    let version_col = lines[0].find("VERSION").unwrap();
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("cli-noop "))
+        .expect(&out);
+    assert_eq!(
+        row.find(" 1 ").map(|i| i + 1),
+        Some(version_col),
+        "aligned: {out}"
+    );
+    let (c, out, _) = cli(&["plugin", "list", "--json"]);
+    assert_eq!(c, Some(0));
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "cli-noop"),
+        "{out}"
+    );
+    let (c, out, _) = cli(&["runners"]);
+    assert_eq!(c, Some(0));
+    assert!(out.starts_with("ID"), "{out}");
+    assert!(out.contains(&r.url), "{out}");
+    let (_, out, _) = cli(&["runners", "--json"]);
+    let runners: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(runners.as_array().map(Vec::len), Some(1), "{out}");
     let (c, _, err) = cli(&[
         "task",
         "add",
@@ -528,6 +560,9 @@ async fn the_cli_speaks_the_api() {
     ]);
     assert_eq!(c, Some(0));
     let (_, out, _) = cli(&["task", "get", "t1"]);
+    assert!(out.contains("\nowner          u1\n"), "{out}");
+    assert!(out.contains("\npayload        {\"a\":1}\n"), "{out}");
+    let (_, out, _) = cli(&["task", "get", "t1", "--json"]);
     let t: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         t["run_at"].as_i64().unwrap(),
@@ -543,6 +578,10 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(1));
     assert!(err.contains("no plugin named"), "{err}");
     let (c, out, _) = cli(&["dead", "list"]);
+    assert_eq!(c, Some(0));
+    assert_eq!(out.lines().count(), 1, "only the header: {out}");
+    assert!(out.starts_with("ID  PLUGIN  STATE"), "{out}");
+    let (c, out, _) = cli(&["dead", "list", "--json"]);
     assert_eq!(c, Some(0));
     assert!(out.contains("\"tasks\": []"), "{out}");
 }

@@ -1,0 +1,259 @@
+//! The CLI's human output: API replies as aligned tables (`--json` prints the reply instead).
+//! Pure functions over the reply's JSON, so they are tested without a runner.
+
+use serde_json::Value;
+
+/// Columns padded to their widest cell, two spaces apart; a header row first.
+pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c); // no trailing spaces
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        s.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// A field as text: strings bare, null/absent as `-`.
+fn f(v: &Value, key: &str) -> String {
+    match &v[key] {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A time (ms since the epoch) as UTC `YYYY-MM-DD HH:MM:SS`.
+fn time(v: &Value, key: &str) -> String {
+    v[key]
+        .as_i64()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map_or("-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+/// One line of at most `n` characters (errors can be long and span lines).
+fn short(s: &str, n: usize) -> String {
+    let s = s.replace(['\n', '\r', '\t'], " ");
+    if s.chars().count() <= n {
+        s
+    } else {
+        s.chars().take(n - 1).collect::<String>() + "…"
+    }
+}
+
+fn items(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) => a,
+        // GET /v1/tasks and /v1/dead answer {"tasks": [...], "next_cursor"}
+        _ => v["tasks"].as_array().map_or(&[], Vec::as_slice),
+    }
+}
+
+/// `plugin list`.
+pub fn plugins(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = items(v)
+        .iter()
+        .map(|p| {
+            vec![
+                f(p, "name"),
+                f(p, "version"),
+                f(p, "digest").chars().take(12).collect(),
+                f(p, "size"),
+                time(p, "uploaded_at"),
+                if p["paused"] == true {
+                    "paused"
+                } else {
+                    "active"
+                }
+                .into(),
+                f(p, "max_concurrency"),
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "NAME",
+            "VERSION",
+            "DIGEST",
+            "BYTES",
+            "UPLOADED (UTC)",
+            "STATE",
+            "MAX",
+        ],
+        &rows,
+    )
+}
+
+/// `task find`, `owner list`, `dead list`: one task a line, and the next page's cursor.
+pub fn tasks(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = items(v)
+        .iter()
+        .map(|t| {
+            vec![
+                f(t, "id"),
+                f(t, "plugin"),
+                f(t, "state"),
+                time(t, "run_at"),
+                f(t, "owner"),
+                format!("{}/{}", f(t, "attempts"), f(t, "max_attempts")),
+                short(&f(t, "last_error"), 60),
+            ]
+        })
+        .collect();
+    let mut out = render(
+        &[
+            "ID",
+            "PLUGIN",
+            "STATE",
+            "DUE (UTC)",
+            "OWNER",
+            "ATTEMPTS",
+            "LAST ERROR",
+        ],
+        &rows,
+    );
+    if let Some(c) = v["next_cursor"].as_str() {
+        out.push_str(&format!("more: --cursor {c}\n"));
+    }
+    out
+}
+
+/// `task get`: one field a line, the payload as JSON last.
+pub fn task(t: &Value) -> String {
+    let mut rows = vec![
+        vec!["id".into(), f(t, "id")],
+        vec!["plugin".into(), f(t, "plugin")],
+        vec!["state".into(), f(t, "state")],
+        vec!["due (UTC)".into(), time(t, "run_at")],
+        vec!["owner".into(), f(t, "owner")],
+        vec![
+            "attempts".into(),
+            format!("{} of {}", f(t, "attempts"), f(t, "max_attempts")),
+        ],
+        vec!["created (UTC)".into(), time(t, "created_at")],
+    ];
+    if !t["finished_at"].is_null() {
+        rows.push(vec!["finished (UTC)".into(), time(t, "finished_at")]);
+    }
+    if !t["last_error"].is_null() {
+        rows.push(vec!["last error".into(), short(&f(t, "last_error"), 200)]);
+    }
+    if !t["traceparent"].is_null() {
+        rows.push(vec!["traceparent".into(), f(t, "traceparent")]);
+    }
+    rows.push(vec!["payload".into(), t["payload"].to_string()]);
+    render(&["FIELD", "VALUE"], &rows)
+}
+
+/// `runners`.
+pub fn runners(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = items(v)
+        .iter()
+        .map(|r| {
+            let shards: Vec<String> = r["shards"]
+                .as_array()
+                .map(|a| a.iter().map(Value::to_string).collect())
+                .unwrap_or_default();
+            vec![
+                f(r, "id"),
+                f(r, "address"),
+                shards.join(","),
+                time(r, "last_seen"),
+                time(r, "started_at"),
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "ID",
+            "ADDRESS",
+            "SHARDS",
+            "LAST SEEN (UTC)",
+            "STARTED (UTC)",
+        ],
+        &rows,
+    )
+}
+
+/// `schedule list`.
+pub fn schedules(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = items(v)
+        .iter()
+        .map(|s| {
+            let when = if s["cron"].is_string() {
+                format!("cron {} {}", f(s, "cron"), f(s, "tz"))
+            } else {
+                format!("every {} ms", f(s, "every_ms"))
+            };
+            vec![
+                f(s, "id"),
+                f(s, "plugin"),
+                when,
+                if s["paused"] == true {
+                    "paused"
+                } else {
+                    "active"
+                }
+                .into(),
+                time(s, "next_run_at"),
+            ]
+        })
+        .collect();
+    render(&["ID", "PLUGIN", "WHEN", "STATE", "NEXT RUN (UTC)"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn columns_line_up() {
+        let t = render(
+            &["A", "LONGER"],
+            &[
+                vec!["xyz".into(), "1".into()],
+                vec!["q".into(), "22".into()],
+            ],
+        );
+        assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
+    }
+
+    #[test]
+    fn a_dead_list_shows_errors_on_one_line_and_the_cursor() {
+        let v = json!({"tasks": [{"id": "t1", "plugin": "p", "state": "dead", "run_at": 0,
+            "attempts": 3, "max_attempts": 3, "last_error": "boom\nat line 2"}],
+            "next_cursor": "x.1.ab"});
+        let t = tasks(&v);
+        assert!(
+            t.contains("t1  p       dead   1970-01-01 00:00:00  -      3/3       boom at line 2"),
+            "{t}"
+        );
+        assert!(t.ends_with("more: --cursor x.1.ab\n"), "{t}");
+    }
+
+    #[test]
+    fn a_task_shows_its_payload_as_json() {
+        let t = task(
+            &json!({"id": "t1", "plugin": "p", "state": "scheduled", "run_at": 1000,
+            "attempts": 0, "max_attempts": 5, "created_at": 0, "payload": {"a": 1}}),
+        );
+        assert!(t.contains("payload        {\"a\":1}"), "{t}");
+        assert!(!t.contains("last error"), "{t}");
+    }
+}
