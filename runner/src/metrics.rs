@@ -9,6 +9,7 @@
 //! reach this recorder once [`Metrics::install`] has made it the process's global recorder.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -25,6 +26,33 @@ pub use crate::store::ShardCounts;
 const LATENESS_MS: [f64; 13] = [
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 60000.0,
 ];
+/// The lateness quantile (ms) of merged bucket counts (`counts[i]` for `LATENESS_MS[i]`, then
+/// one for everything later), interpolated within its bucket; None without samples.
+pub fn lateness_quantile(counts: &[u64], q: f64) -> Option<f64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let want = (q * total as f64).max(1.0);
+    let mut seen = 0.0;
+    for (i, c) in counts.iter().enumerate() {
+        let c = *c as f64;
+        if c > 0.0 && seen + c >= want {
+            let lo = if i == 0 { 0.0 } else { LATENESS_MS[i - 1] };
+            let hi = LATENESS_MS
+                .get(i)
+                .copied()
+                .unwrap_or(LATENESS_MS[LATENESS_MS.len() - 1]);
+            return Some(lo + (hi - lo) * ((want - seen) / c));
+        }
+        seen += c;
+    }
+    Some(LATENESS_MS[LATENESS_MS.len() - 1])
+}
+
+/// How many lateness buckets the history keeps (`LATENESS_MS` and one beyond).
+pub const LATENESS_BUCKETS: usize = LATENESS_MS.len() + 1;
+
 /// Upper bounds of the handler-duration buckets (seconds).
 const DURATION_S: [f64; 10] = [
     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.1, 1.0, 10.0,
@@ -122,8 +150,19 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Counts since the last [`Metrics::take_recent`], for the dashboard's history in Redis.
+#[derive(Default)]
+struct Recent {
+    fired: AtomicU64,
+    succeeded: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    handler_us: AtomicU64,
+}
+
 /// The handles of one plugin's metrics.
 struct PluginHandles {
+    recent: Recent,
     scheduled: Counter,
     fired: Counter,
     succeeded: Counter,
@@ -153,6 +192,8 @@ pub struct Metrics {
     plugins: RwLock<HashMap<String, Arc<PluginHandles>>>,
     claims: RwLock<HashMap<u32, Counter>>,
     running: Gauge,
+    /// Lateness bucket counts since the last [`Metrics::take_recent`] (all plugins).
+    recent_lateness: [AtomicU64; LATENESS_BUCKETS],
 }
 
 impl Default for Metrics {
@@ -200,6 +241,7 @@ impl Metrics {
             plugins: RwLock::default(),
             claims: RwLock::default(),
             running,
+            recent_lateness: Default::default(),
         }
     }
 
@@ -209,16 +251,10 @@ impl Metrics {
         metrics::set_global_recorder(Global(Arc::clone(&self.recorder))).is_ok()
     }
 
-    /// Drains the histograms' sample buckets into their counts every few seconds until `stop`,
-    /// so memory stays flat when nobody scrapes (the runner runs it).
-    pub async fn upkeep(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        while !*stop.borrow() {
-            tokio::select! {
-                _ = tick.tick() => self.handle.run_upkeep(),
-                r = stop.changed() => if r.is_err() { return },
-            }
-        }
+    /// Drains the histograms' sample buckets into their counts, so memory stays flat when nobody
+    /// scrapes (the runner calls it every few seconds).
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
     }
 
     fn plugin(&self, plugin: &str) -> Arc<PluginHandles> {
@@ -242,6 +278,7 @@ impl Metrics {
                     .register_histogram(&Key::from_parts(name, labels()), &meta())
             };
             Arc::new(PluginHandles {
+                recent: Recent::default(),
                 scheduled: counter("eggtimer_tasks_scheduled_total"),
                 fired: counter("eggtimer_tasks_fired_total"),
                 succeeded: counter("eggtimer_tasks_succeeded_total"),
@@ -265,6 +302,48 @@ impl Metrics {
         h.fired.increment(1);
         h.lateness.record(lateness_ms as f64);
         h.duration.record(took.as_secs_f64());
+        h.recent.fired.fetch_add(1, Ordering::Relaxed);
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        h.recent.handler_us.fetch_add(us, Ordering::Relaxed);
+        let b = LATENESS_MS
+            .iter()
+            .position(|b| lateness_ms as f64 <= *b)
+            .unwrap_or(LATENESS_MS.len());
+        self.recent_lateness[b].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts since the last call, as history fields (`f|`, `s|`, `r|`, `d|` + plugin:
+    /// fired, succeeded, retried, dead; `t|` + plugin: handler µs; `l|<i>`: lateness bucket i),
+    /// zeros left out. The counters restart from zero.
+    pub fn take_recent(&self) -> Vec<(String, i64)> {
+        let mut out = Vec::new();
+        let take = |a: &AtomicU64| a.swap(0, Ordering::Relaxed) as i64;
+        for (name, h) in self
+            .plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let r = &h.recent;
+            for (tag, n) in [
+                ("f", take(&r.fired)),
+                ("s", take(&r.succeeded)),
+                ("r", take(&r.retried)),
+                ("d", take(&r.dead)),
+                ("t", take(&r.handler_us)),
+            ] {
+                if n != 0 {
+                    out.push((format!("{tag}|{name}"), n));
+                }
+            }
+        }
+        for (i, a) in self.recent_lateness.iter().enumerate() {
+            let n = take(a);
+            if n != 0 {
+                out.push((format!("l|{i}"), n));
+            }
+        }
+        out
     }
 
     /// A run committed this many bytes of effects.
@@ -302,14 +381,25 @@ impl Metrics {
 
     /// Recorded outcomes.
     pub fn observe_finishes<'a>(&self, outcomes: impl Iterator<Item = (&'a str, Finished)>) {
+        // a chunk is mostly one plugin: look its handles up once per run of the same name
+        let mut last: Option<(&str, Arc<PluginHandles>)> = None;
         for (plugin, how) in outcomes {
-            let h = self.plugin(plugin);
-            match how {
-                Finished::Done | Finished::Again => h.succeeded.increment(1),
-                Finished::Retry => h.retried.increment(1),
-                Finished::Dead => h.dead.increment(1),
-                Finished::Release | Finished::Defer | Finished::Stale => {}
-            }
+            let h = match &last {
+                Some((name, h)) if *name == plugin => Arc::clone(h),
+                _ => {
+                    let h = self.plugin(plugin);
+                    last = Some((plugin, Arc::clone(&h)));
+                    h
+                }
+            };
+            let (counter, recent) = match how {
+                Finished::Done | Finished::Again => (&h.succeeded, &h.recent.succeeded),
+                Finished::Retry => (&h.retried, &h.recent.retried),
+                Finished::Dead => (&h.dead, &h.recent.dead),
+                Finished::Release | Finished::Defer | Finished::Stale => continue,
+            };
+            counter.increment(1);
+            recent.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -415,5 +505,26 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("eggtimer_pending{shard=\"0\"} 1"), "{text}");
+        let mut recent = m.take_recent();
+        recent.sort();
+        let want: Vec<(String, i64)> = vec![
+            ("f|noop".into(), 2),
+            ("l|3".into(), 1),
+            ("l|6".into(), 1),
+            ("s|noop".into(), 1),
+            ("t|noop".into(), 10),
+        ];
+        assert_eq!(recent, want);
+        assert!(m.take_recent().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn lateness_quantiles_interpolate_within_a_bucket() {
+        let mut counts = [0u64; LATENESS_BUCKETS];
+        assert_eq!(lateness_quantile(&counts, 0.5), None);
+        counts[3] = 100; // (2, 5] ms
+        assert_eq!(lateness_quantile(&counts, 0.5), Some(3.5));
+        counts[LATENESS_BUCKETS - 1] = 100; // beyond the last bound
+        assert_eq!(lateness_quantile(&counts, 0.99), Some(60000.0));
     }
 }

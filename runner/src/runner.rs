@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::executor::{Executor, ExecutorOptions, Handler};
 use crate::membership::{self, Membership, MembershipOptions};
 use crate::metrics::Metrics;
 use crate::poller::{self, PollerOptions};
 use crate::shards::Shards;
-use crate::store::Store;
+use crate::store::{STATS_BUCKET_MS, Store};
 
 /// Settings of a runner's task machinery.
 #[derive(Clone, Debug)]
@@ -70,7 +70,11 @@ impl Runner {
         metrics: Arc<Metrics>,
     ) -> Runner {
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(Arc::clone(&metrics).upkeep(stop_rx.clone()));
+        tokio::spawn(keep_metrics(
+            Arc::clone(&metrics),
+            store.clone(),
+            stop_rx.clone(),
+        ));
         let exec = Executor::new(
             store.clone(),
             handler,
@@ -141,5 +145,27 @@ impl Runner {
             );
         }
         drained
+    }
+}
+
+/// Every second adds what this runner did to the namespace's history in Redis (the dashboard's
+/// charts), and every few seconds drains the metrics' histogram samples, until `stop`.
+async fn keep_metrics(metrics: Arc<Metrics>, store: Store, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut n = 0u64;
+    while !*stop.borrow() {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = stop.changed() => if r.is_err() { return } else { continue },
+        }
+        n += 1;
+        if n.is_multiple_of(5) {
+            metrics.upkeep();
+        }
+        let fields = metrics.take_recent();
+        let bucket = crate::executor::now_ms().div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
+        if let Err(e) = store.add_stats(bucket, &fields).await {
+            debug!("adding to the dashboard's history failed (those counts are dropped): {e:#}");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The admin HTTP API (API.md): the only code that imports axum.
 //!
 //! Files: `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
-//! `find` (filters), `owners`, `dead`, `plugins`, `schedules`, `ops` (the routes), `params`
+//! `find` (filters), `owners`, `dead`, `plugins`, `schedules`, `ops`, `stats` (the routes), `ui`
+//! (the dashboard's files), `params`
 //! (ids, owners, filters and pages several routes take), `server` (the listener: connection cap, timeouts, shutdown).
 //! Bodies are read as raw JSON and every field is checked on its own, so every 4xx names the
 //! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
@@ -18,7 +19,9 @@ mod params;
 mod plugins;
 mod schedules;
 mod server;
+mod stats;
 mod tasks;
+mod ui;
 
 use std::sync::Arc;
 
@@ -71,6 +74,7 @@ pub fn router(state: AppState) -> Router {
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
+        .merge(ui::router())
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::map_response(json_errors))
         .with_state(state)
@@ -111,6 +115,9 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(schedules::schedule_pause))
         .routes(routes!(schedules::schedule_resume))
         .routes(routes!(ops::runners))
+        .routes(routes!(stats::stats))
+        .routes(routes!(stats::history))
+        .routes(routes!(stats::events))
         .route_layer(middleware::from_fn_with_state(state, auth));
     OpenApiRouter::with_openapi(doc::ApiDoc::openapi())
         .merge(v1)

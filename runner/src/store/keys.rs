@@ -144,6 +144,11 @@ impl Keys {
         format!("{{{}}}:kv:{}:{}", self.ns, plugin, key)
     }
 
+    /// The dashboard's history: what every runner did in the 5 s starting at `bucket_ms`.
+    pub fn stats(&self, bucket_ms: i64) -> String {
+        format!("{{{}}}:stats:{bucket_ms}", self.ns)
+    }
+
     /// The event stream of a topic (API.md: `{<ns>}:events:<topic>`).
     pub fn events(&self, topic: &str) -> String {
         format!("{{{}}}:events:{}", self.ns, topic)

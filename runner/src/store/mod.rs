@@ -21,6 +21,7 @@ mod record;
 mod runners;
 mod schedules;
 mod scripts;
+mod stats;
 mod tasks;
 mod types;
 
@@ -37,6 +38,7 @@ pub use plugins::{PluginEntry, PluginSettings, Rollback};
 pub use record::{TaskRecord, TaskState, field_safe};
 pub use schedules::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
+pub use stats::{DueHistogram, PluginCounts, STATS_BUCKET_MS, StatsBucket};
 pub use tasks::OWNER_CHUNK;
 pub use types::*;
 

@@ -1,0 +1,161 @@
+//! What the dashboard reads: counts per shard and plugin, when tasks fall due, the latest events,
+//! and the namespace's recent history (every runner adds what it did in each 5 s bucket to one
+//! hash per bucket, `{ns}:stats:<bucket start>`, kept an hour).
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use futures::future::try_join_all;
+
+use super::Store;
+
+/// The width of one history bucket (ms).
+pub const STATS_BUCKET_MS: i64 = 5_000;
+/// How long a history bucket is kept (ms).
+const STATS_KEEP_MS: i64 = 3_600_000;
+
+/// One history bucket: field → count, summed over every runner (fields: `stats` module of the
+/// runner names them).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatsBucket {
+    pub at: i64,
+    pub fields: HashMap<String, i64>,
+}
+
+/// A plugin's scheduled and dead tasks (all shards).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginCounts {
+    pub plugin: String,
+    pub scheduled: u64,
+    pub dead: u64,
+}
+
+/// Scheduled tasks falling due per bucket from `from`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueHistogram {
+    pub from: i64,
+    pub bucket_ms: i64,
+    pub counts: Vec<u64>,
+}
+
+impl Store {
+    /// Adds one runner's counts to the history bucket starting at `bucket_ms`.
+    pub async fn add_stats(&self, bucket_ms: i64, fields: &[(String, i64)]) -> Result<()> {
+        if fields.is_empty() {
+            return Ok(());
+        }
+        let key = self.keys().stats(bucket_ms);
+        let mut p = redis::pipe();
+        for (f, n) in fields {
+            p.cmd("HINCRBY").arg(&key).arg(f).arg(*n).ignore();
+        }
+        p.cmd("PEXPIRE").arg(&key).arg(STATS_KEEP_MS).ignore();
+        p.query_async::<()>(&mut self.conn())
+            .await
+            .context("adding to the history")
+    }
+
+    /// The history buckets from `from_ms` to `to_ms`, oldest first (empty ones included).
+    pub async fn read_stats(&self, from_ms: i64, to_ms: i64) -> Result<Vec<StatsBucket>> {
+        let first = from_ms.div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
+        let ats: Vec<i64> = (0..)
+            .map(|i| first + i * STATS_BUCKET_MS)
+            .take_while(|at| *at <= to_ms)
+            .take(721)
+            .collect();
+        let mut p = redis::pipe();
+        for at in &ats {
+            p.cmd("HGETALL").arg(self.keys().stats(*at));
+        }
+        let rows: Vec<HashMap<String, i64>> = p
+            .query_async(&mut self.conn())
+            .await
+            .context("reading the history")?;
+        Ok(ats
+            .into_iter()
+            .zip(rows)
+            .map(|(at, fields)| StatsBucket { at, fields })
+            .collect())
+    }
+
+    /// Scheduled and dead tasks of each of these plugins (all shards).
+    pub async fn plugin_counts(&self, plugins: &[String]) -> Result<Vec<PluginCounts>> {
+        if plugins.is_empty() {
+            return Ok(vec![]); // (an empty pipeline is not a reply)
+        }
+        let calls = (0..self.shards()).map(|shard| {
+            let key = self.keys().shard(shard).byplugin;
+            let mut p = redis::pipe();
+            for name in plugins {
+                for state in ["s", "x"] {
+                    p.cmd("ZLEXCOUNT")
+                        .arg(&key)
+                        .arg(format!("[{name}\0{state}\0"))
+                        .arg(format!("({name}\0{state}\x01"));
+                }
+            }
+            let mut conn = self.conn();
+            async move { p.query_async::<Vec<u64>>(&mut conn).await }
+        });
+        let per_shard = try_join_all(calls)
+            .await
+            .context("counting tasks per plugin")?;
+        Ok(plugins
+            .iter()
+            .enumerate()
+            .map(|(i, name)| PluginCounts {
+                plugin: name.clone(),
+                scheduled: per_shard.iter().map(|c| c[2 * i]).sum(),
+                dead: per_shard.iter().map(|c| c[2 * i + 1]).sum(),
+            })
+            .collect())
+    }
+
+    /// How many scheduled tasks fall due in each of `n` buckets of `bucket_ms` from `from`
+    /// (overdue ones are in the first).
+    pub async fn due_histogram(&self, from: i64, bucket_ms: i64, n: usize) -> Result<DueHistogram> {
+        let calls = (0..self.shards()).map(|shard| {
+            let key = self.keys().shard(shard).due;
+            let mut p = redis::pipe();
+            for i in 0..n as i64 {
+                let lo = if i == 0 {
+                    "-inf".to_owned()
+                } else {
+                    (from + i * bucket_ms).to_string()
+                };
+                p.cmd("ZCOUNT")
+                    .arg(&key)
+                    .arg(lo)
+                    .arg(format!("({}", from + (i + 1) * bucket_ms));
+            }
+            let mut conn = self.conn();
+            async move { p.query_async::<Vec<u64>>(&mut conn).await }
+        });
+        let per_shard = try_join_all(calls).await.context("counting due times")?;
+        let counts = (0..n)
+            .map(|i| per_shard.iter().map(|c| c[i]).sum())
+            .collect();
+        Ok(DueHistogram {
+            from,
+            bucket_ms,
+            counts,
+        })
+    }
+
+    /// The newest `limit` entries of a topic's event stream, newest first: (entry id, fields).
+    pub async fn latest_events(
+        &self,
+        topic: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<(String, String)>)>> {
+        redis::cmd("XREVRANGE")
+            .arg(self.keys().events(topic))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading events")
+    }
+}

@@ -1,0 +1,391 @@
+//! The dashboard in a real headless Chromium (Debian's `chromium` and `chromium-driver`, driven
+//! over WebDriver with fantoccini) against a real runner: the overview's numbers match the API;
+//! a task found by owner is cancelled; a dead letter is retried; a plugin is uploaded from the
+//! file picker; a token is asked for once. Each page is photographed into a temporary directory,
+//! and also into `$EGGTIMER_SCREENSHOTS` when set (how README's screenshots are made).
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, free_port, plugins_dir, post_tasks, temp_dir,
+    wait_state,
+};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(30);
+
+/// A chromedriver process and a headless Chromium session on it.
+struct Browser {
+    client: Client,
+    driver: Child,
+    shots: PathBuf,
+}
+
+fn find_program(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let driver_bin = find_program(&["chromedriver"]).expect(
+            "chromedriver is not on PATH: install Chromium and its driver \
+             (Debian/Ubuntu: `sudo apt-get install -y chromium chromium-driver`)",
+        );
+        let chrome = find_program(&["chromium", "chromium-browser", "google-chrome"]).expect(
+            "no Chromium on PATH: install it (Debian/Ubuntu: `sudo apt-get install -y chromium chromium-driver`)",
+        );
+        let port = free_port();
+        // its own process group: dropping the Browser kills chromedriver and the Chromium it
+        // started (which would otherwise outlive the test and keep polling)
+        let driver = Command::new(driver_bin)
+            .process_group(0)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting chromedriver");
+        let profile = temp_dir("chromium-profile");
+        let caps = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chrome,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                    "--window-size=1400,1000",
+                    format!("--user-data-dir={}", profile.display()),
+                ]
+            }
+        });
+        let caps = match caps {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + T;
+        let client = loop {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("no WebDriver session on chromedriver at {url}: {e}"),
+            }
+        };
+        Browser {
+            client,
+            driver,
+            shots: temp_dir("screenshots"),
+        }
+    }
+
+    /// Waits until the element `css` exists and `ok` holds for its text; returns the text.
+    async fn text_until(&self, css: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + T;
+        let mut last = String::new();
+        loop {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await
+                && let Ok(t) = e.text().await
+            {
+                if ok(&t) {
+                    return t;
+                }
+                last = t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {css} still shows {last:?}\npage: {}",
+                self.client.source().await.unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `css` matches exactly `n` elements.
+    async fn count_until(&self, css: &str, n: usize) {
+        let deadline = Instant::now() + T;
+        loop {
+            let got = self
+                .client
+                .find_all(Locator::Css(css))
+                .await
+                .map_or(0, |v| v.len());
+            if got == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{css}: {got} elements, not {n}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        let e = self
+            .client
+            .wait()
+            .at_most(T)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css}: {e}"));
+        e.click()
+            .await
+            .unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self
+            .client
+            .wait()
+            .at_most(T)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css}: {e}"));
+        e.clear().await.unwrap();
+        e.send_keys(text).await.unwrap();
+    }
+
+    async fn open(&self, base: &str, page: &str) {
+        self.client
+            .goto(&format!("{base}/ui/#/{page}"))
+            .await
+            .unwrap();
+    }
+
+    /// Photographs the page as `<name>.png`.
+    async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.unwrap();
+        std::fs::write(self.shots.join(format!("{name}.png")), &png).unwrap();
+        if let Some(dir) = std::env::var_os("EGGTIMER_SCREENSHOTS") {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(PathBuf::from(dir).join(format!("{name}.png")), &png).unwrap();
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let group = self.driver.id() as libc::pid_t;
+        // SAFETY: kill(2) on our own child's process group; no memory is involved.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let _ = self.driver.wait();
+    }
+}
+
+async fn stats(base: &str) -> Value {
+    let (s, v) = call("GET", &format!("{base}/v1/stats"), None).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_plugins() {
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let runner = RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--plugin-timeout",
+            "60s",
+        ],
+    );
+    let base = runner.url.as_str();
+    let now = eggtimer_tests::now_ms();
+    // tasks in every state: scheduled (alice, bob), running (a long sleep), dead, done
+    let mut specs = vec![];
+    for i in 0..5 {
+        specs.push(json!({"id": format!("alice-{i}"), "plugin": "noop", "owner": "alice", "run_at": now + 600_000 + i * 60_000}));
+    }
+    for i in 0..3 {
+        specs.push(json!({"id": format!("bob-{i}"), "plugin": "noop", "owner": "bob", "run_at": now + 1_200_000 + i * 60_000}));
+    }
+    specs.push(json!({"id": "sleeper", "plugin": "test-sleep", "payload": {"ms": 50_000}}));
+    for i in 0..2 {
+        specs.push(json!({"id": format!("dead-{i}"), "plugin": "test-panic", "max_attempts": 1}));
+        specs.push(json!({"id": format!("done-{i}"), "plugin": "noop"}));
+    }
+    specs.push(json!({"id": "coupon", "plugin": "coupon-expiry", "payload": {"coupon_id": "c1", "user_id": "u1", "expires_at": now}}));
+    post_tasks(base, json!(specs)).await;
+    let (s, b) = call(
+        "PUT",
+        &format!("{base}/v1/schedules/nightly-sweep"),
+        Some(json!({"plugin": "noop", "cron": "30 2 * * *", "tz": "Europe/Berlin"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    for id in ["done-0", "done-1", "coupon"] {
+        wait_state(base, id, "done", T).await;
+    }
+    for id in ["dead-0", "dead-1"] {
+        wait_state(base, id, "dead", T).await;
+    }
+    wait_state(base, "sleeper", "running", T).await;
+
+    let b = Browser::start().await;
+
+    // Overview: the numbers are the API's
+    let api = stats(base).await;
+    assert_eq!(
+        (&api["scheduled"], &api["running"], &api["dead"]),
+        (&json!(8), &json!(1), &json!(2)),
+        "{api}"
+    );
+    b.open(base, "overview").await;
+    for (css, field) in [
+        ("#ov-scheduled", "scheduled"),
+        ("#ov-running", "running"),
+        ("#ov-dead", "dead"),
+        ("#ov-due", "due_now"),
+    ] {
+        let want = api[field].to_string();
+        b.text_until(css, field, |t| t == want).await;
+    }
+    b.text_until("#ov-runners", "runners", |t| t == "1").await;
+    b.text_until("#runners", "the runner listed", |t| {
+        t.contains(&runner.url.replace("http://", ""))
+    })
+    .await;
+    b.text_until("#per-plugin", "per-plugin counts", |t| {
+        t.contains("test-panic")
+    })
+    .await;
+    b.count_until("#chart-throughput canvas", 1).await;
+    b.count_until("#chart-due canvas", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the charts paint
+    b.shot("overview").await;
+
+    // Tasks: find bob's tasks, cancel one from its detail, then the rest at once
+    b.open(base, "tasks").await;
+    b.type_into("#find-owner", "bob").await;
+    b.click("#find-go").await;
+    b.count_until("#task-rows tbody tr", 3).await;
+    b.click("#task-rows tr[data-id='bob-0']").await;
+    b.text_until("#task-detail", "the task's detail", |t| {
+        t.contains("bob-0") && t.contains("noop")
+    })
+    .await;
+    b.shot("tasks").await;
+    b.click("#act-cancel").await;
+    b.click("#act-cancel").await; // the second click confirms
+    eventually(T, "bob-0 cancelled", || async {
+        let (s, _) = call("GET", &format!("{base}/v1/tasks/bob-0"), None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    b.count_until("#task-rows tbody tr", 2).await;
+    b.click("#owner-cancel").await;
+    b.click("#owner-cancel").await;
+    eventually(T, "bob's other tasks cancelled", || async {
+        let (_, v) = call("GET", &format!("{base}/v1/owners/bob/tasks"), None).await;
+        (v == json!([])).then_some(())
+    })
+    .await;
+    let (_, alice) = call("GET", &format!("{base}/v1/owners/alice/tasks"), None).await;
+    assert_eq!(
+        alice.as_array().map(Vec::len),
+        Some(5),
+        "only bob's: {alice}"
+    );
+
+    // Dead letters: retry one (it runs again: a new occurrence)
+    let (_, before) = call("GET", &format!("{base}/v1/tasks/dead-0"), None).await;
+    b.open(base, "dead").await;
+    b.count_until("#dead-rows tbody tr", 2).await;
+    b.text_until("#dead-rows", "the error shown", |t| t.contains("panicked"))
+        .await;
+    b.shot("dead-letters").await;
+    b.click("#dead-rows tr[data-id='dead-0'] button").await; // "Retry" comes first
+    eventually(T, "dead-0 retried", || async {
+        let (_, t) = call("GET", &format!("{base}/v1/tasks/dead-0"), None).await;
+        (t["created_at"].as_i64() > before["created_at"].as_i64()).then_some(())
+    })
+    .await;
+
+    // Plugins: upload from the file picker
+    let wasm = dir.join("noop.wasm");
+    b.open(base, "plugins").await;
+    b.text_until("#plugin-rows", "the plugin list", |t| {
+        t.contains("coupon-expiry")
+    })
+    .await;
+    b.type_into("#up-name", "uploaded-noop").await;
+    b.type_into("#up-file", wasm.to_str().unwrap()).await;
+    b.click("#up-go").await;
+    eventually(T, "the upload stored", || async {
+        let (s, p) = call("GET", &format!("{base}/v1/plugins/uploaded-noop"), None).await;
+        (s == 200 && p["version"] == 1).then_some(())
+    })
+    .await;
+    b.text_until("#plugin-detail", "the uploaded plugin's detail", |t| {
+        t.contains("uploaded-noop") && t.contains("version 1")
+    })
+    .await;
+    b.shot("plugins").await;
+
+    // Schedules and events
+    b.open(base, "schedules").await;
+    b.text_until("#schedule-rows", "the schedule", |t| {
+        t.contains("nightly-sweep") && t.contains("Europe/Berlin")
+    })
+    .await;
+    b.shot("schedules").await;
+    b.open(base, "events").await;
+    b.text_until("#event-rows", "the coupon event", |t| {
+        t.contains("coupon_expiring")
+    })
+    .await;
+    b.shot("events").await;
+}
+
+#[tokio::test]
+async fn with_a_token_the_dashboard_asks_for_it_once() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::start(&redis.url(), &["--token", "s3cret-token"]);
+    let b = Browser::start().await;
+    b.open(&runner.url, "overview").await;
+    b.client
+        .wait()
+        .at_most(T)
+        .for_element(Locator::Css("#token-dialog:not([hidden])"))
+        .await
+        .expect("the token dialog");
+    b.type_into("#token-input", "wrong").await;
+    b.click("#token-go").await;
+    b.text_until("#token-error", "the refusal", |t| {
+        t.contains("not the runner's")
+    })
+    .await;
+    b.type_into("#token-input", "s3cret-token").await;
+    b.click("#token-go").await;
+    b.text_until("#ov-runners", "the overview with the token", |t| t == "1")
+        .await;
+    // kept for the session: another page loads without asking again
+    b.open(&runner.url, "plugins").await;
+    b.text_until("#plugin-rows", "the plugins page", |t| {
+        t.contains("No plugins yet")
+    })
+    .await;
+    let hidden = b
+        .client
+        .find(Locator::Css("#token-dialog"))
+        .await
+        .unwrap()
+        .attr("hidden")
+        .await
+        .unwrap();
+    assert!(hidden.is_some(), "the token dialog came back");
+}
