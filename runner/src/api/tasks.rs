@@ -135,8 +135,8 @@ async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
 
 /// `POST /v1/tasks`: one spec or an array; all or nothing.
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("traceparent" = Option<String>, Header, nullable = false, pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
-        description = "A W3C trace context for every spec without its own: the runs join this trace")),
+    params(("traceparent" = Option<String>, Header, nullable = false, pattern = "^(00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})?$",
+        description = "A W3C trace context for every spec without its own: the runs join this trace (empty: none)")),
     request_body(content = doc::ScheduleBody, content_type = "application/json"),
     responses((status = 201, description = "scheduled", body = doc::ScheduleReply), doc::Errors),
     security((), ("bearer" = [])))]
