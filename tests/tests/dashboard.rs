@@ -200,7 +200,7 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
             "--plugins-dir",
             dir.to_str().unwrap(),
             "--plugin-timeout",
-            "60s",
+            "300s",
         ],
     );
     let base = runner.url.as_str();
@@ -213,7 +213,8 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     for i in 0..3 {
         specs.push(json!({"id": format!("bob-{i}"), "plugin": "noop", "owner": "bob", "run_at": now + 1_200_000 + i * 60_000}));
     }
-    specs.push(json!({"id": "sleeper", "plugin": "test-sleep", "payload": {"ms": 50_000}}));
+    // running for the whole test (its runner is killed at the end)
+    specs.push(json!({"id": "sleeper", "plugin": "test-sleep", "payload": {"ms": 240_000}}));
     for i in 0..2 {
         specs.push(json!({"id": format!("dead-{i}"), "plugin": "test-panic", "max_attempts": 1}));
         specs.push(json!({"id": format!("done-{i}"), "plugin": "noop"}));
