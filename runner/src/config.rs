@@ -285,8 +285,9 @@ pub struct ServeArgs {
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,
-    /// Largest plugin binary (bytes).
-    #[arg(long, env = "EGGTIMER_MAX_PLUGIN_BYTES", default_value_t = 16 * 1024 * 1024)]
+    /// Largest plugin binary (bytes); 64 MiB fits a Python plugin (componentize-py, ~19 MB)
+    /// with room to spare.
+    #[arg(long, env = "EGGTIMER_MAX_PLUGIN_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_plugin_bytes: usize,
     /// Lease of a claimed task, renewed every third of it while the runner holds the task: a
     /// task whose runner died runs again about this long after it stopped renewing.

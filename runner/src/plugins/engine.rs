@@ -206,10 +206,17 @@ impl WasmEngine {
                 c
             }
         };
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| format!("the plugin imports something the host does not offer: {e:#}"))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            let e = format!("{e:#}");
+            let hint = if e.contains("wasi:http") || e.contains("wasi:sockets") {
+                "; eggtimer gives plugins no network: build without it (jco: `jco componentize \
+                 --backend qjs --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; \
+                 Rust: don't depend on wasi:http)"
+            } else {
+                ""
+            };
+            format!("the plugin imports something the host does not offer: {e}{hint}")
+        })?;
         let pre = PluginPre::new(pre)
             .map_err(|e| format!("the plugin does not export the eggtimer handler: {e:#}"))?;
         Ok(Loaded {
