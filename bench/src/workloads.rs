@@ -359,10 +359,21 @@ impl Bench {
         }
         let host: Arc<dyn TaskHost> = Arc::new(NoKv);
         let mut per_task = BTreeMap::new();
-        for (plugin, payload) in [
-            ("noop", "null"),
-            ("order-cancel", r#"{"order_id":"o1","user_id":"u1"}"#),
+        let order = r#"{"order_id":"o1","user_id":"u1"}"#;
+        // (plugin, payload, warm calls, fresh instances) per round; the TypeScript and Python
+        // builds of order-cancel when they were built (a Python instance takes milliseconds)
+        for (plugin, payload, warm_n, fresh_n) in [
+            ("noop", "null", 20_000, 2000),
+            ("order-cancel", order, 20_000, 2000),
+            ("order-cancel-ts", order, 5000, 200),
+            ("order-cancel-py", order, 2000, 20),
         ] {
+            if self.plugins.get(plugin).is_none() {
+                eprintln!(
+                    "W4: {plugin} is not built (cargo xtask plugins needs node / python3): left out"
+                );
+                continue;
+            }
             let task = Claimed {
                 id: "w4".into(),
                 shard: 0,
@@ -396,8 +407,8 @@ impl Bench {
                     Ok(median(out))
                 }
             };
-            let warm = rounds(20_000, false).await?;
-            let fresh = rounds(2000, true).await?;
+            let warm = rounds(warm_n, false).await?;
+            let fresh = rounds(fresh_n, true).await?;
             per_task.insert(
                 plugin.to_owned(),
                 PluginCost {

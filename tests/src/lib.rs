@@ -208,8 +208,8 @@ pub fn eggtimer_bin() -> PathBuf {
     .clone()
 }
 
-/// The plugins built to wasm, in their own target dir; returns the directory of the .wasm files.
-pub fn plugins_dir() -> PathBuf {
+/// Every plugin built to wasm (`cargo xtask plugins`, once per test process): target/plugins.
+pub fn built_plugins() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let status = cargo().args(["xtask", "plugins"]).status().expect("running cargo xtask plugins");
@@ -222,9 +222,40 @@ pub fn plugins_dir() -> PathBuf {
     .clone()
 }
 
-/// The bytes of a built plugin.
+/// Whether a built plugin is one of the TypeScript or Python ones.
+pub fn is_guest_language(file: &str) -> bool {
+    file.ends_with("-ts.wasm") || file.ends_with("-py.wasm")
+}
+
+/// The Rust plugins, as runners load them with --plugins-dir: a temp dir of links to them. The
+/// TypeScript and Python plugins (each seconds to compile, 18 MB for Python) are left out; their
+/// tests upload the ones they need.
+pub fn plugins_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = temp_dir("plugins");
+        for e in std::fs::read_dir(built_plugins()).expect("target/plugins") {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".wasm") && !is_guest_language(&name) {
+                std::os::unix::fs::symlink(e.path(), dir.join(&name)).unwrap();
+            }
+        }
+        dir
+    })
+    .clone()
+}
+
+/// The bytes of a built plugin (any language).
 pub fn plugin_wasm(name: &str) -> Vec<u8> {
-    std::fs::read(plugins_dir().join(format!("{name}.wasm"))).expect("plugin built")
+    let path = built_plugins().join(format!("{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; the TypeScript plugins need Node.js 20+ and npm, the Python ones python3 with venv \
+             (Debian/Ubuntu: `sudo apt-get install -y nodejs npm python3-venv`); `cargo xtask plugins` builds them",
+            path.display()
+        )
+    })
 }
 
 /// A compiled-plugin cache shared by the runners of this test process, in the temp dir.

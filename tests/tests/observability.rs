@@ -108,7 +108,10 @@ async fn metrics_count_what_ran_and_the_dashboards_name_only_real_metrics() {
     let settled = tokio::time::timeout(T, async {
         loop {
             let (text, s) = scrape(base).await;
-            if expect.iter().all(|(n, l, want)| value(&s, n, &l[..]) == *want) {
+            if expect
+                .iter()
+                .all(|(n, l, want)| value(&s, n, &l[..]) == *want)
+            {
                 return (text, s);
             }
             last = text;
@@ -116,7 +119,8 @@ async fn metrics_count_what_ran_and_the_dashboards_name_only_real_metrics() {
         }
     })
     .await;
-    let (text, s) = settled.unwrap_or_else(|_| panic!("the counts never matched {expect:?}:\n{last}"));
+    let (text, s) =
+        settled.unwrap_or_else(|_| panic!("the counts never matched {expect:?}:\n{last}"));
     assert_eq!(
         histogram_count(&s, "eggtimer_firing_lateness_ms", &noop),
         20,

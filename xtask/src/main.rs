@@ -1,7 +1,8 @@
 //! `cargo xtask <command>`: the project's commands, in Rust instead of shell scripts.
 //!
 //! - `plugins` builds every plugin under plugins/ to wasm (its own target dir, so the host build is
-//!   not invalidated) and copies them to target/plugins/<name>.wasm.
+//!   not invalidated) and copies them to target/plugins/<name>.wasm; the TypeScript and Python
+//!   ones with their pinned toolchains (`guest`).
 //! - `run [ARGS]` builds the plugins and runs `eggtimer serve --plugins-dir target/run-plugins ARGS`
 //!   with the sample plugins and `noop` (not the test-only ones).
 //! - `test [ARGS]` builds the plugins and the runner, then runs the whole test suite.
@@ -11,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
+
+mod guest;
 
 fn main() -> ExitCode {
     match run() {
@@ -196,5 +199,6 @@ fn build_plugins() -> Result<PathBuf> {
         std::fs::copy(&built, out.join(format!("{n}.wasm")))
             .with_context(|| format!("copying {}", built.display()))?;
     }
+    guest::build(&root(), &out)?;
     Ok(out)
 }

@@ -1,0 +1,107 @@
+// The eggtimer plugin SDK for JavaScript and TypeScript: one handler over a parsed payload, and
+// what a handler may do while it runs (the WIT world `eggtimer:plugin/plugin`, wit/plugin.wit).
+// Build a plugin with `jco componentize --backend qjs` (sdk/README.md); test it natively with
+// `node --import @eggtimer/sdk/register --test` and `TestHost` from `@eggtimer/sdk/testing`.
+//
+// 64-bit integers (times, durations) cross to the host as plain numbers: that is what the QuickJS
+// backend converts (a BigInt traps), and every time eggtimer allows (< year 10000 in ms) is
+// exact in a double. jco's generated types (wit/) say `bigint`, its other backends' convention.
+import * as host from 'eggtimer:plugin/host@0.1.0';
+
+/** What a handler decided. Returning nothing is `Outcome.done()`; throwing is a failed attempt. */
+export const Outcome = Object.freeze({
+  /** Finished. */
+  done: () => ({ tag: 'done' }),
+  /** Try again after `ms` (counts as a failed attempt). */
+  retryAfter: (ms) => ({ tag: 'retry-after', val: Number(ms) }),
+  /** Give up: dead-letter the task with this reason. */
+  fail: (reason) => ({ tag: 'fail', val: String(reason) }),
+  /** Run this same task again at `at` (ms since the epoch), attempts reset. */
+  runAgainAt: (at) => ({ tag: 'run-again-at', val: Number(at) }),
+});
+
+/**
+ * JSON text the way the Rust SDK writes it (serde_json): object keys sorted, no spaces, so a
+ * plugin emits byte for byte what its Rust twin emits.
+ */
+export function canonicalJson(value) {
+  return JSON.stringify(value, (_key, v) => {
+    if (typeof v === 'bigint') return Number(v);
+    if (v && typeof v === 'object' && !Array.isArray(v)) {
+      return Object.fromEntries(Object.keys(v).sort().map((k) => [k, v[k]]));
+    }
+    return v;
+  });
+}
+
+/**
+ * Declares the plugin's handler: `export const handle = handler((task) => ...)`. The task's
+ * payload arrives parsed; times are numbers (ms). A payload that is not JSON fails the task at
+ * once (retrying would not help).
+ */
+export function handler(fn) {
+  return function handle(task) {
+    let payload;
+    try {
+      payload = JSON.parse(task.payload);
+    } catch (e) {
+      return Outcome.fail(`the payload does not fit this plugin: ${e.message}`);
+    }
+    const out = fn({
+      id: task.id,
+      plugin: task.plugin,
+      attempt: task.attempt,
+      maxAttempts: task.maxAttempts,
+      due: Number(task.due),
+      owner: task.owner ?? undefined,
+      payload,
+    });
+    return out === undefined || out === null ? Outcome.done() : out;
+  };
+}
+
+/** Log lines (kept with the task's run, bounded by the effects budget). */
+export const log = Object.freeze({
+  debug: (m) => host.log('debug', String(m)),
+  info: (m) => host.log('info', String(m)),
+  warn: (m) => host.log('warn', String(m)),
+  error: (m) => host.log('error', String(m)),
+});
+
+/** The host's clock, ms since the Unix epoch. */
+export const now = () => Number(host.now());
+
+/**
+ * Schedules a follow-up task (`at` defaults to now); returns its id, derived from this run's
+ * task so a re-run never schedules it twice.
+ */
+export function schedule({ plugin, payload = null, at, owner, maxAttempts }) {
+  return host.schedule({
+    plugin,
+    payload: canonicalJson(payload),
+    runAt: Number(at ?? now()),
+    owner,
+    maxAttempts,
+  });
+}
+
+/** Cancels a scheduled task of this plugin. */
+export const cancel = (id) => host.cancel(id);
+
+/** Appends an event (any JSON value) to the topic's stream. */
+export const emit = (topic, data) => host.emit(topic, canonicalJson(data));
+
+/** The plugin's own key-value store; values are JSON. */
+export const kv = Object.freeze({
+  get(key) {
+    const v = host.kvGet(key);
+    // an absent entry: `undefined` by the WIT's types (jco), `null` from the QuickJS backend
+    return v === undefined || v === null ? undefined : JSON.parse(v);
+  },
+  set(key, value, ttlMs) {
+    host.kvSet(key, canonicalJson(value), ttlMs === undefined ? undefined : Number(ttlMs));
+  },
+  delete(key) {
+    host.kvDelete(key);
+  },
+});

@@ -1,0 +1,46 @@
+// The SDK over its native test host (run: node --import ./register.js --test test/).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Outcome, canonicalJson, emit, handler, kv, schedule, now, log } from '../index.js';
+import { TestHost, deriveId } from '../testing.js';
+
+test('a handler gets the parsed payload and its effects are recorded', () => {
+  const host = new TestHost();
+  const handle = handler((task) => {
+    emit('push', { user: task.payload.user, b: 2, a: 1 });
+    kv.set('seen', { n: 1 }, 60_000);
+    log.info('hello');
+    schedule({ plugin: 'next', payload: { after: task.id }, at: now() + 5 });
+  });
+  assert.deepEqual(host.run(handle, { user: 'u1' }), { tag: 'done' });
+  assert.deepEqual(host.events, [['push', { a: 1, b: 2, user: 'u1' }]]);
+  assert.deepEqual(host.kv('seen'), { n: 1 });
+  assert.deepEqual(host.logs, [['info', 'hello']]);
+  assert.equal(host.scheduled.length, 1);
+  const [id, t] = host.scheduled[0];
+  assert.equal(id, deriveId('test-task', 0, 0));
+  assert.deepEqual(t, { plugin: 'next', payload: { after: 'test-task' }, runAt: host.now + 5, owner: undefined, maxAttempts: undefined });
+});
+
+test('outcomes are the WIT variants, times as numbers (the QuickJS convention)', () => {
+  const host = new TestHost();
+  assert.deepEqual(host.run(handler(() => Outcome.retryAfter(5000)), {}), { tag: 'retry-after', val: 5000 });
+  assert.deepEqual(host.run(handler(() => Outcome.fail('no')), {}), { tag: 'fail', val: 'no' });
+  assert.deepEqual(host.run(handler(() => Outcome.runAgainAt(7)), {}), { tag: 'run-again-at', val: 7 });
+});
+
+test('a payload that is not JSON fails the task; a thrown error propagates (a failed attempt)', () => {
+  const host = new TestHost();
+  const out = host.run(handler(() => undefined), 'not json');
+  assert.equal(out.tag, 'fail');
+  assert.match(out.val, /does not fit this plugin/);
+  assert.throws(() => host.run(handler(() => { throw new Error('boom'); }), {}), /boom/);
+  assert.throws(() => host.run(handler(() => emit('Bad Topic', {})), {}), /not a topic/);
+});
+
+test('JSON is written as the Rust SDK writes it: keys sorted, no spaces', () => {
+  assert.equal(canonicalJson({ type: 't', coupon_id: 'c', nested: { z: 1, a: [2, { y: 1, x: 2 }] } }),
+    '{"coupon_id":"c","nested":{"a":[2,{"x":2,"y":1}],"z":1},"type":"t"}');
+  // the ids match the runner's (runner/src/plugins/host.rs derive_id; sdk/src/testing.rs)
+  assert.equal(deriveId('a', 1, 0), '84dd294af2ae10c149d7');
+});

@@ -1,0 +1,17 @@
+import type { Outcome } from 'eggtimer:plugin/types@0.1.0';
+
+export declare function deriveId(parent: string, occurrence: number, index: number): string;
+
+export declare class TestHost {
+  now: number;
+  events: [string, unknown][];
+  scheduled: [string, { plugin: string; payload: unknown; runAt: number; owner?: string; maxAttempts?: number }][];
+  cancelled: string[];
+  logs: [string, string][];
+  run(
+    handle: (task: any) => Outcome,
+    payload: unknown,
+    opts?: { id?: string; attempt?: number; maxAttempts?: number; due?: number; owner?: string },
+  ): Outcome;
+  kv<T = unknown>(key: string): T | undefined;
+}

@@ -1,0 +1,71 @@
+// A native test host: runs a handler in plain Node and records what it asked for. Run tests with
+// `node --import @eggtimer/sdk/register --test` so the host interface resolves to it.
+import { createHash } from 'node:crypto';
+
+/** The id the runner gives a follow-up (the same derivation as the host's). */
+export function deriveId(parent, occurrence, index) {
+  const h = createHash('sha256');
+  h.update(`${parent}\n${occurrence}\n${index}`);
+  return h.digest('hex').slice(0, 20);
+}
+
+export class TestHost {
+  constructor() {
+    /** The clock the handler sees (ms). */
+    this.now = 1_700_000_000_000;
+    /** kv entries as stored (JSON text). */
+    this.kvStore = new Map();
+    this.kvTtls = new Map();
+    /** [topic, parsed data] */
+    this.events = [];
+    /** [id, {plugin, payload (parsed), runAt, owner, maxAttempts}] */
+    this.scheduled = [];
+    this.cancelled = [];
+    /** [level, message] */
+    this.logs = [];
+    this.occurrence = 0;
+  }
+
+  /** Runs `handle` (what `handler(...)` returned) over `payload` (a value or JSON text). */
+  run(handle, payload, { id = 'test-task', attempt = 1, maxAttempts = 5, due, owner } = {}) {
+    const task = {
+      id,
+      plugin: 'test',
+      attempt,
+      maxAttempts,
+      due: due ?? this.now,
+      owner,
+      payload: typeof payload === 'string' ? payload : JSON.stringify(payload),
+    };
+    this.taskId = id;
+    globalThis.__eggtimerTestHost = this;
+    try {
+      return handle(task);
+    } finally {
+      globalThis.__eggtimerTestHost = undefined;
+    }
+  }
+
+  /** A kv entry, parsed. */
+  kv(key) {
+    const v = this.kvStore.get(key);
+    return v === undefined ? undefined : JSON.parse(v);
+  }
+
+  hostEmit(topic, data) {
+    if (!/^[a-z0-9._-]{1,64}$/.test(topic)) throw new Error(`${JSON.stringify(topic)} is not a topic: use 1 to 64 of a-z 0-9 . _ -`);
+    this.events.push([topic, JSON.parse(data)]);
+  }
+
+  hostSchedule(t) {
+    const id = deriveId(this.taskId, this.occurrence, this.scheduled.length);
+    this.scheduled.push([id, {
+      plugin: t.plugin,
+      payload: JSON.parse(t.payload),
+      runAt: Number(t.runAt),
+      owner: t.owner,
+      maxAttempts: t.maxAttempts,
+    }]);
+    return id;
+  }
+}

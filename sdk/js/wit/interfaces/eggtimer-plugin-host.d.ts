@@ -1,0 +1,31 @@
+/// <reference path="./eggtimer-plugin-types.d.ts" />
+declare module 'eggtimer:plugin/host@0.1.0' {
+  export function log(level: Level, message: string): void;
+  /**
+   * The host's clock, ms since the Unix epoch.
+   */
+  export function now(): bigint;
+  /**
+   * Schedules a follow-up task; returns its id, derived from this task's id, its occurrence
+   * (when it was scheduled) and the number of follow-ups scheduled so far in this run, so a
+   * re-run of the same occurrence never schedules it twice.
+   */
+  export function schedule(task: FollowUp): string;
+  /**
+   * Cancels a scheduled task of this plugin (no error if it does not exist or is another
+   * plugin's: that one is left alone).
+   */
+  export function cancel(id: string): void;
+  /**
+   * Appends an event (`data`: JSON text) to the topic's stream.
+   */
+  export function emit(topic: string, data: string): void;
+  /**
+   * The plugin's own key-value store.
+   */
+  export function kvGet(key: string): string | undefined;
+  export function kvSet(key: string, value: string, ttlMs: bigint | undefined): void;
+  export function kvDelete(key: string): void;
+  export type FollowUp = import('eggtimer:plugin/types@0.1.0').FollowUp;
+  export type Level = import('eggtimer:plugin/types@0.1.0').Level;
+}

@@ -1,0 +1,176 @@
+"""The eggtimer plugin SDK for Python: one handler over a typed payload, and what a handler may do
+while it runs (the WIT world ``eggtimer:plugin/plugin``, wit/plugin.wit).
+
+The host's types (``Task``, the ``Outcome_*`` variants, ``FollowUp``, ``Level``) are the ones
+componentize-py generates from the WIT (``wit_world``); this module only adds a typed payload,
+JSON in and out, and errors turned into failed attempts. Build a plugin with
+``componentize-py -d wit/plugin.wit -w plugin componentize app -p . -p <sdk/python>`` (sdk/README.md);
+test it natively with :class:`eggtimer_sdk.testing.TestHost`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import host, types
+
+__all__ = ["Task", "Outcome", "plugin", "log", "now", "schedule", "cancel", "emit", "kv", "canonical_json"]
+
+P = TypeVar("P")
+
+
+@dataclasses.dataclass
+class Task(Generic[P]):
+    """A task as the handler sees it: the payload decoded into the plugin's payload type."""
+
+    id: str
+    plugin: str
+    attempt: int
+    """1 for the first attempt."""
+    max_attempts: int
+    due: int
+    """Due time, ms since the Unix epoch."""
+    owner: Optional[str]
+    payload: P
+
+
+class Outcome:
+    """What a handler decided. Returning ``None`` is ``Outcome.done()``; raising is a failed attempt."""
+
+    @staticmethod
+    def done() -> types.Outcome:
+        return types.Outcome_Done()
+
+    @staticmethod
+    def retry_after(ms: int) -> types.Outcome:
+        """Try again after ``ms`` (counts as a failed attempt)."""
+        return types.Outcome_RetryAfter(int(ms))
+
+    @staticmethod
+    def fail(reason: str) -> types.Outcome:
+        """Give up: dead-letter the task with this reason."""
+        return types.Outcome_Fail(str(reason))
+
+    @staticmethod
+    def run_again_at(at: int) -> types.Outcome:
+        """Run this same task again at ``at`` (ms since the epoch), attempts reset."""
+        return types.Outcome_RunAgainAt(int(at))
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text the way the Rust SDK writes it (serde_json): keys sorted, no spaces, UTF-8 as is,
+    so a plugin emits byte for byte what its Rust twin emits."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _decode(payload_type: Any, raw: Any) -> Any:
+    if payload_type is None or not dataclasses.is_dataclass(payload_type):
+        return raw
+    if not isinstance(raw, dict):
+        raise TypeError(f"expected an object, got {type(raw).__name__}")
+    names = {f.name for f in dataclasses.fields(payload_type)}
+    # fields the payload type does not name are ignored, as serde does
+    return payload_type(**{k: v for k, v in raw.items() if k in names})
+
+
+def plugin(handle: Callable[[Task[Any]], Optional[types.Outcome]], payload_type: Any = None) -> type:
+    """Declares the plugin's handler: ``WitWorld = plugin(handle, MyPayload)`` in the app module.
+
+    ``payload_type`` is a dataclass (or ``None`` for the decoded JSON as is). A payload that does
+    not fit fails the task at once (retrying would not help); an exception raised by ``handle`` is
+    a failed attempt, retried with backoff, with its message as the task's last error.
+    """
+
+    class Plugin(wit_world.WitWorld):
+        def handle(self, task: types.Task) -> types.Outcome:
+            try:
+                payload = _decode(payload_type, json.loads(task.payload))
+            except (ValueError, TypeError) as e:
+                return types.Outcome_Fail(f"the payload does not fit this plugin: {e}")
+            typed = Task(
+                id=task.id,
+                plugin=task.plugin,
+                attempt=task.attempt,
+                max_attempts=task.max_attempts,
+                due=task.due,
+                owner=task.owner,
+                payload=payload,
+            )
+            try:
+                out = handle(typed)
+            except Err:
+                raise  # a host call's error, as is
+            except Exception as e:  # noqa: BLE001 - every error of the handler fails the attempt
+                raise Err(f"{type(e).__name__}: {e}") from e
+            return types.Outcome_Done() if out is None else out
+
+    Plugin.__name__ = Plugin.__qualname__ = "WitWorld"
+    return Plugin
+
+
+class _Log:
+    """Log lines (kept with the task's run, bounded by the effects budget)."""
+
+    def debug(self, message: str) -> None:
+        host.log(types.Level.DEBUG, str(message))
+
+    def info(self, message: str) -> None:
+        host.log(types.Level.INFO, str(message))
+
+    def warn(self, message: str) -> None:
+        host.log(types.Level.WARN, str(message))
+
+    def error(self, message: str) -> None:
+        host.log(types.Level.ERROR, str(message))
+
+
+log = _Log()
+
+
+def now() -> int:
+    """The host's clock, ms since the Unix epoch."""
+    return host.now()
+
+
+def schedule(plugin: str, payload: Any = None, at: Optional[int] = None, owner: Optional[str] = None,
+             max_attempts: Optional[int] = None) -> str:
+    """Schedules a follow-up task (``at`` defaults to now); returns its id, derived from this run's
+    task so a re-run never schedules it twice."""
+    return host.schedule(types.FollowUp(
+        plugin=plugin,
+        payload=canonical_json(payload),
+        run_at=now() if at is None else int(at),
+        owner=owner,
+        max_attempts=max_attempts,
+    ))
+
+
+def cancel(id: str) -> None:
+    """Cancels a scheduled task of this plugin."""
+    host.cancel(id)
+
+
+def emit(topic: str, data: Any) -> None:
+    """Appends an event (any JSON value) to the topic's stream."""
+    host.emit(topic, canonical_json(data))
+
+
+class _Kv:
+    """The plugin's own key-value store; values are JSON."""
+
+    def get(self, key: str) -> Any:
+        v = host.kv_get(key)
+        return None if v is None else json.loads(v)
+
+    def set(self, key: str, value: Any, ttl_ms: Optional[int] = None) -> None:
+        host.kv_set(key, canonical_json(value), ttl_ms)
+
+    def delete(self, key: str) -> None:
+        host.kv_delete(key)
+
+
+kv = _Kv()

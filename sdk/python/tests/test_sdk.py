@@ -1,0 +1,60 @@
+"""The SDK over its native test host (pytest, with the WIT bindings on PYTHONPATH)."""
+
+from dataclasses import dataclass
+
+import pytest
+from componentize_py_types import Err
+from wit_world.imports import types
+
+from eggtimer_sdk import Outcome, Task, canonical_json, emit, kv, log, now, plugin, schedule
+from eggtimer_sdk.testing import TestHost, derive_id
+
+
+@dataclass
+class Greeting:
+    user: str
+
+
+def greet(task: Task[Greeting]):
+    emit("push", {"user": task.payload.user, "b": 2, "a": 1})
+    kv.set("seen", {"n": 1}, 60_000)
+    log.info("hello")
+    schedule("next", {"after": task.id}, at=now() + 5)
+
+
+def test_a_handler_gets_a_typed_payload_and_its_effects_are_recorded():
+    host = TestHost()
+    assert host.run(plugin(greet, Greeting), {"user": "u1", "ignored": True}) == types.Outcome_Done()
+    assert host.events == [("push", {"a": 1, "b": 2, "user": "u1"})]
+    assert host.kv("seen") == {"n": 1}
+    assert host.logs == [("info", "hello")]
+    [(id, t)] = host.scheduled
+    assert id == derive_id("test-task", 0, 0)
+    assert t == {"plugin": "next", "payload": {"after": "test-task"}, "run_at": host.now + 5,
+                 "owner": None, "max_attempts": None}
+
+
+def test_outcomes_are_the_wit_variants():
+    host = TestHost()
+    assert host.run(plugin(lambda t: Outcome.retry_after(5000)), {}) == types.Outcome_RetryAfter(5000)
+    assert host.run(plugin(lambda t: Outcome.fail("no")), {}) == types.Outcome_Fail("no")
+    assert host.run(plugin(lambda t: Outcome.run_again_at(7)), {}) == types.Outcome_RunAgainAt(7)
+
+
+def test_a_payload_that_does_not_fit_fails_and_an_exception_is_a_failed_attempt():
+    host = TestHost()
+    out = host.run(plugin(greet, Greeting), {"nobody": 1})
+    assert isinstance(out, types.Outcome_Fail) and "does not fit" in out.value
+    with pytest.raises(Err) as e:
+        host.run(plugin(lambda t: 1 / 0), {})
+    assert e.value.value == "ZeroDivisionError: division by zero"
+    with pytest.raises(Err) as e:
+        host.run(plugin(lambda t: emit("Bad Topic", {})), {})
+    assert "not a topic" in e.value.value
+
+
+def test_json_is_written_as_the_rust_sdk_writes_it():
+    assert canonical_json({"type": "t", "coupon_id": "c", "nested": {"z": 1, "a": [2, {"y": 1, "x": 2}]}}) == \
+        '{"coupon_id":"c","nested":{"a":[2,{"x":2,"y":1}],"z":1},"type":"t"}'
+    # the ids match the runner's (runner/src/plugins/host.rs derive_id)
+    assert derive_id("a", 1, 0) == "84dd294af2ae10c149d7"

@@ -1,0 +1,318 @@
+//! Plugins in TypeScript and Python (plugins/*-ts, plugins/*-py, built by `cargo xtask plugins`
+//! with jco and componentize-py) through the real runner, asserted like the Rust samples: the
+//! same events byte for byte, order-cancel once per order, a payload that does not fit dead at
+//! once, a thrown exception a failed attempt with its message. And the SDKs' native test hosts
+//! (node's test runner, pytest), and the JS SDK's WIT types generated from wit/plugin.wit.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, built_plugins, call, plugin_wasm, plugins_dir, post_tasks,
+    read_stream, temp_dir, upload, wait_state, workspace,
+};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(120);
+
+/// A runner with the Rust plugins and a long request timeout (an 18 MB Python upload compiles
+/// for seconds on a debug build under a loaded CI machine).
+fn runner(redis: &RedisServer) -> RunnerProcess {
+    let dir = plugins_dir();
+    RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--http-request-timeout",
+            "600s",
+            "--retry-base",
+            "50ms",
+        ],
+    )
+}
+
+async fn upload_all(base: &str, names: &[&str]) {
+    for n in names {
+        let (s, b) = upload(base, n, plugin_wasm(n)).await;
+        assert_eq!(s, 201, "uploading {n}: {b}");
+    }
+}
+
+/// The `data` field of every entry of a stream, by task id.
+fn events_by_task(redis: &RedisServer, topic: &str) -> HashMap<String, Vec<String>> {
+    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(format!("{{eggtimer}}:events:{topic}"))
+        .arg("-")
+        .arg("+")
+        .query(&mut redis.conn())
+        .unwrap();
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    for (_, fields) in rows {
+        let f: HashMap<String, String> = fields.into_iter().collect();
+        out.entry(f["task_id"].clone())
+            .or_default()
+            .push(f["data"].clone());
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_typescript_and_python_samples_do_what_the_rust_samples_do() {
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let base = r.url.as_str();
+    upload_all(
+        base,
+        &[
+            "coupon-expiry-ts",
+            "order-cancel-ts",
+            "coupon-expiry-py",
+            "order-cancel-py",
+        ],
+    )
+    .await;
+    let langs = ["", "-ts", "-py"];
+    let mut specs = vec![];
+    for l in langs {
+        specs.push(
+            json!({"id": format!("coupon{l}"), "plugin": format!("coupon-expiry{l}"),
+            "payload": {"coupon_id": "c1", "user_id": "u1", "expires_at": 1_795_000_000_000_i64}}),
+        );
+        // the same order twice (two tasks, as if it ran twice): cancelled once
+        for run in ["a", "b"] {
+            specs.push(
+                json!({"id": format!("order{l}-{run}"), "plugin": format!("order-cancel{l}"),
+                "payload": {"order_id": format!("o{l}"), "user_id": "u1"}}),
+            );
+        }
+        specs.push(
+            json!({"id": format!("misfit{l}"), "plugin": format!("coupon-expiry{l}"),
+            "payload": {"coupon": "nope"}}),
+        );
+    }
+    post_tasks(base, json!(specs)).await;
+    for l in langs {
+        for id in [
+            format!("coupon{l}"),
+            format!("order{l}-a"),
+            format!("order{l}-b"),
+        ] {
+            wait_state(base, &id, "done", T).await;
+        }
+        let dead = wait_state(base, &format!("misfit{l}"), "dead", T).await;
+        assert_eq!(
+            dead["attempts"], 1,
+            "a payload that does not fit is not retried: {dead}"
+        );
+        assert!(
+            dead["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("does not fit this plugin"),
+            "{dead}"
+        );
+    }
+    let push = events_by_task(&redis, "push");
+    let rust = &push["coupon"];
+    assert_eq!(rust.len(), 1, "{push:?}");
+    for l in ["-ts", "-py"] {
+        assert_eq!(
+            &push[&format!("coupon{l}")],
+            rust,
+            "coupon-expiry{l} emits what Rust emits"
+        );
+    }
+    let orders = read_stream(&mut redis.conn(), "{eggtimer}:events:order");
+    for l in langs {
+        let mine: Vec<_> = orders
+            .iter()
+            .filter(|(_, _, d)| d["order_id"] == format!("o{l}"))
+            .collect();
+        assert_eq!(mine.len(), 1, "order-cancel{l}: once per order: {orders:?}");
+    }
+    let by_task = events_by_task(&redis, "order");
+    let text = |l: &str| {
+        let a = by_task.get(&format!("order{l}-a"));
+        let b = by_task.get(&format!("order{l}-b"));
+        a.or(b).unwrap()[0].replace(&format!("\"o{l}\""), "\"o\"")
+    };
+    assert_eq!(text("-ts"), text(""), "the same event as Rust's");
+    assert_eq!(text("-py"), text(""), "the same event as Rust's");
+}
+
+#[tokio::test]
+async fn an_exception_in_typescript_or_python_is_a_failed_attempt_with_its_message() {
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let base = r.url.as_str();
+    upload_all(base, &["test-throw-ts", "test-throw-py"]).await;
+    post_tasks(
+        base,
+        json!([
+            {"id": "ts", "plugin": "test-throw-ts", "max_attempts": 2, "payload": {"message": "boom from ts"}},
+            {"id": "py", "plugin": "test-throw-py", "max_attempts": 2, "payload": {"message": "boom from py"}},
+        ]),
+    )
+    .await;
+    let ts = wait_state(base, "ts", "dead", T).await;
+    let py = wait_state(base, "py", "dead", T).await;
+    // retried (a failed attempt, not a dead letter at once), then dead with the message
+    assert_eq!(
+        (ts["attempts"].as_u64(), py["attempts"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert!(
+        ts["last_error"].as_str().unwrap().contains("boom from ts"),
+        "{ts}"
+    );
+    assert!(
+        py["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("ValueError: boom from py"),
+        "{py}"
+    );
+    // the runner is fine: another plugin's task runs
+    post_tasks(base, json!({"id": "after", "plugin": "noop"})).await;
+    wait_state(base, "after", "done", T).await;
+}
+
+#[tokio::test]
+async fn a_large_python_upload_compiles_while_other_tasks_run() {
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let base = r.url.as_str().to_owned();
+    let wasm = plugin_wasm("coupon-expiry-py");
+    assert!(
+        wasm.len() > 16 << 20,
+        "the Python plugin is {} bytes",
+        wasm.len()
+    );
+    let up = tokio::spawn({
+        let base = base.clone();
+        async move { upload(&base, "big-py", wasm).await }
+    });
+    // while it compiles, tasks of other plugins are scheduled and run
+    let mut done_during = 0;
+    for i in 0..200 {
+        if up.is_finished() {
+            break;
+        }
+        let id = format!("during-{i}");
+        post_tasks(&base, json!({"id": id, "plugin": "noop"})).await;
+        wait_state(&base, &id, "done", T).await;
+        done_during += 1;
+    }
+    let (s, b) = up.await.unwrap();
+    assert_eq!(s, 201, "{b}");
+    assert!(done_during >= 1, "no task ran while the upload compiled");
+    // ready when the reply came: a task of it runs at once
+    post_tasks(
+        &base,
+        json!({"id": "big", "plugin": "big-py", "payload": {"coupon_id": "c", "user_id": "u", "expires_at": 1}}),
+    )
+    .await;
+    wait_state(&base, "big", "done", T).await;
+    let (_, p) = call("GET", &format!("{base}/v1/plugins/big-py"), None).await;
+    assert_eq!(
+        p["size"].as_u64(),
+        Some(plugin_wasm("coupon-expiry-py").len() as u64)
+    );
+}
+
+fn program(name: &str, install: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("{name} is not on PATH: {install}"))
+}
+
+fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed:\n{text}");
+    text
+}
+
+#[test]
+fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
+    built_plugins(); // installs the toolchains into target/ (and builds the plugins)
+    let node = program(
+        "node",
+        "install Node.js 20+ (Debian/Ubuntu: sudo apt-get install -y nodejs npm)",
+    );
+    let js = workspace().join("sdk/js");
+    let out = run_ok(
+        Command::new(&node)
+            .current_dir(&js)
+            .args(["--import", "./register.js", "--test", "test/"]),
+        "node --test (sdk/js)",
+    );
+    assert!(
+        out.contains("# pass 4") && out.contains("# fail 0"),
+        "{out}"
+    );
+
+    // the WIT types shipped in sdk/js/wit are what jco generates from wit/plugin.wit now
+    let fresh = temp_dir("jstypes");
+    let transpile =
+        workspace().join("target/js-tools/node_modules/@bytecodealliance/jco-transpile");
+    run_ok(
+        Command::new(&node)
+            .arg(js.join("gen-types.mjs"))
+            .arg(&transpile)
+            .arg(workspace().join("wit/plugin.wit"))
+            .arg(&fresh),
+        "generating the WIT types",
+    );
+    for f in [
+        "eggtimer-plugin.d.ts",
+        "interfaces/eggtimer-plugin-host.d.ts",
+        "interfaces/eggtimer-plugin-types.d.ts",
+    ] {
+        let want = std::fs::read_to_string(fresh.join(f)).unwrap();
+        let have = std::fs::read_to_string(js.join("wit").join(f)).unwrap();
+        assert_eq!(
+            have, want,
+            "sdk/js/wit/{f} is stale: regenerate with `node sdk/js/gen-types.mjs target/js-tools/node_modules/@bytecodealliance/jco-transpile wit/plugin.wit sdk/js/wit`"
+        );
+    }
+
+    // pytest over the Python SDK, with the bindings componentize-py makes from the WIT
+    let bin = workspace().join("target/py-tools/bin");
+    let bindings = temp_dir("pybindings");
+    run_ok(
+        Command::new(bin.join("componentize-py"))
+            .arg("-d")
+            .arg(workspace().join("wit/plugin.wit"))
+            .args(["-w", "plugin", "bindings"])
+            .arg(&bindings),
+        "componentize-py bindings",
+    );
+    let py = workspace().join("sdk/python");
+    let path = std::env::join_paths([bindings.as_path(), py.as_path()]).unwrap();
+    let out = run_ok(
+        Command::new(bin.join("pytest"))
+            .current_dir(temp_dir("pytest"))
+            .env("PYTHONPATH", path)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .args(["-q", "-p", "no:cacheprovider"])
+            .arg(py.join("tests")),
+        "pytest (sdk/python)",
+    );
+    assert!(out.contains("4 passed"), "{out}");
+    assert!(
+        !Path::new(&py.join("tests/__pycache__")).exists(),
+        "pytest wrote into the source tree"
+    );
+}
