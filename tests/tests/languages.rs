@@ -316,3 +316,37 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
         "pytest wrote into the source tree"
     );
 }
+
+#[tokio::test]
+async fn a_plugin_that_imports_wasi_http_is_refused_with_how_to_build_without_it() {
+    built_plugins(); // installs jco and its componentize-js (StarlingMonkey) into target/js-tools
+    let dir = temp_dir("starlingmonkey");
+    std::fs::write(
+        dir.join("index.js"),
+        "export function handle(task) { return { tag: 'done' }; }\n",
+    )
+    .unwrap();
+    // StarlingMonkey (componentize-js' default) imports wasi:http unless built with -d http
+    let cjs = workspace().join("target/js-tools/node_modules/.bin/componentize-js");
+    run_ok(
+        Command::new(&cjs)
+            .current_dir(&dir)
+            .arg("--wit")
+            .arg(workspace().join("wit/plugin.wit"))
+            .args(["--world-name", "plugin", "-o", "sm.wasm", "index.js"]),
+        "componentize-js",
+    );
+    let wasm = std::fs::read(dir.join("sm.wasm")).unwrap();
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let (s, b) = upload(&r.url, "with-http", wasm).await;
+    assert_eq!(s, 400, "{b}");
+    let msg = b["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("wasi:http"), "{msg}");
+    assert!(
+        msg.contains("no network") && msg.contains("--backend qjs"),
+        "{msg}"
+    );
+    let (s, _) = call("GET", &format!("{}/v1/plugins/with-http", r.url), None).await;
+    assert_eq!(s, 404, "nothing stored");
+}
