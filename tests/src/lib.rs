@@ -370,6 +370,20 @@ impl RunnerProcess {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Panics with the runner's log if its process has exited (to tell a dead runner from a slow
+    /// one in a test's wait).
+    pub fn assert_alive(&mut self) {
+        if let Some(c) = self.child.as_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            panic!(
+                "the runner on port {} exited ({status}):\n{}",
+                self.port,
+                self.log_text()
+            );
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }

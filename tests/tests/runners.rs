@@ -217,7 +217,7 @@ async fn a_rolling_restart_under_load_loses_nothing_and_runs_nothing_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_for_ten_seconds_and_restarted_with_its_aof_loses_nothing() {
     let mut redis = RedisServer::start();
-    let runners = [runner(&redis), runner(&redis)];
+    let mut runners = [runner(&redis), runner(&redis)];
     let store = store_for(&redis).await;
     let stop = Arc::new(AtomicBool::new(false));
     let failures = Arc::new(AtomicUsize::new(0));
@@ -226,12 +226,20 @@ async fn redis_stopped_for_ten_seconds_and_restarted_with_its_aof_loses_nothing(
     redis.stop();
     tokio::time::sleep(Duration::from_secs(10)).await;
     redis.start_again();
+    for r in &mut runners {
+        r.assert_alive();
+    }
     eventually(
         Duration::from_secs(20),
         "the runners to be ready again",
         || async {
             for r in &runners {
-                if call("GET", &format!("{}/readyz", r.url), None).await.0 != 200 {
+                let ok = eggtimer_tests::http()
+                    .get(format!("{}/readyz", r.url))
+                    .send()
+                    .await
+                    .is_ok_and(|resp| resp.status() == 200);
+                if !ok {
                     return None;
                 }
             }
@@ -239,6 +247,9 @@ async fn redis_stopped_for_ten_seconds_and_restarted_with_its_aof_loses_nothing(
         },
     )
     .await;
+    for r in &mut runners {
+        r.assert_alive();
+    }
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stop.store(true, Ordering::Relaxed);
     let ids = generator.await.unwrap();
