@@ -132,17 +132,26 @@ impl Browser {
         }
     }
 
+    /// Clicks `css`, finding it again when the page re-rendered it in between (lists refresh
+    /// every 2 s: the element found can be replaced before the click lands).
     async fn click(&self, css: &str) {
-        let e = self
-            .client
-            .wait()
-            .at_most(T)
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no {css}: {e}"));
-        e.click()
-            .await
-            .unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+        let deadline = Instant::now() + T;
+        loop {
+            let e = self
+                .client
+                .wait()
+                .at_most(T)
+                .for_element(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("no {css}: {e}"));
+            match e.click().await {
+                Ok(()) => return,
+                Err(err) if err.to_string().contains("stale") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(err) => panic!("clicking {css}: {err}"),
+            }
+        }
     }
 
     async fn type_into(&self, css: &str, text: &str) {
