@@ -16,12 +16,7 @@ fn schemathesis() -> PathBuf {
     if venv.exists() {
         return venv;
     }
-    let on_path = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("schemathesis"))
-            .find(|c| c.is_file())
-    });
-    on_path.unwrap_or_else(|| {
+    eggtimer_tests::find_program(&["schemathesis"]).unwrap_or_else(|| {
         panic!(
             "schemathesis is not installed. Install it into the repository's target dir (as .ci/run does): \
              `python3 -m venv target/py && target/py/bin/pip install schemathesis==4.32.5`"
@@ -100,9 +95,13 @@ async fn schemathesis_with_every_check_finds_nothing() {
         .find_map(|l| l.trim().split(" generated").next()?.trim().parse().ok())
         .expect("schemathesis reports how many requests it generated");
     assert!(generated > 1000, "only {generated} requests were generated");
-    assert!(
-        !r.log_text().contains("panicked"),
-        "the runner panicked:\n{}",
-        r.log_text()
-    );
+    // the runner's own panics; a plugin's panic (schemathesis may schedule a `test-panic` task) is
+    // a failed attempt, logged as the plugin's stderr and the task's error
+    let log = r.log_text();
+    let runner_panics: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("panicked"))
+        .filter(|l| !l.contains("plugin stderr") && !l.contains("the task failed"))
+        .collect();
+    assert!(runner_panics.is_empty(), "the runner panicked:\n{log}");
 }
