@@ -208,6 +208,14 @@ pub fn eggtimer_bin() -> PathBuf {
     .clone()
 }
 
+/// The first of `names` found on PATH.
+pub fn find_program(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
+        .find(|p| p.is_file())
+}
+
 /// Every plugin built to wasm (`cargo xtask plugins`, once per test process): target/plugins.
 pub fn built_plugins() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, free_port, plugins_dir, post_tasks, temp_dir,
-    wait_state,
+    RedisServer, RunnerProcess, call, eventually, find_program, free_port, plugins_dir, post_tasks,
+    temp_dir, wait_state,
 };
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
@@ -23,13 +23,6 @@ struct Browser {
     client: Client,
     driver: Child,
     shots: PathBuf,
-}
-
-fn find_program(names: &[&str]) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|d| names.iter().map(move |n| d.join(n)))
-        .find(|p| p.is_file())
 }
 
 impl Browser {
@@ -137,14 +130,7 @@ impl Browser {
     async fn click(&self, css: &str) {
         let deadline = Instant::now() + T;
         loop {
-            let e = self
-                .client
-                .wait()
-                .at_most(T)
-                .for_element(Locator::Css(css))
-                .await
-                .unwrap_or_else(|e| panic!("no {css}: {e}"));
-            match e.click().await {
+            match self.element(css).await.click().await {
                 Ok(()) => return,
                 Err(err) if err.to_string().contains("stale") && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -154,14 +140,18 @@ impl Browser {
         }
     }
 
-    async fn type_into(&self, css: &str, text: &str) {
-        let e = self
-            .client
+    /// Waits for the element `css`.
+    async fn element(&self, css: &str) -> fantoccini::elements::Element {
+        self.client
             .wait()
             .at_most(T)
             .for_element(Locator::Css(css))
             .await
-            .unwrap_or_else(|e| panic!("no {css}: {e}"));
+            .unwrap_or_else(|e| panic!("no {css}: {e}"))
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self.element(css).await;
         e.clear().await.unwrap();
         e.send_keys(text).await.unwrap();
     }
@@ -367,12 +357,7 @@ async fn with_a_token_the_dashboard_asks_for_it_once() {
     let runner = RunnerProcess::start(&redis.url(), &["--token", "s3cret-token"]);
     let b = Browser::start().await;
     b.open(&runner.url, "overview").await;
-    b.client
-        .wait()
-        .at_most(T)
-        .for_element(Locator::Css("#token-dialog:not([hidden])"))
-        .await
-        .expect("the token dialog");
+    b.element("#token-dialog:not([hidden])").await;
     b.type_into("#token-input", "wrong").await;
     b.click("#token-go").await;
     b.text_until("#token-error", "the refusal", |t| {

@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, built_plugins, call, plugin_wasm, plugins_dir, post_tasks,
-    read_stream, temp_dir, upload, wait_state, workspace,
+    RedisServer, RunnerProcess, built_plugins, call, find_program, plugin_wasm, plugins_dir,
+    post_tasks, read_stream, temp_dir, upload, wait_state, workspace,
 };
 use serde_json::json;
 
@@ -224,13 +224,7 @@ async fn a_large_python_upload_compiles_while_other_tasks_run() {
 }
 
 fn program(name: &str, install: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| panic!("{name} is not on PATH: {install}"))
+    find_program(&[name]).unwrap_or_else(|| panic!("{name} is not on PATH: {install}"))
 }
 
 fn run_ok(cmd: &mut Command, what: &str) -> String {

@@ -18,16 +18,12 @@ use std::time::SystemTime;
 
 use anyhow::{Context, Result, bail};
 
+use super::on_path;
+
 /// The npm packages of the TypeScript toolchain, pinned.
 pub const NPM_TOOLS: &[&str] = &["@bytecodealliance/jco@1.35.0", "rolldown@1.3.2"];
 /// The PyPI packages of the Python toolchain (and the SDK's tests), pinned.
 pub const PY_TOOLS: &[&str] = &["componentize-py==0.25.1", "pytest==8.3.5"];
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
-}
 
 fn run(cmd: &mut Command, what: &str) -> Result<()> {
     let status = cmd.status().with_context(|| format!("running {what}"))?;
@@ -84,7 +80,7 @@ fn sources(root: &Path, file: &str) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// The jco binary in target/js-tools, installed there when missing.
-pub fn jco(root: &Path) -> Result<PathBuf> {
+fn jco(root: &Path) -> Result<PathBuf> {
     let tools = root.join("target/js-tools");
     let bin = tools.join("node_modules/.bin/jco");
     if !bin.is_file() {
@@ -106,7 +102,7 @@ pub fn jco(root: &Path) -> Result<PathBuf> {
 }
 
 /// The Python virtualenv in target/py-tools (componentize-py, pytest), made when missing.
-pub fn py_tools(root: &Path) -> Result<PathBuf> {
+fn py_tools(root: &Path) -> Result<PathBuf> {
     let venv = root.join("target/py-tools");
     let bin = venv.join("bin");
     if !bin.join("componentize-py").is_file() || !bin.join("pytest").is_file() {
@@ -128,55 +124,84 @@ pub fn py_tools(root: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Builds every TypeScript and Python plugin into `out`; returns their names.
-pub fn build(root: &Path, out: &Path) -> Result<Vec<String>> {
-    let mut built = Vec::new();
-    let wit = root.join("wit/plugin.wit");
-    let ts = sources(root, "index.ts")?;
-    if !ts.is_empty() {
-        if on_path("node") && on_path("npm") {
-            let jco = jco(root)?;
-            let sdk = root.join("sdk/js");
-            for (name, dir) in &ts {
-                let wasm = out.join(format!("{name}.wasm"));
-                if !fresh(&wasm, &[dir, &sdk, &wit]) {
-                    build_ts(root, &jco, name, dir, &wasm)?;
-                }
-                built.push(name.clone());
-            }
-        } else {
-            eprintln!(
-                "xtask: node/npm not found: skipped the TypeScript plugins ({}); install Node.js 20+ to build them",
-                ts.iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+/// Builds every TypeScript and Python plugin into `out`.
+pub fn build(root: &Path, out: &Path) -> Result<()> {
+    build_language(
+        root,
+        out,
+        Language {
+            source: "index.ts",
+            sdk: "sdk/js",
+            programs: &["node", "npm"],
+            what: "TypeScript",
+            install: "install Node.js 20+",
+        },
+        jco,
+        build_ts,
+    )?;
+    build_language(
+        root,
+        out,
+        Language {
+            source: "app.py",
+            sdk: "sdk/python",
+            programs: &["python3"],
+            what: "Python",
+            install: "install Python 3.11+",
+        },
+        py_tools,
+        build_py,
+    )
+}
+
+/// How one language's plugins are found and what they need.
+struct Language {
+    /// The file that makes a plugin directory one of this language's.
+    source: &'static str,
+    /// The SDK directory (a change rebuilds the plugins).
+    sdk: &'static str,
+    /// What must be on PATH to build them.
+    programs: &'static [&'static str],
+    what: &'static str,
+    install: &'static str,
+}
+
+/// Builds the plugins of one language whose output is older than their sources: `tools` sets
+/// up the toolchain (once, only when there is something to build), `build_one` builds a plugin.
+fn build_language(
+    root: &Path,
+    out: &Path,
+    lang: Language,
+    tools: fn(&Path) -> Result<PathBuf>,
+    build_one: fn(&Path, &Path, &str, &Path, &Path) -> Result<()>,
+) -> Result<()> {
+    let found = sources(root, lang.source)?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    if !lang.programs.iter().all(|p| on_path(p)) {
+        eprintln!(
+            "xtask: {} not found: skipped the {} plugins ({}); {} to build them",
+            lang.programs.join("/"),
+            lang.what,
+            found
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            lang.install
+        );
+        return Ok(());
+    }
+    let tool = tools(root)?;
+    let (wit, sdk) = (root.join("wit/plugin.wit"), root.join(lang.sdk));
+    for (name, dir) in &found {
+        let wasm = out.join(format!("{name}.wasm"));
+        if !fresh(&wasm, &[dir, &sdk, &wit]) {
+            build_one(root, &tool, name, dir, &wasm)?;
         }
     }
-    let py = sources(root, "app.py")?;
-    if !py.is_empty() {
-        if on_path("python3") {
-            let bin = py_tools(root)?;
-            let sdk = root.join("sdk/python");
-            for (name, dir) in &py {
-                let wasm = out.join(format!("{name}.wasm"));
-                if !fresh(&wasm, &[dir, &sdk, &wit]) {
-                    build_py(root, &bin, name, dir, &wasm)?;
-                }
-                built.push(name.clone());
-            }
-        } else {
-            eprintln!(
-                "xtask: python3 not found: skipped the Python plugins ({}); install Python 3.11+ to build them",
-                py.iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-    }
-    Ok(built)
+    Ok(())
 }
 
 /// One TypeScript plugin: staged with the SDK linked as `@eggtimer/sdk`, bundled, componentized.

@@ -128,10 +128,15 @@ fn run_plugins(built: &Path) -> Result<PathBuf> {
 }
 
 /// `eggtimer` without --redis starts redis-server: say how to install it before building.
+/// Whether `program` is on PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
 fn require_redis_server() -> Result<()> {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("redis-server").is_file()))
-        .unwrap_or(false);
+    let found = on_path("redis-server");
     let redis_given = std::env::args().any(|a| a == "--redis" || a.starts_with("--redis="))
         || std::env::var_os("EGGTIMER_REDIS").is_some();
     if !found && !redis_given {

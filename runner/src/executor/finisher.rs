@@ -86,10 +86,16 @@ impl Executor {
             .iter()
             .map(|p| (p.id.as_str(), p.token, &p.finish))
             .collect();
-        let spans: Vec<tracing::Span> = group
-            .iter()
-            .map(|p| info_span!(target: trace::TARGET, parent: &p.traced, "task.finish", outcome = tracing::field::Empty))
-            .collect();
+        // a span per outcome only when traces are exported (no allocation per group otherwise)
+        let spans: Vec<tracing::Span> = if tracing::enabled!(target: trace::TARGET, tracing::Level::INFO)
+        {
+            group
+                .iter()
+                .map(|p| info_span!(target: trace::TARGET, parent: &p.traced, "task.finish", outcome = tracing::field::Empty))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
         let verdicts = loop {
