@@ -6,7 +6,7 @@
 -- used), so pollers never spin on it; resuming the plugin puts it back.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
--- has owners to unindex.
+-- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, then per task: id, record}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
@@ -18,30 +18,44 @@ if #ids == 0 then
 else
   local token = tostring(redis.call('HINCRBY', K_META, 'claim', 1))
   out[4] = token
+  -- the walk started at due's lowest score: the ids are its first ranks, removed in one call
+  redis.call('ZREMRANGEBYRANK', K_DUE, 0, #ids - 1)
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
-  for _, id in ipairs(ids) do
-    local rec = redis.call('HGET', K_TASKS, id)
-    local due, att, mc, rest
-    if rec then due, att, mc, rest = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(.*)$') end
-    redis.call('ZREM', K_DUE, id)
-    if due then -- (else an index entry without a scheduled record: repaired by the ZREM)
-      local plugin = string.match(rest, '^[^\t]*')
+  local recs = records_of(ids)
+  -- every write of the batch goes in one variadic call per key
+  local parked, unplugin, unowner, records, leases = {}, {}, {}, {}, {}
+  local expires = string.format('%d', now + lease)
+  for i, id in ipairs(ids) do
+    local rec = recs[i]
+    local due, att, mc, rest, plugin
+    if rec then
+      due, att, mc, rest, plugin = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(([^\t]*).*)$')
+    end
+    if due then -- (else an index entry without a scheduled record: repaired by its removal)
       if is_paused(plugin) then
-        redis.call('ZADD', K_PARKED, due, id)
+        parked[#parked + 1] = due
+        parked[#parked + 1] = id
       else
         if owners then
           local t = parse(rec)
-          if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+          if t.owner ~= '' then unowner[#unowner + 1] = owner_member(t.owner, t.due, id) end
         end
-        redis.call('ZREM', K_BYPLUGIN, plugin_member(plugin, 's', tonumber(due), id))
+        unplugin[#unplugin + 1] = plugin_member(plugin, 's', tonumber(due), id)
         rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
-        redis.call('HSET', K_TASKS, id, rec)
-        redis.call('ZADD', K_INFLIGHT, now + lease, id)
+        records[#records + 1] = id
+        records[#records + 1] = rec
+        leases[#leases + 1] = expires
+        leases[#leases + 1] = id
         out[#out + 1] = id
         out[#out + 1] = rec
       end
     end
   end
+  call_many('ZADD', K_PARKED, parked)
+  call_many('ZREM', K_BYOWNER, unowner)
+  call_many('ZREM', K_BYPLUGIN, unplugin)
+  call_many('HSET', K_TASKS, records)
+  call_many('ZADD', K_INFLIGHT, leases)
   out[2] = head_due()
 end
 local l = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')

@@ -20,22 +20,30 @@ local out = {}
 local earliest = nil
 local n = (#ARGV - 3) / 5
 local uniques = redis.call('EXISTS', K_UNIQUE) == 1
-local any_done = false
+local done_with = 'd%1' .. string.format('%d', now)
+local ids = {}
+for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5 + 1] end
+local recs = records_of(ids)
+-- the done ones (the hot path) are written together, one variadic call per key
+local released, records, recents, seen = {}, {}, {}, {}
 for i = 0, n - 1 do
   local b = 3 + i * 5
   local id, token, kind, value, err = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3],
     tonumber(ARGV[b + 4]), ARGV[b + 5]
-  local rec = redis.call('HGET', K_TASKS, id)
+  local rec = recs[i + 1]
   local verdict = 'stale'
-  -- the fence: still running under this claim (a reaped or re-claimed task has moved on)
-  if holds(rec, token) then
-    redis.call('ZREM', K_INFLIGHT, id)
+  -- the fence: still running under this claim (a reaped or re-claimed task has moved on); an id
+  -- named twice in one batch is recorded once, as if the second came after the first
+  if not seen[id] and holds(rec, token) then
+    seen[id] = true
+    released[#released + 1] = id
     if kind == 'done' then
       -- hot path: flip the state and set the finish time without decoding the record
-      local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', 'd%1' .. string.format('%d', now), 1)
-      redis.call('HSET', K_TASKS, id, done)
-      redis.call('ZADD', K_RECENT, now, id)
-      any_done = true
+      local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', done_with, 1)
+      records[#records + 1] = id
+      records[#records + 1] = done
+      recents[#recents + 1] = now
+      recents[#recents + 1] = id
       if uniques then start_unique_window(id, now) end
     else
       local t = parse(rec)
@@ -59,6 +67,10 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = verdict
 end
+call_many('ZREM', K_INFLIGHT, released)
+call_many('HSET', K_TASKS, records)
+call_many('ZADD', K_RECENT, recents)
+local any_done = #records > 0
 if any_done then forget_done(now - keep, 256) end
 if uniques then redis.call('ZREMRANGEBYSCORE', K_UNIQUE, 0, now) end
 if earliest then wake_if_head(channel, shard, earliest) end

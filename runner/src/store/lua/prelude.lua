@@ -28,6 +28,36 @@ local K_FIRST = 11
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
 local MAX_TIME = 253402300799999
 
+-- Variadic commands take many members in one call (one command's overhead instead of one per
+-- task); Lua's unpack has a stack limit, so long lists go in chunks of CHUNK values (even, so
+-- score/member and field/value pairs never split).
+local CHUNK = 4000
+
+-- `cmd key ...list` (in chunks); nothing when the list is empty.
+local function call_many(cmd, key, list, opt)
+  local n = #list
+  for i = 1, n, CHUNK do
+    local j = math.min(i + CHUNK - 1, n)
+    if opt then redis.call(cmd, key, opt, unpack(list, i, j))
+    else redis.call(cmd, key, unpack(list, i, j)) end
+  end
+end
+
+-- The records of `ids` (false where there is none), in one HMGET per chunk.
+local function records_of(ids)
+  local n = #ids
+  if n <= CHUNK then
+    if n == 0 then return {} end
+    return redis.call('HMGET', K_TASKS, unpack(ids))
+  end
+  local out = {}
+  for i = 1, n, CHUNK do
+    local part = redis.call('HMGET', K_TASKS, unpack(ids, i, math.min(i + CHUNK - 1, n)))
+    for _, r in ipairs(part) do out[#out + 1] = r end
+  end
+  return out
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -56,11 +86,16 @@ local function plugin_member(plugin, kind, score, id)
   return plugin .. '\0' .. kind .. '\0' .. string.format('%015d', score) .. '\0' .. id
 end
 
--- The plugins paused in this shard (read once per script run).
-local paused_list = nil
+-- The plugins paused in this shard (read once per script run; the answer kept per plugin).
+local paused_list, paused_of = nil, {}
 local function is_paused(plugin)
-  if paused_list == nil then paused_list = redis.call('HGET', K_META, 'paused') end
-  return paused_list and string.find(paused_list, '\0' .. plugin .. '\0', 1, true) ~= nil
+  local p = paused_of[plugin]
+  if p == nil then
+    if paused_list == nil then paused_list = redis.call('HGET', K_META, 'paused') or '' end
+    p = string.find(paused_list, '\0' .. plugin .. '\0', 1, true) ~= nil
+    paused_of[plugin] = p
+  end
+  return p
 end
 
 -- Puts a scheduled task into `due` (or `parked` while its plugin is paused), the owner index and
@@ -101,14 +136,18 @@ local function unindex_dead(id, t)
 end
 
 -- Deletes up to `limit` done records that finished before `before` (the retention window).
+-- The walk starts at `recent`'s lowest score, so the ids read are its first ranks.
 local function forget_done(before, limit)
   local ids = redis.call('ZRANGEBYSCORE', K_RECENT, '-inf', '(' .. string.format('%d', before),
     'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do
-    local rec = redis.call('HGET', K_TASKS, id)
-    if rec and string.sub(rec, 1, 1) == 'd' then redis.call('HDEL', K_TASKS, id) end
-    redis.call('ZREM', K_RECENT, id)
+  if #ids == 0 then return end
+  local recs, gone = records_of(ids), {}
+  for i, id in ipairs(ids) do
+    local rec = recs[i]
+    if rec and string.sub(rec, 1, 1) == 'd' then gone[#gone + 1] = id end
   end
+  call_many('HDEL', K_TASKS, gone)
+  redis.call('ZREMRANGEBYRANK', K_RECENT, 0, #ids - 1)
 end
 
 -- A task finished (done or dead): a dedup window it asked for starts now.

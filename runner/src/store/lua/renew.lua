@@ -4,14 +4,18 @@
 -- 0 when it was lost (reaped, claimed again, finished, cancelled or replaced).
 local lease = tonumber(ARGV[1])
 local now = now_ms()
-local out = {}
-for i = 2, #ARGV, 2 do
-  local id = ARGV[i]
-  if holds(redis.call('HGET', K_TASKS, id), ARGV[i + 1]) then
-    redis.call('ZADD', K_INFLIGHT, 'XX', now + lease, id)
-    out[#out + 1] = 1
+local ids = {}
+for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+local recs = records_of(ids)
+local out, leases = {}, {}
+for i, id in ipairs(ids) do
+  if holds(recs[i], ARGV[2 * i + 1]) then
+    leases[#leases + 1] = now + lease
+    leases[#leases + 1] = id
+    out[i] = 1
   else
-    out[#out + 1] = 0
+    out[i] = 0
   end
 end
+call_many('ZADD', K_INFLIGHT, leases, 'XX')
 return out

@@ -11,32 +11,61 @@
 local channel, shard, mode = ARGV[1], ARGV[2], ARGV[3]
 local W = 8
 local now = now_ms()
+local now_s = string.format('%d', now)
 local out = {}
 local earliest = nil
 local n = (#ARGV - 3) / W
 local uniques = redis.call('EXISTS', K_UNIQUE) == 1
+local ids = {}
+for i = 1, n do ids[i] = ARGV[3 + (i - 1) * W + 1] end
+local recs = records_of(ids)
 if mode == 'upsert' then
   local refused = false
-  for i = 0, n - 1 do
-    local id = ARGV[3 + i * W + 1]
-    local old = redis.call('HGET', K_TASKS, id)
-    out[i + 1] = 'not_written'
+  for i, id in ipairs(ids) do
+    local old = recs[i]
+    out[i] = 'not_written'
     if old and string.sub(old, 1, 1) == 'r' then
-      out[i + 1] = 'running'
+      out[i] = 'running'
       refused = true
     elseif uniques and in_unique_window(id, now) then
-      out[i + 1] = 'duplicate'
+      out[i] = 'duplicate'
       refused = true
     end
   end
   if refused then return out end
   out = {}
 end
-for i = 0, n - 1 do
-  local b = 3 + i * W
-  local id = ARGV[b + 1]
-  local done_key = KEYS[K_FIRST + i]
-  local old = parse(redis.call('HGET', K_TASKS, id))
+-- Done records of the earlier layout: one EXISTS over all their keys, each key only if any is.
+local legacy = false
+for i = 1, n, CHUNK do
+  local j = math.min(i + CHUNK - 1, n)
+  if redis.call('EXISTS', unpack(KEYS, K_FIRST + i - 1, K_FIRST + j - 1)) > 0 then legacy = true end
+end
+-- The writes are gathered and made with one variadic call per key; an id named again in the
+-- batch first flushes them, so it sees the record written for it before.
+local pending, records, dues, parked, byplugin, byowner = {}, {}, {}, {}, {}, {}
+local function flush()
+  call_many('HSET', K_TASKS, records)
+  call_many('ZADD', K_DUE, dues)
+  call_many('ZADD', K_PARKED, parked)
+  call_many('ZADD', K_BYPLUGIN, byplugin)
+  call_many('ZADD', K_BYOWNER, byowner)
+  pending, records, dues, parked, byplugin, byowner = {}, {}, {}, {}, {}, {}
+end
+local function push(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
+for i = 1, n do
+  local b = 3 + (i - 1) * W
+  local id = ids[i]
+  local old
+  if pending[id] then
+    flush()
+    old = parse(redis.call('HGET', K_TASKS, id))
+  else
+    old = parse(recs[i])
+  end
   local verdict = 'ok'
   if old then
     if old.st == 'r' then verdict = 'running'
@@ -44,29 +73,36 @@ for i = 0, n - 1 do
     elseif old.st == 's' then unindex_scheduled(id, old)
     elseif old.st == 'x' then unindex_dead(id, old)
     elseif old.st == 'd' then redis.call('ZREM', K_RECENT, id) end
-  elseif redis.call('EXISTS', done_key) == 1 then -- a done record of the earlier layout
-    if mode == 'absent' then verdict = 'exists' else redis.call('DEL', done_key) end
+  elseif legacy and redis.call('EXISTS', KEYS[K_FIRST + i - 1]) == 1 then
+    if mode == 'absent' then verdict = 'exists' else redis.call('DEL', KEYS[K_FIRST + i - 1]) end
   end
   if verdict == 'ok' and mode == 'absent' and uniques and in_unique_window(id, now) then
     verdict = 'exists'
   end
   if verdict == 'ok' then
     local created = ARGV[b + 7]
-    if created == '0' then created = string.format('%d', now) end
-    local t = { st = 's', due = tonumber(ARGV[b + 2]), att = 0, max = tonumber(ARGV[b + 3]),
-      created = created, fin = '', plugin = ARGV[b + 4], owner = ARGV[b + 5], err = '',
-      payload = ARGV[b + 6] }
-    redis.call('HSET', K_TASKS, id, encode(t))
-    index_scheduled(id, t)
+    if created == '0' then created = now_s end
+    -- the record `encode` would write, built in one concatenation (the client sends due and
+    -- max_attempts as plain integers)
+    local due_s, plugin, owner = ARGV[b + 2], ARGV[b + 4], ARGV[b + 5]
+    local due = tonumber(due_s)
+    pending[id] = true
+    push(records, id, 's\t' .. due_s .. '\t0\t' .. ARGV[b + 3] .. '\t' .. created .. '\t\t' .. plugin
+      .. '\t' .. owner .. '\t\t' .. ARGV[b + 6])
+    -- the indexes of index_scheduled, gathered
+    if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
+    if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
+    push(byplugin, 0, plugin_member(plugin, 's', due, id))
     local unique_for = tonumber(ARGV[b + 8])
     if unique_for > 0 then
       redis.call('ZADD', K_UNIQUE, -unique_for, id)
     elseif uniques then
       redis.call('ZREM', K_UNIQUE, id)
     end
-    if not earliest or t.due < earliest then earliest = t.due end
+    if not earliest or due < earliest then earliest = due end
   end
   out[#out + 1] = verdict
 end
+flush()
 if earliest then wake_if_head(channel, shard, earliest) end
 return out
