@@ -2,6 +2,7 @@
 //! fsync every second), the runner used as a library (W0–W4) and as processes (W5). Prints one
 //! JSON line per workload (the types in `report`). `cargo xtask bench` builds and runs it.
 
+mod nodes;
 mod recorder;
 mod report;
 mod w5;
@@ -13,9 +14,11 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use eggtimer::plugins::{PluginOptions, Plugins, load_dir};
 use eggtimer::store::{RedisTarget, Store, StoreOptions};
+use eggtimer_tests::RedisCluster;
 use eggtimer_tests::RedisServer;
 use serde::Serialize;
 
+use nodes::Nodes;
 use workloads::Bench;
 
 /// Flags of `eggtimer-bench`.
@@ -46,6 +49,10 @@ pub struct Args {
     /// Plugin calls at once (the runner's --workers).
     #[arg(long, default_value_t = 32)]
     pub workers: usize,
+    /// Run on a local Redis Cluster of this many masters (no replicas) instead of one
+    /// redis-server; W0, W1, W2 and W4 only.
+    #[arg(long)]
+    pub cluster: Option<usize>,
 }
 
 fn print(report: &impl Serialize) -> Result<()> {
@@ -53,21 +60,58 @@ fn print(report: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
+/// The Redis the run uses: one redis-server, or a local cluster (kept alive by the guard).
+enum Servers {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
-    let redis = RedisServer::start_with(&["--appendfsync", "everysec"]);
+    let want = |w: &str| {
+        args.only
+            .split(',')
+            .any(|x| x.trim().eq_ignore_ascii_case(w))
+    };
+    let everysec = ["--appendfsync", "everysec"];
+    let servers = match args.cluster {
+        None => Servers::Single(RedisServer::start_with(&everysec)),
+        Some(m) => {
+            if m == 0 || ["W3", "W5"].iter().any(|w| want(w)) {
+                bail!("--cluster N needs N >= 1 and runs W0, W1, W2 and W4 only (pass --only)");
+            }
+            Servers::Cluster(RedisCluster::start_with(m, 0, &everysec))
+        }
+    };
+    let (target, node_urls) = match &servers {
+        Servers::Single(r) => (RedisTarget::Single(r.url()), vec![r.url()]),
+        Servers::Cluster(c) => (
+            RedisTarget::parse(&c.url())?,
+            c.nodes.iter().map(|n| n.url()).collect(),
+        ),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let store = Store::open(
-            RedisTarget::Single(redis.url()),
+            target,
             StoreOptions {
                 shards: args.shards,
                 ..StoreOptions::default()
             },
         )
         .await?;
+        // which node holds which shard
+        let mut shards = vec![Vec::new(); node_urls.len()];
+        for s in 0..store.shards() {
+            let node = match &servers {
+                Servers::Single(_) => 0,
+                Servers::Cluster(c) => c.master_of(&store.keys().shard(s).due),
+            };
+            shards[node].push(s);
+        }
+        let nodes = Nodes::connect(&node_urls, shards).await?;
         let plugins = Plugins::new(PluginOptions::default())?;
         load_dir(&plugins, &args.plugins_dir)?;
         for p in ["noop", "order-cancel", "bench-record"] {
@@ -78,12 +122,7 @@ fn main() -> Result<()> {
                 );
             }
         }
-        let b = Bench::new(store, plugins, args.clone(), &redis.url()).await?;
-        let want = |w: &str| {
-            args.only
-                .split(',')
-                .any(|x| x.trim().eq_ignore_ascii_case(w))
-        };
+        let b = Bench::new(store, plugins, args.clone(), nodes, &node_urls[0]).await?;
         if want("W4") {
             print(&b.w4().await?)?;
         }

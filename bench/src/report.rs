@@ -63,6 +63,29 @@ pub struct W2 {
     /// Redis CPU (µs) per task while draining them (claim, renew, finish together: Redis does
     /// not report CPU per script).
     pub redis_cpu_us_per_task_claim_and_finish: f64,
+    /// Each step alone: the same tasks scheduled, claimed, then finished by the store.
+    pub split_without_runner: Split,
+    /// Per Redis node (one, or each master of a cluster): its share of the drain.
+    pub nodes: Vec<NodeCpu>,
+}
+
+/// Redis CPU (µs) per task of each step of a task's life, measured one step at a time.
+#[derive(Debug, Serialize)]
+pub struct Split {
+    pub redis_cpu_us_per_task_schedule: f64,
+    pub redis_cpu_us_per_task_claim: f64,
+    pub redis_cpu_us_per_task_finish: f64,
+}
+
+/// One Redis node's part of W2's drain.
+#[derive(Debug, Serialize)]
+pub struct NodeCpu {
+    pub shards: usize,
+    /// W2's tasks in those shards.
+    pub tasks: usize,
+    pub redis_cpu_s_drain: f64,
+    /// Its CPU over the tasks it held.
+    pub redis_cpu_us_per_task_claim_and_finish: f64,
 }
 
 /// W3: many tasks pending far in the future, and W1 on top of them.
@@ -128,6 +151,11 @@ pub fn lateness(sorted: &[f64]) -> Lateness {
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     round(v[v.len() / 2])
+}
+
+/// CPU seconds spent on `tasks` tasks, as µs per task.
+pub fn per_task(cpu_s: f64, tasks: usize) -> f64 {
+    round(cpu_s * 1e6 / tasks.max(1) as f64)
 }
 
 pub fn round(x: f64) -> f64 {

@@ -10,24 +10,27 @@ use eggtimer::executor::{TaskHost, now_ms};
 use eggtimer::metrics::Metrics;
 use eggtimer::plugins::{Plugins, Registry};
 use eggtimer::runner::{Runner, RunnerOptions};
-use eggtimer::store::{Claimed, NewTask, ScheduleMode, Store};
+use eggtimer::store::{Claimed, Finish, Finished, NewTask, ScheduleMode, Store};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::Args;
+use crate::nodes::Nodes;
 use crate::recorder::{Recorder, count};
-use crate::report::{self, PluginCost, lateness, median, round};
+use crate::report::{self, PluginCost, lateness, median, per_task, round};
 
 pub struct Bench {
     pub(crate) store: Store,
     pub(crate) plugins: Arc<Plugins>,
     pub(crate) args: Args,
-    /// The bench's own connection, for what is not the store's business (FLUSHALL, INFO,
-    /// MEMORY USAGE, reading W5's stream).
+    /// The bench's own connection to the (first) node, for what is not the store's business
+    /// (MEMORY USAGE, reading W5's stream).
     pub(crate) redis: MultiplexedConnection,
     pub(crate) redis_url: String,
+    /// Every node, for FLUSHALL and INFO.
+    pub(crate) nodes: Nodes,
 }
 
 /// Tasks `b<from + i>` of `plugin` due at `dues[i]`.
@@ -82,6 +85,7 @@ impl Bench {
         store: Store,
         plugins: Arc<Plugins>,
         args: Args,
+        nodes: Nodes,
         redis_url: &str,
     ) -> Result<Bench> {
         let redis = redis::Client::open(redis_url)?
@@ -93,20 +97,14 @@ impl Bench {
             args,
             redis,
             redis_url: redis_url.to_owned(),
+            nodes,
         })
     }
 
-    /// Empties Redis, keeping the namespace's shard count.
+    /// Empties Redis (every node), keeping the namespace's shard count.
     pub async fn flush(&self) -> Result<()> {
-        let mut c = self.redis.clone();
-        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
-        let _: () = redis::cmd("HSET")
-            .arg(self.store.keys().meta())
-            .arg("shards")
-            .arg(self.store.shards())
-            .query_async(&mut c)
-            .await?;
-        Ok(())
+        self.nodes.flush_all().await?;
+        self.store.check_shards().await
     }
 
     fn runner(&self, rec: Arc<Recorder>) -> Runner {
@@ -117,20 +115,14 @@ impl Bench {
         Runner::start(self.store.clone(), rec, opts, Arc::new(Metrics::default()))
     }
 
+    /// A number field of the (first) node's INFO.
     async fn info(&self, section: &str, field: &str) -> Result<f64> {
-        let info: String = redis::cmd("INFO")
-            .arg(section)
-            .query_async(&mut self.redis.clone())
-            .await?;
-        info.lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_start_matches(':').parse::<f64>().ok())
-            .with_context(|| format!("{field} in INFO {section}"))
+        self.nodes.info(0, section, field).await
     }
 
-    /// CPU seconds Redis has used so far.
+    /// CPU seconds Redis (every node together) has used so far.
     async fn redis_cpu(&self) -> Result<f64> {
-        Ok(self.info("cpu", "used_cpu_sys:").await? + self.info("cpu", "used_cpu_user:").await?)
+        self.nodes.cpu_total().await
     }
 
     /// Waits until every task ran (or `limit`), then stops the runner; its graceful stop lets
@@ -215,7 +207,7 @@ impl Bench {
             seconds: round(secs),
             tasks_per_s: (n as f64 / secs).round(),
             stored,
-            redis_cpu_us_per_task: round(cpu * 1e6 / n as f64),
+            redis_cpu_us_per_task: per_task(cpu, n),
         })
     }
 
@@ -250,7 +242,9 @@ impl Bench {
         })
     }
 
-    /// W2: N tasks due at the same instant.
+    /// W2: N tasks due at the same instant; then, without a runner, the same tasks scheduled,
+    /// claimed and finished by the store alone, one step after another, to split Redis's CPU
+    /// between the three.
     pub async fn w2(&self) -> Result<report::W2> {
         self.flush().await?;
         let n = self.args.n;
@@ -258,17 +252,39 @@ impl Bench {
         let dues = vec![at; n];
         let rec = Recorder::new(Arc::clone(&self.plugins), n);
         let runner = self.runner(Arc::clone(&rec));
-        let cpu0 = self.redis_cpu().await?;
+        let cpu0 = self.nodes.cpu().await?;
         schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
-        let cpu1 = self.redis_cpu().await?;
+        let cpu1 = self.nodes.cpu().await?;
         if now_ms() > at {
             bail!("scheduling took past the due instant; run with a smaller --n");
         }
         let limit = Duration::from_millis((at - now_ms()).max(0) as u64 + 60_000);
         self.finish(runner, &rec, limit).await?;
-        let cpu2 = self.redis_cpu().await?;
+        let cpu2 = self.nodes.cpu().await?;
         let c = count(&rec, &dues);
         let drain = (c.last_start_us as f64 / 1000.0 - at as f64) / 1000.0;
+        let spent = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| y - x).sum::<f64>();
+        // the tasks each node held: `b<i>` lives on shard_of(b<i>)
+        let node_of: BTreeMap<u32, usize> = self
+            .nodes
+            .shards
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.iter().map(move |&sh| (sh, i)))
+            .collect();
+        let mut on_node = vec![0usize; self.nodes.len()];
+        for i in 0..n {
+            on_node[node_of[&self.store.shard_of(&format!("b{i}"))]] += 1;
+        }
+        let nodes = (0..self.nodes.len())
+            .map(|i| report::NodeCpu {
+                shards: self.nodes.shards[i].len(),
+                tasks: on_node[i],
+                redis_cpu_s_drain: round(cpu2[i] - cpu1[i]),
+                redis_cpu_us_per_task_claim_and_finish: per_task(cpu2[i] - cpu1[i], on_node[i]),
+            })
+            .collect();
+        let split = self.split(n).await?;
         Ok(report::W2 {
             workload: "W2",
             n,
@@ -276,8 +292,57 @@ impl Bench {
             tasks_per_s: (c.outcomes.executed as f64 / drain.max(1e-9)).round(),
             lateness_ms: lateness(&c.lateness_ms),
             outcomes: c.outcomes,
-            redis_cpu_us_per_task_schedule: round((cpu1 - cpu0) * 1e6 / n as f64),
-            redis_cpu_us_per_task_claim_and_finish: round((cpu2 - cpu1) * 1e6 / n as f64),
+            redis_cpu_us_per_task_schedule: per_task(spent(&cpu0, &cpu1), n),
+            redis_cpu_us_per_task_claim_and_finish: per_task(spent(&cpu1, &cpu2), n),
+            split_without_runner: split,
+            nodes,
+        })
+    }
+
+    /// `n` tasks already due scheduled through the store, then all claimed a batch at a time,
+    /// then all recorded done a batch at a time: Redis CPU per task of each step. No runner,
+    /// so the steps never overlap and nothing else runs on Redis.
+    async fn split(&self, n: usize) -> Result<report::Split> {
+        self.flush().await?;
+        let past = vec![now_ms() - 1000; n];
+        let cpu0 = self.redis_cpu().await?;
+        schedule_all(&self.store, tasks(0, &past, "noop")).await?;
+        let cpu1 = self.redis_cpu().await?;
+        let batch = self.args.claim_batch;
+        let mut claimed = Vec::with_capacity(n);
+        for shard in 0..self.store.shards() {
+            loop {
+                let b = self.store.claim(shard, batch, 600_000).await?;
+                if b.tasks.is_empty() {
+                    break;
+                }
+                claimed.extend(b.tasks);
+            }
+        }
+        let cpu2 = self.redis_cpu().await?;
+        if claimed.len() != n {
+            bail!("the store claimed {} of {n} due tasks", claimed.len());
+        }
+        let mut by_shard: BTreeMap<u32, Vec<(&str, u64, &Finish)>> = BTreeMap::new();
+        for t in &claimed {
+            by_shard
+                .entry(t.shard)
+                .or_default()
+                .push((t.id.as_str(), t.token, &Finish::Done));
+        }
+        for (shard, items) in &by_shard {
+            for chunk in items.chunks(batch) {
+                let verdicts = self.store.finish(*shard, chunk).await?;
+                if let Some(v) = verdicts.iter().find(|v| **v != Finished::Done) {
+                    bail!("a claimed task finished as {v:?}, not done");
+                }
+            }
+        }
+        let cpu3 = self.redis_cpu().await?;
+        Ok(report::Split {
+            redis_cpu_us_per_task_schedule: per_task(cpu1 - cpu0, n),
+            redis_cpu_us_per_task_claim: per_task(cpu2 - cpu1, n),
+            redis_cpu_us_per_task_finish: per_task(cpu3 - cpu2, n),
         })
     }
 
@@ -285,7 +350,7 @@ impl Bench {
     pub async fn w3(&self, w1_alone: Option<&report::W1>) -> Result<report::W3> {
         self.flush().await?;
         let m = self.args.pending;
-        let before = self.info("memory", "used_memory:").await?;
+        let before = self.info("memory", "used_memory").await?;
         let far = now_ms() + 365 * 86_400_000;
         let t0 = Instant::now();
         let step = 200_000;
@@ -304,7 +369,7 @@ impl Bench {
             schedule_all(&self.store, batch).await?;
         }
         let fill_s = t0.elapsed().as_secs_f64();
-        let after = self.info("memory", "used_memory:").await?;
+        let after = self.info("memory", "used_memory").await?;
         let k = self.store.keys().shard(0);
         let mut c = self.redis.clone();
         let in_shard: u64 = redis::cmd("ZCARD").arg(&k.due).query_async(&mut c).await?;

@@ -25,6 +25,11 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        Self::start_with(masters, replicas, &[])
+    }
+
+    /// As `start`, with more redis-server arguments for every node (e.g. `--appendfsync everysec`).
+    pub fn start_with(masters: usize, replicas: usize, extra: &[&str]) -> RedisCluster {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
             let port = free_cluster_port();
@@ -44,6 +49,7 @@ impl RedisCluster {
                     dir.join("nodes.conf").to_str().unwrap(),
                 ]
                 .iter()
+                .chain(extra)
                 .map(|s| s.to_string())
                 .collect(),
             };

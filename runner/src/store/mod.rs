@@ -78,7 +78,8 @@ impl Store {
         Ok(store)
     }
 
-    async fn check_shards(&self) -> Result<()> {
+    /// Records the shard count on first use (after a FLUSHALL too); refuses another count.
+    pub async fn check_shards(&self) -> Result<()> {
         let meta = self.keys().meta();
         let want = self.inner.opts.shards;
         let mut c = self.conn();

@@ -1,0 +1,72 @@
+//! The Redis servers a run measures: one redis-server, or the masters of a local Redis Cluster
+//! (`--cluster N`). Redis CPU is read from each one's `INFO cpu`.
+
+use anyhow::{Context, Result};
+use redis::aio::MultiplexedConnection;
+
+pub struct Nodes {
+    conns: Vec<MultiplexedConnection>,
+    /// Per node, the store's shards whose keys it holds.
+    pub shards: Vec<Vec<u32>>,
+}
+
+/// A number field of an INFO answer (`field:value` lines).
+pub fn info_field(info: &str, field: &str) -> Option<f64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+}
+
+impl Nodes {
+    /// `urls`: one redis:// URL per node; `shards[i]`: the shards node i holds.
+    pub async fn connect(urls: &[String], shards: Vec<Vec<u32>>) -> Result<Nodes> {
+        let mut conns = Vec::new();
+        for u in urls {
+            conns.push(
+                redis::Client::open(u.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .with_context(|| format!("connecting to {u}"))?,
+            );
+        }
+        Ok(Nodes { conns, shards })
+    }
+
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// FLUSHALL on every node.
+    pub async fn flush_all(&self) -> Result<()> {
+        for c in &self.conns {
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut c.clone()).await?;
+        }
+        Ok(())
+    }
+
+    /// A number field of `INFO <section>` of node `i`.
+    pub async fn info(&self, i: usize, section: &str, field: &str) -> Result<f64> {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut self.conns[i].clone())
+            .await?;
+        info_field(&info, field).with_context(|| format!("{field} in INFO {section}"))
+    }
+
+    /// CPU seconds each node has used so far (user + sys).
+    pub async fn cpu(&self) -> Result<Vec<f64>> {
+        let mut out = Vec::new();
+        for i in 0..self.conns.len() {
+            out.push(
+                self.info(i, "cpu", "used_cpu_sys").await?
+                    + self.info(i, "cpu", "used_cpu_user").await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// CPU seconds all nodes together have used so far.
+    pub async fn cpu_total(&self) -> Result<f64> {
+        Ok(self.cpu().await?.iter().sum())
+    }
+}
