@@ -63,6 +63,9 @@ pub struct W2 {
     /// Redis CPU (µs) per task while draining them (claim, renew, finish together: Redis does
     /// not report CPU per script).
     pub redis_cpu_us_per_task_claim_and_finish: f64,
+    /// CPU (µs) per task of the benchmark process while draining: the runner, its plugin calls
+    /// and the recorder.
+    pub runner_cpu_us_per_task: f64,
     /// Each step alone: the same tasks scheduled, claimed, then finished by the store.
     pub split_without_runner: Split,
     /// Per Redis node (one, or each master of a cluster): its share of the drain.

@@ -64,6 +64,22 @@ pub(crate) async fn schedule_all(store: &Store, tasks: Vec<NewTask>) -> Result<(
     Ok(())
 }
 
+/// CPU seconds (user + system) this process has used so far: the runner inside it, its plugin
+/// calls and the recorder (Linux: /proc/self/stat, in ticks of 1/100 s).
+fn process_cpu_s() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    // the fields after the command name (which is in parentheses and may hold spaces)
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<f64> {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .context("utime/stime in /proc/self/stat")
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
 /// Polls `f` every `every` until it is true; false at the deadline.
 pub(crate) async fn until<F, Fut>(limit: Duration, every: Duration, mut f: F) -> Result<bool>
 where
@@ -259,7 +275,9 @@ impl Bench {
             bail!("scheduling took past the due instant; run with a smaller --n");
         }
         let limit = Duration::from_millis((at - now_ms()).max(0) as u64 + 60_000);
+        let own0 = process_cpu_s()?;
         self.finish(runner, &rec, limit).await?;
+        let own = process_cpu_s()? - own0;
         let cpu2 = self.nodes.cpu().await?;
         let c = count(&rec, &dues);
         let drain = (c.last_start_us as f64 / 1000.0 - at as f64) / 1000.0;
@@ -294,6 +312,7 @@ impl Bench {
             outcomes: c.outcomes,
             redis_cpu_us_per_task_schedule: per_task(spent(&cpu0, &cpu1), n),
             redis_cpu_us_per_task_claim_and_finish: per_task(spent(&cpu1, &cpu2), n),
+            runner_cpu_us_per_task: per_task(own, n),
             split_without_runner: split,
             nodes,
         })
