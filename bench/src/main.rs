@@ -60,7 +60,8 @@ fn print(report: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
-/// The Redis the run uses: one redis-server, or a local cluster (kept alive by the guard).
+/// The Redis the run uses: one redis-server, or a local cluster; held to the end (dropping it
+/// stops the servers).
 enum Servers {
     Single(RedisServer),
     Cluster(RedisCluster),
