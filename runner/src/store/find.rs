@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
 use super::{Store, TaskRecord, TaskState};
+use crate::limits::MAX_TIME_MS;
 
 /// What to find (every filter optional).
 #[derive(Clone, Debug, Default)]
@@ -54,7 +55,10 @@ impl FindCursor {
             "d" => TaskState::Done,
             _ => return None,
         };
-        let key = parts.next()?.parse().ok()?;
+        // any number names a place: one outside the times a task can have (the API's pattern
+        // allows 19 digits) is before or after every task, and stays exact in Lua's doubles
+        let key: i128 = parts.next()?.parse().ok()?;
+        let key = key.clamp(-1, i128::from(MAX_TIME_MS) + 1) as i64;
         let hex = parts.next()?;
         if !hex.len().is_multiple_of(2) || hex.len() > 800 {
             return None;
@@ -412,6 +416,18 @@ mod tests {
         for bad in ["", "q.1.00", "s.x.00", "s.1.0", "s.1.zz"] {
             assert_eq!(FindCursor::decode(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_cursor_beyond_any_time_names_the_first_or_last_place() {
+        // 19 digits fit the API's pattern but not an i64 nor a Lua double (schemathesis found it)
+        let low = FindCursor::decode("d.-9561763308829331007.").unwrap();
+        assert_eq!(
+            (low.state, low.key, low.id.as_str()),
+            (TaskState::Done, -1, "")
+        );
+        let high = FindCursor::decode("s.9999999999999999999.61").unwrap();
+        assert_eq!(high.key, MAX_TIME_MS + 1);
     }
 
     #[test]
