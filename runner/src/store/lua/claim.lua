@@ -33,8 +33,7 @@ else
     end
     if due then -- (else an index entry without a scheduled record: repaired by its removal)
       if is_paused(plugin) then
-        parked[#parked + 1] = due
-        parked[#parked + 1] = id
+        push(parked, due, id)
       else
         if owners then
           local t = parse(rec)
@@ -42,12 +41,9 @@ else
         end
         unplugin[#unplugin + 1] = plugin_member(plugin, 's', tonumber(due), id)
         rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
-        records[#records + 1] = id
-        records[#records + 1] = rec
-        leases[#leases + 1] = expires
-        leases[#leases + 1] = id
-        out[#out + 1] = id
-        out[#out + 1] = rec
+        push(records, id, rec)
+        push(leases, expires, id)
+        push(out, id, rec)
       end
     end
   end

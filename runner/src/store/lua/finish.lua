@@ -40,10 +40,8 @@ for i = 0, n - 1 do
     if kind == 'done' then
       -- hot path: flip the state and set the finish time without decoding the record
       local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', done_with, 1)
-      records[#records + 1] = id
-      records[#records + 1] = done
-      recents[#recents + 1] = now
-      recents[#recents + 1] = id
+      push(records, id, done)
+      push(recents, now, id)
       if uniques then start_unique_window(id, now) end
     else
       local t = parse(rec)

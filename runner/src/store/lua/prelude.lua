@@ -43,6 +43,12 @@ local function call_many(cmd, key, list, opt)
   end
 end
 
+-- Appends a pair (score and member, field and value) to a list for `call_many`.
+local function push(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
+
 -- The records of `ids` (false where there is none), in one HMGET per chunk.
 local function records_of(ids)
   local n = #ids

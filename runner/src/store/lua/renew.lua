@@ -8,10 +8,10 @@ local ids = {}
 for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
 local recs = records_of(ids)
 local out, leases = {}, {}
+local expires = string.format('%d', now + lease)
 for i, id in ipairs(ids) do
   if holds(recs[i], ARGV[2 * i + 1]) then
-    leases[#leases + 1] = now + lease
-    leases[#leases + 1] = id
+    push(leases, expires, id)
     out[i] = 1
   else
     out[i] = 0

@@ -52,10 +52,6 @@ local function flush()
   call_many('ZADD', K_BYOWNER, byowner)
   pending, records, dues, parked, byplugin, byowner = {}, {}, {}, {}, {}, {}
 end
-local function push(list, a, b)
-  list[#list + 1] = a
-  list[#list + 1] = b
-end
 for i = 1, n do
   local b = 3 + (i - 1) * W
   local id = ids[i]
