@@ -462,6 +462,7 @@ impl Bench {
                 id: "w4".into(),
                 shard: 0,
                 token: 1,
+                effects_claim: 1,
                 attempt: 1,
                 due: 0,
                 max_attempts: 5,

@@ -1,12 +1,20 @@
 //! A run's kv writes and events against a real redis-server: committed only if every kv entry
 //! the run read is unchanged (two runs racing on one key behave as if one ran after the other).
 
-use eggtimer::store::ScheduleMode;
-use eggtimer_tests::{RedisServer, noop_task as task, store_on as store};
+use std::time::Duration;
+
+use eggtimer::RedisTarget;
+use eggtimer::store::{
+    Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store, StoreOptions,
+};
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, eventually, noop_task as task, read_stream, store_on as store,
+    wait_state,
+};
 
 #[tokio::test]
 async fn effects_commit_only_if_the_kv_entries_read_are_unchanged() {
-    use eggtimer::store::{Committed, KvRead, KvWrite, NsEffects};
+    use eggtimer::store::{KvRead, KvWrite};
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
     s.schedule(&[task("o1", 0), task("o2", 0)], ScheduleMode::Upsert)
@@ -69,4 +77,197 @@ fn redis_sha1(redis: &RedisServer, v: &str) -> String {
         .arg(v)
         .query(&mut redis.conn())
         .unwrap()
+}
+
+/// A run that committed its events and then lost its runner (kill -9 before the outcome was
+/// recorded) is run again, but its events are not committed again: the rerun commits under the
+/// first lost claim's marker, through any number of lost claims and given-back attempts, until an
+/// outcome is recorded; the next attempt's effects are its own.
+#[tokio::test]
+async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let mut t = task("t", 0);
+    t.max_attempts = 10;
+    s.schedule(&[t], ScheduleMode::Upsert).await.unwrap();
+    let emit = |n: u32| NsEffects {
+        events: vec![("fx".into(), format!("{{\"n\":{n}}}"))],
+        ..NsEffects::default()
+    };
+    let events = || -> usize {
+        redis::cmd("XLEN")
+            .arg("{eggtimer}:events:fx")
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    // A commits its events, then dies before its outcome
+    let a = claim_one(&s, 100).await;
+    assert_eq!(
+        a.effects_claim, a.token,
+        "a first claim commits under its own marker"
+    );
+    assert_eq!(
+        s.commit_ns_effects(&a, &emit(1)).await.unwrap(),
+        Committed::Applied
+    );
+    // B reruns it: same marker, nothing written; B dies too
+    let b = claim_one(&s, 100).await;
+    assert_ne!(b.token, a.token);
+    assert_eq!(b.effects_claim, a.token);
+    assert_eq!(
+        s.commit_ns_effects(&b, &emit(2)).await.unwrap(),
+        Committed::AppliedBefore
+    );
+    // C is given back unstarted (shutdown): the chain holds
+    let c = claim_one(&s, 30_000).await;
+    assert_eq!(c.effects_claim, a.token, "after two lost claims");
+    let release = Finish::Release;
+    assert_eq!(
+        s.finish(0, &[("t", c.token, &release)]).await.unwrap(),
+        vec![Finished::Release]
+    );
+    let d = claim_one(&s, 30_000).await;
+    assert_eq!(d.effects_claim, a.token, "after an attempt given back");
+    assert_eq!(
+        s.commit_ns_effects(&d, &emit(3)).await.unwrap(),
+        Committed::AppliedBefore
+    );
+    assert_eq!(events(), 1, "the lost run's events, once");
+    // D's outcome is recorded (a retry): the next attempt is a new run, with effects of its own
+    let retry = Finish::Retry {
+        after_ms: 0,
+        error: "again".into(),
+    };
+    assert_eq!(
+        s.finish(0, &[("t", d.token, &retry)]).await.unwrap(),
+        vec![Finished::Retry]
+    );
+    let rerun_entries = || -> usize {
+        redis::cmd("HLEN")
+            .arg("{eggtimer:0}:rerun")
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert_eq!(rerun_entries(), 0, "a recorded outcome ends the chain");
+    let e = claim_one(&s, 30_000).await;
+    assert_eq!(e.effects_claim, e.token);
+    assert_eq!(
+        s.commit_ns_effects(&e, &emit(4)).await.unwrap(),
+        Committed::Applied
+    );
+    assert_eq!(events(), 2);
+
+    // A lost claim that had committed nothing: its rerun commits, and the lost claim's late
+    // commit (its runner was only stalled) is refused as applied before.
+    s.schedule(&[task("u", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let f = claim_one(&s, 100).await;
+    let g = claim_one(&s, 30_000).await;
+    assert_eq!((g.id.as_str(), g.effects_claim), ("u", f.token));
+    assert_eq!(
+        s.commit_ns_effects(&g, &emit(5)).await.unwrap(),
+        Committed::Applied
+    );
+    assert_eq!(
+        s.commit_ns_effects(&f, &emit(6)).await.unwrap(),
+        Committed::AppliedBefore
+    );
+    assert_eq!(events(), 3);
+    let done = Finish::Done;
+    assert_eq!(
+        s.finish(0, &[("u", g.token, &done)]).await.unwrap(),
+        vec![Finished::Done]
+    );
+    assert_eq!(rerun_entries(), 0, "u's outcome ends its chain");
+    // cancelling a task put back by lease expiry drops its entry
+    s.schedule(&[task("v", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let v = claim_one(&s, 100).await;
+    assert_eq!(v.id, "v");
+    eventually(Duration::from_secs(5), "v's lease to expire", || async {
+        // a claim of nothing due reaps; v comes back as due and is claimed, so give it back
+        let b = s.claim(0, 10, 30_000).await.unwrap();
+        let w = b.tasks.into_iter().find(|t| t.id == "v")?;
+        let release = Finish::Release;
+        s.finish(0, &[("v", w.token, &release)]).await.unwrap();
+        Some(())
+    })
+    .await;
+    assert_eq!(rerun_entries(), 1, "v was put back by lease expiry");
+    assert!(s.cancel("v").await.unwrap().is_ok());
+    assert_eq!(rerun_entries(), 0, "cancel drops v's entry");
+}
+
+/// The same through a runner process: a runner that committed a task's event and died before its
+/// outcome (the test plays it: a claim with a short lease, a commit, nothing more) is taken over by
+/// a real runner, which runs the task again to done without emitting again; a task the dead runner
+/// claimed and committed nothing for is emitted by the rerun.
+#[tokio::test]
+async fn a_runner_takes_over_a_dead_runners_task_without_emitting_its_event_again() {
+    let redis = RedisServer::start();
+    let s = Store::open(RedisTarget::Single(redis.url()), StoreOptions::default())
+        .await
+        .unwrap();
+    let ids = ["committed", "not-committed"];
+    let specs: Vec<NewTask> = ids
+        .iter()
+        .map(|id| NewTask {
+            id: (*id).into(),
+            plugin: "coupon-expiry".into(),
+            payload: format!(r#"{{"coupon_id":"{id}","user_id":"u","expires_at":0}}"#),
+            run_at: 0,
+            owner: None,
+            max_attempts: 5,
+            unique_for_ms: 0,
+            traceparent: None,
+        })
+        .collect();
+    s.schedule(&specs, ScheduleMode::Upsert).await.unwrap();
+    let mut held = Vec::new();
+    for id in ids {
+        held.extend(s.claim(s.shard_of(id), 10, 300).await.unwrap().tasks);
+    }
+    assert_eq!(held.len(), 2, "{held:?}");
+    let dead_run = held.iter().find(|t| t.id == "committed").unwrap();
+    let fx = NsEffects {
+        events: vec![("push".into(), r#"{"from":"the dead runner"}"#.into())],
+        ..NsEffects::default()
+    };
+    assert_eq!(
+        s.commit_ns_effects(dead_run, &fx).await.unwrap(),
+        Committed::Applied
+    );
+    let r = RunnerProcess::with_plugins(&redis, &[]);
+    for id in ids {
+        let t = wait_state(&r.url, id, "done", Duration::from_secs(30)).await;
+        assert_eq!(t["attempts"], 2, "{t}");
+    }
+    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+    let of = |id: &str| -> Vec<serde_json::Value> {
+        events
+            .iter()
+            .filter(|(t, _, _)| t == id)
+            .map(|(_, _, data)| data.clone())
+            .collect()
+    };
+    assert_eq!(
+        of("committed"),
+        vec![serde_json::json!({"from": "the dead runner"})],
+        "the dead run's event, once"
+    );
+    let rerun = of("not-committed");
+    assert_eq!(rerun.len(), 1, "{events:?}");
+    assert_eq!(rerun[0]["coupon_id"], "not-committed");
+}
+
+/// The one task of shard 0 claimed once its earlier claim's lease (if any) expired.
+async fn claim_one(s: &Store, lease_ms: u64) -> Claimed {
+    eventually(Duration::from_secs(5), "a task to claim", || async {
+        let mut b = s.claim(0, 10, lease_ms).await.unwrap();
+        assert!(b.tasks.len() <= 1, "one task at a time: {:?}", b.tasks);
+        b.tasks.pop()
+    })
+    .await
 }

@@ -179,6 +179,9 @@ async fn three_runners_share_the_shards_and_survive_a_kill_9() {
         missing.len()
     );
     assert!(missing.is_empty(), "missing: {missing:?}");
+    // the victim's runs that committed their event and not their outcome run again, but their
+    // events count as committed: none twice
+    assert_eq!(duplicates, 0, "events committed twice");
     assert_eq!(failures.load(Ordering::Relaxed), 0);
 }
 

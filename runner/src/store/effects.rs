@@ -6,17 +6,19 @@ use anyhow::{Context, Result, bail};
 use super::{Claimed, Committed, KvWrite, NsEffects, Store};
 
 /// How long the marker of an applied commit is kept: a retried commit of the same claim comes
-/// within seconds; a day is plenty.
+/// within seconds, and a rerun after its runner died within a lease or a few (a day is plenty,
+/// unless the task's plugin is paused for longer in between: then the rerun's effects apply).
 const MARKER_TTL_MS: u64 = 24 * 3600 * 1000;
 
 impl Store {
-    /// Commits one run's kv writes and events (at most once per claim), provided no kv entry it
-    /// read has changed since (else nothing is written: [`Committed::Conflict`]).
+    /// Commits one run's kv writes and events, provided no kv entry it read has changed since
+    /// (else nothing is written: [`Committed::Conflict`]). At most once per claim, or per chain of
+    /// claims whose runners died before recording an outcome ([`Claimed::effects_claim`]).
     pub async fn commit_ns_effects(&self, run: &Claimed, fx: &NsEffects) -> Result<Committed> {
         let (task_id, plugin) = (run.id.as_str(), run.plugin.as_str());
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
-        inv.key(keys.effects_marker(task_id, &run.token.to_string()));
+        inv.key(keys.effects_marker(task_id, &run.effects_claim.to_string()));
         inv.arg(MARKER_TTL_MS)
             .arg(self.inner.opts.stream_maxlen)
             .arg(fx.reads.len());

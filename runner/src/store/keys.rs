@@ -10,7 +10,7 @@ pub struct Keys {
     ns: String,
 }
 
-/// The ten keys every shard script takes first, in the order `prelude.lua` expects (it
+/// The eleven keys every shard script takes first, in the order `prelude.lua` expects (it
 /// describes each).
 pub struct ShardKeys {
     pub due: String,
@@ -24,10 +24,11 @@ pub struct ShardKeys {
     pub byplugin: String,
     pub unique: String,
     pub recent: String,
+    pub rerun: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 10] {
+    pub fn all(&self) -> [&str; 11] {
         [
             &self.due,
             &self.tasks,
@@ -39,6 +40,7 @@ impl ShardKeys {
             &self.byplugin,
             &self.unique,
             &self.recent,
+            &self.rerun,
         ]
     }
 }
@@ -65,6 +67,7 @@ impl Keys {
             byplugin: format!("{tag}:byplugin"),
             unique: format!("{tag}:unique"),
             recent: format!("{tag}:recent"),
+            rerun: format!("{tag}:rerun"),
         }
     }
 

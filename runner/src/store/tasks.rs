@@ -66,17 +66,25 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("claim script")?;
-        if v.len() < 4 || !v.len().is_multiple_of(2) {
+        if v.len() < 4 || !(v.len() - 4).is_multiple_of(3) {
             bail!("the claim script answered {} values", v.len());
         }
         let now = int(&v[0])?;
         let next = int(&v[1])?;
         let lease = int(&v[2])?;
         let token = int(&v[3])? as u64;
-        let mut tasks = Vec::with_capacity((v.len() - 4) / 2);
-        for c in v[4..].chunks_exact(2) {
+        let mut tasks = Vec::with_capacity((v.len() - 4) / 3);
+        for c in v[4..].chunks_exact(3) {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
+            let first = string(&c[2])?;
+            let effects_claim = if first.is_empty() {
+                token
+            } else {
+                first.parse().with_context(|| {
+                    format!("the claim script named {first:?} as the first claim of {id:?}")
+                })?
+            };
             let r = TaskRecord::decode(&id, &rec).with_context(|| {
                 format!("the claim script returned a record it can't have written for {id:?}")
             })?;
@@ -84,6 +92,7 @@ impl Store {
                 id,
                 shard,
                 token,
+                effects_claim,
                 attempt: r.attempts,
                 due: r.run_at,
                 max_attempts: r.max_attempts,

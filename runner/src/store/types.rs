@@ -49,6 +49,10 @@ pub struct Claimed {
     pub shard: u32,
     /// The claim token: unique per claim of this task (the shard's claim counter).
     pub token: u64,
+    /// The claim whose marker this run's effects are committed under: `token`, or, when the
+    /// claims before this one lost their lease with no outcome recorded (their runner died),
+    /// the first of them, so effects that one committed are not committed again.
+    pub effects_claim: u64,
     pub attempt: u32,
     pub due: i64,
     pub max_attempts: u32,

@@ -21,6 +21,7 @@ if op == 'cancel_owner' then
       if plugin == '' or t.plugin == plugin then
         unindex_scheduled(id, t)
         redis.call('HDEL', K_TASKS, id)
+        redis.call('HDEL', K_RERUN, id)
         redis.call('ZREM', K_UNIQUE, id)
         count = count + 1
       end

@@ -7,7 +7,10 @@
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
--- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, then per task: id, record}.
+-- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
+-- under whose marker its effects are committed (else '').
+-- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, then per task: id,
+-- record, first claim}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 reap_expired(now, limit)
@@ -22,6 +25,8 @@ else
   redis.call('ZREMRANGEBYRANK', K_DUE, 0, #ids - 1)
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
   local recs = records_of(ids)
+  local reruns = {}
+  if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, ids) end
   -- every write of the batch goes in one variadic call per key
   local parked, unplugin, unowner, records, leases = {}, {}, {}, {}, {}
   local expires = string.format('%d', now + lease)
@@ -44,6 +49,9 @@ else
         push(records, id, rec)
         push(leases, expires, id)
         push(out, id, rec)
+        local first = reruns[i]
+        if first then first = rerun_of(first, string.match(mc, '\t(%d+)\t$'), tonumber(att)) end
+        out[#out + 1] = first or ''
       end
     end
   end

@@ -1,14 +1,16 @@
 -- Commits the kv writes and events of one handler run, all together or not at all, at most once
--- per claim, and only if none of the kv entries the run read has changed since it read them
+-- per marker, and only if none of the kv entries the run read has changed since it read them
 -- (optimistic concurrency: two runs that race on one key behave as if one ran after the other).
--- All keys share the namespace hash tag {ns}. KEYS[1]: the marker of this run (task id + claim);
+-- All keys share the namespace hash tag {ns}. KEYS[1]: the marker of this run (task id + the
+-- claim it commits under: its own, or the first of the claims before it that lost their lease
+-- with no outcome recorded);
 -- KEYS[2..]: the kv and stream keys the reads and ops name by index.
 -- ARGV: marker_ttl_ms, stream_maxlen, n_reads, then per read: key_index, sha1 of the value read
 -- ('' when it was absent); then ops:
 --   'set', key_index, value, ttl_ms (0 = none) | 'del', key_index |
 --   'emit', key_index, task_id, plugin, data |
 --   'emit_tp', key_index, task_id, plugin, data, traceparent (the entry gets a traceparent field)
--- Returns 1 when applied, 0 when this claim's effects were applied before, -1 on a conflict (a key
+-- Returns 1 when applied, 0 when this marker's effects were applied before, -1 on a conflict (a key
 -- read has changed: nothing was written; the handler must run again with fresh reads).
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local maxlen, n_reads = ARGV[2], tonumber(ARGV[3])

@@ -12,7 +12,9 @@
 -- Fenced by the claim token: an outcome of a claim that no longer holds the task (reaped, claimed
 -- again, replaced) is refused ('stale'). A late outcome of an expired lease not yet reaped is still accepted: nobody
 -- else has the task, so accepting it saves a duplicate run.
--- A task that finished (done or dead) starts its dedup window, if it asked for one.
+-- A task that finished (done or dead) starts its dedup window, if it asked for one. The outcome of
+-- a run (not 'release' or 'defer') ends its rerun chain (`rerun`): the next claim's effects are
+-- its own.
 -- Returns per task: 'done' | 'retry' | 'dead' | 'again' | 'release' | 'defer' | 'stale'.
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
@@ -25,7 +27,7 @@ local ids = {}
 for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5 + 1] end
 local recs = records_of(ids)
 -- the done ones (the hot path) are written together, one variadic call per key
-local released, records, recents, seen = {}, {}, {}, {}
+local released, records, recents, seen, ran = {}, {}, {}, {}, {}
 for i = 0, n - 1 do
   local b = 3 + i * 5
   local id, token, kind, value, err = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3],
@@ -62,10 +64,12 @@ for i = 0, n - 1 do
       end
     end
     verdict = kind
+    if kind ~= 'release' and kind ~= 'defer' then ran[#ran + 1] = id end
   end
   out[#out + 1] = verdict
 end
 call_many('ZREM', K_INFLIGHT, released)
+if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
 call_many('ZADD', K_RECENT, recents)
 local any_done = #records > 0

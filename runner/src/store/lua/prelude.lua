@@ -1,5 +1,5 @@
 -- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
--- Every shard script gets the same first ten KEYS, all under the shard's hash tag {ns:s}:
+-- Every shard script gets the same first eleven KEYS, all under the shard's hash tag {ns:s}:
 --   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
 --   KEYS[3] inflight (ZSET id -> lease)  KEYS[4] dead (ZSET id -> died at)
 --   KEYS[5] byowner (ZSET, score 0, member owner \0 due(15 digits) \0 id)
@@ -12,6 +12,11 @@
 --           its dedup window (ms) once it finished)
 --   KEYS[10] recent (ZSET id -> finish time of the done records in `tasks`, which are deleted
 --           once older than the retention window)
+--   KEYS[11] rerun (HASH id -> 'created attempts first': a task put back because its lease
+--           expired at attempt `attempts` of its occurrence `created`; `first` is the claim token
+--           of the first of the claims that ended so in a row. Its next claim commits effects
+--           under `first`'s marker, so effects a dead runner committed before its outcome was
+--           recorded are not committed again. Dropped when an outcome is recorded.)
 -- Script-specific keys follow from KEYS[K_FIRST].
 -- A record is ten tab-separated fields, the payload last (it may hold anything):
 --   state(s|r|d|x) due attempts max_attempts created fin plugin owner last_error payload
@@ -21,8 +26,9 @@
 -- they are recovered by lease expiry.
 local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
-local K_PARKED, K_BYPLUGIN, K_UNIQUE, K_RECENT = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local K_FIRST = 11
+local K_PARKED, K_BYPLUGIN, K_UNIQUE, K_RECENT, K_RERUN = KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+  KEYS[11]
+local K_FIRST = 12
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
@@ -49,19 +55,25 @@ local function push(list, a, b)
   list[#list + 1] = b
 end
 
--- The records of `ids` (false where there is none), in one HMGET per chunk.
-local function records_of(ids)
+-- The values of the fields `ids` of the hash `key` (false where there is none), in one HMGET
+-- per chunk.
+local function hmget(key, ids)
   local n = #ids
   if n <= CHUNK then
     if n == 0 then return {} end
-    return redis.call('HMGET', K_TASKS, unpack(ids))
+    return redis.call('HMGET', key, unpack(ids))
   end
   local out = {}
   for i = 1, n, CHUNK do
-    local part = redis.call('HMGET', K_TASKS, unpack(ids, i, math.min(i + CHUNK - 1, n)))
+    local part = redis.call('HMGET', key, unpack(ids, i, math.min(i + CHUNK - 1, n)))
     for _, r in ipairs(part) do out[#out + 1] = r end
   end
   return out
+end
+
+-- The records of `ids` (false where there is none).
+local function records_of(ids)
+  return hmget(K_TASKS, ids)
 end
 
 local function now_ms()
@@ -192,6 +204,23 @@ local function wake_if_head(channel, shard, due)
   end
 end
 
+-- The first claim of the rerun chain that `rerun` (an entry of K_RERUN, or false) names for a
+-- task about to be claimed with `created` and `att` (attempts before this claim), or nil when the
+-- entry is of another occurrence or an outcome was recorded since (attempts moved on).
+local function rerun_of(rerun, created, att)
+  if not rerun then return nil end
+  local c, a, token = string.match(rerun, '^(%d+) (%d+) (%d+)$')
+  if c == created and tonumber(a) == att then return token end
+  return nil
+end
+
+-- A running task `t` (claim t.fin, attempt t.att) loses its lease: its next claim must commit
+-- effects under the first claim of the chain (this one, unless it was itself a rerun).
+local function note_rerun(id, t)
+  local first = rerun_of(redis.call('HGET', K_RERUN, id), t.created, t.att - 1) or t.fin
+  redis.call('HSET', K_RERUN, id, t.created .. ' ' .. string.format('%d', t.att) .. ' ' .. first)
+end
+
 -- Puts up to `limit` tasks whose lease expired (their runner died or stalled) back to due at
 -- `now`, or dead-letters them when that attempt was their last.
 local function reap_expired(now, limit)
@@ -204,7 +233,9 @@ local function reap_expired(now, limit)
       if t.att >= t.max then
         bury(id, t, now, t.err)
         start_unique_window(id, now)
+        redis.call('HDEL', K_RERUN, id)
       else
+        if t.fin ~= '' then note_rerun(id, t) end
         t.st = 's'; t.due = now; t.fin = ''
         redis.call('HSET', K_TASKS, id, encode(t))
         index_scheduled(id, t)
