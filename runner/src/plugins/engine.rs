@@ -185,6 +185,14 @@ impl WasmEngine {
     /// provides and which exports `handle` of the contract. Blocking (seconds for a large
     /// plugin): call it off the async runtime.
     pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
+        let network = network_imports(wasm);
+        if !network.is_empty() {
+            // refused before the compile, which takes many seconds for a large component
+            return Err(format!(
+                "the plugin imports something the host does not offer: {}{NO_NETWORK}",
+                network.join(", ")
+            ));
+        }
         let digest = digest(wasm);
         let cached = self
             .cache_path(&digest)
@@ -209,9 +217,7 @@ impl WasmEngine {
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             let e = format!("{e:#}");
             let hint = if e.contains("wasi:http") || e.contains("wasi:sockets") {
-                "; eggtimer gives plugins no network: build without it (jco: `jco componentize \
-                 --backend qjs --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; \
-                 Rust: don't depend on wasi:http)"
+                NO_NETWORK
             } else {
                 ""
             };
@@ -243,4 +249,36 @@ impl WasmEngine {
             Err(e) => warn!("could not serialize a compiled plugin: {e:#}"),
         }
     }
+}
+
+/// Why an import of the network is refused, and how to build without it.
+const NO_NETWORK: &str = "; eggtimer gives plugins no network: build without it (jco: `jco componentize \
+     --backend qjs --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; \
+     Rust: don't depend on wasi:http)";
+
+/// The imports of the component itself (not of the modules and components nested in it) that
+/// would reach the network (`wasi:http`, `wasi:sockets`), read without compiling it. A binary
+/// that does not parse gives none here: the compile then says what is wrong with it.
+fn network_imports(wasm: &[u8]) -> Vec<String> {
+    use wasmparser::{Parser, Payload};
+    let mut depth = 0usize;
+    let mut out = Vec::new();
+    for payload in Parser::new(0).parse_all(wasm) {
+        let Ok(payload) = payload else { break };
+        match payload {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) if depth == 0 => break,
+            Payload::End(_) => depth -= 1,
+            Payload::ComponentImportSection(imports) if depth == 0 => {
+                for import in imports.into_iter().flatten() {
+                    let name = import.name.name;
+                    if name.starts_with("wasi:http/") || name.starts_with("wasi:sockets/") {
+                        out.push(name.to_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
