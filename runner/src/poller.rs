@@ -112,6 +112,7 @@ pub async fn poll_shard(
             _ = stop.changed() => return,
         };
         let limit = res.len();
+        let sent = std::time::Instant::now();
         let batch = match store.claim(shard, limit, exec.lease_ms()).await {
             Ok(b) => {
                 error_delay = Duration::from_millis(50);
@@ -128,7 +129,7 @@ pub async fn poll_shard(
         let claimed = batch.tasks.len();
         if claimed > 0 {
             debug!(shard, claimed, "claimed");
-            exec.submit(batch.tasks, res);
+            exec.submit(batch.tasks, res, sent);
         } else {
             drop(res);
         }

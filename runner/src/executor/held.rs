@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use tracing::warn;
@@ -10,43 +10,72 @@ use tracing::warn;
 use super::Executor;
 use crate::store::Claimed;
 
-/// The claims this runner holds: shard → task id → claim token.
+/// A claim held: its token, and an instant before the request that last set its lease (the
+/// claim or a renewal), so the lease runs at least until that instant + the lease.
+struct Claim {
+    token: u64,
+    leased_from: Instant,
+}
+
+/// The claims this runner holds: shard → task id → claim.
 #[derive(Default)]
-pub(super) struct Held(Mutex<HashMap<u32, HashMap<String, u64>>>);
+pub(super) struct Held(Mutex<HashMap<u32, HashMap<String, Claim>>>);
 
 impl Held {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, HashMap<String, u64>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, HashMap<String, Claim>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn insert(&self, t: &Claimed) {
+    /// Holds a claim whose request was sent at `sent`.
+    pub(super) fn insert(&self, t: &Claimed, sent: Instant) {
+        let claim = Claim {
+            token: t.token,
+            leased_from: sent,
+        };
         self.lock()
             .entry(t.shard)
             .or_default()
-            .insert(t.id.clone(), t.token);
+            .insert(t.id.clone(), claim);
     }
 
     /// Removes a claim (only that claim: a newer one of the same id stays).
     pub(super) fn remove(&self, shard: u32, id: &str, token: u64) {
         let mut g = self.lock();
         if let Some(m) = g.get_mut(&shard)
-            && m.get(id) == Some(&token)
+            && m.get(id).is_some_and(|c| c.token == token)
         {
             m.remove(id);
         }
     }
 
-    pub(super) fn holds(&self, t: &Claimed) -> bool {
+    /// Since when the lease of a claim held runs (None: not held).
+    pub(super) fn leased_from(&self, t: &Claimed) -> Option<Instant> {
         self.lock()
             .get(&t.shard)
-            .is_some_and(|m| m.get(&t.id) == Some(&t.token))
+            .and_then(|m| m.get(&t.id))
+            .filter(|c| c.token == t.token)
+            .map(|c| c.leased_from)
+    }
+
+    /// A renewal sent at `sent` extended these claims' leases.
+    fn renewed(&self, shard: u32, claims: &[(String, u64)], sent: Instant) {
+        let mut g = self.lock();
+        if let Some(m) = g.get_mut(&shard) {
+            for (id, token) in claims {
+                if let Some(c) = m.get_mut(id)
+                    && c.token == *token
+                {
+                    c.leased_from = c.leased_from.max(sent);
+                }
+            }
+        }
     }
 
     pub(super) fn snapshot(&self) -> Vec<(u32, Vec<(String, u64)>)> {
         self.lock()
             .iter()
             .filter(|(_, m)| !m.is_empty())
-            .map(|(s, m)| (*s, m.iter().map(|(i, t)| (i.clone(), *t)).collect()))
+            .map(|(s, m)| (*s, m.iter().map(|(i, c)| (i.clone(), c.token)).collect()))
             .collect()
     }
 
@@ -73,8 +102,10 @@ impl Executor {
                 async move {
                     for chunk in held.chunks(1000) {
                         let refs: Vec<(&str, u64)> = chunk.iter().map(|(i, t)| (i.as_str(), *t)).collect();
+                        let sent = Instant::now();
                         match this.store.renew(shard, &refs, lease).await {
                             Ok(current) => {
+                                this.held.renewed(shard, chunk, sent);
                                 for ((id, token), ok) in chunk.iter().zip(current) {
                                     if !ok {
                                         warn!(shard, %id, "lost the claim of a running task (cancelled, replaced or reaped)");

@@ -28,7 +28,7 @@ mod held;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
@@ -260,7 +260,8 @@ impl Executor {
     /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
     /// They start in the order given (a claim's order: due order), batches in the order they
     /// were claimed: a free worker goes to the earliest task waiting.
-    pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation) {
+    /// `sent`: when the claim's request was sent (its leases run at least a lease from then).
+    pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation, sent: Instant) {
         if let Some(first) = tasks.first() {
             self.metrics.observe_claims(first.shard, tasks.len() as u64);
         }
@@ -271,7 +272,7 @@ impl Executor {
                 warn!(id = %task.id, "claimed more tasks than reserved; it runs again after its lease");
                 continue;
             };
-            self.held.insert(&task);
+            self.held.insert(&task, sent);
             batch.push((task, slot));
         }
         let rt = self
@@ -392,7 +393,7 @@ impl Executor {
                 // renew: a run after a conflict starts a new time limit
                 self.take_slot(task, holder, max).await;
             }
-            let t0 = std::time::Instant::now();
+            let t0 = Instant::now();
             let run = Arc::clone(&self.handler)
                 .handle(task.clone(), Arc::clone(&self.host))
                 .instrument(info_span!(target: trace::TARGET, parent: traced, "plugin.call", round))
@@ -498,21 +499,27 @@ impl Executor {
     /// Commits a run's effects: only while the claim is current, kv writes and events together
     /// and only if the kv entries read are unchanged, then follow-ups and cancels.
     async fn commit(&self, task: &Claimed, fx: &Effects) -> Result<(), NotCommitted> {
-        if !self.held.holds(task) {
+        let Some(leased_from) = self.held.leased_from(task) else {
             return Err(NotCommitted::Lost);
-        }
-        // The claim check also extends the lease, so the commit has a whole lease to finish in.
-        let current = self
-            .store
-            .renew(
-                task.shard,
-                &[(task.id.as_str(), task.token)],
-                self.opts.lease_ms,
-            )
-            .await
-            .map_err(NotCommitted::Failed)?;
-        if current != [true] {
-            return Err(NotCommitted::Lost);
+        };
+        // Only lease expiry loses a claim (a running task can't be moved, replaced or cancelled),
+        // so with half of its lease left the claim is current and the commit has time to finish:
+        // no round trip. Else a claim check, which also extends the lease. (A runner stalled past
+        // its lease after this point commits under the same marker as the task's rerun does,
+        // `effects_claim`, so the kv writes and events of only one of the two land.)
+        if leased_from.elapsed() >= Duration::from_millis(self.opts.lease_ms) / 2 {
+            let current = self
+                .store
+                .renew(
+                    task.shard,
+                    &[(task.id.as_str(), task.token)],
+                    self.opts.lease_ms,
+                )
+                .await
+                .map_err(NotCommitted::Failed)?;
+            if current != [true] {
+                return Err(NotCommitted::Lost);
+            }
         }
         let ns = &fx.ns;
         if !ns.kv.is_empty() || !ns.events.is_empty() || !ns.reads.is_empty() {
