@@ -185,7 +185,7 @@ impl WasmEngine {
     /// provides and which exports `handle` of the contract. Blocking (seconds for a large
     /// plugin): call it off the async runtime.
     pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
-        let network = network_imports(wasm);
+        let network = http_imports(wasm);
         if !network.is_empty() {
             // refused before the compile, which takes many seconds for a large component
             return Err(format!(
@@ -256,10 +256,11 @@ const NO_NETWORK: &str = "; eggtimer gives plugins no network: build without it 
      --backend qjs --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; \
      Rust: don't depend on wasi:http)";
 
-/// The imports of the component itself (not of the modules and components nested in it) that
-/// would reach the network (`wasi:http`, `wasi:sockets`), read without compiling it. A binary
-/// that does not parse gives none here: the compile then says what is wrong with it.
-fn network_imports(wasm: &[u8]) -> Vec<String> {
+/// The component's own imports (not those of the modules and components nested in it) of
+/// `wasi:http`, which the host does not link, read without compiling it. (`wasi:sockets` is
+/// linked, with every address denied: componentize-py's components import it.) A binary that
+/// does not parse gives none here: the compile then says what is wrong with it.
+fn http_imports(wasm: &[u8]) -> Vec<String> {
     use wasmparser::{Parser, Payload};
     let mut depth = 0usize;
     let mut out = Vec::new();
@@ -272,7 +273,7 @@ fn network_imports(wasm: &[u8]) -> Vec<String> {
             Payload::ComponentImportSection(imports) if depth == 0 => {
                 for import in imports.into_iter().flatten() {
                     let name = import.name.name;
-                    if name.starts_with("wasi:http/") || name.starts_with("wasi:sockets/") {
+                    if name.starts_with("wasi:http/") {
                         out.push(name.to_owned());
                     }
                 }
