@@ -108,7 +108,7 @@ impl Executor {
                                 this.held.renewed(shard, chunk, sent);
                                 for ((id, token), ok) in chunk.iter().zip(current) {
                                     if !ok {
-                                        warn!(shard, %id, "lost the claim of a running task (cancelled, replaced or reaped)");
+                                        warn!(shard, %id, "lost the claim of a running task (its lease expired and it was reaped)");
                                         this.held.remove(shard, id, *token);
                                     }
                                 }

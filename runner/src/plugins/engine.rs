@@ -185,12 +185,12 @@ impl WasmEngine {
     /// provides and which exports `handle` of the contract. Blocking (seconds for a large
     /// plugin): call it off the async runtime.
     pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
-        let network = http_imports(wasm);
-        if !network.is_empty() {
+        let http = http_imports(wasm);
+        if !http.is_empty() {
             // refused before the compile, which takes many seconds for a large component
             return Err(format!(
                 "the plugin imports something the host does not offer: {}{NO_NETWORK}",
-                network.join(", ")
+                http.join(", ")
             ));
         }
         let digest = digest(wasm);
