@@ -4,11 +4,7 @@
 use eggtimer::Store;
 use eggtimer::store::{Finish, Finished, NewTask, ScheduleMode, Scheduled, TaskState};
 use eggtimer_tests::RedisServer;
-use eggtimer_tests::{noop_task as task, store_on as store};
-
-fn now() -> i64 {
-    eggtimer::executor::now_ms()
-}
+use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
 /// The sizes of a shard's keys: (due, byplugin, byowner, inflight, recent, tasks).
 fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64, u64, u64) {
