@@ -1,24 +1,46 @@
 //! The batch scripts (schedule, claim, renew, finish) write each key once per batch: their
 //! indexes stay exact with an id named twice in a batch and with batches larger than one chunk.
 
+use std::collections::BTreeSet;
+use std::time::Duration;
+
 use eggtimer::Store;
-use eggtimer::store::{Finish, Finished, NewTask, ScheduleMode, Scheduled, TaskState};
-use eggtimer_tests::RedisServer;
+use eggtimer::store::{FindQuery, Finish, Finished, NewTask, ScheduleMode, Scheduled, TaskState};
+use eggtimer_tests::{RedisServer, eventually};
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
-/// The sizes of a shard's keys: (due, byplugin, byowner, inflight, recent, tasks).
+/// The sizes of a shard's keys: (due, byplugin, byowner, running, recent, tasks); running is the
+/// count the claim batches keep.
 fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64, u64, u64) {
     let k = s.keys().shard(shard);
     let mut c = redis.conn();
     let mut card =
         |cmd: &str, key: &str| -> u64 { redis::cmd(cmd).arg(key).query(&mut c).unwrap() };
+    let running: Option<u64> = redis::cmd("HGET")
+        .arg(&k.batches)
+        .arg("running")
+        .query(&mut redis.conn())
+        .unwrap();
     (
         card("ZCARD", &k.due),
         card("ZCARD", &k.byplugin),
         card("ZCARD", &k.byowner),
-        card("ZCARD", &k.inflight),
+        running.unwrap_or(0),
         card("ZCARD", &k.recent),
         card("HLEN", &k.tasks),
+    )
+}
+
+/// The claim batches still holding a lease: (entries in `leases`, fields of `batches` besides its
+/// running count).
+fn batches_left(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64) {
+    let k = s.keys().shard(shard);
+    let mut c = redis.conn();
+    let leases: u64 = redis::cmd("ZCARD").arg(&k.leases).query(&mut c).unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(&k.batches).query(&mut c).unwrap();
+    (
+        leases,
+        fields.iter().filter(|f| *f != "running").count() as u64,
     )
 }
 
@@ -56,6 +78,8 @@ async fn batched_writes_keep_every_index_exact() {
     let b = s.claim(0, 10_000, 30_000).await.unwrap();
     assert_eq!(b.tasks.len() as u64, n);
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, n, 0, n));
+    // one lease for the whole claim: its token and its count
+    assert_eq!(batches_left(&redis, &s, 0), (1, 2));
     assert!(b.tasks.iter().all(|t| t.attempt == 1));
     let held: Vec<(&str, u64)> = b.tasks.iter().map(|t| (t.id.as_str(), t.token)).collect();
     assert!(s.renew(0, &held, 30_000).await.unwrap().iter().all(|x| *x));
@@ -72,8 +96,82 @@ async fn batched_writes_keep_every_index_exact() {
     );
     assert_eq!(verdicts.last(), Some(&Finished::Stale));
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, n, n));
+    assert_eq!(batches_left(&redis, &s, 0), (0, 0));
     assert_eq!(
         s.get("t4999").await.unwrap().unwrap().state,
         TaskState::Done
     );
+}
+
+/// A claim batch holds one lease. Its runner records the outcomes of some of its tasks and dies:
+/// when the lease ends, the next claim puts back only the tasks still running under it, and the
+/// batch leaves the lease keys once its last task's outcome is recorded.
+#[tokio::test]
+async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let tasks: Vec<NewTask> = (0..10).map(|i| task(&format!("h{i}"), 0)).collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let a = s.claim(0, 100, 300).await.unwrap();
+    assert_eq!(a.tasks.len(), 10);
+    let done = Finish::Done;
+    let first: Vec<(&str, u64, &Finish)> = a.tasks[..6]
+        .iter()
+        .map(|t| (t.id.as_str(), t.token, &done))
+        .collect();
+    assert_eq!(s.finish(0, &first).await.unwrap(), vec![Finished::Done; 6]);
+    assert_eq!(key_sizes(&redis, &s, 0).3, 4);
+    assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 4);
+    assert_eq!(batches_left(&redis, &s, 0), (1, 2));
+    let q = FindQuery {
+        plugin: None,
+        state: Some(TaskState::Running),
+        owner: None,
+        due_after: None,
+        due_before: None,
+        limit: 100,
+    };
+    let running: BTreeSet<String> = s
+        .find(&q, None)
+        .await
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    let rest: BTreeSet<String> = a.tasks[6..].iter().map(|t| t.id.clone()).collect();
+    assert_eq!(running, rest);
+    // the runner is gone: after its lease, another claim takes over the four, and only them
+    let b = eventually(
+        Duration::from_secs(5),
+        "the batch's lease to end",
+        || async {
+            let b = s.claim(0, 100, 30_000).await.unwrap();
+            (!b.tasks.is_empty()).then_some(b)
+        },
+    )
+    .await;
+    let again: BTreeSet<String> = b.tasks.iter().map(|t| t.id.clone()).collect();
+    assert_eq!(again, rest);
+    assert!(b.tasks.iter().all(|t| t.attempt == 2));
+    for t in &a.tasks[..6] {
+        assert_eq!(s.get(&t.id).await.unwrap().unwrap().state, TaskState::Done);
+    }
+    // the dead claim's late outcome is refused; the new one's is recorded and ends its batch
+    let t = &a.tasks[6];
+    assert_eq!(
+        s.finish(0, &[(t.id.as_str(), t.token, &done)])
+            .await
+            .unwrap(),
+        vec![Finished::Stale]
+    );
+    assert_eq!(batches_left(&redis, &s, 0), (1, 2));
+    let last: Vec<(&str, u64, &Finish)> = b
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.token, &done))
+        .collect();
+    assert_eq!(s.finish(0, &last).await.unwrap(), vec![Finished::Done; 4]);
+    assert_eq!(batches_left(&redis, &s, 0), (0, 0));
+    assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, 10, 10));
 }

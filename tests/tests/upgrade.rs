@@ -7,9 +7,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use eggtimer::store::shard_of;
+use eggtimer::store::{FindQuery, Finish, Finished, ScheduleMode, TaskState, shard_of};
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, now_ms, plugins_dir, read_stream, wait_state, workspace,
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugins_dir, read_stream, wait_state,
+    workspace,
 };
 
 /// The main before claim tokens (records without a token; five keys per shard script).
@@ -333,4 +334,97 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
     assert_eq!(s, 201, "{b}");
     let again = wait_state(&r.url, "pi-done", "done", t).await;
     assert_eq!(again["attempts"], 1, "{again}");
+}
+
+/// The main before claim batches (one `inflight` entry per running task; eleven keys per shard
+/// script).
+const BEFORE_CLAIM_BATCHES: &str = "adc2e5412593aed47c4b0aaa2a5a6a90643385f6";
+
+/// Claims up to `limit` due tasks of shard 0 with the claim script of the main before claim
+/// batches, with a lease of `lease_ms`: (id, token) of each.
+fn claim_before_batches(
+    c: &mut redis::Connection,
+    keys: &[&str],
+    lease_ms: u64,
+) -> Vec<(String, u64)> {
+    let v: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(script_at(BEFORE_CLAIM_BATCHES, "claim"))
+        .arg(keys.len())
+        .arg(keys)
+        .arg(100)
+        .arg(lease_ms)
+        .query(c)
+        .unwrap();
+    let token: u64 = redis::from_redis_value_ref(&v[3]).unwrap();
+    v[4..]
+        .chunks_exact(3)
+        .map(|t| (redis::from_redis_value_ref(&t[0]).unwrap(), token))
+        .collect()
+}
+
+/// Tasks a runner of the previous main claimed (one `inflight` entry each) during a rolling
+/// upgrade: this build counts and finds them as running, that runner can still record their
+/// outcomes with its own script, and when it dies this build's claims put the rest back.
+#[tokio::test]
+async fn tasks_claimed_by_the_main_before_claim_batches_are_found_and_reaped_after_the_upgrade() {
+    let redis = RedisServer::start();
+    let s = eggtimer_tests::store_on(&redis, 1).await;
+    let k = s.keys().shard(0);
+    let old_keys: Vec<&str> = k.all()[..11].to_vec();
+    let tasks: Vec<_> = (0..3)
+        .map(|i| eggtimer_tests::noop_task(&format!("u{i}"), 0))
+        .collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let mut c = redis.conn();
+    let claimed = claim_before_batches(&mut c, &old_keys, 300);
+    assert_eq!(claimed.len(), 3);
+    assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 3);
+    let q = FindQuery {
+        plugin: None,
+        state: Some(TaskState::Running),
+        owner: None,
+        due_after: None,
+        due_before: None,
+        limit: 10,
+    };
+    assert_eq!(s.find(&q, None).await.unwrap().0.len(), 3);
+    // the old runner records one outcome with its own finish script, then dies
+    let (id, token) = &claimed[0];
+    let v: Vec<String> = redis::cmd("EVAL")
+        .arg(script_at(BEFORE_CLAIM_BATCHES, "finish"))
+        .arg(old_keys.len())
+        .arg(&old_keys)
+        .arg("")
+        .arg(0)
+        .arg(60_000)
+        .arg(id)
+        .arg(token)
+        .arg("done")
+        .arg(0)
+        .arg("")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v, ["done"]);
+    assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 2);
+    // this build's claims put the other two back once their leases end
+    let b = eventually(Duration::from_secs(5), "the old leases to end", || async {
+        let b = s.claim(0, 10, 30_000).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    let mut ids: Vec<&str> = b.tasks.iter().map(|t| t.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, [claimed[1].0.as_str(), claimed[2].0.as_str()]);
+    assert!(b.tasks.iter().all(|t| t.attempt == 2));
+    let inflight: u64 = redis::cmd("ZCARD").arg(&k.inflight).query(&mut c).unwrap();
+    assert_eq!(inflight, 0);
+    let done = Finish::Done;
+    let items: Vec<(&str, u64, &Finish)> = b
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.token, &done))
+        .collect();
+    assert_eq!(s.finish(0, &items).await.unwrap(), vec![Finished::Done; 2]);
+    assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 0);
+    assert_eq!(s.get(id).await.unwrap().unwrap().state, TaskState::Done);
 }

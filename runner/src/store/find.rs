@@ -1,11 +1,11 @@
 //! Finding tasks by plugin, state, owner and due range, a page at a time.
 //!
 //! Each state is read from the index that orders it (scheduled: `due` + `parked`, or `byplugin` /
-//! `byowner` when those filters are given; running: `inflight`; dead: `dead` or `byplugin`; done:
-//! `recent`), every shard from the cursor on, so a page costs O(shards × page) whatever the
-//! number of tasks. A filter that no index serves is applied to the records read: such a page may
-//! hold fewer tasks than asked for (even none) and still have a next cursor; the walk ends only
-//! when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
+//! `byowner` when those filters are given; running: the claim batches in `batches`, and `inflight`
+//! of the earlier layout; dead: `dead` or `byplugin`; done: `recent`), every shard from the cursor
+//! on, so a page costs O(shards × page) whatever the number of tasks. A filter that no index
+//! serves is applied to the records read: such a page may hold fewer tasks than asked for (even
+//! none) and still have a next cursor; the walk ends only when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
 //! done ones most recent first; without a state filter the states come one after another
 //! (scheduled, running, dead, done).
 
@@ -327,12 +327,30 @@ impl Store {
             }
             Source::Running => {
                 let k = self.keys().shard(shard);
-                let ids: Vec<String> = redis::cmd("ZRANGE")
+                // the ids of the running claim batches, and those claimed under the earlier
+                // per-task layout (`inflight`); one may be in more than one batch's list (its
+                // outcome recorded, then claimed again), and the records say which still run
+                let (old, batches): (Vec<String>, Vec<(String, String)>) = redis::pipe()
+                    .cmd("ZRANGE")
                     .arg(&k.inflight)
                     .arg(0)
                     .arg(-1)
+                    .cmd("HGETALL")
+                    .arg(&k.batches)
                     .query_async(&mut conn)
                     .await?;
+                let batch_ids = batches
+                    .iter()
+                    .filter(|(field, _)| field.bytes().all(|b| b.is_ascii_digit()))
+                    .flat_map(|(_, ids)| ids.split('\t'));
+                let ids: Vec<String> = old
+                    .iter()
+                    .map(String::as_str)
+                    .chain(batch_ids)
+                    .collect::<std::collections::BTreeSet<&str>>()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
                 let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
                 let recs = self.read_records(&refs).await?;
                 let mut found: Vec<((i64, String), Option<TaskRecord>)> = ids

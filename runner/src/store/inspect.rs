@@ -263,17 +263,21 @@ impl Store {
                     .arg(&k.due)
                     .cmd("ZCARD")
                     .arg(&k.inflight)
+                    .cmd("HGET")
+                    .arg(&k.batches)
+                    .arg("running")
                     .cmd("ZCARD")
                     .arg(&k.dead)
                     .cmd("ZCOUNT")
                     .arg(&k.due)
                     .arg("-inf")
                     .arg(now)
-                    .query_async::<(u64, u64, u64, u64)>(&mut conn)
+                    .query_async::<(u64, u64, Option<i64>, u64, u64)>(&mut conn)
                     .await
-                    .map(|(scheduled, inflight, dead, due_now)| ShardCounts {
+                    .map(|(scheduled, old, batched, dead, due_now)| ShardCounts {
                         scheduled,
-                        inflight,
+                        // claimed per task (the earlier layout) or per batch
+                        inflight: old + batched.unwrap_or(0).max(0) as u64,
                         dead,
                         due_now,
                     })

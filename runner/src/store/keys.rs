@@ -10,7 +10,7 @@ pub struct Keys {
     ns: String,
 }
 
-/// The eleven keys every shard script takes first, in the order `prelude.lua` expects (it
+/// The thirteen keys every shard script takes first, in the order `prelude.lua` expects (it
 /// describes each).
 pub struct ShardKeys {
     pub due: String,
@@ -25,10 +25,14 @@ pub struct ShardKeys {
     pub unique: String,
     pub recent: String,
     pub rerun: String,
+    /// ZSET claim token -> lease end, one entry per running claim batch.
+    pub leases: String,
+    /// HASH token -> the batch's ids, token:n -> how many still run, running -> their sum.
+    pub batches: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 11] {
+    pub fn all(&self) -> [&str; 13] {
         [
             &self.due,
             &self.tasks,
@@ -41,6 +45,8 @@ impl ShardKeys {
             &self.unique,
             &self.recent,
             &self.rerun,
+            &self.leases,
+            &self.batches,
         ]
     }
 }
@@ -68,6 +74,8 @@ impl Keys {
             unique: format!("{tag}:unique"),
             recent: format!("{tag}:recent"),
             rerun: format!("{tag}:rerun"),
+            leases: format!("{tag}:leases"),
+            batches: format!("{tag}:batches"),
         }
     }
 

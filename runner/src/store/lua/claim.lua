@@ -1,4 +1,4 @@
--- Claims up to ARGV[1] due tasks of one shard: due -> inflight with a lease of ARGV[2] ms,
+-- Claims up to ARGV[1] due tasks of one shard: due -> running, under one lease of ARGV[2] ms,
 -- attempts + 1, and a fresh claim token (the shard's claim counter) in the record's `fin` field.
 -- Nothing is deleted: the record stays until the outcome is recorded.
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
@@ -9,6 +9,8 @@
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
 -- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
 -- under whose marker its effects are committed (else '').
+-- The batch is one entry in `leases` (its token -> lease end) and one in `batches` (its ids), not
+-- one per task.
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, then per task: id,
 -- record, first claim}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -28,7 +30,7 @@ else
   local reruns = {}
   if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, ids) end
   -- every write of the batch goes in one variadic call per key
-  local parked, unplugin, unowner, records, leases = {}, {}, {}, {}, {}
+  local parked, unplugin, unowner, records, claimed = {}, {}, {}, {}, {}
   local expires = string.format('%d', now + lease)
   for i, id in ipairs(ids) do
     local rec = recs[i]
@@ -47,7 +49,7 @@ else
         unplugin[#unplugin + 1] = plugin_member(plugin, 's', tonumber(due), id)
         rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
         push(records, id, rec)
-        push(leases, expires, id)
+        claimed[#claimed + 1] = id
         push(out, id, rec)
         local first = reruns[i]
         if first then first = rerun_of(first, string.match(mc, '\t(%d+)\t$'), tonumber(att)) end
@@ -59,9 +61,8 @@ else
   call_many('ZREM', K_BYOWNER, unowner)
   call_many('ZREM', K_BYPLUGIN, unplugin)
   call_many('HSET', K_TASKS, records)
-  call_many('ZADD', K_INFLIGHT, leases)
+  lease_batch(token, claimed, expires)
   out[2] = head_due()
 end
-local l = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')
-out[3] = l[2] and tonumber(l[2]) or -1
+out[3] = next_lease_end()
 return out

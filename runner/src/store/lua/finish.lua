@@ -14,7 +14,8 @@
 -- else has the task, so accepting it saves a duplicate run.
 -- A task that finished (done or dead) starts its dedup window, if it asked for one. The outcome of
 -- a run (not 'release' or 'defer') ends its rerun chain (`rerun`): the next claim's effects are
--- its own.
+-- its own. Every accepted outcome ends the task's claim: a claim batch with no task left running
+-- leaves `leases` and `batches`.
 -- Returns per task: 'done' | 'retry' | 'dead' | 'again' | 'release' | 'defer' | 'stale'.
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
@@ -38,7 +39,7 @@ for i = 0, n - 1 do
   -- named twice in one batch is recorded once, as if the second came after the first
   if not seen[id] and holds(rec, token) then
     seen[id] = true
-    released[#released + 1] = id
+    released[token] = (released[token] or 0) + 1
     if kind == 'done' then
       -- hot path: flip the state and set the finish time without decoding the record
       local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', done_with, 1)
@@ -68,7 +69,7 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = verdict
 end
-call_many('ZREM', K_INFLIGHT, released)
+release_batches(released)
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
 call_many('ZADD', K_RECENT, recents)

@@ -1,7 +1,9 @@
 -- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
--- Every shard script gets the same first eleven KEYS, all under the shard's hash tag {ns:s}:
+-- Every shard script gets the same first thirteen KEYS, all under the shard's hash tag {ns:s}:
 --   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
---   KEYS[3] inflight (ZSET id -> lease)  KEYS[4] dead (ZSET id -> died at)
+--   KEYS[3] inflight (ZSET id -> lease: the running tasks claimed by a runner of the layout
+--           before claim batches; only read now, to reap them)
+--   KEYS[4] dead (ZSET id -> died at)
 --   KEYS[5] byowner (ZSET, score 0, member owner \0 due(15 digits) \0 id)
 --   KEYS[6] meta (HASH: 'claim' -> the shard's claim counter; 'paused' -> \0p1\0p2\0, the
 --           plugins paused; 'layout' -> the key layout this shard was migrated to)
@@ -17,6 +19,11 @@
 --           of the first of the claims that ended so in a row. Its next claim commits effects
 --           under `first`'s marker, so effects a dead runner committed before its outcome was
 --           recorded are not committed again. Dropped when an outcome is recorded.)
+--   KEYS[12] leases (ZSET claim token -> lease end: one entry per claim batch still running)
+--   KEYS[13] batches (HASH: token -> the claim's ids, tab-separated; token:n -> how many of
+--           them still run under that claim; 'running' -> the sum of those counts)
+--   A claim batch leaves `leases` and `batches` when its last task's outcome is recorded, or
+--   when its lease ends (the reaper puts back the tasks still running under it).
 -- Script-specific keys follow from KEYS[K_FIRST].
 -- A record is ten tab-separated fields, the payload last (it may hold anything):
 --   state(s|r|d|x) due attempts max_attempts created fin plugin owner last_error payload
@@ -28,7 +35,8 @@ local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], 
   KEYS[5], KEYS[6]
 local K_PARKED, K_BYPLUGIN, K_UNIQUE, K_RECENT, K_RERUN = KEYS[7], KEYS[8], KEYS[9], KEYS[10],
   KEYS[11]
-local K_FIRST = 12
+local K_LEASES, K_BATCHES = KEYS[12], KEYS[13]
+local K_FIRST = 14
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
@@ -221,29 +229,6 @@ local function note_rerun(id, t)
   redis.call('HSET', K_RERUN, id, t.created .. ' ' .. string.format('%d', t.att) .. ' ' .. first)
 end
 
--- Puts up to `limit` tasks whose lease expired (their runner died or stalled) back to due at
--- `now`, or dead-letters them when that attempt was their last.
-local function reap_expired(now, limit)
-  local ids = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now - 1, 'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do
-    redis.call('ZREM', K_INFLIGHT, id)
-    local t = parse(redis.call('HGET', K_TASKS, id))
-    if t and t.st == 'r' then
-      t.err = 'lease expired during attempt ' .. t.att .. ' (its runner died or stalled)'
-      if t.att >= t.max then
-        bury(id, t, now, t.err)
-        start_unique_window(id, now)
-        redis.call('HDEL', K_RERUN, id)
-      else
-        if t.fin ~= '' then note_rerun(id, t) end
-        t.st = 's'; t.due = now; t.fin = ''
-        redis.call('HSET', K_TASKS, id, encode(t))
-        index_scheduled(id, t)
-      end
-    end
-  end
-end
-
 -- The state and `fin` field of a stored record, without decoding the rest.
 local function state_and_fin(rec)
   if not rec then return nil, nil end
@@ -254,4 +239,76 @@ end
 local function holds(rec, token)
   local st, fin = state_and_fin(rec)
   return st == 'r' and fin == token
+end
+
+-- A running task `t` whose lease ended goes back to due at `now`, or is dead-lettered when that
+-- attempt was its last.
+local function reap(id, t, now)
+  t.err = 'lease expired during attempt ' .. t.att .. ' (its runner died or stalled)'
+  if t.att >= t.max then
+    bury(id, t, now, t.err)
+    start_unique_window(id, now)
+    redis.call('HDEL', K_RERUN, id)
+  else
+    if t.fin ~= '' then note_rerun(id, t) end
+    t.st = 's'; t.due = now; t.fin = ''
+    redis.call('HSET', K_TASKS, id, encode(t))
+    index_scheduled(id, t)
+  end
+end
+
+-- Puts back the tasks whose lease ended (their runner died or stalled): those of up to `limit`
+-- claim batches, and up to `limit` claimed under the earlier per-task layout (`inflight`).
+local function reap_expired(now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now - 1, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', K_INFLIGHT, id)
+    local t = parse(redis.call('HGET', K_TASKS, id))
+    if t and t.st == 'r' then reap(id, t, now) end
+  end
+  local tokens = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now - 1, 'LIMIT', 0, limit)
+  for _, token in ipairs(tokens) do
+    local b = redis.call('HMGET', K_BATCHES, token, token .. ':n')
+    redis.call('ZREM', K_LEASES, token)
+    redis.call('HDEL', K_BATCHES, token, token .. ':n')
+    redis.call('HINCRBY', K_BATCHES, 'running', -(tonumber(b[2]) or 0))
+    if b[1] then
+      local ids = {}
+      for id in string.gmatch(b[1], '[^\t]+') do ids[#ids + 1] = id end
+      local recs = records_of(ids)
+      for i, id in ipairs(ids) do
+        if holds(recs[i], token) then reap(id, parse(recs[i]), now) end
+      end
+    end
+  end
+end
+
+-- When the first lease of the shard ends (-1: nothing runs).
+local function next_lease_end()
+  local a = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')[2]
+  local b = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')[2]
+  if a and b then return math.min(tonumber(a), tonumber(b)) end
+  return tonumber(a or b) or -1
+end
+
+-- Claims `ids` (claimed under `token`, lease ending at `expires`) as one batch.
+local function lease_batch(token, ids, expires)
+  if #ids == 0 then return end
+  redis.call('HSET', K_BATCHES, token, table.concat(ids, '\t'), token .. ':n', #ids)
+  redis.call('HINCRBY', K_BATCHES, 'running', #ids)
+  redis.call('ZADD', K_LEASES, expires, token)
+end
+
+-- Outcomes were recorded for tasks claimed under the tokens `done` counts (token -> how many):
+-- a batch none of whose tasks still runs leaves `leases` and `batches`.
+local function release_batches(done)
+  local total = 0
+  for token, k in pairs(done) do
+    total = total + k
+    if redis.call('HINCRBY', K_BATCHES, token .. ':n', -k) <= 0 then
+      redis.call('HDEL', K_BATCHES, token, token .. ':n')
+      redis.call('ZREM', K_LEASES, token)
+    end
+  end
+  if total > 0 then redis.call('HINCRBY', K_BATCHES, 'running', -total) end
 end
