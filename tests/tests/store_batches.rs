@@ -9,8 +9,8 @@ use eggtimer::store::{FindQuery, Finish, Finished, NewTask, ScheduleMode, Schedu
 use eggtimer_tests::{RedisServer, eventually};
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
-/// The sizes of a shard's keys: (due, byplugin, byowner, running, recent, tasks); running is the
-/// count the claim batches keep.
+/// The sizes of a shard's keys: (due, byplugin, byowner, running, done, tasks); running is the
+/// count the claim batches keep, done the ids in the `finished` log.
 fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64, u64, u64) {
     let k = s.keys().shard(shard);
     let mut c = redis.conn();
@@ -21,12 +21,23 @@ fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64,
         .arg("running")
         .query(&mut redis.conn())
         .unwrap();
+    let log: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&k.finished)
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap();
+    let done = log
+        .iter()
+        .map(|e| e.split('\t').skip(1).count() as u64)
+        .sum::<u64>()
+        + card("ZCARD", &k.recent);
     (
         card("ZCARD", &k.due),
         card("ZCARD", &k.byplugin),
         card("ZCARD", &k.byowner),
         running.unwrap_or(0),
-        card("ZCARD", &k.recent),
+        done,
         card("HLEN", &k.tasks),
     )
 }
@@ -174,4 +185,82 @@ async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks()
     assert_eq!(s.finish(0, &last).await.unwrap(), vec![Finished::Done; 4]);
     assert_eq!(batches_left(&redis, &s, 0), (0, 0));
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, 10, 10));
+}
+
+/// Done tasks are logged one entry per finish script: find pages through them most recent first,
+/// each task once, at the time its record says it finished (one finished twice, or replaced by a
+/// new schedule since, is listed only as it is now).
+#[tokio::test]
+async fn done_tasks_are_found_through_the_finish_log_each_once() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let run = |ids: Vec<String>| {
+        let s = &s;
+        async move {
+            let done = Finish::Done;
+            let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, 0)).collect();
+            s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+            let b = s.claim(0, 1000, 30_000).await.unwrap();
+            assert_eq!(b.tasks.len(), ids.len());
+            // recorded in batches of 7, so the log has many entries, some at the same time
+            for part in b.tasks.chunks(7) {
+                let items: Vec<(&str, u64, &Finish)> = part
+                    .iter()
+                    .map(|t| (t.id.as_str(), t.token, &done))
+                    .collect();
+                assert_eq!(
+                    s.finish(0, &items).await.unwrap(),
+                    vec![Finished::Done; part.len()]
+                );
+            }
+        }
+    };
+    run((0..120).map(|i| format!("d{i}")).collect()).await;
+    // d0..d9 run and finish again; d10 is scheduled anew (not done any more)
+    run((0..10).map(|i| format!("d{i}")).collect()).await;
+    s.schedule(&[task("d10", now() + 3_600_000)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let q = FindQuery {
+        plugin: None,
+        state: Some(TaskState::Done),
+        owner: None,
+        due_after: None,
+        due_before: None,
+        limit: 25,
+    };
+    let (mut seen, mut cursor, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let (page, next) = s.find(&q, cursor).await.unwrap();
+        assert!(page.len() <= 25);
+        seen.extend(page.into_iter().map(|r| (r.finished_at.unwrap(), r.id)));
+        pages += 1;
+        assert!(pages < 50, "find did not end");
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let ids: BTreeSet<&str> = seen.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(ids.len(), seen.len(), "a task listed twice");
+    let want: BTreeSet<String> = (0..120)
+        .filter(|i| *i != 10)
+        .map(|i| format!("d{i}"))
+        .collect();
+    assert_eq!(ids, want.iter().map(String::as_str).collect());
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, sorted, "most recent first");
+    // the ten finished twice are listed at their second finish, the latest
+    let twice = |id: &str| id.len() == 2;
+    let last_once = seen
+        .iter()
+        .filter(|(_, id)| !twice(id))
+        .map(|(k, _)| *k)
+        .max();
+    assert!(
+        seen.iter()
+            .filter(|(_, id)| twice(id))
+            .all(|(k, _)| Some(*k) >= last_once)
+    );
 }

@@ -427,4 +427,21 @@ async fn tasks_claimed_by_the_main_before_claim_batches_are_found_and_reaped_aft
     assert_eq!(s.finish(0, &items).await.unwrap(), vec![Finished::Done; 2]);
     assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 0);
     assert_eq!(s.get(id).await.unwrap().unwrap().state, TaskState::Done);
+    // done: one in the earlier layout's `recent` (its runner's finish), two in the `finished` log
+    let recent: u64 = redis::cmd("ZCARD").arg(&k.recent).query(&mut c).unwrap();
+    assert_eq!(recent, 1);
+    let q = FindQuery {
+        state: Some(TaskState::Done),
+        ..q
+    };
+    let mut found: Vec<String> = s
+        .find(&q, None)
+        .await
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    found.sort();
+    assert_eq!(found, ["u0", "u1", "u2"]);
 }

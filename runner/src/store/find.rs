@@ -2,10 +2,11 @@
 //!
 //! Each state is read from the index that orders it (scheduled: `due` + `parked`, or `byplugin` /
 //! `byowner` when those filters are given; running: the claim batches in `batches`, and `inflight`
-//! of the earlier layout; dead: `dead` or `byplugin`; done: `recent`), every shard from the cursor
-//! on, so a page costs O(shards × page) whatever the number of tasks. A filter that no index
-//! serves is applied to the records read: such a page may hold fewer tasks than asked for (even
-//! none) and still have a next cursor; the walk ends only when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
+//! of the earlier layout; dead: `dead` or `byplugin`; done: the `finished` log, and `recent` of
+//! the earlier layout), every shard from the cursor on, so a page costs O(shards × page) whatever
+//! the number of tasks. A filter that no index serves is applied to the records read: such a page
+//! may hold fewer tasks than asked for (even none) and still have a next cursor; the walk ends
+//! only when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
 //! done ones most recent first; without a state filter the states come one after another
 //! (scheduled, running, dead, done).
 
@@ -114,7 +115,12 @@ enum Source {
     Score { key: String },
     /// The shard's running tasks (few: what its runners hold), ordered by due.
     Running,
+    /// A ZSET of `<seq>\t<id>\t<id>...` -> key: many ids at one key (the done log).
+    Log { key: String },
 }
+
+/// How many log entries a walk reads per call.
+const LOG_READ: usize = 16;
 
 /// A page of one source: the places, the record at each (None: gone), whether it may have more.
 type Walked = (Vec<(i64, String)>, Vec<Option<TaskRecord>>, bool);
@@ -189,7 +195,10 @@ impl Store {
                     prefix: format!("{p}\0x\0"),
                 }],
                 (TaskState::Dead, None, _) => vec![Source::Score { key: k.dead }],
-                (TaskState::Done, _, _) => vec![Source::Score { key: k.recent }],
+                (TaskState::Done, _, _) => vec![
+                    Source::Log { key: k.finished },
+                    Source::Score { key: k.recent },
+                ],
             };
             sources.extend(src.into_iter().map(|s| (shard, s)));
         }
@@ -323,6 +332,48 @@ impl Store {
                     })
                     .collect::<Result<_>>()?;
                 let more = places.len() == limit;
+                (places, more)
+            }
+            Source::Log { key } => {
+                // most recent first (the done state's order): read entries down from the cursor
+                // until the page is full and every entry at its last key is in; an id listed is
+                // done at that key only if its record says so (`matches` checks it)
+                let top = after.map_or_else(|| "+inf".to_owned(), |(k, _)| k.to_string());
+                let mut places: Vec<(i64, String)> = Vec::new();
+                let (mut offset, mut last, mut more) = (0, None, false);
+                'read: loop {
+                    let entries: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
+                        .arg(key)
+                        .arg(&top)
+                        .arg("-inf")
+                        .arg("WITHSCORES")
+                        .arg("LIMIT")
+                        .arg(offset)
+                        .arg(LOG_READ)
+                        .query_async(&mut conn)
+                        .await?;
+                    for (entry, k) in &entries {
+                        let k = *k as i64;
+                        if places.len() >= limit && last != Some(k) {
+                            more = true;
+                            break 'read;
+                        }
+                        last = Some(k);
+                        for id in entry.split('\t').skip(1) {
+                            if after.is_none_or(|(ak, aid)| (k, id) < (*ak, aid.as_str())) {
+                                places.push((k, id.to_owned()));
+                            }
+                        }
+                    }
+                    if entries.len() < LOG_READ {
+                        break;
+                    }
+                    offset += LOG_READ;
+                }
+                places.sort_by(|a, b| b.cmp(a));
+                places.dedup();
+                more |= places.len() > limit;
+                places.truncate(limit);
                 (places, more)
             }
             Source::Running => {

@@ -10,7 +10,7 @@ pub struct Keys {
     ns: String,
 }
 
-/// The thirteen keys every shard script takes first, in the order `prelude.lua` expects (it
+/// The fourteen keys every shard script takes first, in the order `prelude.lua` expects (it
 /// describes each).
 pub struct ShardKeys {
     pub due: String,
@@ -29,10 +29,12 @@ pub struct ShardKeys {
     pub leases: String,
     /// HASH token -> the batch's ids, token:n -> how many still run, running -> their sum.
     pub batches: String,
+    /// ZSET `<seq>\t<id>\t...` -> finish time: the tasks each finish script recorded done.
+    pub finished: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 13] {
+    pub fn all(&self) -> [&str; 14] {
         [
             &self.due,
             &self.tasks,
@@ -47,6 +49,7 @@ impl ShardKeys {
             &self.rerun,
             &self.leases,
             &self.batches,
+            &self.finished,
         ]
     }
 }
@@ -76,6 +79,7 @@ impl Keys {
             rerun: format!("{tag}:rerun"),
             leases: format!("{tag}:leases"),
             batches: format!("{tag}:batches"),
+            finished: format!("{tag}:finished"),
         }
     }
 

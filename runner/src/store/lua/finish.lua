@@ -1,6 +1,6 @@
 -- Records the outcomes of a batch of claimed tasks of one shard.
 -- ARGV: channel, shard, keep_done_ms, then 5 per task: id, claim token, kind, value, error.
---   kind 'done'    -> the record stays in `tasks` as done, indexed in `recent`; done records
+--   kind 'done'    -> the record stays in `tasks` as done, logged in `finished`; done records
 --                     older than keep_done_ms are deleted here, a chunk per call
 --   kind 'retry'   -> due again in `value` ms, or dead when attempts reached max_attempts
 --   kind 'dead'    -> dead-lettered with `error`
@@ -28,7 +28,7 @@ local ids = {}
 for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5 + 1] end
 local recs = records_of(ids)
 -- the done ones (the hot path) are written together, one variadic call per key
-local released, records, recents, seen, ran = {}, {}, {}, {}, {}
+local released, records, dones, seen, ran = {}, {}, {}, {}, {}
 for i = 0, n - 1 do
   local b = 3 + i * 5
   local id, token, kind, value, err = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3],
@@ -44,7 +44,7 @@ for i = 0, n - 1 do
       -- hot path: flip the state and set the finish time without decoding the record
       local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', done_with, 1)
       push(records, id, done)
-      push(recents, now, id)
+      dones[#dones + 1] = id
       if uniques then start_unique_window(id, now) end
     else
       local t = parse(rec)
@@ -72,7 +72,7 @@ end
 release_batches(released)
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
-call_many('ZADD', K_RECENT, recents)
+log_done(dones, now)
 local any_done = #records > 0
 if any_done then forget_done(now - keep, 256) end
 if uniques then redis.call('ZREMRANGEBYSCORE', K_UNIQUE, 0, now) end

@@ -12,8 +12,8 @@
 --           scheduled (incl. parked) and dead tasks of each plugin)
 --   KEYS[9] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of
 --           its dedup window (ms) once it finished)
---   KEYS[10] recent (ZSET id -> finish time of the done records in `tasks`, which are deleted
---           once older than the retention window)
+--   KEYS[10] recent (ZSET id -> finish time: the done records in `tasks` finished before the
+--           `finished` log; no script adds to it now, `forget_done` drains it)
 --   KEYS[11] rerun (HASH id -> 'created attempts first': a task put back because its lease
 --           expired at attempt `attempts` of its occurrence `created`; `first` is the claim token
 --           of the first of the claims that ended so in a row. Its next claim commits effects
@@ -22,6 +22,10 @@
 --   KEYS[12] leases (ZSET claim token -> lease end: one entry per claim batch still running)
 --   KEYS[13] batches (HASH: token -> the claim's ids, tab-separated; token:n -> how many of
 --           them still run under that claim; 'running' -> the sum of those counts)
+--   KEYS[14] finished (ZSET '<seq>\t<id>\t<id>...' -> finish time: the tasks each finish script
+--           recorded done, one entry per script run (`seq`: meta's 'finished' counter). An id
+--           listed is done at that time only while its record says so (done, `fin` that time).
+--           Done records written before this layout are in `recent` instead.)
 --   A claim batch leaves `leases` and `batches` when its last task's outcome is recorded, or
 --   when its lease ends (the reaper puts back the tasks still running under it).
 -- Script-specific keys follow from KEYS[K_FIRST].
@@ -35,8 +39,8 @@ local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], 
   KEYS[5], KEYS[6]
 local K_PARKED, K_BYPLUGIN, K_UNIQUE, K_RECENT, K_RERUN = KEYS[7], KEYS[8], KEYS[9], KEYS[10],
   KEYS[11]
-local K_LEASES, K_BATCHES = KEYS[12], KEYS[13]
-local K_FIRST = 14
+local K_LEASES, K_BATCHES, K_FINISHED = KEYS[12], KEYS[13], KEYS[14]
+local K_FIRST = 15
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
@@ -159,21 +163,6 @@ end
 local function unindex_dead(id, t)
   redis.call('ZREM', K_DEAD, id)
   redis.call('ZREM', K_BYPLUGIN, plugin_member(t.plugin, 'x', died_at(t), id))
-end
-
--- Deletes up to `limit` done records that finished before `before` (the retention window).
--- The walk starts at `recent`'s lowest score, so the ids read are its first ranks.
-local function forget_done(before, limit)
-  local ids = redis.call('ZRANGEBYSCORE', K_RECENT, '-inf', '(' .. string.format('%d', before),
-    'LIMIT', 0, limit)
-  if #ids == 0 then return end
-  local recs, gone = records_of(ids), {}
-  for i, id in ipairs(ids) do
-    local rec = recs[i]
-    if rec and string.sub(rec, 1, 1) == 'd' then gone[#gone + 1] = id end
-  end
-  call_many('HDEL', K_TASKS, gone)
-  redis.call('ZREMRANGEBYRANK', K_RECENT, 0, #ids - 1)
 end
 
 -- A task finished (done or dead): a dedup window it asked for starts now.
@@ -311,4 +300,45 @@ local function release_batches(done)
     end
   end
   if total > 0 then redis.call('HINCRBY', K_BATCHES, 'running', -total) end
+end
+
+-- Deletes done records that finished before `before` (the retention window): up to `limit` of
+-- the earlier layout's `recent`, and the tasks of up to two `finished` entries (so each finish
+-- script, adding one, removes at least as many as it adds). The walks start at the lowest
+-- scores, so the entries read are the first ranks.
+local function forget_done(before, limit)
+  local cut = '(' .. string.format('%d', before)
+  local ids = redis.call('ZRANGEBYSCORE', K_RECENT, '-inf', cut, 'LIMIT', 0, limit)
+  if #ids > 0 then
+    local recs, gone = records_of(ids), {}
+    for i, id in ipairs(ids) do
+      local rec = recs[i]
+      if rec and string.sub(rec, 1, 1) == 'd' then gone[#gone + 1] = id end
+    end
+    call_many('HDEL', K_TASKS, gone)
+    redis.call('ZREMRANGEBYRANK', K_RECENT, 0, #ids - 1)
+  end
+  local logs = redis.call('ZRANGEBYSCORE', K_FINISHED, '-inf', cut, 'LIMIT', 0, 2)
+  if #logs == 0 then return end
+  ids = {}
+  for _, entry in ipairs(logs) do
+    for id in string.gmatch(string.match(entry, '^[^\t]*\t(.*)$') or '', '[^\t]+') do
+      ids[#ids + 1] = id
+    end
+  end
+  local recs, gone = records_of(ids), {}
+  for i, id in ipairs(ids) do
+    -- still done, and then (not run again since and done later, nor replaced)
+    local st, fin = state_and_fin(recs[i])
+    if st == 'd' and (tonumber(fin) or 0) < before then gone[#gone + 1] = id end
+  end
+  call_many('HDEL', K_TASKS, gone)
+  redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, #logs - 1)
+end
+
+-- Logs `ids` as recorded done at `now` by this script: one `finished` entry.
+local function log_done(ids, now)
+  if #ids == 0 then return end
+  local seq = redis.call('HINCRBY', K_META, 'finished', 1)
+  redis.call('ZADD', K_FINISHED, now, seq .. '\t' .. table.concat(ids, '\t'))
 end
