@@ -246,8 +246,9 @@ local function reap(id, t, now)
   end
 end
 
--- Puts back the tasks whose lease ended (their runner died or stalled): those of up to `limit`
--- claim batches, and up to `limit` claimed under the earlier per-task layout (`inflight`).
+-- Puts back the tasks whose lease ended (their runner died or stalled): whole claim batches,
+-- the earliest first, until `limit` ids were looked at (so one script does at most `limit` plus
+-- one batch of work), and up to `limit` claimed under the earlier per-task layout (`inflight`).
 local function reap_expired(now, limit)
   local ids = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', now - 1, 'LIMIT', 0, limit)
   for _, id in ipairs(ids) do
@@ -255,15 +256,19 @@ local function reap_expired(now, limit)
     local t = parse(redis.call('HGET', K_TASKS, id))
     if t and t.st == 'r' then reap(id, t, now) end
   end
-  local tokens = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now - 1, 'LIMIT', 0, limit)
-  for _, token in ipairs(tokens) do
+  local seen = 0
+  while seen < limit do
+    local token = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now - 1, 'LIMIT', 0, 1)[1]
+    if not token then break end
     local b = redis.call('HMGET', K_BATCHES, token, token .. ':n')
     redis.call('ZREM', K_LEASES, token)
     redis.call('HDEL', K_BATCHES, token, token .. ':n')
     redis.call('HINCRBY', K_BATCHES, 'running', -(tonumber(b[2]) or 0))
+    seen = seen + 1
     if b[1] then
       local ids = {}
       for id in string.gmatch(b[1], '[^\t]+') do ids[#ids + 1] = id end
+      seen = seen + #ids
       local recs = records_of(ids)
       for i, id in ipairs(ids) do
         if holds(recs[i], token) then reap(id, parse(recs[i]), now) end
