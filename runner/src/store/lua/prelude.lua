@@ -1,5 +1,5 @@
 -- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
--- Every shard script gets the same first thirteen KEYS, all under the shard's hash tag {ns:s}:
+-- Every shard script gets the same first fourteen KEYS, all under the shard's hash tag {ns:s}:
 --   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
 --   KEYS[3] inflight (ZSET id -> lease: the running tasks claimed by a runner of the layout
 --           before claim batches; only read now, to reap them)
