@@ -121,6 +121,12 @@ async fn batched_writes_keep_every_index_exact() {
 async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks() {
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
+    // a batch lists its ids tab-separated: an id with a tab is refused before anything is written
+    let e = s
+        .schedule(&[task("h\t1", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("holds a tab"), "{e:#}");
     let tasks: Vec<NewTask> = (0..10).map(|i| task(&format!("h{i}"), 0)).collect();
     s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
     let a = s.claim(0, 100, 300).await.unwrap();

@@ -15,6 +15,10 @@ impl Store {
     /// Schedules tasks (any number, any shards): one script per shard, sent concurrently.
     /// The verdicts come back in the order of `tasks`.
     pub async fn schedule(&self, tasks: &[NewTask], mode: ScheduleMode) -> Result<Vec<Scheduled>> {
+        // a claim batch lists its ids tab-separated (the API refuses every control character)
+        if let Some(t) = tasks.iter().find(|t| t.id.contains('\t')) {
+            bail!("the task id {:?} holds a tab, which no task id may", t.id);
+        }
         let groups = self.by_shard(tasks.iter().map(|t| t.id.as_str()));
         let channel = self.keys().wake_channel();
         let calls = groups.iter().map(|(shard, ix)| {
