@@ -340,7 +340,7 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
 /// script).
 const BEFORE_CLAIM_BATCHES: &str = "adc2e5412593aed47c4b0aaa2a5a6a90643385f6";
 
-/// Claims up to `limit` due tasks of shard 0 with the claim script of the main before claim
+/// Claims up to 100 due tasks of shard 0 with the claim script of the main before claim
 /// batches, with a lease of `lease_ms`: (id, token) of each.
 fn claim_before_batches(
     c: &mut redis::Connection,
