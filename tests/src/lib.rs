@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 pub use eggtimer;
 
 mod cluster;
+mod store;
 pub use cluster::RedisCluster;
+pub use store::{claim_when_due, found_ids, noop_task, store_on};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -563,30 +565,4 @@ pub fn runner_fast_retry(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
 pub async fn post_tasks(base: &str, specs: serde_json::Value) {
     let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;
     assert_eq!(s, 201, "{b}");
-}
-
-/// A store on `redis` with `shards` shards (done records kept a minute), for the store tests.
-pub async fn store_on(redis: &RedisServer, shards: u32) -> eggtimer::Store {
-    let opts = eggtimer::store::StoreOptions {
-        shards,
-        keep_done_ms: 60_000,
-        ..eggtimer::store::StoreOptions::default()
-    };
-    eggtimer::Store::open(eggtimer::RedisTarget::Single(redis.url()), opts)
-        .await
-        .unwrap()
-}
-
-/// A task of the `noop` plugin (3 attempts), for the store tests.
-pub fn noop_task(id: &str, run_at: i64) -> eggtimer::store::NewTask {
-    eggtimer::store::NewTask {
-        id: id.into(),
-        plugin: "noop".into(),
-        payload: "{\"n\":1}".into(),
-        run_at,
-        owner: None,
-        max_attempts: 3,
-        unique_for_ms: 0,
-        traceparent: None,
-    }
 }

@@ -9,7 +9,7 @@ use eggtimer::store::{
 use eggtimer::{RedisTarget, Store};
 use eggtimer_tests::{RedisServer, eventually};
 
-use eggtimer_tests::{noop_task as task, store_on as store};
+use eggtimer_tests::{claim_when_due, noop_task as task, store_on as store};
 
 fn now() -> i64 {
     eggtimer::executor::now_ms()
@@ -71,11 +71,7 @@ async fn never_claims_early_and_reports_the_next_due_time() {
     let b = s.claim(0, 10, 30_000).await.unwrap();
     assert!(b.tasks.is_empty());
     assert_eq!(b.next_due, Some(due));
-    let b = eventually(Duration::from_secs(5), "the task to become due", || async {
-        let b = s.claim(0, 10, 30_000).await.unwrap();
-        (!b.tasks.is_empty()).then_some(b)
-    })
-    .await;
+    let b = claim_when_due(&s, 0, 10, "the task to become due").await;
     assert!(b.now >= due, "claimed at {} before due {}", b.now, due);
     assert_eq!(b.tasks[0].attempt, 1);
     assert_eq!(b.next_due, None);
@@ -157,11 +153,7 @@ async fn an_expired_lease_is_run_again_and_the_late_ack_is_refused() {
     assert_eq!(a.tasks.len(), 1);
     assert_eq!(a.next_lease_expiry.map(|l| l - a.now), Some(100));
     // runner B's claims reap it after the lease
-    let b = eventually(Duration::from_secs(5), "the lease to expire", || async {
-        let b = s.claim(0, 10, 30_000).await.unwrap();
-        (!b.tasks.is_empty()).then_some(b)
-    })
-    .await;
+    let b = claim_when_due(&s, 0, 10, "the lease to expire").await;
     assert_eq!(b.tasks[0].id, "x");
     assert_eq!(b.tasks[0].attempt, 2);
     assert_ne!(a.tasks[0].token, b.tasks[0].token);
@@ -201,15 +193,7 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
         .await
         .unwrap();
     for attempt in 1..=3u32 {
-        let b = eventually(
-            Duration::from_secs(5),
-            "the retry to become due",
-            || async {
-                let b = s.claim(0, 10, 30_000).await.unwrap();
-                (!b.tasks.is_empty()).then_some(b)
-            },
-        )
-        .await;
+        let b = claim_when_due(&s, 0, 10, "the retry to become due").await;
         assert_eq!(b.tasks[0].attempt, attempt);
         let retry = Finish::Retry {
             after_ms: 50,

@@ -2,11 +2,10 @@
 //! indexes stay exact with an id named twice in a batch and with batches larger than one chunk.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use eggtimer::Store;
 use eggtimer::store::{FindQuery, Finish, Finished, NewTask, ScheduleMode, Scheduled, TaskState};
-use eggtimer_tests::{RedisServer, eventually};
+use eggtimer_tests::{RedisServer, claim_when_due, found_ids};
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
 /// The sizes of a shard's keys: (due, byplugin, byowner, running, done, tasks); running is the
@@ -140,34 +139,14 @@ async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks()
     assert_eq!(key_sizes(&redis, &s, 0).3, 4);
     assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 4);
     assert_eq!(batches_left(&redis, &s, 0), (1, 2));
-    let q = FindQuery {
-        plugin: None,
-        state: Some(TaskState::Running),
-        owner: None,
-        due_after: None,
-        due_before: None,
-        limit: 100,
-    };
-    let running: BTreeSet<String> = s
-        .find(&q, None)
-        .await
-        .unwrap()
-        .0
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
     let rest: BTreeSet<String> = a.tasks[6..].iter().map(|t| t.id.clone()).collect();
+    let running: BTreeSet<String> = found_ids(&s, TaskState::Running)
+        .await
+        .into_iter()
+        .collect();
     assert_eq!(running, rest);
     // the runner is gone: after its lease, another claim takes over the four, and only them
-    let b = eventually(
-        Duration::from_secs(5),
-        "the batch's lease to end",
-        || async {
-            let b = s.claim(0, 100, 30_000).await.unwrap();
-            (!b.tasks.is_empty()).then_some(b)
-        },
-    )
-    .await;
+    let b = claim_when_due(&s, 0, 100, "the batch's lease to end").await;
     let again: BTreeSet<String> = b.tasks.iter().map(|t| t.id.clone()).collect();
     assert_eq!(again, rest);
     assert!(b.tasks.iter().all(|t| t.attempt == 2));

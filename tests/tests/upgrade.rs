@@ -7,10 +7,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use eggtimer::store::{FindQuery, Finish, Finished, ScheduleMode, TaskState, shard_of};
+use eggtimer::store::{Finish, Finished, ScheduleMode, TaskState, shard_of};
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugins_dir, read_stream, wait_state,
-    workspace,
+    RedisServer, RunnerProcess, call, claim_when_due, found_ids, now_ms, plugins_dir, read_stream,
+    wait_state, workspace,
 };
 
 /// The main before claim tokens (records without a token; five keys per shard script).
@@ -379,15 +379,7 @@ async fn tasks_claimed_by_the_main_before_claim_batches_are_found_and_reaped_aft
     let claimed = claim_before_batches(&mut c, &old_keys, 300);
     assert_eq!(claimed.len(), 3);
     assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 3);
-    let q = FindQuery {
-        plugin: None,
-        state: Some(TaskState::Running),
-        owner: None,
-        due_after: None,
-        due_before: None,
-        limit: 10,
-    };
-    assert_eq!(s.find(&q, None).await.unwrap().0.len(), 3);
+    assert_eq!(found_ids(&s, TaskState::Running).await.len(), 3);
     // the old runner records one outcome with its own finish script, then dies
     let (id, token) = &claimed[0];
     let v: Vec<String> = redis::cmd("EVAL")
@@ -407,11 +399,7 @@ async fn tasks_claimed_by_the_main_before_claim_batches_are_found_and_reaped_aft
     assert_eq!(v, ["done"]);
     assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 2);
     // this build's claims put the other two back once their leases end
-    let b = eventually(Duration::from_secs(5), "the old leases to end", || async {
-        let b = s.claim(0, 10, 30_000).await.unwrap();
-        (!b.tasks.is_empty()).then_some(b)
-    })
-    .await;
+    let b = claim_when_due(&s, 0, 10, "the old leases to end").await;
     let mut ids: Vec<&str> = b.tasks.iter().map(|t| t.id.as_str()).collect();
     ids.sort();
     assert_eq!(ids, [claimed[1].0.as_str(), claimed[2].0.as_str()]);
@@ -430,18 +418,5 @@ async fn tasks_claimed_by_the_main_before_claim_batches_are_found_and_reaped_aft
     // done: one in the earlier layout's `recent` (its runner's finish), two in the `finished` log
     let recent: u64 = redis::cmd("ZCARD").arg(&k.recent).query(&mut c).unwrap();
     assert_eq!(recent, 1);
-    let q = FindQuery {
-        state: Some(TaskState::Done),
-        ..q
-    };
-    let mut found: Vec<String> = s
-        .find(&q, None)
-        .await
-        .unwrap()
-        .0
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    found.sort();
-    assert_eq!(found, ["u0", "u1", "u2"]);
+    assert_eq!(found_ids(&s, TaskState::Done).await, ["u0", "u1", "u2"]);
 }

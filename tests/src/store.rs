@@ -1,0 +1,63 @@
+//! Helpers for the tests that drive the store directly (no runner).
+
+use std::time::Duration;
+
+use eggtimer::Store;
+use eggtimer::store::{ClaimBatch, FindQuery, TaskState};
+
+use crate::{RedisServer, eventually};
+
+/// A store on `redis` with `shards` shards (done records kept a minute), for the store tests.
+pub async fn store_on(redis: &RedisServer, shards: u32) -> Store {
+    let opts = eggtimer::store::StoreOptions {
+        shards,
+        keep_done_ms: 60_000,
+        ..eggtimer::store::StoreOptions::default()
+    };
+    eggtimer::Store::open(eggtimer::RedisTarget::Single(redis.url()), opts)
+        .await
+        .unwrap()
+}
+
+/// A task of the `noop` plugin (3 attempts), for the store tests.
+pub fn noop_task(id: &str, run_at: i64) -> eggtimer::store::NewTask {
+    eggtimer::store::NewTask {
+        id: id.into(),
+        plugin: "noop".into(),
+        payload: "{\"n\":1}".into(),
+        run_at,
+        owner: None,
+        max_attempts: 3,
+        unique_for_ms: 0,
+        traceparent: None,
+    }
+}
+
+/// The next non-empty claim of up to `limit` tasks of `shard` (lease 30 s), retried for up to
+/// 5 s while nothing is due yet; `what` names what the wait is for.
+pub async fn claim_when_due(s: &Store, shard: u32, limit: usize, what: &str) -> ClaimBatch {
+    eventually(Duration::from_secs(5), what, || async {
+        let b = s.claim(shard, limit, 30_000).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await
+}
+
+/// The ids of the first page (up to 100) of tasks in `state`, sorted.
+pub async fn found_ids(s: &Store, state: TaskState) -> Vec<String> {
+    let q = FindQuery {
+        state: Some(state),
+        limit: 100,
+        ..FindQuery::default()
+    };
+    let mut ids: Vec<String> = s
+        .find(&q, None)
+        .await
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    ids.sort();
+    ids
+}
