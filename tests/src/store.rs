@@ -61,3 +61,18 @@ pub async fn found_ids(s: &Store, state: TaskState) -> Vec<String> {
     ids.sort();
     ids
 }
+
+/// The ids of every task matching `q`, walking find's pages to the end; each page is checked to
+/// hold at most `q.limit`.
+pub async fn find_all(s: &Store, q: &FindQuery) -> Vec<String> {
+    let (mut ids, mut cursor) = (Vec::new(), None);
+    loop {
+        let (page, next) = s.find(q, cursor).await.unwrap();
+        assert!(page.len() <= q.limit, "a page longer than its limit");
+        ids.extend(page.into_iter().map(|t| t.id));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return ids,
+        }
+    }
+}

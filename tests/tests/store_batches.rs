@@ -8,8 +8,9 @@ use eggtimer::store::{FindQuery, Finish, Finished, NewTask, ScheduleMode, Schedu
 use eggtimer_tests::{RedisServer, claim_when_due, found_ids};
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
-/// The sizes of a shard's keys: (due, byplugin, byowner, running, done, tasks); running is the
-/// count the claim batches keep, done the ids in the `finished` log.
+/// The sizes of a shard's keys: (due, scheduled, byowner, running, done, tasks); scheduled is the
+/// sum of the per-plugin counts, running the count the claim batches keep, done the ids in the
+/// `finished` log.
 fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64, u64, u64) {
     let k = s.keys().shard(shard);
     let mut c = redis.conn();
@@ -26,6 +27,10 @@ fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64,
         .arg(-1)
         .query(&mut redis.conn())
         .unwrap();
+    let per_plugin: Vec<u64> = redis::cmd("HVALS")
+        .arg(&k.scheduled)
+        .query(&mut redis.conn())
+        .unwrap();
     let done = log
         .iter()
         .map(|e| e.split('\t').skip(1).count() as u64)
@@ -33,7 +38,7 @@ fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64,
         + card("ZCARD", &k.recent);
     (
         card("ZCARD", &k.due),
-        card("ZCARD", &k.byplugin),
+        per_plugin.iter().sum(),
         card("ZCARD", &k.byowner),
         running.unwrap_or(0),
         done,

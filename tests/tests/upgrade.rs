@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use eggtimer::store::{Finish, Finished, ScheduleMode, TaskState, shard_of};
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, claim_when_due, found_ids, now_ms, plugins_dir, read_stream,
-    wait_state, workspace,
+    RedisServer, RunnerProcess, call, claim_when_due, find_all, found_ids, now_ms, plugins_dir,
+    read_stream, wait_state, workspace,
 };
 
 /// The main before claim tokens (records without a token; five keys per shard script).
@@ -271,7 +271,7 @@ async fn tasks_written_before_the_plugin_index_are_found_paused_and_retried_afte
     let want: Vec<String> = (0..20).map(|i| format!("pi-{i}")).collect();
     assert_eq!(
         ids, want,
-        "the earlier tasks are in the plugin index, in due order"
+        "the earlier tasks are found by plugin, in due order"
     );
     let (_, dead) = call(
         "GET",
@@ -419,4 +419,129 @@ async fn tasks_claimed_by_the_main_before_claim_batches_are_found_and_reaped_aft
     let recent: u64 = redis::cmd("ZCARD").arg(&k.recent).query(&mut c).unwrap();
     assert_eq!(recent, 1);
     assert_eq!(found_ids(&s, TaskState::Done).await, ["u0", "u1", "u2"]);
+}
+
+/// The main before per-plugin counts (scheduled tasks listed in `byplugin`; fourteen keys per
+/// shard script).
+const BEFORE_PLUGIN_COUNTS: &str = "f3931482f0a52e61e480b08711d43e16be61a8ee";
+
+/// Runs `script` of the main before per-plugin counts on shard 0 of a one-shard namespace.
+fn eval_before_counts(
+    c: &mut redis::Connection,
+    keys: &[&str],
+    script: &str,
+    args: &[String],
+) -> redis::Value {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script_at(BEFORE_PLUGIN_COUNTS, script))
+        .arg(keys.len())
+        .arg(keys);
+    for a in args {
+        cmd.arg(a);
+    }
+    cmd.query(c).unwrap()
+}
+
+/// Scheduled tasks the previous main listed in the plugin index are counted per plugin when the
+/// shard is migrated, once, though two runners migrate it at the same time; its dead letters stay
+/// listed; and the tasks are found, paused, resumed and claimed with the counts kept exact.
+#[tokio::test]
+async fn scheduled_tasks_listed_by_the_previous_main_are_counted_once_after_the_upgrade() {
+    let redis = RedisServer::start();
+    // the previous main's shard: opened by it (layout 3), then written by its scripts
+    let old = eggtimer_tests::store_on(&redis, 1).await;
+    let k = old.keys().shard(0);
+    let mut c = redis.conn();
+    let _: () = redis::cmd("HSET")
+        .arg(&k.meta)
+        .arg("layout")
+        .arg("3")
+        .query(&mut c)
+        .unwrap();
+    let keys: Vec<&str> = k.all()[..14].to_vec();
+    let due = now_ms() - 1000;
+    let mut args: Vec<String> = vec!["{eggtimer}:wake".into(), "0".into(), "upsert".into()];
+    for i in 0..1200 {
+        let plugin = if i % 4 == 0 { "a" } else { "b" };
+        let id = format!("c{i:04}");
+        let at = if id == "c0001" { 0 } else { due + 3_600_000 };
+        for v in [&id, &at.to_string(), "3", plugin, "", "{}", "0", "0"] {
+            args.push(v.to_string());
+        }
+    }
+    // the schedule script takes each task's done key of the layout before done records in `tasks`
+    let done_keys: Vec<String> = (0..1200)
+        .map(|i| format!("{{eggtimer:0}}:done:c{i:04}"))
+        .collect();
+    let with_done: Vec<&str> = keys
+        .iter()
+        .copied()
+        .chain(done_keys.iter().map(String::as_str))
+        .collect();
+    eval_before_counts(&mut c, &with_done, "schedule", &args);
+    // one of them (c0001, of b) dead-lettered by the previous main's claim and finish
+    let claimed = eval_before_counts(&mut c, &keys, "claim", &["10".into(), "60000".into()]);
+    let redis::Value::Array(claimed) = claimed else {
+        panic!("{claimed:?}")
+    };
+    let token: u64 = redis::from_redis_value_ref(&claimed[3]).unwrap();
+    let args: Vec<String> = ["{eggtimer}:wake", "0", "60000", "c0001"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            token.to_string(),
+            "dead".into(),
+            "0".into(),
+            "gave up".into(),
+        ])
+        .collect();
+    eval_before_counts(&mut c, &keys, "finish", &args);
+    let listed: u64 = redis::cmd("ZCARD").arg(&k.byplugin).query(&mut c).unwrap();
+    assert_eq!(
+        listed, 1200,
+        "the previous main lists 1199 scheduled and 1 dead"
+    );
+
+    // two upgraded runners open the namespace at once: each migrates the shard
+    let (s, _other) = tokio::join!(
+        eggtimer_tests::store_on(&redis, 1),
+        eggtimer_tests::store_on(&redis, 1)
+    );
+    let layout: String = redis::cmd("HGET")
+        .arg(&k.meta)
+        .arg("layout")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(layout, "4");
+    let listed: u64 = redis::cmd("ZCARD").arg(&k.byplugin).query(&mut c).unwrap();
+    assert_eq!(listed, 1, "only the dead letter stays listed");
+    let counts = |v: Vec<eggtimer::store::PluginCounts>| -> Vec<(u64, u64)> {
+        v.iter().map(|p| (p.scheduled, p.dead)).collect()
+    };
+    let names = ["a".to_string(), "b".to_string()];
+    assert_eq!(
+        counts(s.plugin_counts(&names).await.unwrap()),
+        [(300, 0), (899, 1)]
+    );
+    let q = eggtimer::store::FindQuery {
+        plugin: Some("a".into()),
+        state: Some(TaskState::Scheduled),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(find_all(&s, &q).await.len(), 300);
+    // paused and resumed, then claimed: every count reaches zero, none below
+    s.set_paused("b", true).await.unwrap();
+    s.move_task("c0002", eggtimer::store::Move::Now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s.claim(0, 10, 30_000).await.unwrap().tasks.is_empty());
+    assert_eq!(s.set_paused("b", false).await.unwrap(), 1);
+    let b = claim_when_due(&s, 0, 10, "the resumed task").await;
+    assert_eq!(b.tasks[0].id, "c0002");
+    assert_eq!(
+        counts(s.plugin_counts(&names).await.unwrap()),
+        [(300, 0), (898, 1)]
+    );
 }

@@ -1,12 +1,13 @@
 //! Finding tasks by plugin, state, owner and due range, a page at a time.
 //!
-//! Each state is read from the index that orders it (scheduled: `due` + `parked`, or `byplugin` /
-//! `byowner` when those filters are given; running: the claim batches in `batches`, and `inflight`
-//! of the earlier layout; dead: `dead` or `byplugin`; done: the `finished` log, and `recent` of
-//! the earlier layout), every shard from the cursor on, so a page costs O(shards × page) whatever
-//! the number of tasks. A filter that no index serves is applied to the records read: such a page
-//! may hold fewer tasks than asked for (even none) and still have a next cursor; the walk ends
-//! only when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
+//! Each state is read from the index that orders it (scheduled: `due` + `parked`, or `byowner`
+//! when an owner is given; running: the claim batches in `batches`, and `inflight` of the earlier
+//! layout; dead: `dead` or `byplugin` when a plugin is given; done: the `finished` log, and
+//! `recent` of the earlier layout), every shard from the cursor on, so a page costs
+//! O(shards × page) whatever the number of tasks. A filter that no index serves is applied to the
+//! records read (scheduled tasks of one plugin, say: no index lists them since layout 4, which
+//! made scheduling cheaper): such a page may hold fewer tasks than asked for (even none) and still
+//! have a next cursor; the walk ends only when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
 //! done ones most recent first; without a state filter the states come one after another
 //! (scheduled, running, dead, done).
 
@@ -177,15 +178,11 @@ impl Store {
         for shard in 0..self.shards() {
             let k = self.keys().shard(shard);
             let src = match (state, &q.plugin, &q.owner) {
-                (TaskState::Scheduled, Some(p), _) => vec![Source::Lex {
-                    key: k.byplugin,
-                    prefix: format!("{p}\0s\0"),
-                }],
-                (TaskState::Scheduled, None, Some(o)) => vec![Source::Lex {
+                (TaskState::Scheduled, _, Some(o)) => vec![Source::Lex {
                     key: k.byowner,
                     prefix: format!("{o}\0"),
                 }],
-                (TaskState::Scheduled, None, None) => vec![
+                (TaskState::Scheduled, _, None) => vec![
                     Source::Score { key: k.due },
                     Source::Score { key: k.parked },
                 ],

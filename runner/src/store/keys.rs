@@ -10,7 +10,7 @@ pub struct Keys {
     ns: String,
 }
 
-/// The fourteen keys every shard script takes first, in the order `prelude.lua` expects (it
+/// The fifteen keys every shard script takes first, in the order `prelude.lua` expects (it
 /// describes each).
 pub struct ShardKeys {
     pub due: String,
@@ -21,6 +21,7 @@ pub struct ShardKeys {
     /// HASH of shard settings and counters (`claim`: the claim counter; `paused`; `layout`).
     pub meta: String,
     pub parked: String,
+    /// ZSET of each plugin's dead tasks (and, before layout 4, its scheduled ones).
     pub byplugin: String,
     pub unique: String,
     pub recent: String,
@@ -31,10 +32,12 @@ pub struct ShardKeys {
     pub batches: String,
     /// ZSET `<seq>\t<id>\t...` -> finish time: the tasks each finish script recorded done.
     pub finished: String,
+    /// HASH plugin -> how many of its tasks are scheduled (in `due` or `parked`).
+    pub scheduled: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 14] {
+    pub fn all(&self) -> [&str; 15] {
         [
             &self.due,
             &self.tasks,
@@ -50,6 +53,7 @@ impl ShardKeys {
             &self.leases,
             &self.batches,
             &self.finished,
+            &self.scheduled,
         ]
     }
 }
@@ -80,6 +84,7 @@ impl Keys {
             leases: format!("{tag}:leases"),
             batches: format!("{tag}:batches"),
             finished: format!("{tag}:finished"),
+            scheduled: format!("{tag}:scheduled"),
         }
     }
 

@@ -83,7 +83,7 @@ impl Scripts {
             bulk: with_prelude(include_str!("lua/bulk.lua")),
             fire: with_prelude(include_str!("lua/fire.lua")),
             migrate: with_prelude(include_str!("lua/migrate.lua")),
-            range: Script::new(include_str!("lua/range.lua")),
+            range: with_prelude(include_str!("lua/range.lua")),
             sched: Script::new(include_str!("lua/sched.lua")),
             slots: Script::new(include_str!("lua/slots.lua")),
             effects: Script::new(include_str!("lua/effects.lua")),

@@ -84,18 +84,17 @@ impl Store {
             return Ok(vec![]); // (an empty pipeline is not a reply)
         }
         let calls = (0..self.shards()).map(|shard| {
-            let key = self.keys().shard(shard).byplugin;
+            let k = self.keys().shard(shard);
             let mut p = redis::pipe();
             for name in plugins {
-                for state in ["s", "x"] {
-                    p.cmd("ZLEXCOUNT")
-                        .arg(&key)
-                        .arg(format!("[{name}\0{state}\0"))
-                        .arg(format!("({name}\0{state}\x01"));
-                }
+                p.cmd("HGET").arg(&k.scheduled).arg(name);
+                p.cmd("ZLEXCOUNT")
+                    .arg(&k.byplugin)
+                    .arg(format!("[{name}\0x\0"))
+                    .arg(format!("({name}\0x\x01"));
             }
             let mut conn = self.conn();
-            async move { p.query_async::<Vec<u64>>(&mut conn).await }
+            async move { p.query_async::<Vec<Option<u64>>>(&mut conn).await }
         });
         let per_shard = try_join_all(calls)
             .await
@@ -105,8 +104,8 @@ impl Store {
             .enumerate()
             .map(|(i, name)| PluginCounts {
                 plugin: name.clone(),
-                scheduled: per_shard.iter().map(|c| c[2 * i]).sum(),
-                dead: per_shard.iter().map(|c| c[2 * i + 1]).sum(),
+                scheduled: per_shard.iter().map(|c| c[2 * i].unwrap_or(0)).sum(),
+                dead: per_shard.iter().map(|c| c[2 * i + 1].unwrap_or(0)).sum(),
             })
             .collect())
     }

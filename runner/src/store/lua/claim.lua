@@ -30,7 +30,7 @@ else
   local reruns = {}
   if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, ids) end
   -- every write of the batch goes in one variadic call per key
-  local parked, unplugin, unowner, records, claimed = {}, {}, {}, {}, {}
+  local parked, unowner, records, claimed, counts = {}, {}, {}, {}, {}
   local expires = string.format('%d', now + lease)
   for i, id in ipairs(ids) do
     local rec = recs[i]
@@ -46,7 +46,7 @@ else
           local t = parse(rec)
           if t.owner ~= '' then unowner[#unowner + 1] = owner_member(t.owner, t.due, id) end
         end
-        unplugin[#unplugin + 1] = plugin_member(plugin, 's', tonumber(due), id)
+        counts[plugin] = (counts[plugin] or 0) + 1
         rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
         push(records, id, rec)
         claimed[#claimed + 1] = id
@@ -59,7 +59,7 @@ else
   end
   call_many('ZADD', K_PARKED, parked)
   call_many('ZREM', K_BYOWNER, unowner)
-  call_many('ZREM', K_BYPLUGIN, unplugin)
+  for p, k in pairs(counts) do count_scheduled(p, -k) end
   call_many('HSET', K_TASKS, records)
   lease_batch(token, claimed, expires)
   out[2] = head_due()

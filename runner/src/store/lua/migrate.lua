@@ -1,19 +1,46 @@
--- Brings one shard's indexes up to the current key layout, a chunk at a time: the plugin index
--- (`byplugin`) for scheduled and dead tasks written before it existed. Idempotent; every script
--- since keeps the index in step, so a shard is walked once.
--- ARGV: layout (the version this migration reaches), HSCAN cursor, count.
--- Returns the next cursor ('0' when done, and the shard's meta then records the layout).
+-- Brings one shard's indexes up to the current key layout, a chunk at a time. Idempotent, and
+-- safe to run from several runners at once; every script since keeps the indexes in step, so a
+-- shard is walked once. Two steps, each recorded in the shard's meta 'layout' when it ends:
+--   '3': the plugin index (`byplugin`) gets the scheduled and dead tasks written before it
+--        existed (walking `tasks` with HSCAN; cursor 'h<hscan cursor>').
+--   '4': the scheduled tasks leave the plugin index for per-plugin counts in `scheduled`
+--        (walking `byplugin` in order; cursor 'z<the last member looked at>'). An entry is
+--        counted by the script that removes it, so a task is counted once whoever walks.
+-- Step 3 runs only while the layout is before 3, so no entry is added once step 4 has begun.
+-- ARGV: layout (the version this migration reaches), cursor ('0' = start), count.
+-- Returns the next cursor ('0' when done).
 local layout, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if redis.call('HGET', K_META, 'layout') == layout then return '0' end
-local r = redis.call('HSCAN', K_TASKS, cursor, 'COUNT', count)
-local kv = r[2]
-for i = 1, #kv, 2 do
-  local id, t = kv[i], parse(kv[i + 1])
-  if t and t.st == 's' then
-    redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 's', t.due, id))
-  elseif t and t.st == 'x' then
-    redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 'x', died_at(t), id))
+local at = redis.call('HGET', K_META, 'layout')
+if at == layout then return '0' end
+if at ~= '3' then
+  local r = redis.call('HSCAN', K_TASKS, string.match(cursor, '^h(%d+)$') or '0', 'COUNT', count)
+  local kv = r[2]
+  for i = 1, #kv, 2 do
+    local id, t = kv[i], parse(kv[i + 1])
+    if t and t.st == 's' then
+      redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 's', t.due, id))
+    elseif t and t.st == 'x' then
+      redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 'x', died_at(t), id))
+    end
+  end
+  if r[1] ~= '0' then return 'h' .. r[1] end
+  redis.call('HSET', K_META, 'layout', '3')
+  return 'z'
+end
+local last = string.match(cursor, '^z(.+)$')
+local from = '-'
+if last then from = '(' .. last end
+local members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, from, '+', 'LIMIT', 0, count)
+for _, m in ipairs(members) do
+  local plugin, kind, due, id = string.match(m, '^([^%z]*)%z(.)%z(%d+)%z(.*)$')
+  if kind == 's' and redis.call('ZREM', K_BYPLUGIN, m) == 1 then
+    -- (a stale entry, whose task is gone or was not scheduled so, is dropped uncounted)
+    local t = parse(redis.call('HGET', K_TASKS, id))
+    if t and t.st == 's' and t.plugin == plugin and t.due == tonumber(due) then
+      count_scheduled(plugin, 1)
+    end
   end
 end
-if r[1] == '0' then redis.call('HSET', K_META, 'layout', layout) end
-return r[1]
+if #members == count then return 'z' .. members[#members] end
+redis.call('HSET', K_META, 'layout', layout)
+return '0'

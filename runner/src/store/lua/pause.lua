@@ -2,8 +2,8 @@
 -- ARGV: channel, shard, op ('pause' | 'resume'), plugin, cursor ('' = start), limit.
 -- 'pause' marks the plugin paused: from then on claims park its due tasks (out of `due`, still
 -- scheduled, no attempt used) and new ones are indexed as parked. Returns {0, ''}.
--- 'resume' unmarks it and moves up to `limit` of its parked tasks back to `due`, walking the
--- plugin index after `cursor` (called again with the returned cursor until it is '').
+-- 'resume' unmarks it and moves its parked tasks back to `due`, looking at up to `limit` entries
+-- of `parked` after `cursor` ('<due>\t<id>': called again with the returned cursor until it is '').
 -- Returns {moved, next cursor}.
 local channel, shard, op, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
   tonumber(ARGV[6])
@@ -25,19 +25,29 @@ if at then
     redis.call('HSET', K_META, 'paused', list)
   end
 end
-local lo = '[' .. plugin .. '\0s\0'
-if cursor ~= '' then lo = '(' .. cursor end
-local members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, lo, '(' .. plugin .. '\0s\1', 'LIMIT', 0, limit)
-local moved, earliest = 0, nil
-for _, m in ipairs(members) do
-  local id = string.match(m, '^[^%z]*%z.%z[^%z]*%z(.*)$')
-  local due = tonumber(redis.call('ZSCORE', K_PARKED, id))
-  if due then
-    redis.call('ZREM', K_PARKED, id)
-    redis.call('ZADD', K_DUE, due, id)
+-- `parked` holds the parked tasks of every paused plugin, ordered by due; the walk goes on from
+-- the place after the cursor's (found by rank, so the entries moved out before it do not matter)
+local first = 0
+if cursor ~= '' then
+  local cs, cm = string.match(cursor, '^(%-?%d+)\t(.*)$')
+  first = rank_of(K_PARKED, cs, cm)
+  if redis.call('ZRANGE', K_PARKED, first, first)[1] == cm then first = first + 1 end
+end
+local page = redis.call('ZRANGE', K_PARKED, first, first + limit - 1, 'WITHSCORES')
+local ids = {}
+for i = 1, #page, 2 do ids[#ids + 1] = page[i] end
+local recs = records_of(ids)
+local moved, earliest, back = 0, nil, {}
+for i, id in ipairs(ids) do
+  local t = parse(recs[i])
+  if t and t.st == 's' and t.plugin == plugin then
+    push(back, t.due, id)
     moved = moved + 1
-    if not earliest or due < earliest then earliest = due end
+    if not earliest or t.due < earliest then earliest = t.due end
   end
 end
+for i = 2, #back, 2 do redis.call('ZREM', K_PARKED, back[i]) end
+call_many('ZADD', K_DUE, back)
 if earliest then wake_if_head(channel, shard, earliest) end
-return chunk_done(moved, members, limit)
+if #ids < limit then return { moved, '' } end
+return { moved, page[#page] .. '\t' .. page[#page - 1] } -- the last place: due, id

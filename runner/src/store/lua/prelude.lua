@@ -1,5 +1,5 @@
 -- Shared by every eggtimer script (prepended at load time by store/scripts.rs).
--- Every shard script gets the same first fourteen KEYS, all under the shard's hash tag {ns:s}:
+-- Every shard script gets the same first fifteen KEYS, all under the shard's hash tag {ns:s}:
 --   KEYS[1] due (ZSET id -> due ms)      KEYS[2] tasks (HASH id -> record)
 --   KEYS[3] inflight (ZSET id -> lease: the running tasks claimed by a runner of the layout
 --           before claim batches; only read now, to reap them)
@@ -8,8 +8,9 @@
 --   KEYS[6] meta (HASH: 'claim' -> the shard's claim counter; 'paused' -> \0p1\0p2\0, the
 --           plugins paused; 'layout' -> the key layout this shard was migrated to)
 --   KEYS[7] parked (ZSET id -> due: scheduled tasks of a paused plugin, out of `due`)
---   KEYS[8] byplugin (ZSET, score 0, member plugin \0 s|x \0 due or died-at(15) \0 id: the
---           scheduled (incl. parked) and dead tasks of each plugin)
+--   KEYS[8] byplugin (ZSET, score 0, member plugin \0 x \0 died-at(15) \0 id: the dead tasks of
+--           each plugin. Layouts before 4 also listed scheduled tasks here, as plugin \0 s \0
+--           due(15) \0 id; the migration turns those into counts in `scheduled`.)
 --   KEYS[9] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of
 --           its dedup window (ms) once it finished)
 --   KEYS[10] recent (ZSET id -> finish time: the done records in `tasks` finished before the
@@ -26,6 +27,8 @@
 --           recorded done, one entry per script run (`seq`: meta's 'finished' counter). An id
 --           listed is done at that time only while its record says so (done, `fin` that time).
 --           Done records written before this layout are in `recent` instead.)
+--   KEYS[15] scheduled (HASH plugin -> how many of its tasks are scheduled, in `due` or
+--           `parked`; a plugin with none has no field)
 --   A claim batch leaves `leases` and `batches` when its last task's outcome is recorded, or
 --   when its lease ends (the reaper puts back the tasks still running under it).
 -- Script-specific keys follow from KEYS[K_FIRST].
@@ -39,8 +42,8 @@ local K_DUE, K_TASKS, K_INFLIGHT, K_DEAD, K_BYOWNER, K_META = KEYS[1], KEYS[2], 
   KEYS[5], KEYS[6]
 local K_PARKED, K_BYPLUGIN, K_UNIQUE, K_RECENT, K_RERUN = KEYS[7], KEYS[8], KEYS[9], KEYS[10],
   KEYS[11]
-local K_LEASES, K_BATCHES, K_FINISHED = KEYS[12], KEYS[13], KEYS[14]
-local K_FIRST = 15
+local K_LEASES, K_BATCHES, K_FINISHED, K_SCHEDULED = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+local K_FIRST = 16
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
@@ -111,9 +114,16 @@ local function owner_member(owner, due, id)
   return owner .. '\0' .. string.format('%015d', due) .. '\0' .. id
 end
 
--- kind 's' (scheduled, score = due) or 'x' (dead, score = died at).
+-- kind 'x' (dead, score = died at); 's' (scheduled, score = due) only in layouts before 4.
 local function plugin_member(plugin, kind, score, id)
   return plugin .. '\0' .. kind .. '\0' .. string.format('%015d', score) .. '\0' .. id
+end
+
+-- `n` more (or fewer, n < 0) scheduled tasks of `plugin`; a plugin at zero leaves the hash.
+local function count_scheduled(plugin, n)
+  if redis.call('HINCRBY', K_SCHEDULED, plugin, n) <= 0 then
+    redis.call('HDEL', K_SCHEDULED, plugin)
+  end
 end
 
 -- The plugins paused in this shard (read once per script run; the answer kept per plugin).
@@ -128,23 +138,23 @@ local function is_paused(plugin)
   return p
 end
 
--- Puts a scheduled task into `due` (or `parked` while its plugin is paused), the owner index and
--- the plugin index (the record is written by the caller).
+-- Puts a scheduled task into `due` (or `parked` while its plugin is paused) and the owner index,
+-- and counts it for its plugin (the record is written by the caller).
 local function index_scheduled(id, t)
+  local added
   if is_paused(t.plugin) then
-    redis.call('ZADD', K_PARKED, t.due, id)
+    added = redis.call('ZADD', K_PARKED, t.due, id)
   else
-    redis.call('ZADD', K_DUE, t.due, id)
+    added = redis.call('ZADD', K_DUE, t.due, id)
   end
   if t.owner ~= '' then redis.call('ZADD', K_BYOWNER, 0, owner_member(t.owner, t.due, id)) end
-  redis.call('ZADD', K_BYPLUGIN, 0, plugin_member(t.plugin, 's', t.due, id))
+  if added > 0 then count_scheduled(t.plugin, 1) end
 end
 
 local function unindex_scheduled(id, t)
-  redis.call('ZREM', K_DUE, id)
-  redis.call('ZREM', K_PARKED, id)
+  local removed = redis.call('ZREM', K_DUE, id) + redis.call('ZREM', K_PARKED, id)
   if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
-  redis.call('ZREM', K_BYPLUGIN, plugin_member(t.plugin, 's', t.due, id))
+  if removed > 0 then count_scheduled(t.plugin, -1) end
 end
 
 -- When a dead task died (its `fin`; records without one sort first).
@@ -185,6 +195,20 @@ end
 local function chunk_done(count, members, limit)
   if #members == limit then return { count, members[#members] } end
   return { count, '' }
+end
+
+-- The number of members of the ZSET `key` ordered before the place (score `s`, member `m`), in
+-- O(log n): binary search by rank among the members of score `s`, never a walk from the start.
+-- `s` is passed to Redis as the caller's string (Lua would print a large number in exponent form).
+local function rank_of(key, s, m)
+  local lo = redis.call('ZCOUNT', key, '-inf', '(' .. s)
+  local hi = redis.call('ZCOUNT', key, '-inf', s)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local at = redis.call('ZRANGE', key, mid, mid)[1]
+    if at < m then lo = mid + 1 else hi = mid end
+  end
+  return lo
 end
 
 -- The earliest due time of the shard, or -1 when nothing is scheduled.

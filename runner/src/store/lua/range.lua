@@ -1,30 +1,20 @@
 -- One page of a score-ordered index of one shard (due, parked, dead, recent, inflight), after a
--- cursor, in O(log n + page): the cursor's place is found by rank (binary search among equal
--- scores), never by walking what came before it.
--- KEYS[1]: the ZSET. ARGV: order ('asc' | 'desc'), cursor score, cursor member ('' with score
--- '': from the start), min score, max score, count.
+-- cursor, in O(log n + page): the cursor's place is found by rank (`rank_of`), never by walking
+-- what came before it.
+-- KEYS[1]: the ZSET (the prelude, loaded for `rank_of`, takes it for `due`: its other keys are
+-- unset here and unused). ARGV: order ('asc' | 'desc'), cursor score, cursor member ('' with
+-- score '': from the start), min score, max score, count.
 -- Returns {member, score, member, score, ...}.
 -- (Scores are compared as numbers but passed to Redis as the caller's strings: Lua would print a
 -- large number in exponent form.)
 local key, order, cs, cm = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local lo_s, hi_s, count = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
--- the number of members ordered before (score s, member m)
-local function rank_of(s, m)
-  local lo = redis.call('ZCOUNT', key, '-inf', '(' .. s)
-  local hi = redis.call('ZCOUNT', key, '-inf', s)
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local at = redis.call('ZRANGE', key, mid, mid)[1]
-    if at < m then lo = mid + 1 else hi = mid end
-  end
-  return lo
-end
 local out = {}
 if order == 'asc' then
   local first
   if cm == '' then first = redis.call('ZCOUNT', key, '-inf', '(' .. ARGV[4])
   else
-    first = rank_of(cs, cm)
+    first = rank_of(key, cs, cm)
     local at = redis.call('ZRANGE', key, first, first)[1]
     if at == cm then first = first + 1 end
     first = math.max(first, redis.call('ZCOUNT', key, '-inf', '(' .. ARGV[4]))
@@ -38,7 +28,7 @@ else
   local last -- the rank of the first member to return, walking down
   if cm == '' then last = redis.call('ZCOUNT', key, '-inf', ARGV[5]) - 1
   else
-    last = math.min(rank_of(cs, cm) - 1, redis.call('ZCOUNT', key, '-inf', ARGV[5]) - 1)
+    last = math.min(rank_of(key, cs, cm) - 1, redis.call('ZCOUNT', key, '-inf', ARGV[5]) - 1)
   end
   if last >= 0 then
     local page = redis.call('ZRANGE', key, math.max(last - count + 1, 0), last, 'WITHSCORES')

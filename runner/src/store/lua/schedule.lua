@@ -43,14 +43,14 @@ for i = 1, n, CHUNK do
 end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
-local pending, records, dues, parked, byplugin, byowner = {}, {}, {}, {}, {}, {}
+local pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
 local function flush()
   call_many('HSET', K_TASKS, records)
   call_many('ZADD', K_DUE, dues)
   call_many('ZADD', K_PARKED, parked)
-  call_many('ZADD', K_BYPLUGIN, byplugin)
   call_many('ZADD', K_BYOWNER, byowner)
-  pending, records, dues, parked, byplugin, byowner = {}, {}, {}, {}, {}, {}
+  for plugin, k in pairs(counts) do count_scheduled(plugin, k) end
+  pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
 end
 for i = 1, n do
   local b = 3 + (i - 1) * W
@@ -88,7 +88,7 @@ for i = 1, n do
     -- the indexes of index_scheduled, gathered
     if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
     if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
-    push(byplugin, 0, plugin_member(plugin, 's', due, id))
+    counts[plugin] = (counts[plugin] or 0) + 1
     local unique_for = tonumber(ARGV[b + 8])
     if unique_for > 0 then
       redis.call('ZADD', K_UNIQUE, -unique_for, id)
