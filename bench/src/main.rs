@@ -2,6 +2,11 @@
 //! fsync every second), the runner used as a library (W0–W4) and as processes (W5). Prints one
 //! JSON line per workload (the types in `report`). `cargo xtask bench` builds and runs it.
 
+/// The runner's allocator (see `runner/src/main.rs`), so the runner measured here is the one
+/// that ships.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod nodes;
 mod recorder;
 mod report;

@@ -5,6 +5,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use eggtimer::config::{Cli, Command};
 
+/// mimalloc instead of glibc's malloc: the runner allocates per task (claim decode, the handler
+/// call, the finish batch); BENCHMARKS.md (eighth round) has what it bought.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let serve = match &cli.command {
