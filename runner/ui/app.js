@@ -262,8 +262,15 @@ pages.tasks = (params) => {
     if (id) {
       try { tasks = [await get("/v1/tasks/" + enc(id))]; } catch (e) { if (e.status === 404) tasks = []; else throw e; }
     } else {
-      const r = await get("/v1/tasks" + q({ owner, ...rest, limit: 100, cursor }));
-      tasks = r.tasks; next = r.next_cursor;
+      // a filter no index serves (scheduled tasks of one plugin, say) can leave a page short, even
+      // empty, with more to come: read on until the page is full or 20 pages were read
+      tasks = [];
+      let at = cursor;
+      for (let pages = 0; pages < 20; pages++) {
+        const r = await get("/v1/tasks" + q({ owner, ...rest, limit: 100, cursor: at }));
+        tasks = tasks.concat(r.tasks); next = at = r.next_cursor;
+        if (!next || tasks.length >= 100) break;
+      }
     }
     replace($("#task-rows"), table([
       { label: "id", nowrap: true, get: (t) => h("span", { class: "mono" }, t.id) },
@@ -272,7 +279,7 @@ pages.tasks = (params) => {
       { label: "state", get: (t) => pill(t.state) },
       { label: "due", get: (t) => h("span", { title: fmtTime(t.run_at) }, fmtAgo(t.run_at)) },
       { label: "attempts", num: true, get: (t) => `${t.attempts}/${t.max_attempts}` },
-    ], tasks, { pick: (t) => { selected = t.id; detail(); }, empty: "No task matches. Widen the filters (no state, no time range) or check the id." }));
+    ], tasks, { pick: (t) => { selected = t.id; detail(); }, empty: next ? "No task matches yet among those read: the next page reads on." : "No task matches. Widen the filters (no state, no time range) or check the id." }));
     $$("#task-rows tr[data-id]").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === selected));
     replace($("#task-more"), next ? action("Next page", async () => { cursor = next; await load(); }, { ghost: true }) : h("span"));
     ownerBar.hidden = !owner;

@@ -301,6 +301,51 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         "only bob's: {alice}"
     );
 
+    // Tasks of one plugin due after 2,000 of another: the API's pages read `due` with the plugin
+    // as a filter (the first ones come back empty); the page reads on until it has them
+    let fillers: Vec<Value> = (0..2000)
+        .map(|i| json!({"id": format!("filler-{i}"), "plugin": "noop", "run_at": now + 3_000_000}))
+        .collect();
+    post_tasks(base, json!(fillers)).await;
+    post_tasks(
+        base,
+        json!([
+            {"id": "late-0", "plugin": "coupon-expiry", "run_at": now + 3_600_000,
+             "payload": {"coupon_id": "c2", "user_id": "u1", "expires_at": now}},
+            {"id": "late-1", "plugin": "coupon-expiry", "run_at": now + 3_600_001,
+             "payload": {"coupon_id": "c3", "user_id": "u1", "expires_at": now}}
+        ]),
+    )
+    .await;
+    let (_, first) = call(
+        "GET",
+        &format!("{base}/v1/tasks?plugin=coupon-expiry&state=scheduled&limit=100"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (
+            first["tasks"].as_array().map(Vec::len),
+            first["next_cursor"].is_string()
+        ),
+        (Some(0), true),
+        "the API's first page is empty with more to come: {first}"
+    );
+    // (the tasks page is still open, with bob in the owner field)
+    b.element("#find-owner").await.clear().await.unwrap();
+    b.type_into("#find-plugin", "coupon-expiry").await;
+    b.element("#find-state")
+        .await
+        .select_by_value("scheduled")
+        .await
+        .unwrap();
+    b.click("#find-go").await;
+    b.count_until("#task-rows tbody tr", 2).await;
+    b.text_until("#task-rows", "both late tasks", |t| {
+        t.contains("late-0") && t.contains("late-1")
+    })
+    .await;
+
     // Dead letters: retry one (it runs again: a new occurrence)
     let (_, before) = call("GET", &format!("{base}/v1/tasks/dead-0"), None).await;
     b.open(base, "dead").await;
