@@ -31,16 +31,26 @@ local last = string.match(cursor, '^z(.+)$')
 local from = '-'
 if last then from = '(' .. last end
 local members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, from, '+', 'LIMIT', 0, count)
+-- (one script: every member just read is there to remove, so each is counted once)
+local listed, plugins, dues, ids = {}, {}, {}, {}
 for _, m in ipairs(members) do
   local plugin, kind, due, id = string.match(m, '^([^%z]*)%z(.)%z(%d+)%z(.*)$')
-  if kind == 's' and redis.call('ZREM', K_BYPLUGIN, m) == 1 then
-    -- (a stale entry, whose task is gone or was not scheduled so, is dropped uncounted)
-    local t = parse(redis.call('HGET', K_TASKS, id))
-    if t and t.st == 's' and t.plugin == plugin and t.due == tonumber(due) then
-      count_scheduled(plugin, 1)
-    end
+  if kind == 's' then
+    listed[#listed + 1] = m
+    plugins[#listed], dues[#listed], ids[#listed] = plugin, tonumber(due), id
   end
 end
+local recs, counts = records_of(ids), {}
+for i, rec in ipairs(recs) do
+  -- a stale entry (its task gone, or not scheduled so) is dropped uncounted
+  local due, plugin
+  if rec then due, plugin = string.match(rec, '^s\t(%-?%d+)\t%d+\t%d+\t%d+\t%d*\t([^\t]*)\t') end
+  if plugin == plugins[i] and tonumber(due) == dues[i] then
+    counts[plugin] = (counts[plugin] or 0) + 1
+  end
+end
+call_many('ZREM', K_BYPLUGIN, listed)
+for plugin, k in pairs(counts) do count_scheduled(plugin, k) end
 if #members == count then return 'z' .. members[#members] end
 redis.call('HSET', K_META, 'layout', layout)
 return '0'
