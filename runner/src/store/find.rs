@@ -7,9 +7,9 @@
 //! O(shards × page) whatever the number of tasks. A filter that no index serves is applied to the
 //! records read (scheduled tasks of one plugin, say: no index lists them since layout 4, which
 //! made scheduling cheaper): such a page may hold fewer tasks than asked for (even none) and still
-//! have a next cursor; the walk ends only when the next cursor is None. Scheduled and running tasks come soonest due first, dead and
-//! done ones most recent first; without a state filter the states come one after another
-//! (scheduled, running, dead, done).
+//! have a next cursor; the walk ends only when the next cursor is None. Scheduled and running
+//! tasks come soonest due first, dead and done ones most recent first; without a state filter the
+//! states come one after another (scheduled, running, dead, done).
 
 use std::cmp::Ordering;
 
