@@ -53,7 +53,7 @@ impl RedisCluster {
                 .map(|s| s.to_string())
                 .collect(),
             };
-            s.launch();
+            assert!(s.launch(), "cluster node on port {port} did not start");
             nodes.push(s);
         }
         let mut cmd = Command::new("redis-cli");

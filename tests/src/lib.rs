@@ -87,11 +87,22 @@ impl RedisServer {
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        s.launch();
-        s
+        // another test may start a server on the same free port first (it is free until a server
+        // binds it): ours then exits, and another port is tried
+        for _ in 0..10 {
+            if s.launch() {
+                return s;
+            }
+            s.port = free_port();
+        }
+        panic!(
+            "redis-server did not start on any of 10 free ports ({:?})",
+            s.dir
+        );
     }
 
-    fn launch(&mut self) {
+    /// Starts redis-server on `self.port`: whether it is up (false: it exited, the port taken).
+    fn launch(&mut self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.args([
             "--port",
@@ -117,18 +128,24 @@ impl RedisServer {
                  `sudo apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis` (macOS)"
             )
         });
+        let pid = format!("process_id:{}", child.id());
         self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&self) {
         let client = redis::Client::open(self.url()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if let Some(c) = self.child.as_mut()
+                && matches!(c.try_wait(), Ok(Some(_)))
+            {
+                self.child = None;
+                return false;
+            }
+            // (another test's server on the same port answers too, until ours gives up)
             if let Ok(mut c) = client.get_connection()
+                && let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut c)
+                && info.lines().any(|l| l.trim() == pid)
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
-                return;
+                return true;
             }
             assert!(
                 Instant::now() < deadline,
@@ -170,13 +187,21 @@ impl RedisServer {
     /// Starts it again on the same port and directory (it loads its append-only file).
     pub fn restart(&mut self) {
         self.stop();
-        self.launch();
+        assert!(
+            self.launch(),
+            "redis-server did not restart on port {}",
+            self.port
+        );
     }
 
     /// Starts it again after a stop or kill.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "still running");
-        self.launch();
+        assert!(
+            self.launch(),
+            "redis-server did not start again on port {}",
+            self.port
+        );
     }
 }
 
