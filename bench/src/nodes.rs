@@ -36,10 +36,24 @@ impl Nodes {
         self.conns.len()
     }
 
-    /// FLUSHALL on every node.
+    /// Empties every node: FLUSHALL ASYNC (W3's 10M tasks take Redis seconds to free, longer
+    /// than a command may take on this connection), then waits until each node has freed them,
+    /// so the next workload's memory and CPU figures start clean.
     pub async fn flush_all(&self) -> Result<()> {
         for c in &self.conns {
-            let _: () = redis::cmd("FLUSHALL").query_async(&mut c.clone()).await?;
+            let _: () = redis::cmd("FLUSHALL")
+                .arg("ASYNC")
+                .query_async(&mut c.clone())
+                .await?;
+        }
+        for i in 0..self.conns.len() {
+            let freed = crate::workloads::until(
+                std::time::Duration::from_secs(300),
+                std::time::Duration::from_millis(20),
+                || async { Ok(self.info(i, "memory", "lazyfree_pending_objects").await? == 0.0) },
+            )
+            .await?;
+            anyhow::ensure!(freed, "node {i} still freeing a flush after 300 s");
         }
         Ok(())
     }
