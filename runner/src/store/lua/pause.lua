@@ -37,17 +37,18 @@ local page = redis.call('ZRANGE', K_PARKED, first, first + limit - 1, 'WITHSCORE
 local ids = {}
 for i = 1, #page, 2 do ids[#ids + 1] = page[i] end
 local recs = records_of(ids)
-local moved, earliest, back = 0, nil, {}
+local resumed, back, earliest = {}, {}, nil
 for i, id in ipairs(ids) do
   local t = parse(recs[i])
   if t and t.st == 's' and t.plugin == plugin then
+    resumed[#resumed + 1] = id
     push(back, t.due, id)
-    moved = moved + 1
     if not earliest or t.due < earliest then earliest = t.due end
   end
 end
-for i = 2, #back, 2 do redis.call('ZREM', K_PARKED, back[i]) end
+call_many('ZREM', K_PARKED, resumed)
 call_many('ZADD', K_DUE, back)
+local moved = #resumed
 if earliest then wake_if_head(channel, shard, earliest) end
 if #ids < limit then return { moved, '' } end
 return { moved, page[#page] .. '\t' .. page[#page - 1] } -- the last place: due, id
