@@ -248,6 +248,52 @@ async fn a_plugin_that_floods_effects_fails_alone_with_none_of_them_applied() {
 }
 
 #[tokio::test]
+async fn what_a_plugin_prints_is_logged_once_per_run_and_a_flood_of_it_fails_alone() {
+    let redis = RedisServer::start();
+    // one worker: the printing runs share one warm instance, whose output is taken after each
+    let mut r = start(&redis, &["--plugin-timeout", "5s", "--workers", "1"]);
+    let n = 40;
+    let specs: Vec<Value> = (0..n)
+        .map(|i| json!({"plugin": "test-flood", "id": format!("print-{i}"), "payload": {"what": "print"}}))
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    for i in 0..n {
+        wait_state(&r.url, &format!("print-{i}"), "done", T).await;
+    }
+    let log = r.log_text();
+    for i in 0..n {
+        for line in [
+            format!("plugin stdout: printed by print-{i}"),
+            format!("plugin stderr: warned by print-{i}"),
+        ] {
+            // the message, then the event's fields (or nothing)
+            let times = log
+                .lines()
+                .filter(|l| l.ends_with(&line) || l.contains(&format!("{line} ")))
+                .count();
+            assert_eq!(times, 1, "{line:?} logged {times} times:\n{log}");
+        }
+    }
+    // printing without end: the call traps at the output limit, naming it; the runner is fine
+    schedule(&r.url, json!({"plugin": "test-flood", "id": "flood-stdout", "max_attempts": 1, "payload": {"what": "stdout"}})).await;
+    let t = wait_state(&r.url, "flood-stdout", "dead", T).await;
+    let err = t["last_error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("wrote more than 1048576 bytes to stdout or stderr"),
+        "{err}"
+    );
+    r.assert_alive();
+    let rss = rss_bytes(r.pid());
+    assert!(rss < 512 << 20, "the runner grew to {} MiB", rss >> 20);
+    schedule(
+        &r.url,
+        json!({"plugin": "test-flood", "id": "print-after", "payload": {"what": "print"}}),
+    )
+    .await;
+    wait_state(&r.url, "print-after", "done", T).await;
+}
+
+#[tokio::test]
 async fn a_bad_ttl_fails_the_run_and_nothing_of_it_is_written() {
     let redis = RedisServer::start();
     let r = start(&redis, &[]);

@@ -2,7 +2,9 @@
 //! `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
 //! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or
-//! returns an outcome out of bounds (`retry-never`, `run-again-never`).
+//! returns an outcome out of bounds (`retry-never`, `run-again-never`), or prints one line naming
+//! the task to stdout and one to stderr (`print`), or prints to stdout until the host stops it
+//! (`stdout`).
 
 use eggtimer_sdk::{FollowUp, Level, Outcome, Task, emit, handler, kv, log};
 use serde::Deserialize;
@@ -56,6 +58,19 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
             };
         }
         "cancel" => eggtimer_sdk::cancel(&task.payload.id),
+        "print" => {
+            println!("printed by {}", task.id);
+            eprintln!("warned by {}", task.id);
+        }
+        "stdout" => {
+            use std::io::Write;
+            let mut out = std::io::stdout();
+            for _ in 0.. {
+                if let Err(e) = out.write_all(big.as_bytes()).and_then(|()| out.flush()) {
+                    return Err(format!("writing to stdout failed: {e}").into());
+                }
+            }
+        }
         "retry-never" => return Ok(Outcome::RetryAfter(std::time::Duration::MAX)),
         "run-again-never" => return Ok(Outcome::RunAgainAt(i64::MAX)),
         other => return Ok(Outcome::Fail(format!("unknown flood {other:?}"))),

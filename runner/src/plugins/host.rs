@@ -352,7 +352,8 @@ pub fn explain_trap(
                     memory >> 20
                 )
             }
-            _ => format!("the plugin trapped: {}", text.lines().next().unwrap_or("")),
+            // the cause, not the outer "error while executing at wasm backtrace:"
+            _ => format!("the plugin trapped: {}", e.root_cause()),
         }
     };
     if !stderr_tail.is_empty() {

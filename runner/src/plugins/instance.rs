@@ -20,11 +20,11 @@ use tracing::{info, warn};
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use super::bindings::Plugin;
 use super::bindings::eggtimer::plugin::types as wit;
 use super::host::{CallCtx, FrozenClock, State, explain_trap};
+use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
 use crate::executor::{Outcome, Run, TaskHost, now_ms};
 use crate::store::Claimed;
@@ -39,10 +39,8 @@ pub(super) struct Warm {
     digest: String,
     store: Store<State>,
     plugin: Plugin,
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
-    out_seen: usize,
-    err_seen: usize,
+    stdout: GuestOutput,
+    stderr: GuestOutput,
     calls: u32,
 }
 
@@ -191,7 +189,7 @@ pub(super) async fn call(
         // A trap (or over budget): the instance can't be re-entered, drop it.
         Err(e) => return Run::failed(explain_trap(&e, opts.timeout, opts.memory, &stderr_tail)),
     };
-    let full = warm.out_seen > OUTPUT_CAP / 2 || warm.err_seen > OUTPUT_CAP / 2;
+    let full = warm.stdout.written() > OUTPUT_CAP / 2 || warm.stderr.written() > OUTPUT_CAP / 2;
     if warm.calls < MAX_REUSE && !full {
         pool.put(warm);
     }
@@ -203,8 +201,8 @@ async fn instantiate(
     opts: &PluginOptions,
     loaded: &Loaded,
 ) -> Result<Warm, String> {
-    let stdout = MemoryOutputPipe::new(OUTPUT_CAP);
-    let stderr = MemoryOutputPipe::new(OUTPUT_CAP);
+    let stdout = GuestOutput::new(OUTPUT_CAP);
+    let stderr = GuestOutput::new(OUTPUT_CAP);
     let started_at = Arc::new(AtomicI64::new(now_ms()));
     // No preopened directories, no environment, no network, no stdin: a plugin reaches nothing.
     let wasi = WasiCtx::builder()
@@ -247,20 +245,18 @@ async fn instantiate(
         plugin,
         stdout,
         stderr,
-        out_seen: 0,
-        err_seen: 0,
         calls: 0,
     })
 }
 
 /// Logs what the guest printed since the last call; returns the last of its stderr.
 fn drain_output(warm: &mut Warm, task: &Claimed) -> String {
-    let out = warm.stdout.contents();
-    let err = warm.stderr.contents();
-    let new_out = String::from_utf8_lossy(&out[warm.out_seen.min(out.len())..]).into_owned();
-    let new_err = String::from_utf8_lossy(&err[warm.err_seen.min(err.len())..]).into_owned();
-    warm.out_seen = out.len();
-    warm.err_seen = err.len();
+    let (out, err) = (warm.stdout.take(), warm.stderr.take());
+    if out.is_empty() && err.is_empty() {
+        return String::new();
+    }
+    let new_out = String::from_utf8_lossy(&out);
+    let new_err = String::from_utf8_lossy(&err);
     for line in new_out.lines() {
         info!(task = %task.id, plugin = %task.plugin, "plugin stdout: {line}");
     }

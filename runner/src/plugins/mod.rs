@@ -2,7 +2,7 @@
 //!
 //! Files: `engine` (configuration, linker, compiling, the compiled-code cache), `host` (the host
 //! functions and the per-run budget of effects), `instance` (warm instances and calls),
-//! `registry` (uploads, storage in Redis, hot reload).
+//! `output` (a guest's stdout and stderr), `registry` (uploads, storage in Redis, hot reload).
 //!
 //! Each plugin version is compiled and pre-instantiated once; the current version of each name
 //! sits behind a lock and is swapped atomically, so calls in flight finish on the old one. Calls
@@ -18,6 +18,7 @@
 mod engine;
 mod host;
 mod instance;
+mod output;
 mod registry;
 
 use std::collections::HashMap;
