@@ -30,7 +30,8 @@ use workloads::Bench;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "eggtimer-bench", about = "The benchmark workloads of BENCH.md")]
 pub struct Args {
-    /// Directory of the built plugins (noop.wasm, order-cancel.wasm, bench-record.wasm).
+    /// Directory of the built plugins (noop.wasm, order-cancel.wasm, bench-record.wasm; W4 also
+    /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
     /// Workloads to run, comma-separated (W0..W5).

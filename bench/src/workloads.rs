@@ -444,17 +444,21 @@ impl Bench {
         let host: Arc<dyn TaskHost> = Arc::new(NoKv);
         let mut per_task = BTreeMap::new();
         let order = r#"{"order_id":"o1","user_id":"u1"}"#;
-        // (plugin, payload, warm calls, fresh instances) per round; the TypeScript and Python
-        // builds of order-cancel when they were built (a Python instance takes milliseconds)
-        for (plugin, payload, warm_n, fresh_n) in [
-            ("noop", "null", 20_000, 2000),
-            ("order-cancel", order, 20_000, 2000),
-            ("order-cancel-ts", order, 5000, 200),
-            ("order-cancel-py", order, 2000, 20),
+        let prints = r#"{"what":"print"}"#;
+        // (name in the report, plugin, payload, warm calls, fresh instances) per round; the
+        // TypeScript and Python builds of order-cancel when they were built (a Python instance
+        // takes milliseconds); and a plugin that prints a line to stdout and one to stderr per
+        // call (what the host does with a guest's output, on one instance for 10,000 calls)
+        for (name, plugin, payload, warm_n, fresh_n) in [
+            ("noop", "noop", "null", 20_000, 2000),
+            ("order-cancel", "order-cancel", order, 20_000, 2000),
+            ("order-cancel-ts", "order-cancel-ts", order, 5000, 200),
+            ("order-cancel-py", "order-cancel-py", order, 2000, 20),
+            ("test-flood (prints)", "test-flood", prints, 20_000, 2000),
         ] {
             if self.plugins.get(plugin).is_none() {
                 eprintln!(
-                    "W4: {plugin} is not built (cargo xtask plugins needs node / python3): left out"
+                    "W4: {plugin} is not built (cargo xtask plugins; the TypeScript and Python builds need node / python3): left out"
                 );
                 continue;
             }
@@ -495,7 +499,7 @@ impl Bench {
             let warm = rounds(warm_n, false).await?;
             let fresh = rounds(fresh_n, true).await?;
             per_task.insert(
-                plugin.to_owned(),
+                name.to_owned(),
                 PluginCost {
                     warm_us_per_task: warm,
                     fresh_instance_us_per_task: fresh,
