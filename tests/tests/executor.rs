@@ -260,19 +260,30 @@ async fn what_a_plugin_prints_is_logged_once_per_run_and_a_flood_of_it_fails_alo
     for i in 0..n {
         wait_state(&r.url, &format!("print-{i}"), "done", T).await;
     }
-    let log = r.log_text();
-    for i in 0..n {
-        for line in [
-            format!("plugin stdout: printed by print-{i}"),
-            format!("plugin stderr: warned by print-{i}"),
-        ] {
-            // the message, then the event's fields (or nothing)
-            let times = log
-                .lines()
-                .filter(|l| l.ends_with(&line) || l.contains(&format!("{line} ")))
-                .count();
-            assert_eq!(times, 1, "{line:?} logged {times} times:\n{log}");
-        }
+    let lines: Vec<String> = (0..n)
+        .flat_map(|i| {
+            [
+                format!("plugin stdout: printed by print-{i}"),
+                format!("plugin stderr: warned by print-{i}"),
+            ]
+        })
+        .collect();
+    // how many log lines hold `line` (the message, then the event's fields or nothing)
+    let times = |log: &str, line: &str| {
+        log.lines()
+            .filter(|l| l.ends_with(line) || l.contains(&format!("{line} ")))
+            .count()
+    };
+    // the runner's log is read on another thread: wait until every line has arrived
+    let log = eventually(T, "every printed line in the runner's log", || {
+        let log = r.log_text();
+        let all = lines.iter().all(|l| times(&log, l) > 0);
+        async move { all.then_some(log) }
+    })
+    .await;
+    for line in &lines {
+        let k = times(&log, line);
+        assert_eq!(k, 1, "{line:?} logged {k} times:\n{log}");
     }
     // printing without end: the call traps at the output limit, naming it; the runner is fine
     schedule(&r.url, json!({"plugin": "test-flood", "id": "flood-stdout", "max_attempts": 1, "payload": {"what": "stdout"}})).await;

@@ -5,9 +5,9 @@
 //! it had printed before: up to half a megabyte per call before its instance was recycled. This
 //! pipe hands over only what was written since the last [`GuestOutput::take`], without a copy.
 //!
-//! The bound is the same as before: an instance may write at most `capacity` bytes over its
-//! life (a write past it traps the call, naming the limit), and [`GuestOutput::written`] tells the caller when to
-//! recycle it.
+//! The bound is as before: an instance may write at most `capacity` bytes over its life (a write
+//! past it traps the call, naming the limit), and [`GuestOutput::written`] tells the caller when
+//! to recycle the instance.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
