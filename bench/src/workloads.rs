@@ -397,6 +397,7 @@ impl Bench {
             ("due_zset", &k.due),
             ("tasks_hash", &k.tasks),
             ("byplugin_zset", &k.byplugin),
+            ("scheduled_counts_hash", &k.scheduled),
         ] {
             let bytes: Option<i64> = redis::cmd("MEMORY")
                 .arg("USAGE")
