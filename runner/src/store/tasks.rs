@@ -1,6 +1,8 @@
 //! A task's life: schedule, claim, renew, finish, move, cancel, replay, owner shift. Each is one
 //! Lua script on one shard (see `lua/`), with every key in KEYS.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result, bail};
 use futures::future::try_join_all;
 use redis::Value;
@@ -10,6 +12,9 @@ use super::{
     ClaimBatch, Claimed, Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, Store,
     TaskRecord, field_safe,
 };
+
+/// An outcome as the finish script takes it: kind, claim token, value, error.
+type Outcome<'a> = (&'a str, u64, i64, &'a str);
 
 impl Store {
     /// Schedules tasks (any number, any shards): one script per shard, sent concurrently.
@@ -31,16 +36,35 @@ impl Store {
                 ScheduleMode::Upsert => "upsert",
                 ScheduleMode::IfAbsent => "absent",
             });
-            for &i in ix {
-                let t = &tasks[i];
-                inv.arg(&t.id)
-                    .arg(t.run_at.max(0))
-                    .arg(t.max_attempts)
-                    .arg(&t.plugin)
-                    .arg(t.owner.as_deref().unwrap_or(""))
-                    .arg(super::record::join_trace(t.traceparent.as_deref(), &t.payload).as_ref())
+            // runs of consecutive tasks sharing max_attempts, plugin and unique_for_ms: those
+            // are sent once per run (the order of the tasks is kept: a later one of an id wins)
+            let mut rest = &ix[..];
+            while let Some(&first) = rest.first() {
+                let f = &tasks[first];
+                let len = rest
+                    .iter()
+                    .take_while(|&&i| {
+                        let t = &tasks[i];
+                        (t.max_attempts, &t.plugin, t.unique_for_ms)
+                            == (f.max_attempts, &f.plugin, f.unique_for_ms)
+                    })
+                    .count();
+                inv.arg(len)
+                    .arg(f.max_attempts)
+                    .arg(&f.plugin)
                     .arg(0)
-                    .arg(t.unique_for_ms);
+                    .arg(f.unique_for_ms);
+                for &i in &rest[..len] {
+                    let t = &tasks[i];
+                    inv.arg(&t.id)
+                        .arg(t.run_at.max(0))
+                        .arg(t.owner.as_deref().unwrap_or(""))
+                        .arg(
+                            super::record::join_trace(t.traceparent.as_deref(), &t.payload)
+                                .as_ref(),
+                        );
+                }
+                rest = &rest[len..];
             }
             let mut conn = self.conn();
             async move {
@@ -70,25 +94,34 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("claim script")?;
-        if v.len() < 4 || !(v.len() - 4).is_multiple_of(3) {
+        if v.len() < 5 || !(v.len() - 5).is_multiple_of(2) {
             bail!("the claim script answered {} values", v.len());
         }
         let now = int(&v[0])?;
         let next = int(&v[1])?;
         let lease = int(&v[2])?;
         let token = int(&v[3])? as u64;
-        let mut tasks = Vec::with_capacity((v.len() - 4) / 3);
-        for c in v[4..].chunks_exact(3) {
+        // the tasks that rerun a lost claim: place among the tasks (1-based) -> first claim
+        let mut firsts = HashMap::new();
+        let Value::Array(f) = &v[4] else {
+            bail!(
+                "the claim script answered {:?} where its reruns belong",
+                v[4]
+            );
+        };
+        for pair in f.chunks_exact(2) {
+            let at = int(&pair[0])? as usize;
+            let first = string(&pair[1])?;
+            let first: u64 = first.parse().with_context(|| {
+                format!("the claim script named {first:?} as the first claim of a task")
+            })?;
+            firsts.insert(at, first);
+        }
+        let mut tasks = Vec::with_capacity((v.len() - 5) / 2);
+        for (i, c) in v[5..].chunks_exact(2).enumerate() {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
-            let first = string(&c[2])?;
-            let effects_claim = if first.is_empty() {
-                token
-            } else {
-                first.parse().with_context(|| {
-                    format!("the claim script named {first:?} as the first claim of {id:?}")
-                })?
-            };
+            let effects_claim = firsts.get(&(i + 1)).copied().unwrap_or(token);
             let r = TaskRecord::decode(&id, &rec).with_context(|| {
                 format!("the claim script returned a record it can't have written for {id:?}")
             })?;
@@ -146,7 +179,11 @@ impl Store {
         inv.arg(self.keys().wake_channel())
             .arg(shard)
             .arg(self.inner.opts.keep_done_ms.max(1));
-        for (id, token, f) in items {
+        // the script takes runs of tasks sharing an outcome (kind, token, value, error), each
+        // run once with its ids; `order` is the tasks in the order sent
+        let mut runs: Vec<(Outcome, Vec<usize>)> = Vec::new();
+        let mut run_of: HashMap<Outcome, usize> = HashMap::new();
+        for (i, (_, token, f)) in items.iter().enumerate() {
             let (kind, value, error) = match f {
                 Finish::Done => ("done", 0, ""),
                 Finish::Retry { after_ms, error } => ("retry", *after_ms, error.as_str()),
@@ -155,18 +192,37 @@ impl Store {
                 Finish::Release => ("release", 0, ""),
                 Finish::Defer { after_ms } => ("defer", *after_ms, ""),
             };
-            inv.arg(*id)
-                .arg(*token)
-                .arg(kind)
-                .arg(value)
-                .arg(field_safe(error));
+            let key = (kind, *token, value, error);
+            let r = *run_of.entry(key).or_insert_with(|| {
+                runs.push((key, Vec::new()));
+                runs.len() - 1
+            });
+            runs[r].1.push(i);
         }
-        let words: Vec<String> = inv
+        let mut order = Vec::with_capacity(items.len());
+        for ((kind, token, value, error), ix) in &runs {
+            inv.arg(*kind)
+                .arg(*token)
+                .arg(*value)
+                .arg(field_safe(error))
+                .arg(ix.len());
+            for &i in ix {
+                inv.arg(items[i].0);
+            }
+            order.extend_from_slice(ix);
+        }
+        let letters: String = inv
             .invoke_async(&mut self.conn())
             .await
             .context("finish script")?;
-        expect_len("finish", words.len(), items.len())?;
-        words.iter().map(|w| Finished::parse("finish", w)).collect()
+        expect_len("finish", letters.len(), items.len())?;
+        let mut out = vec![Finished::Stale; items.len()];
+        for (&i, c) in order.iter().zip(letters.bytes()) {
+            out[i] = Finished::from_letter(c).with_context(|| {
+                format!("the finish script answered {letters:?}, which this runner does not know")
+            })?;
+        }
+        Ok(out)
     }
 
     /// Moves a scheduled task; returns its new due time.

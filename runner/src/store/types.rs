@@ -242,6 +242,22 @@ impl Verdict for Scheduled {
     }
 }
 
+impl Finished {
+    /// The finish script's letter for an outcome (its answer is one letter per task).
+    pub(super) fn from_letter(c: u8) -> Option<Self> {
+        Some(match c {
+            b'd' => Finished::Done,
+            b'r' => Finished::Retry,
+            b'x' => Finished::Dead,
+            b'a' => Finished::Again,
+            b'l' => Finished::Release,
+            b'f' => Finished::Defer,
+            b's' => Finished::Stale,
+            _ => return None,
+        })
+    }
+}
+
 impl Verdict for Finished {
     fn from_word(w: &str) -> Option<Self> {
         Some(match w {

@@ -8,15 +8,18 @@
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
 -- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
--- under whose marker its effects are committed (else '').
+-- under whose marker its effects are committed (listed apart: most tasks have none, and every
+-- value of the reply costs Redis and the runner a little).
 -- The batch is one entry in `leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
--- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, then per task: id,
--- record, first claim}.
+-- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, {the reruns: per task
+-- that has a first claim, its place among the tasks (1-based) and that claim}, then per task:
+-- id, record}.
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 reap_expired(now, limit)
-local out = { now, 0, 0, 0 }
+local firsts = {}
+local out = { now, 0, 0, 0, firsts }
 local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, limit)
 if #ids == 0 then
   out[2] = head_due()
@@ -53,7 +56,7 @@ else
         push(out, id, rec)
         local first = reruns[i]
         if first then first = rerun_of(first, string.match(mc, '\t(%d+)\t$'), tonumber(att)) end
-        out[#out + 1] = first or ''
+        if first then push(firsts, #claimed, first) end
       end
     end
   end
