@@ -26,7 +26,10 @@ local now = now_ms()
 local out = {}
 local earliest = nil
 local uniques = redis.call('EXISTS', K_UNIQUE) == 1
-local done_with = 'd%1' .. string.format('%d', now)
+local done_with = 'd%1' .. string.format('%d', now) .. '\t'
+-- per claim token, a pattern matching a record running under it (its prefix before `fin`
+-- captured): for a done outcome the fence and the rewrite are one match
+local fence = {}
 -- the ids, and for each the ARGV index of its run's first field
 local ids, run_of = {}, {}
 local a = 4
@@ -51,12 +54,27 @@ for i = 1, n do
   local verdict = 's'
   -- the fence: still running under this claim (a reaped or re-claimed task has moved on); an id
   -- named twice in one batch is recorded once, as if the second came after the first
-  if not seen[id] and holds(rec, token) then
+  local held, done = false, nil
+  if not seen[id] and rec then
+    local p = fence[token]
+    if p == nil then
+      -- (a token is digits; anything else can't be running, and is left to `holds`)
+      p = string.match(token, '^%d+$') and '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)' .. token .. '\t' or false
+      fence[token] = p
+    end
+    if kind == 'done' and p then
+      -- hot path: flip the state and set the finish time without decoding the record
+      local k
+      done, k = string.gsub(rec, p, done_with, 1)
+      held = k == 1
+    else
+      held = holds(rec, token)
+    end
+  end
+  if held then
     seen[id] = true
     released[token] = (released[token] or 0) + 1
     if kind == 'done' then
-      -- hot path: flip the state and set the finish time without decoding the record
-      local done = string.gsub(rec, '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)%d*', done_with, 1)
       push(records, id, done)
       dones[#dones + 1] = id
       if uniques then start_unique_window(id, now) end
