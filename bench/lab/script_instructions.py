@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Instructions Redis spends per task in eggtimer's schedule, claim and finish scripts.
+
+CPU time on a shared VM varies by ±20% between runs; instruction counts under callgrind do not.
+This lab runs a private redis-server under `valgrind --tool=callgrind` (collecting only while
+Redis reads and runs commands, flushes the AOF and writes replies, so idle time and its cron do
+not count), drives it with W0's and W2's shapes, and prints instructions per task for each step:
+
+- schedule: batches of 62 tasks per shard script (W0: batches of 1,000 over 16 shards);
+- claim: claims of 256; finish: the outcomes (`done`) of what each claim returned.
+
+Hashes and sorted sets are kept out of their listpack encoding, as in a shard holding thousands of
+tasks. Each figure is (run with the steps so far − run with one step fewer) / tasks.
+
+Usage: bench/lab/script_instructions.py [--tasks N] REV [REV ...]
+  REV: a git revision whose scripts to measure, or `worktree` for the files on disk.
+Needs valgrind, redis-server and the Python package `redis` (pip install redis). Each revision
+takes about a minute at the default 8,000 tasks. It knows the scripts' argument layouts before
+and after commit "store: outcomes and schedule settings sent once per run" (the tenth round):
+`--layout runs|per-task` picks one for revisions it can't tell.
+"""
+import argparse
+import os
+import socket
+import subprocess
+import tempfile
+import time
+
+import redis
+
+ROOT = subprocess.run(['git', 'rev-parse', '--show-toplevel'], capture_output=True, text=True,
+                      check=True).stdout.strip()
+LUA = 'runner/src/store/lua/'
+SHARDS = 16
+PER_SCRIPT = 62
+KEY_NAMES = ['due', 'tasks', 'inflight', 'dead', 'byowner', 'meta', 'parked', 'byplugin',
+             'unique', 'recent', 'rerun', 'leases', 'batches', 'finished', 'scheduled']
+
+
+def source(rev, name):
+    def read(f):
+        if rev == 'worktree':
+            return open(os.path.join(ROOT, LUA, f)).read()
+        return subprocess.run(['git', '-C', ROOT, 'show', '%s:%s%s' % (rev, LUA, f)],
+                              capture_output=True, text=True, check=True).stdout
+    return read('prelude.lua') + '\n' + read(name + '.lua')
+
+
+def keys(shard):
+    return ['{et:%d}:%s' % (shard, k) for k in KEY_NAMES]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(workdir):
+    port = free_port()
+    out = os.path.join(workdir, 'callgrind.out')
+    proc = subprocess.Popen(
+        ['valgrind', '--tool=callgrind', '--callgrind-out-file=' + out,
+         '--toggle-collect=processInputBuffer', '--toggle-collect=flushAppendOnlyFile',
+         '--toggle-collect=handleClientsWithPendingWritesUsingThreads',
+         'redis-server', '--port', str(port), '--dir', workdir, '--appendonly', 'yes',
+         '--appendfsync', 'everysec', '--save', ''],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = redis.Redis(port=port)
+    deadline = time.time() + 60
+    while True:
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+    r.config_set('hash-max-listpack-entries', 0)
+    r.config_set('zset-max-listpack-entries', 0)
+    return proc, r, out
+
+
+def instructions(out):
+    for line in open(out):
+        if line.startswith(('summary:', 'totals:')):
+            return int(line.split()[1])
+    raise RuntimeError('no totals in ' + out)
+
+
+def run(rev, layout, tasks, steps):
+    with tempfile.TemporaryDirectory() as d:
+        proc, r, out = start(d)
+        sha = {n: r.script_load(source(rev, n)) for n in ('schedule', 'claim', 'finish')}
+        ids = ['b%d' % i for i in range(tasks)]
+        if 'schedule' in steps:
+            for shard in range(SHARDS):
+                mine = [i for i in ids if sum(map(ord, i)) % SHARDS == shard]
+                for j in range(0, len(mine), PER_SCRIPT):
+                    batch = mine[j:j + PER_SCRIPT]
+                    args = ['', shard, 'upsert']
+                    if layout == 'runs':
+                        args += [len(batch), 5, 'noop', 0, 0]
+                        for i in batch:
+                            args += [i, 1000, '', 'null']
+                    else:
+                        for i in batch:
+                            args += [i, 1000, 5, 'noop', '', 'null', 0, 0]
+                    done_keys = ['{et:%d}:done:%s' % (shard, i) for i in batch]
+                    r.evalsha(sha['schedule'], 15 + len(done_keys), *keys(shard), *done_keys,
+                              *args)
+        if 'claim' in steps:
+            for shard in range(SHARDS):
+                while True:
+                    reply = r.evalsha(sha['claim'], 15, *keys(shard), 256, 5000)
+                    got, step = (reply[5:], 2) if layout == 'runs' else (reply[4:], 3)
+                    if not got:
+                        break
+                    token = reply[3]
+                    claimed = got[0::step]
+                    args = ['', shard, 3600000]
+                    if layout == 'runs':
+                        args += ['done', token, 0, '', len(claimed)] + claimed
+                    else:
+                        for i in claimed:
+                            args += [i, token, 'done', 0, '']
+                    if 'finish' in steps:
+                        r.evalsha(sha['finish'], 15, *keys(shard), *args)
+        r.shutdown(nosave=True)
+        proc.wait()
+        return instructions(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('revs', nargs='+')
+    ap.add_argument('--tasks', type=int, default=8000)
+    ap.add_argument('--layout', choices=['runs', 'per-task'])
+    a = ap.parse_args()
+    for rev in a.revs:
+        layout = a.layout or ('runs' if 'runs of tasks' in source(rev, 'finish') else 'per-task')
+        base = run(rev, layout, 0, ())
+        s = run(rev, layout, a.tasks, ('schedule',))
+        c = run(rev, layout, a.tasks, ('schedule', 'claim'))
+        f = run(rev, layout, a.tasks, ('schedule', 'claim', 'finish'))
+        print('%-12s instructions per task: schedule %d, claim %d, finish %d' % (
+            rev, (s - base) / a.tasks, (c - s) / a.tasks, (f - c) / a.tasks))
+
+
+if __name__ == '__main__':
+    main()
