@@ -15,19 +15,27 @@
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, {the reruns: per task
 -- that has a first claim, its place among the tasks (1-based) and that claim}, then per task:
 -- id, record}.
+-- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
+-- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
+-- as strings and the reaper's reads happen only when a lease has ended.)
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
-reap_expired(now, limit)
+local now_s = string.format('%d', now)
+-- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
+-- (the next lease end) from them unless it reaped
+local lease_head, inflight_head = first_score(K_LEASES), first_score(K_INFLIGHT)
+local reaped = (lease_head and lease_head < now) or (inflight_head and inflight_head < now)
+if reaped then reap_expired(now, limit) end
 local firsts = {}
 local out = { now, 0, 0, 0, firsts }
-local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, limit)
+local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now_s, 'LIMIT', '0', ARGV[1])
 if #ids == 0 then
   out[2] = head_due()
 else
-  local token = tostring(redis.call('HINCRBY', K_META, 'claim', 1))
+  local token = string.format('%d', redis.call('HINCRBY', K_META, 'claim', '1'))
   out[4] = token
   -- the walk started at due's lowest score: the ids are its first ranks, removed in one call
-  redis.call('ZREMRANGEBYRANK', K_DUE, 0, #ids - 1)
+  redis.call('ZREMRANGEBYRANK', K_DUE, '0', string.format('%d', #ids - 1))
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
   local recs = records_of(ids)
   local reruns = {}
@@ -50,7 +58,8 @@ else
           if t.owner ~= '' then unowner[#unowner + 1] = owner_member(t.owner, t.due, id) end
         end
         counts[plugin] = (counts[plugin] or 0) + 1
-        rec = 'r\t' .. due .. '\t' .. (tonumber(att) + 1) .. '\t' .. mc .. token .. '\t' .. rest
+        rec = 'r\t' .. due .. '\t' .. string.format('%d', tonumber(att) + 1) .. '\t' .. mc .. token
+          .. '\t' .. rest
         push(records, id, rec)
         claimed[#claimed + 1] = id
         push(out, id, rec)
@@ -65,7 +74,15 @@ else
   for p, k in pairs(counts) do count_scheduled(p, -k) end
   call_many('HSET', K_TASKS, records)
   lease_batch(token, claimed, expires)
+  if #claimed > 0 and not reaped then
+    lease_head = math.min(lease_head or now + lease, now + lease)
+  end
   out[2] = head_due()
 end
-out[3] = next_lease_end()
+if reaped then
+  out[3] = next_lease_end()
+else
+  local a, b = lease_head, inflight_head
+  out[3] = (a and b and math.min(a, b)) or a or b or -1
+end
 return out

@@ -121,7 +121,7 @@ end
 
 -- `n` more (or fewer, n < 0) scheduled tasks of `plugin`; a plugin at zero leaves the hash.
 local function count_scheduled(plugin, n)
-  if redis.call('HINCRBY', K_SCHEDULED, plugin, n) <= 0 then
+  if redis.call('HINCRBY', K_SCHEDULED, plugin, string.format('%d', n)) <= 0 then
     redis.call('HDEL', K_SCHEDULED, plugin)
   end
 end
@@ -213,7 +213,7 @@ end
 
 -- The earliest due time of the shard, or -1 when nothing is scheduled.
 local function head_due()
-  local h = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+  local h = redis.call('ZRANGE', K_DUE, '0', '0', 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
   return -1
 end
@@ -301,19 +301,24 @@ local function reap_expired(now, limit)
   end
 end
 
+-- The lowest score of the ZSET `key` (nil when it is empty).
+local function first_score(key)
+  return tonumber(redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')[2])
+end
+
 -- When the first lease of the shard ends (-1: nothing runs).
 local function next_lease_end()
-  local a = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')[2]
-  local b = redis.call('ZRANGE', K_INFLIGHT, 0, 0, 'WITHSCORES')[2]
-  if a and b then return math.min(tonumber(a), tonumber(b)) end
-  return tonumber(a or b) or -1
+  local a, b = first_score(K_LEASES), first_score(K_INFLIGHT)
+  if a and b then return math.min(a, b) end
+  return a or b or -1
 end
 
 -- Claims `ids` (claimed under `token`, lease ending at `expires`) as one batch.
 local function lease_batch(token, ids, expires)
   if #ids == 0 then return end
-  redis.call('HSET', K_BATCHES, token, table.concat(ids, '\t'), token .. ':n', #ids)
-  redis.call('HINCRBY', K_BATCHES, 'running', #ids)
+  local n = string.format('%d', #ids)
+  redis.call('HSET', K_BATCHES, token, table.concat(ids, '\t'), token .. ':n', n)
+  redis.call('HINCRBY', K_BATCHES, 'running', n)
   redis.call('ZADD', K_LEASES, expires, token)
 end
 
@@ -323,12 +328,14 @@ local function release_batches(done)
   local total = 0
   for token, k in pairs(done) do
     total = total + k
-    if redis.call('HINCRBY', K_BATCHES, token .. ':n', -k) <= 0 then
+    if redis.call('HINCRBY', K_BATCHES, token .. ':n', string.format('%d', -k)) <= 0 then
       redis.call('HDEL', K_BATCHES, token, token .. ':n')
       redis.call('ZREM', K_LEASES, token)
     end
   end
-  if total > 0 then redis.call('HINCRBY', K_BATCHES, 'running', -total) end
+  if total > 0 then
+    redis.call('HINCRBY', K_BATCHES, 'running', string.format('%d', -total))
+  end
 end
 
 -- Deletes done records that finished before `before` (the retention window): up to `limit` of
@@ -337,7 +344,8 @@ end
 -- scores, so the entries read are the first ranks.
 local function forget_done(before, limit)
   local cut = '(' .. string.format('%d', before)
-  local ids = redis.call('ZRANGEBYSCORE', K_RECENT, '-inf', cut, 'LIMIT', 0, limit)
+  local ids = redis.call('ZRANGEBYSCORE', K_RECENT, '-inf', cut, 'LIMIT', '0',
+    string.format('%d', limit))
   if #ids > 0 then
     local recs, gone = records_of(ids), {}
     for i, id in ipairs(ids) do
@@ -347,7 +355,7 @@ local function forget_done(before, limit)
     call_many('HDEL', K_TASKS, gone)
     redis.call('ZREMRANGEBYRANK', K_RECENT, 0, #ids - 1)
   end
-  local logs = redis.call('ZRANGEBYSCORE', K_FINISHED, '-inf', cut, 'LIMIT', 0, 2)
+  local logs = redis.call('ZRANGEBYSCORE', K_FINISHED, '-inf', cut, 'LIMIT', '0', '2')
   if #logs == 0 then return end
   ids = {}
   for _, entry in ipairs(logs) do
@@ -368,6 +376,7 @@ end
 -- Logs `ids` as recorded done at `now` by this script: one `finished` entry.
 local function log_done(ids, now)
   if #ids == 0 then return end
-  local seq = redis.call('HINCRBY', K_META, 'finished', 1)
-  redis.call('ZADD', K_FINISHED, now, seq .. '\t' .. table.concat(ids, '\t'))
+  local seq = redis.call('HINCRBY', K_META, 'finished', '1')
+  redis.call('ZADD', K_FINISHED, string.format('%d', now),
+    string.format('%d', seq) .. '\t' .. table.concat(ids, '\t'))
 end
