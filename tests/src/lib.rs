@@ -552,9 +552,15 @@ pub async fn call(method: &str, url: &str, body: Option<serde_json::Value>) -> R
     reply(req.send().await.expect("the runner answers")).await
 }
 
-/// Uploads a plugin binary.
+/// Uploads a plugin binary. The runner answers once the plugin is compiled, which for a large
+/// component in a debug build on a busy machine can take longer than `http()`'s 30 s: this waits
+/// up to 5 minutes (how long compiling takes is the benchmark's business, not a test's).
 pub async fn upload(base: &str, name: &str, wasm: Vec<u8>) -> Reply {
-    let r = http()
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let r = client
         .put(format!("{base}/v1/plugins/{name}"))
         .header("content-type", "application/wasm")
         .body(wasm)
