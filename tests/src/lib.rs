@@ -448,10 +448,12 @@ impl Drop for RunnerProcess {
 
 /// An HTTP client for a runner's API.
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
+    http_within(Duration::from_secs(30))
+}
+
+/// An HTTP client whose requests give up after `timeout`.
+fn http_within(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder().timeout(timeout).build().unwrap()
 }
 
 /// Reads every entry of an event stream as (task_id, plugin, data JSON).
@@ -556,11 +558,7 @@ pub async fn call(method: &str, url: &str, body: Option<serde_json::Value>) -> R
 /// component in a debug build on a busy machine can take longer than `http()`'s 30 s: this waits
 /// up to 5 minutes (how long compiling takes is the benchmark's business, not a test's).
 pub async fn upload(base: &str, name: &str, wasm: Vec<u8>) -> Reply {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap();
-    let r = client
+    let r = http_within(Duration::from_secs(300))
         .put(format!("{base}/v1/plugins/{name}"))
         .header("content-type", "application/wasm")
         .body(wasm)

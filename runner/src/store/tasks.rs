@@ -180,7 +180,7 @@ impl Store {
             .arg(shard)
             .arg(self.inner.opts.keep_done_ms.max(1));
         // the script takes runs of tasks sharing an outcome (kind, token, value, error), each
-        // run once with its ids; `order` is the tasks in the order sent
+        // run once with its ids, and answers a letter per task in the order sent
         let mut runs: Vec<(Outcome, Vec<usize>)> = Vec::new();
         let mut run_of: HashMap<Outcome, usize> = HashMap::new();
         for (i, (_, token, f)) in items.iter().enumerate() {
@@ -199,7 +199,6 @@ impl Store {
             });
             runs[r].1.push(i);
         }
-        let mut order = Vec::with_capacity(items.len());
         for ((kind, token, value, error), ix) in &runs {
             inv.arg(*kind)
                 .arg(*token)
@@ -209,7 +208,6 @@ impl Store {
             for &i in ix {
                 inv.arg(items[i].0);
             }
-            order.extend_from_slice(ix);
         }
         let letters: String = inv
             .invoke_async(&mut self.conn())
@@ -217,7 +215,8 @@ impl Store {
             .context("finish script")?;
         expect_len("finish", letters.len(), items.len())?;
         let mut out = vec![Finished::Stale; items.len()];
-        for (&i, c) in order.iter().zip(letters.bytes()) {
+        let sent = runs.iter().flat_map(|(_, ix)| ix);
+        for (&i, c) in sent.zip(letters.bytes()) {
             out[i] = Finished::from_letter(c).with_context(|| {
                 format!("the finish script answered {letters:?}, which this runner does not know")
             })?;

@@ -258,21 +258,6 @@ impl Finished {
     }
 }
 
-impl Verdict for Finished {
-    fn from_word(w: &str) -> Option<Self> {
-        Some(match w {
-            "done" => Finished::Done,
-            "retry" => Finished::Retry,
-            "dead" => Finished::Dead,
-            "again" => Finished::Again,
-            "release" => Finished::Release,
-            "defer" => Finished::Defer,
-            "stale" => Finished::Stale,
-            _ => return None,
-        })
-    }
-}
-
 /// `ok`, or why a change to one task was refused.
 impl Verdict for Result<(), Refused> {
     fn from_word(w: &str) -> Option<Self> {

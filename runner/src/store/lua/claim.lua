@@ -82,7 +82,6 @@ end
 if reaped then
   out[3] = next_lease_end()
 else
-  local a, b = lease_head, inflight_head
-  out[3] = (a and b and math.min(a, b)) or a or b or -1
+  out[3] = min_time(lease_head, inflight_head)
 end
 return out

@@ -306,11 +306,15 @@ local function first_score(key)
   return tonumber(redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')[2])
 end
 
--- When the first lease of the shard ends (-1: nothing runs).
-local function next_lease_end()
-  local a, b = first_score(K_LEASES), first_score(K_INFLIGHT)
+-- The earlier of two times, either of them nil (-1 when both are).
+local function min_time(a, b)
   if a and b then return math.min(a, b) end
   return a or b or -1
+end
+
+-- When the first lease of the shard ends (-1: nothing runs).
+local function next_lease_end()
+  return min_time(first_score(K_LEASES), first_score(K_INFLIGHT))
 end
 
 -- Claims `ids` (claimed under `token`, lease ending at `expires`) as one batch.
