@@ -79,6 +79,30 @@ impl Nodes {
         Ok(out)
     }
 
+    /// How many times all nodes together have run `command` (INFO commandstats' `calls`).
+    pub async fn calls(&self, command: &str) -> Result<f64> {
+        let mut total = 0.0;
+        for c in &self.conns {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut c.clone())
+                .await?;
+            // cmdstat_<command>:calls=N,usec=...; none before its first call
+            let stat = format!("cmdstat_{command}:calls=");
+            total += info
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(&stat)?
+                        .split(',')
+                        .next()?
+                        .parse::<f64>()
+                        .ok()
+                })
+                .unwrap_or(0.0);
+        }
+        Ok(total)
+    }
+
     /// CPU seconds all nodes together have used so far.
     pub async fn cpu_total(&self) -> Result<f64> {
         Ok(self.cpu().await?.iter().sum())

@@ -46,6 +46,13 @@ pub struct W1 {
     pub processed_per_s: f64,
     #[serde(flatten)]
     pub outcomes: Outcomes,
+    /// From the first due time to the end: Redis's CPU seconds per second (1.0: its one thread
+    /// never idle), and this process's (the runner, its plugin calls, the recorder).
+    pub redis_cpu_share: f64,
+    pub runner_cpu_share: f64,
+    /// Script calls (EVALSHA: claims, finishes, …) per task in that time: a claim or finish
+    /// costs Redis about as much for one task as for dozens, so this says how well they batch.
+    pub scripts_per_task: f64,
 }
 
 /// W2: every task due at the same instant.

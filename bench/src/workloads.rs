@@ -245,7 +245,14 @@ impl Bench {
             );
         }
         let limit = Duration::from_millis((start - now_ms()).max(0) as u64 + 40_000);
+        // the load from here on is the runner's (nothing is due until `start`)
+        let (cpu0, own0) = (self.redis_cpu().await?, process_cpu_s()?);
+        let calls0 = self.nodes.calls("evalsha").await?;
         self.finish(runner, &rec, limit).await?;
+        let wall = (now_ms() - start).max(1) as f64 / 1000.0;
+        let cpu = self.redis_cpu().await? - cpu0;
+        let own = process_cpu_s()? - own0;
+        let calls = self.nodes.calls("evalsha").await? - calls0;
         let c = count(&rec, &dues);
         let span = (c.last_start_us - c.first_start_us) as f64 / 1e6;
         Ok(report::W1 {
@@ -255,6 +262,9 @@ impl Bench {
             lateness_ms: lateness(&c.lateness_ms),
             processed_per_s: (c.outcomes.executed as f64 / span.max(1e-9)).round(),
             outcomes: c.outcomes,
+            redis_cpu_share: round(cpu / wall),
+            runner_cpu_share: round(own / wall),
+            scripts_per_task: round(calls / n as f64),
         })
     }
 
