@@ -7,17 +7,19 @@ Redis reads and runs commands, flushes the AOF and writes replies, so idle time 
 not count), drives it with W0's and W2's shapes, and prints instructions per task for each step:
 
 - schedule: batches of 62 tasks per shard script (W0: batches of 1,000 over 16 shards);
-- claim: claims of 256; finish: the outcomes (`done`) of what each claim returned.
+- claim: claims of 256 (`--claim N`: W1 claims a task or two); finish: the outcomes (`done`) of
+  what each claim returned.
 
 Hashes and sorted sets are kept out of their listpack encoding, as in a shard holding thousands of
 tasks. Each figure is (run with the steps so far − run with one step fewer) / tasks.
 
-Usage: bench/lab/script_instructions.py [--tasks N] REV [REV ...]
+Usage: bench/lab/script_instructions.py [--tasks N] [--claim N] [--keep DIR] REV [REV ...]
   REV: a git revision whose scripts to measure, or `worktree` for the files on disk.
 Needs valgrind, redis-server and the Python package `redis` (pip install redis). Each revision
 takes about a minute at the default 8,000 tasks. It knows the scripts' argument layouts before
 and after commit "store: outcomes and schedule settings sent once per run" (the tenth round):
-`--layout runs|per-task` picks one for revisions it can't tell.
+`--layout runs|per-task` picks one for revisions it can't tell. `--keep DIR` keeps callgrind's
+output of each run for callgrind_annotate.
 """
 import argparse
 import os
@@ -90,7 +92,7 @@ def instructions(out):
     raise RuntimeError('no totals in ' + out)
 
 
-def run(rev, layout, tasks, steps):
+def run(rev, layout, tasks, steps, claim=256, keep=None):
     with tempfile.TemporaryDirectory() as d:
         proc, r, out = start(d)
         sha = {n: r.script_load(source(rev, n)) for n in ('schedule', 'claim', 'finish')}
@@ -114,7 +116,7 @@ def run(rev, layout, tasks, steps):
         if 'claim' in steps:
             for shard in range(SHARDS):
                 while True:
-                    reply = r.evalsha(sha['claim'], 15, *keys(shard), 256, 5000)
+                    reply = r.evalsha(sha['claim'], 15, *keys(shard), claim, 5000)
                     got, step = (reply[5:], 2) if layout == 'runs' else (reply[4:], 3)
                     if not got:
                         break
@@ -130,6 +132,8 @@ def run(rev, layout, tasks, steps):
                         r.evalsha(sha['finish'], 15, *keys(shard), *args)
         r.shutdown(nosave=True)
         proc.wait()
+        if keep:
+            subprocess.run(['cp', out, keep], check=True)
         return instructions(out)
 
 
@@ -138,13 +142,20 @@ def main():
     ap.add_argument('revs', nargs='+')
     ap.add_argument('--tasks', type=int, default=8000)
     ap.add_argument('--layout', choices=['runs', 'per-task'])
+    ap.add_argument('--claim', type=int, default=256,
+                    help='tasks per claim (W2: 256; W1 claims a task or two)')
+    ap.add_argument('--keep', metavar='DIR',
+                    help='keep each run\'s callgrind output in DIR (for callgrind_annotate)')
     a = ap.parse_args()
     for rev in a.revs:
         layout = a.layout or ('runs' if 'runs of tasks' in source(rev, 'finish') else 'per-task')
-        base = run(rev, layout, 0, ())
-        s = run(rev, layout, a.tasks, ('schedule',))
-        c = run(rev, layout, a.tasks, ('schedule', 'claim'))
-        f = run(rev, layout, a.tasks, ('schedule', 'claim', 'finish'))
+        def step(tasks, steps):
+            keep = a.keep and os.path.join(a.keep, '%s-%s.out' % (rev, '-'.join(steps) or 'base'))
+            return run(rev, layout, tasks, steps, a.claim, keep)
+        base = step(0, ())
+        s = step(a.tasks, ('schedule',))
+        c = step(a.tasks, ('schedule', 'claim'))
+        f = step(a.tasks, ('schedule', 'claim', 'finish'))
         print('%-12s instructions per task: schedule %d, claim %d, finish %d' % (
             rev, (s - base) / a.tasks, (c - s) / a.tasks, (f - c) / a.tasks))
 
