@@ -1,11 +1,12 @@
 //! Helpers for the tests that drive the store directly (no runner).
 
+use std::process::Command;
 use std::time::Duration;
 
 use eggtimer::Store;
 use eggtimer::store::{ClaimBatch, FindQuery, TaskState};
 
-use crate::{RedisServer, eventually};
+use crate::{RedisServer, eventually, workspace};
 
 /// A store on `redis` with `shards` shards (done records kept a minute), for the store tests.
 pub async fn store_on(redis: &RedisServer, shards: u32) -> Store {
@@ -75,4 +76,27 @@ pub async fn find_all(s: &Store, q: &FindQuery) -> Vec<String> {
             None => return ids,
         }
     }
+}
+
+/// A Lua script of the main at `commit` (its prelude, then the script's own file), read from git
+/// history: the upgrade tests write data with an earlier main's scripts, with no second build.
+pub fn script_at(commit: &str, name: &str) -> String {
+    let show = |path: &str| {
+        let out = Command::new("git")
+            .current_dir(workspace())
+            .args(["show", &format!("{commit}:{path}")])
+            .output()
+            .expect("running git (the upgrade test reads the earlier main's scripts from history)");
+        assert!(
+            out.status.success(),
+            "git show {path} failed: {} (the test needs the repository's history: a full clone)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    format!(
+        "{}\n{}",
+        show("runner/src/store/lua/prelude.lua"),
+        show(&format!("runner/src/store/lua/{name}.lua"))
+    )
 }

@@ -4,13 +4,12 @@
 //! write of a task's state is one of those scripts; the Rust around them only passes arguments),
 //! so the test needs no second build of the runner.
 
-use std::process::Command;
 use std::time::Duration;
 
 use eggtimer::store::{Finish, Finished, ScheduleMode, TaskState, shard_of};
 use eggtimer_tests::{
     RedisServer, RunnerProcess, call, claim_when_due, find_all, found_ids, now_ms, plugins_dir,
-    read_stream, wait_state, workspace,
+    read_stream, script_at, wait_state,
 };
 
 /// The main before claim tokens (records without a token; five keys per shard script).
@@ -22,28 +21,6 @@ const BEFORE_PLUGIN_INDEX: &str = "068d2c00b8dd37788ee59cdb8fed1f043b911ae1";
 /// A script of the main before claim tokens: its prelude and the script's own file.
 fn old_script(name: &str) -> String {
     script_at(BEFORE_CLAIM_TOKENS, name)
-}
-
-/// A script of the main at `commit`.
-fn script_at(commit: &str, name: &str) -> String {
-    let show = |path: &str| {
-        let out = Command::new("git")
-            .current_dir(workspace())
-            .args(["show", &format!("{commit}:{path}")])
-            .output()
-            .expect("running git (the upgrade test reads the earlier main's scripts from history)");
-        assert!(
-            out.status.success(),
-            "git show {path} failed: {} (the test needs the repository's history: a full clone)",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    format!(
-        "{}\n{}",
-        show("runner/src/store/lua/prelude.lua"),
-        show(&format!("runner/src/store/lua/{name}.lua"))
-    )
 }
 
 /// The earlier layout of one shard's keys (five, then the done keys).

@@ -23,8 +23,9 @@
 --   KEYS[12] leases (ZSET claim token -> lease end: one entry per claim batch still running)
 --   KEYS[13] batches (HASH: token -> the claim's ids, tab-separated; token:n -> how many of
 --           them still run under that claim; 'running' -> the sum of those counts)
---   KEYS[14] finished (ZSET '<seq>\t<id>\t<id>...' -> finish time: the tasks each finish script
---           recorded done, one entry per script run (`seq`: meta's 'finished' counter). An id
+--   KEYS[14] finished (ZSET '<time>\t<id>\t<id>...' -> finish time: the tasks each finish script
+--           recorded done, one entry per script run (readers skip the first field: earlier
+--           builds wrote a counter, meta's 'finished', there). An id
 --           listed is done at that time only while its record says so (done, `fin` that time).
 --           Done records written before this layout are in `recent` instead.)
 --   KEYS[15] scheduled (HASH plugin -> how many of its tasks are scheduled, in `due` or
@@ -377,10 +378,12 @@ local function forget_done(before, limit)
   redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, #logs - 1)
 end
 
--- Logs `ids` as recorded done at `now` by this script: one `finished` entry.
+-- Logs `ids` as recorded done at `now` by this script: one `finished` entry. (Its first field is
+-- the time, which every reader skips; earlier builds put meta's 'finished' counter there, one
+-- more call per finish. Two runs in the same ms that recorded the same ids in the same order
+-- make one entry, which lists them done at that time all the same.)
 local function log_done(ids, now)
   if #ids == 0 then return end
-  local seq = redis.call('HINCRBY', K_META, 'finished', '1')
-  redis.call('ZADD', K_FINISHED, string.format('%d', now),
-    string.format('%d', seq) .. '\t' .. table.concat(ids, '\t'))
+  local at = string.format('%d', now)
+  redis.call('ZADD', K_FINISHED, at, at .. '\t' .. table.concat(ids, '\t'))
 end
