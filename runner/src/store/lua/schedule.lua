@@ -16,11 +16,13 @@ local now_s = string.format('%d', now)
 local out = {}
 local earliest = nil
 local uniques = redis.call('EXISTS', K_UNIQUE) == 1
--- the ids, and for each the ARGV index of its own fields and of its run's
-local ids, at, run_of = {}, {}, {}
+-- the ids, and for each the ARGV index of its own fields and of its run's; per run, its
+-- unique_for_ms as a number (turned into one once per run, not per task)
+local ids, at, run_of, unique_for_of = {}, {}, {}, {}
 local a = 4
 while a <= #ARGV do
   local count = tonumber(ARGV[a])
+  unique_for_of[a] = tonumber(ARGV[a + 4])
   for j = 0, count - 1 do
     local i = #ids + 1
     at[i] = a + 5 + j * 4
@@ -101,7 +103,7 @@ for i = 1, n do
     if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
     if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
     counts[plugin] = (counts[plugin] or 0) + 1
-    local unique_for = tonumber(ARGV[h + 4])
+    local unique_for = unique_for_of[h]
     if unique_for > 0 then
       redis.call('ZADD', K_UNIQUE, -unique_for, id)
     elseif uniques then
