@@ -47,12 +47,7 @@ async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
         .query(&mut c)
         .unwrap();
     assert_eq!(letters, "d");
-    let log: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&k.finished)
-        .arg(0)
-        .arg(-1)
-        .query(&mut c)
-        .unwrap();
+    let log = log_of(&mut c, &k.finished);
     assert_eq!(
         log,
         ["1\told"],
@@ -73,12 +68,7 @@ async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
         .query(&mut c)
         .unwrap();
     assert!(!kept, "the previous main's entry was swept");
-    let log: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&k.finished)
-        .arg(0)
-        .arg(-1)
-        .query(&mut c)
-        .unwrap();
+    let log = log_of(&mut c, &k.finished);
     assert_eq!(log.len(), 1, "{log:?}");
     let (at, ids) = log[0].split_once('\t').unwrap();
     assert_eq!(ids, "new");
@@ -90,4 +80,14 @@ async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
         eggtimer_tests::found_ids(&s, TaskState::Done).await,
         ["new"]
     );
+}
+
+/// The entries of a shard's `finished` log, oldest first.
+fn log_of(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(c)
+        .unwrap()
 }
