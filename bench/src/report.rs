@@ -108,6 +108,13 @@ pub struct W3 {
     pub bytes_beyond_payload: f64,
     /// Bytes per task of each of shard 0's keys (MEMORY USAGE).
     pub split_on_shard_0: BTreeMap<String, f64>,
+    /// AOF rewrites Redis started while the fill wrote its tasks, and how long W1 then waited
+    /// for the last one to end (its child process serializes the whole dataset on one of the
+    /// two cores: W1 on top measures the pending tasks, not a rewrite beside it).
+    pub aof_rewrites_during_fill: f64,
+    pub waited_for_aof_rewrite_s: f64,
+    /// Rewrites started while W1 ran on top (0: none competed with it).
+    pub aof_rewrites_during_w1: f64,
     pub w1_on_top: W1,
     pub p99_ratio_vs_w1_alone: Option<f64>,
 }

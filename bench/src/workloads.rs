@@ -380,6 +380,7 @@ impl Bench {
         self.flush().await?;
         let m = self.args.pending;
         let before = self.info("memory", "used_memory").await?;
+        let rewrites0 = self.info("persistence", "aof_rewrites").await?;
         let far = now_ms() + 365 * 86_400_000;
         let t0 = Instant::now();
         let step = 200_000;
@@ -422,7 +423,24 @@ impl Bench {
             );
         }
         let per_task = (after - before) / m as f64;
+        let rewrites1 = self.info("persistence", "aof_rewrites").await?;
+        let t1 = Instant::now();
+        let quiet = until(
+            Duration::from_secs(600),
+            Duration::from_millis(100),
+            || async {
+                Ok(
+                    self.info("persistence", "aof_rewrite_in_progress").await? == 0.0
+                        && self.info("persistence", "aof_rewrite_scheduled").await? == 0.0,
+                )
+            },
+        )
+        .await?;
+        anyhow::ensure!(quiet, "Redis still rewriting its AOF 600 s after the fill");
+        let waited = t1.elapsed().as_secs_f64();
+        let rewrites2 = self.info("persistence", "aof_rewrites").await?;
         let w1 = self.w1("W3-W1").await?;
+        let rewrites3 = self.info("persistence", "aof_rewrites").await?;
         let ratio = w1_alone
             .map(|a| a.lateness_ms.p99)
             .filter(|a| *a > 0.0)
@@ -434,6 +452,9 @@ impl Bench {
             bytes_per_pending_task: per_task.round(),
             bytes_beyond_payload: (per_task - "null".len() as f64).round(),
             split_on_shard_0: split,
+            aof_rewrites_during_fill: rewrites1 - rewrites0,
+            waited_for_aof_rewrite_s: round(waited),
+            aof_rewrites_during_w1: rewrites3 - rewrites2,
             w1_on_top: w1,
             p99_ratio_vs_w1_alone: ratio,
         })
