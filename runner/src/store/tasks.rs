@@ -68,18 +68,23 @@ impl Store {
             }
             let mut conn = self.conn();
             async move {
-                let words: Vec<String> = inv
+                // a letter per task, in the order sent
+                let letters: String = inv
                     .invoke_async(&mut conn)
                     .await
                     .context("schedule script")?;
-                expect_len("schedule", words.len(), ix.len())?;
-                Ok::<_, anyhow::Error>((ix, words))
+                expect_len("schedule", letters.len(), ix.len())?;
+                Ok::<_, anyhow::Error>((ix, letters))
             }
         });
         let mut out = vec![Scheduled::Ok; tasks.len()];
-        for (ix, words) in try_join_all(calls).await? {
-            for (&i, w) in ix.iter().zip(words) {
-                out[i] = Scheduled::parse("schedule", &w)?;
+        for (ix, letters) in try_join_all(calls).await? {
+            for (&i, c) in ix.iter().zip(letters.bytes()) {
+                out[i] = Scheduled::from_letter(c).with_context(|| {
+                    format!(
+                        "the schedule script answered {letters:?}, which this runner does not know"
+                    )
+                })?;
             }
         }
         Ok(out)

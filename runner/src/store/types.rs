@@ -229,14 +229,15 @@ pub(super) trait Verdict: Sized {
     }
 }
 
-impl Verdict for Scheduled {
-    fn from_word(w: &str) -> Option<Self> {
-        Some(match w {
-            "ok" => Scheduled::Ok,
-            "running" => Scheduled::Running,
-            "exists" => Scheduled::Exists,
-            "duplicate" => Scheduled::Duplicate,
-            "not_written" => Scheduled::NotWritten,
+impl Scheduled {
+    /// The schedule script's letter for a verdict (its answer is one letter per task).
+    pub(super) fn from_letter(c: u8) -> Option<Self> {
+        Some(match c {
+            b'o' => Scheduled::Ok,
+            b'r' => Scheduled::Running,
+            b'e' => Scheduled::Exists,
+            b'd' => Scheduled::Duplicate,
+            b'n' => Scheduled::NotWritten,
             _ => return None,
         })
     }

@@ -9,7 +9,8 @@
 --       a batch share is sent once per run, not once per task.)
 -- In 'upsert' mode the batch is all or nothing: if any of its ids is running or inside its dedup
 -- window, nothing is written and the others answer 'not_written'.
--- Returns per task: 'ok' | 'running' | 'duplicate' | 'exists' | 'not_written'.
+-- Returns one string, a letter per task in the order given: o(k) r(unning) d(uplicate) e(xists)
+-- n(ot_written). (One reply value, not one per task: each costs Redis ~0.3 µs.)
 local channel, shard, mode = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local now_s = string.format('%d', now)
@@ -37,16 +38,16 @@ if mode == 'upsert' then
   local refused = false
   for i, id in ipairs(ids) do
     local old = recs[i]
-    out[i] = 'not_written'
+    out[i] = 'n'
     if old and string.sub(old, 1, 1) == 'r' then
-      out[i] = 'running'
+      out[i] = 'r'
       refused = true
     elseif uniques and in_unique_window(id, now) then
-      out[i] = 'duplicate'
+      out[i] = 'd'
       refused = true
     end
   end
-  if refused then return out end
+  if refused then return table.concat(out) end
   out = {}
 end
 -- Done records of the earlier layout: one EXISTS over all their keys, each key only if any is.
@@ -76,20 +77,20 @@ for i = 1, n do
   else
     old = parse(recs[i])
   end
-  local verdict = 'ok'
+  local verdict = 'o'
   if old then
-    if old.st == 'r' then verdict = 'running'
-    elseif mode == 'absent' then verdict = 'exists'
+    if old.st == 'r' then verdict = 'r'
+    elseif mode == 'absent' then verdict = 'e'
     elseif old.st == 's' then unindex_scheduled(id, old)
     elseif old.st == 'x' then unindex_dead(id, old)
     elseif old.st == 'd' then redis.call('ZREM', K_RECENT, id) end
   elseif legacy and redis.call('EXISTS', KEYS[K_FIRST + i - 1]) == 1 then
-    if mode == 'absent' then verdict = 'exists' else redis.call('DEL', KEYS[K_FIRST + i - 1]) end
+    if mode == 'absent' then verdict = 'e' else redis.call('DEL', KEYS[K_FIRST + i - 1]) end
   end
-  if verdict == 'ok' and mode == 'absent' and uniques and in_unique_window(id, now) then
-    verdict = 'exists'
+  if verdict == 'o' and mode == 'absent' and uniques and in_unique_window(id, now) then
+    verdict = 'e'
   end
-  if verdict == 'ok' then
+  if verdict == 'o' then
     local created = ARGV[h + 3]
     if created == '0' then created = now_s end
     -- the record `encode` would write, built in one concatenation (the client sends due and
@@ -115,4 +116,4 @@ for i = 1, n do
 end
 flush()
 if earliest then wake_if_head(channel, shard, earliest) end
-return out
+return table.concat(out)
