@@ -17,7 +17,7 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::Args;
-use crate::nodes::Nodes;
+use crate::nodes::{Nodes, info_field};
 use crate::recorder::{Recorder, count};
 use crate::report::{self, PluginCost, lateness, median, per_task, round};
 
@@ -429,10 +429,12 @@ impl Bench {
             Duration::from_secs(600),
             Duration::from_millis(100),
             || async {
-                Ok(
-                    self.info("persistence", "aof_rewrite_in_progress").await? == 0.0
-                        && self.info("persistence", "aof_rewrite_scheduled").await? == 0.0,
-                )
+                let info: String = redis::cmd("INFO")
+                    .arg("persistence")
+                    .query_async(&mut self.redis.clone())
+                    .await?;
+                let idle = |f| info_field(&info, f) == Some(0.0);
+                Ok(idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled"))
             },
         )
         .await?;

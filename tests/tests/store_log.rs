@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use eggtimer::store::{Finish, Finished, ScheduleMode, StoreOptions, TaskState};
 use eggtimer::{RedisTarget, Store};
-use eggtimer_tests::{RedisServer, claim_when_due, eventually, script_at};
+use eggtimer_tests::{RedisServer, claim_when_due, eventually, found_ids, script_at};
 use eggtimer_tests::{noop_task as task, now_ms as now};
 
 /// The `finished` log's entries begin with a field every reader skips: the main before this
@@ -53,7 +53,7 @@ async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
         ["1\told"],
         "the previous main's entry: its counter, then the ids"
     );
-    let done = eggtimer_tests::found_ids(&s, TaskState::Done).await;
+    let done = found_ids(&s, TaskState::Done).await;
     assert_eq!(done, ["old"]);
     // past the window, this build's next finish on the shard sweeps it
     eventually(Duration::from_secs(5), "old's window to pass", || async {
@@ -76,10 +76,7 @@ async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
         at.parse::<i64>().unwrap() >= now() - 60_000,
         "this build logs the time: {at}"
     );
-    assert_eq!(
-        eggtimer_tests::found_ids(&s, TaskState::Done).await,
-        ["new"]
-    );
+    assert_eq!(found_ids(&s, TaskState::Done).await, ["new"]);
 }
 
 /// The entries of a shard's `finished` log, oldest first.

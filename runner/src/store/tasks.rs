@@ -68,23 +68,18 @@ impl Store {
             }
             let mut conn = self.conn();
             async move {
-                // a letter per task, in the order sent
-                let letters: String = inv
+                let answer: String = inv
                     .invoke_async(&mut conn)
                     .await
                     .context("schedule script")?;
-                expect_len("schedule", letters.len(), ix.len())?;
-                Ok::<_, anyhow::Error>((ix, letters))
+                let verdicts = letters("schedule", &answer, ix.len(), Scheduled::from_letter)?;
+                Ok::<_, anyhow::Error>((ix, verdicts))
             }
         });
         let mut out = vec![Scheduled::Ok; tasks.len()];
-        for (ix, letters) in try_join_all(calls).await? {
-            for (&i, c) in ix.iter().zip(letters.bytes()) {
-                out[i] = Scheduled::from_letter(c).with_context(|| {
-                    format!(
-                        "the schedule script answered {letters:?}, which this runner does not know"
-                    )
-                })?;
+        for (ix, verdicts) in try_join_all(calls).await? {
+            for (&i, v) in ix.iter().zip(verdicts) {
+                out[i] = v;
             }
         }
         Ok(out)
@@ -214,17 +209,15 @@ impl Store {
                 inv.arg(items[i].0);
             }
         }
-        let letters: String = inv
+        let answer: String = inv
             .invoke_async(&mut self.conn())
             .await
             .context("finish script")?;
-        expect_len("finish", letters.len(), items.len())?;
+        let verdicts = letters("finish", &answer, items.len(), Finished::from_letter)?;
         let mut out = vec![Finished::Stale; items.len()];
         let sent = runs.iter().flat_map(|(_, ix)| ix);
-        for (&i, c) in sent.zip(letters.bytes()) {
-            out[i] = Finished::from_letter(c).with_context(|| {
-                format!("the finish script answered {letters:?}, which this runner does not know")
-            })?;
+        for (&i, v) in sent.zip(verdicts) {
+            out[i] = v;
         }
         Ok(out)
     }
@@ -387,6 +380,24 @@ fn expect_len(script: &str, got: usize, want: usize) -> Result<()> {
         bail!("the {script} script answered {got} values for {want} tasks");
     }
     Ok(())
+}
+
+/// A script's answer of one letter per task (schedule, finish), decoded in the order sent.
+fn letters<T>(
+    script: &str,
+    answer: &str,
+    tasks: usize,
+    decode: fn(u8) -> Option<T>,
+) -> Result<Vec<T>> {
+    expect_len(script, answer.len(), tasks)?;
+    answer
+        .bytes()
+        .map(|c| {
+            decode(c).with_context(|| {
+                format!("the {script} script answered {answer:?}, which this runner does not know")
+            })
+        })
+        .collect()
 }
 
 /// `{'ok', n}` or `{refusal}`.
