@@ -10,10 +10,13 @@ not count), drives it with W0's and W2's shapes, and prints instructions per tas
 - claim: claims of 256 (`--claim N`: W1 claims a task or two); finish: the outcomes (`done`) of
   what each claim returned.
 
-Hashes and sorted sets are kept out of their listpack encoding, as in a shard holding thousands of
-tasks. Each figure is (run with the steps so far − run with one step fewer) / tasks.
+The `tasks` hash is kept out of its listpack encoding, as in a shard holding thousands of tasks;
+sorted sets are at Redis's default (the due buckets of layout 5 are listpacks, the one `due` of
+earlier layouts holds thousands per shard and is not). All tasks are due at one instant (W0, W2),
+or with `--spread` one ms apart in id order (W1, W3: the claims cross buckets). Each figure is
+(run with the steps so far − run with one step fewer) / tasks.
 
-Usage: bench/lab/script_instructions.py [--tasks N] [--claim N] [--keep DIR] REV [REV ...]
+Usage: bench/lab/script_instructions.py [--tasks N] [--claim N] [--spread] [--keep DIR] REV [REV ...]
   REV: a git revision whose scripts to measure, or `worktree` for the files on disk.
 Needs valgrind, redis-server and the Python package `redis` (pip install redis). Each revision
 takes about a minute at the default 8,000 tasks. It knows the scripts' argument layouts before
@@ -36,7 +39,7 @@ LUA = 'runner/src/store/lua/'
 SHARDS = 16
 PER_SCRIPT = 62
 KEY_NAMES = ['due', 'tasks', 'inflight', 'dead', 'byowner', 'meta', 'parked', 'byplugin',
-             'unique', 'recent', 'rerun', 'leases', 'batches', 'finished', 'scheduled']
+             'unique', 'recent', 'rerun', 'leases', 'batches', 'finished', 'scheduled', 'duex']
 
 
 def source(rev, name):
@@ -48,8 +51,13 @@ def source(rev, name):
     return read('prelude.lua') + '\n' + read(name + '.lua')
 
 
-def keys(shard):
-    return ['{et:%d}:%s' % (shard, k) for k in KEY_NAMES]
+def keys(shard, n):
+    return ['{et:%d}:%s' % (shard, k) for k in KEY_NAMES[:n]]
+
+
+def key_count(rev):
+    """How many keys the shard scripts of `rev` take first (16 since the due buckets)."""
+    return 16 if 'KEYS[16]' in source(rev, 'claim') else 15
 
 
 def free_port():
@@ -80,8 +88,9 @@ def start(workdir):
             if time.time() > deadline:
                 raise
             time.sleep(0.1)
+    # a shard's `tasks` as in production (a large hash); ZSETs at Redis's default, so the due
+    # buckets are listpacks and the one `due` of earlier layouts (thousands per shard) is not
     r.config_set('hash-max-listpack-entries', 0)
-    r.config_set('zset-max-listpack-entries', 0)
     return proc, r, out
 
 
@@ -92,10 +101,11 @@ def instructions(out):
     raise RuntimeError('no totals in ' + out)
 
 
-def run(rev, layout, tasks, steps, claim=256, keep=None):
+def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
     with tempfile.TemporaryDirectory() as d:
         proc, r, out = start(d)
         sha = {n: r.script_load(source(rev, n)) for n in ('schedule', 'claim', 'finish')}
+        nk = key_count(rev)
         ids = ['b%d' % i for i in range(tasks)]
         if 'schedule' in steps:
             for shard in range(SHARDS):
@@ -103,20 +113,21 @@ def run(rev, layout, tasks, steps, claim=256, keep=None):
                 for j in range(0, len(mine), PER_SCRIPT):
                     batch = mine[j:j + PER_SCRIPT]
                     args = ['', shard, 'upsert']
+                    due = (lambda i: 1000 + int(i[1:])) if spread else (lambda i: 1000)
                     if layout == 'runs':
                         args += [len(batch), 5, 'noop', 0, 0]
                         for i in batch:
-                            args += [i, 1000, '', 'null']
+                            args += [i, due(i), '', 'null']
                     else:
                         for i in batch:
-                            args += [i, 1000, 5, 'noop', '', 'null', 0, 0]
+                            args += [i, due(i), 5, 'noop', '', 'null', 0, 0]
                     done_keys = ['{et:%d}:done:%s' % (shard, i) for i in batch]
-                    r.evalsha(sha['schedule'], 15 + len(done_keys), *keys(shard), *done_keys,
+                    r.evalsha(sha['schedule'], nk + len(done_keys), *keys(shard, nk), *done_keys,
                               *args)
         if 'claim' in steps:
             for shard in range(SHARDS):
                 while True:
-                    reply = r.evalsha(sha['claim'], 15, *keys(shard), claim, 5000)
+                    reply = r.evalsha(sha['claim'], nk, *keys(shard, nk), claim, 5000)
                     got, step = (reply[5:], 2) if layout == 'runs' else (reply[4:], 3)
                     if not got:
                         break
@@ -129,7 +140,7 @@ def run(rev, layout, tasks, steps, claim=256, keep=None):
                         for i in claimed:
                             args += [i, token, 'done', 0, '']
                     if 'finish' in steps:
-                        r.evalsha(sha['finish'], 15, *keys(shard), *args)
+                        r.evalsha(sha['finish'], nk, *keys(shard, nk), *args)
         r.shutdown(nosave=True)
         proc.wait()
         if keep:
@@ -144,6 +155,8 @@ def main():
     ap.add_argument('--layout', choices=['runs', 'per-task'])
     ap.add_argument('--claim', type=int, default=256,
                     help='tasks per claim (W2: 256; W1 claims a task or two)')
+    ap.add_argument('--spread', action='store_true',
+                    help='tasks due one ms apart (W1, W3) instead of at one instant (W0, W2)')
     ap.add_argument('--keep', metavar='DIR',
                     help='keep each run\'s callgrind output in DIR (for callgrind_annotate)')
     a = ap.parse_args()
@@ -151,7 +164,7 @@ def main():
         layout = a.layout or ('runs' if 'runs of tasks' in source(rev, 'finish') else 'per-task')
         def step(tasks, steps):
             keep = a.keep and os.path.join(a.keep, '%s-%s.out' % (rev, '-'.join(steps) or 'base'))
-            return run(rev, layout, tasks, steps, a.claim, keep)
+            return run(rev, layout, tasks, steps, a.claim, keep, a.spread)
         base = step(0, ())
         s = step(a.tasks, ('schedule',))
         c = step(a.tasks, ('schedule', 'claim'))

@@ -402,10 +402,31 @@ impl Bench {
         let after = self.info("memory", "used_memory").await?;
         let k = self.store.keys().shard(0);
         let mut c = self.redis.clone();
-        let in_shard: u64 = redis::cmd("ZCARD").arg(&k.due).query_async(&mut c).await?;
+        let in_shard = self.store.due_len(0).await?;
+        // the due buckets (layout 5): the index and every bucket it names, with how many there are
+        let names: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&k.duex)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut c)
+            .await?;
+        let mut p = redis::pipe();
+        for n in &names {
+            p.cmd("MEMORY")
+                .arg("USAGE")
+                .arg(k.due_bucket(n))
+                .arg("SAMPLES")
+                .arg(0);
+        }
+        let buckets: Vec<Option<i64>> = p.query_async(&mut c).await?;
         let mut split = BTreeMap::new();
+        split.insert("due_buckets".to_owned(), names.len() as f64);
+        split.insert(
+            "due_buckets_bytes_per_task".to_owned(),
+            (buckets.iter().flatten().sum::<i64>() as f64 / in_shard.max(1) as f64).round(),
+        );
         for (name, key) in [
-            ("due_zset", &k.due),
+            ("due_index_zset", &k.duex),
             ("tasks_hash", &k.tasks),
             ("byplugin_zset", &k.byplugin),
             ("scheduled_counts_hash", &k.scheduled),

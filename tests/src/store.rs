@@ -100,3 +100,61 @@ pub fn script_at(commit: &str, name: &str) -> String {
         show(&format!("runner/src/store/lua/{name}.lua"))
     )
 }
+
+/// The entries of a shard's due buckets (id, due), in due order, read key by key (not through
+/// the store's scripts), after checking the buckets' invariants: every bucket in the index is
+/// non-empty, its entries (offsets from its bound) lie from its bound up to the next bucket's,
+/// and one of at most 128 entries is a listpack (Redis's compact encoding, the point of the
+/// buckets).
+pub fn due_entries(redis: &RedisServer, k: &eggtimer::store::ShardKeys) -> Vec<(String, i64)> {
+    let mut c = redis.conn();
+    let index: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(&k.duex)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut c)
+        .unwrap();
+    let mut out = Vec::new();
+    for (i, (name, bound)) in index.iter().enumerate() {
+        let key = k.due_bucket(name);
+        let entries: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut c)
+            .unwrap();
+        assert!(
+            !entries.is_empty(),
+            "bucket {name} is in the index but empty"
+        );
+        // a bucket's scores are offsets from its bound
+        let entries: Vec<(String, i64)> = entries
+            .into_iter()
+            .map(|(id, offset)| (id, bound + offset))
+            .collect();
+        let end = index.get(i + 1).map_or(i64::MAX, |b| b.1);
+        for (id, due) in &entries {
+            assert!(
+                *bound <= *due && *due < end,
+                "{id} due {due} is in bucket {name} of [{bound}, {end})"
+            );
+        }
+        if entries.len() <= 128 {
+            let enc: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&key)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(
+                enc,
+                "listpack",
+                "bucket {name} of {} entries",
+                entries.len()
+            );
+        }
+        out.extend(entries);
+    }
+    out
+}

@@ -154,10 +154,10 @@ async fn an_empty_token_is_refused_at_start() {
 async fn a_script_error_is_500_internal_and_only_an_unreachable_redis_is_503() {
     let mut redis = RedisServer::start();
     let r = start(&redis, &[]);
-    // Break one shard's due index (a string where a ZSET belongs): its scripts fail.
+    // Break one shard's due-bucket index (a string where a ZSET belongs): its scripts fail.
     let shard = eggtimer::store::shard_of("boom", 16);
     let _: () = redis::cmd("SET")
-        .arg(format!("{{eggtimer:{shard}}}:due"))
+        .arg(format!("{{eggtimer:{shard}}}:duex"))
         .arg("not a zset")
         .query(&mut redis.conn())
         .unwrap();

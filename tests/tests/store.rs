@@ -7,7 +7,7 @@ use eggtimer::store::{
     Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, StoreOptions, TaskState,
 };
 use eggtimer::{RedisTarget, Store};
-use eggtimer_tests::{RedisServer, eventually};
+use eggtimer_tests::{RedisServer, due_entries, eventually};
 
 use eggtimer_tests::{claim_when_due, noop_task as task, store_on as store};
 
@@ -43,13 +43,9 @@ async fn schedule_is_an_idempotent_upsert() {
     assert!(s.owner_tasks("u1", 1000, None).await.unwrap().0.is_empty());
     assert_eq!(s.owner_tasks("u2", 1000, None).await.unwrap().0.len(), 1);
     // only one entry in due
-    let mut c = redis.conn();
     let shard = s.shard_of("a");
-    let n: u64 = redis::cmd("ZCARD")
-        .arg(s.keys().shard(shard).due)
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(n, 1);
+    let entries = due_entries(&redis, &s.keys().shard(shard));
+    assert_eq!(entries, vec![("a".to_owned(), t0 + 5)]);
     // IfAbsent leaves it alone
     let mut t3 = task("a", 1);
     t3.payload = "3".into();

@@ -34,7 +34,7 @@ async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
     let letters: String = redis::cmd("EVAL")
         .arg(script_at(PREVIOUS_MAIN, "finish"))
         .arg(15)
-        .arg(&k.all()[..])
+        .arg(&k.all()[..15])
         .arg("")
         .arg(0)
         .arg(300)

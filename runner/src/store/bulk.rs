@@ -12,7 +12,7 @@ use super::Store;
 pub const BULK_CHUNK: usize = 500;
 
 /// The key layout this build keeps (recorded per shard by the migration).
-const LAYOUT: &str = "4";
+const LAYOUT: &str = "5";
 
 /// A bulk change to dead letters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -114,10 +114,24 @@ enum Source {
     Lex { key: String, prefix: String },
     /// A ZSET of id -> key.
     Score { key: String },
+    /// The shard's due buckets (scheduled tasks by due time, ascending).
+    Due,
     /// The shard's running tasks (few: what its runners hold), ordered by due.
     Running,
     /// A ZSET of `<seq>\t<id>\t<id>...` -> key: many ids at one key (the done log).
     Log { key: String },
+}
+
+/// The places of a `member, score, member, score, ...` reply.
+fn scored_places(flat: &[String]) -> Result<Vec<(i64, String)>> {
+    flat.chunks_exact(2)
+        .map(|c| {
+            let k: f64 = c[1]
+                .parse()
+                .with_context(|| format!("a score this runner can't read: {:?}", c[1]))?;
+            Ok((k as i64, c[0].clone()))
+        })
+        .collect()
 }
 
 /// How many log entries a walk reads per call.
@@ -182,10 +196,9 @@ impl Store {
                     key: k.byowner,
                     prefix: format!("{o}\0"),
                 }],
-                (TaskState::Scheduled, _, None) => vec![
-                    Source::Score { key: k.due },
-                    Source::Score { key: k.parked },
-                ],
+                (TaskState::Scheduled, _, None) => {
+                    vec![Source::Due, Source::Score { key: k.parked }]
+                }
                 (TaskState::Running, _, _) => vec![Source::Running],
                 (TaskState::Dead, Some(p), _) => vec![Source::Lex {
                     key: k.byplugin,
@@ -319,15 +332,19 @@ impl Store {
                     .arg(limit)
                     .invoke_async(&mut conn)
                     .await?;
-                let places: Vec<(i64, String)> = flat
-                    .chunks_exact(2)
-                    .map(|c| {
-                        let k: f64 = c[1].parse().with_context(|| {
-                            format!("a score this runner can't read: {:?}", c[1])
-                        })?;
-                        Ok((k as i64, c[0].clone()))
-                    })
-                    .collect::<Result<_>>()?;
+                let places = scored_places(&flat)?;
+                let more = places.len() == limit;
+                (places, more)
+            }
+            Source::Due => {
+                let (ck, cm) = match after {
+                    Some((k, id)) => (k.to_string(), id.clone()),
+                    None => (String::new(), String::new()),
+                };
+                let mut inv = self.shard_script(&self.inner.scripts.due_range, shard);
+                inv.arg(ck).arg(cm).arg(lo_due).arg(hi_due).arg(limit);
+                let flat: Vec<String> = inv.invoke_async(&mut conn).await?;
+                let places = scored_places(&flat)?;
                 let more = places.len() == limit;
                 (places, more)
             }

@@ -258,7 +258,13 @@ impl Store {
             let k = self.keys().shard(shard);
             let mut conn = self.conn();
             async move {
-                redis::pipe()
+                // scheduled: the per-plugin counts (due or parked) less the parked ones, and
+                // anything in the earlier layout's `due` (O(plugins), not a walk of the buckets)
+                let (counts, parked, flat, old, batched, dead) = redis::pipe()
+                    .cmd("HVALS")
+                    .arg(&k.scheduled)
+                    .cmd("ZCARD")
+                    .arg(&k.parked)
                     .cmd("ZCARD")
                     .arg(&k.due)
                     .cmd("ZCARD")
@@ -268,21 +274,62 @@ impl Store {
                     .arg("running")
                     .cmd("ZCARD")
                     .arg(&k.dead)
-                    .cmd("ZCOUNT")
-                    .arg(&k.due)
-                    .arg("-inf")
-                    .arg(now)
-                    .query_async::<(u64, u64, Option<i64>, u64, u64)>(&mut conn)
-                    .await
-                    .map(|(scheduled, old, batched, dead, due_now)| ShardCounts {
-                        scheduled,
-                        // claimed per task (the earlier layout) or per batch
-                        inflight: old + batched.unwrap_or(0).max(0) as u64,
-                        dead,
-                        due_now,
-                    })
+                    .query_async::<(Vec<i64>, u64, u64, u64, Option<i64>, u64)>(&mut conn)
+                    .await?;
+                let due_now = self
+                    .count_due(shard, &["-inf".into(), (now + 1).to_string()])
+                    .await?[0];
+                let counted = counts.iter().sum::<i64>().max(0) as u64;
+                Ok::<_, anyhow::Error>(ShardCounts {
+                    scheduled: counted.saturating_sub(parked) + flat,
+                    // claimed per task (the earlier layout) or per batch
+                    inflight: old + batched.unwrap_or(0).max(0) as u64,
+                    dead,
+                    due_now,
+                })
             }
         });
         try_join_all(calls).await.context("counting tasks")
     }
+
+    /// How many tasks of a shard's due buckets fall in each range `[edges[i], edges[i + 1])`
+    /// (ms, or `-inf` / `+inf`), walked a bounded number of buckets per script (`due_count.lua`).
+    pub async fn count_due(&self, shard: u32, edges: &[String]) -> Result<Vec<u64>> {
+        let ranges = edges.len().saturating_sub(1);
+        let mut total = vec![0u64; ranges];
+        let mut from = String::new();
+        loop {
+            let mut inv = self.shard_script(&self.inner.scripts.due_count, shard);
+            inv.arg(&from).arg(DUE_COUNT_BUCKETS);
+            for e in edges {
+                inv.arg(e);
+            }
+            let (counts, next): (Vec<u64>, String) = {
+                let mut reply: Vec<redis::Value> = inv.invoke_async(&mut self.conn()).await?;
+                let next = reply.pop().context("an empty reply from due_count")?;
+                (
+                    redis::from_redis_value(redis::Value::Array(reply))?,
+                    redis::from_redis_value(next)?,
+                )
+            };
+            for (t, c) in total.iter_mut().zip(counts) {
+                *t += c;
+            }
+            if next.is_empty() {
+                return Ok(total);
+            }
+            from = next;
+        }
+    }
+
+    /// How many tasks a shard's due buckets hold (a walk of every bucket: for tests and the
+    /// benchmark, not metrics).
+    pub async fn due_len(&self, shard: u32) -> Result<u64> {
+        Ok(self
+            .count_due(shard, &["-inf".into(), "+inf".into()])
+            .await?[0])
+    }
 }
+
+/// How many due buckets one `due_count` script looks at (about 64 tasks each).
+const DUE_COUNT_BUCKETS: usize = 500;

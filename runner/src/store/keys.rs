@@ -10,7 +10,7 @@ pub struct Keys {
     ns: String,
 }
 
-/// The fifteen keys every shard script takes first, in the order `prelude.lua` expects (it
+/// The sixteen keys every shard script takes first, in the order `prelude.lua` expects (it
 /// describes each).
 pub struct ShardKeys {
     pub due: String,
@@ -34,10 +34,18 @@ pub struct ShardKeys {
     pub finished: String,
     /// HASH plugin -> how many of its tasks are scheduled (in `due` or `parked`).
     pub scheduled: String,
+    /// ZSET bucket name -> bound: the index of the due buckets (layout 5), each the ZSET
+    /// `<duex>:<name>` of id -> due (see `due_bucket`).
+    pub duex: String,
 }
 
 impl ShardKeys {
-    pub fn all(&self) -> [&str; 15] {
+    /// A due bucket's key (its name from `duex`).
+    pub fn due_bucket(&self, name: &str) -> String {
+        format!("{}:{name}", self.duex)
+    }
+
+    pub fn all(&self) -> [&str; 16] {
         [
             &self.due,
             &self.tasks,
@@ -54,6 +62,7 @@ impl ShardKeys {
             &self.batches,
             &self.finished,
             &self.scheduled,
+            &self.duex,
         ]
     }
 }
@@ -85,6 +94,7 @@ impl Keys {
             batches: format!("{tag}:batches"),
             finished: format!("{tag}:finished"),
             scheduled: format!("{tag}:scheduled"),
+            duex: format!("{tag}:duex"),
         }
     }
 
@@ -201,6 +211,7 @@ mod tests {
         for key in s.all() {
             assert!(key.starts_with("{eggtimer:3}:"), "{key}");
         }
+        assert!(s.due_bucket("7").starts_with("{eggtimer:3}:"));
         assert!(k.done(3, "abc").starts_with("{eggtimer:3}:"));
         assert!(k.schedules(3).starts_with("{eggtimer:3}:"));
         assert!(k.schedule_next(3).starts_with("{eggtimer:3}:"));

@@ -33,7 +33,7 @@ pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_unreachable, redact};
 pub use find::{FindCursor, FindQuery};
-pub use keys::Keys;
+pub use keys::{Keys, ShardKeys};
 pub use plugins::{PluginEntry, PluginSettings, Rollback};
 pub use record::{TaskRecord, TaskState, field_safe};
 pub use schedules::{ScheduleOp, SchedulePut, ScheduleRow};

@@ -113,23 +113,10 @@ impl Store {
     /// How many scheduled tasks fall due in each of `n` buckets of `bucket_ms` from `from`
     /// (overdue ones are in the first).
     pub async fn due_histogram(&self, from: i64, bucket_ms: i64, n: usize) -> Result<DueHistogram> {
-        let calls = (0..self.shards()).map(|shard| {
-            let key = self.keys().shard(shard).due;
-            let mut p = redis::pipe();
-            for i in 0..n as i64 {
-                let lo = if i == 0 {
-                    "-inf".to_owned()
-                } else {
-                    (from + i * bucket_ms).to_string()
-                };
-                p.cmd("ZCOUNT")
-                    .arg(&key)
-                    .arg(lo)
-                    .arg(format!("({}", from + (i + 1) * bucket_ms));
-            }
-            let mut conn = self.conn();
-            async move { p.query_async::<Vec<u64>>(&mut conn).await }
-        });
+        let mut edges = vec!["-inf".to_owned()];
+        edges.extend((1..=n as i64).map(|i| (from + i * bucket_ms).to_string()));
+        let edges = &edges;
+        let calls = (0..self.shards()).map(|shard| self.count_due(shard, edges));
         let per_shard = try_join_all(calls).await.context("counting due times")?;
         let counts = (0..n)
             .map(|i| per_shard.iter().map(|c| c[i]).sum())

@@ -20,7 +20,6 @@
 -- as strings and the reaper's reads happen only when a lease has ended.)
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
-local now_s = string.format('%d', now)
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
 -- (the next lease end) from them unless it reaped
 local lease_head, inflight_head = first_score(K_LEASES), first_score(K_INFLIGHT)
@@ -28,14 +27,12 @@ local reaped = (lease_head and lease_head < now) or (inflight_head and inflight_
 if reaped then reap_expired(now, limit) end
 local firsts = {}
 local out = { now, 0, 0, 0, firsts }
-local ids = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now_s, 'LIMIT', '0', ARGV[1])
+local ids, head = due_take(now, limit)
 if #ids == 0 then
-  out[2] = head_due()
+  out[2] = head or head_due()
 else
   local token = string.format('%d', redis.call('HINCRBY', K_META, 'claim', '1'))
   out[4] = token
-  -- the walk started at due's lowest score: the ids are its first ranks, removed in one call
-  redis.call('ZREMRANGEBYRANK', K_DUE, '0', string.format('%d', #ids - 1))
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
   local recs = records_of(ids)
   local reruns = {}
@@ -77,7 +74,8 @@ else
   if #claimed > 0 and not reaped then
     lease_head = math.min(lease_head or now + lease, now + lease)
   end
-  out[2] = head_due()
+  -- (parking puts nothing back in a bucket: the earliest seen on the way still is)
+  out[2] = head or head_due()
 end
 if reaped then
   out[3] = next_lease_end()

@@ -2,7 +2,7 @@
 -- ARGV: channel, shard, op ('pause' | 'resume'), plugin, cursor ('' = start), limit.
 -- 'pause' marks the plugin paused: from then on claims park its due tasks (out of `due`, still
 -- scheduled, no attempt used) and new ones are indexed as parked. Returns {0, ''}.
--- 'resume' unmarks it and moves its parked tasks back to `due`, looking at up to `limit` entries
+-- 'resume' unmarks it and moves its parked tasks back to their due buckets, looking at up to `limit` entries
 -- of `parked` after `cursor` ('<due>\t<id>': called again with the returned cursor until it is '').
 -- Returns {moved, next cursor}.
 local channel, shard, op, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
@@ -47,7 +47,7 @@ for i, id in ipairs(ids) do
   end
 end
 call_many('ZREM', K_PARKED, resumed)
-call_many('ZADD', K_DUE, back)
+due_add(back)
 local moved = #resumed
 if earliest then wake_if_head(channel, shard, earliest) end
 if #ids < limit then return { moved, '' } end

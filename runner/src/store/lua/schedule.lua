@@ -61,7 +61,7 @@ end
 local pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
 local function flush()
   call_many('HSET', K_TASKS, records)
-  call_many('ZADD', K_DUE, dues)
+  due_add(dues)
   call_many('ZADD', K_PARKED, parked)
   call_many('ZADD', K_BYOWNER, byowner)
   for plugin, k in pairs(counts) do count_scheduled(plugin, k) end
