@@ -16,7 +16,9 @@ pub use eggtimer;
 mod cluster;
 mod store;
 pub use cluster::RedisCluster;
-pub use store::{claim_when_due, due_entries, find_all, found_ids, noop_task, script_at, store_on};
+pub use store::{
+    claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, script_at, store_on,
+};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {

@@ -158,3 +158,12 @@ pub fn due_entries(redis: &RedisServer, k: &eggtimer::store::ShardKeys) -> Vec<(
     }
     out
 }
+
+/// The key layout a shard was migrated to (its meta's `layout`).
+pub fn layout_of(redis: &RedisServer, k: &eggtimer::store::ShardKeys) -> String {
+    redis::cmd("HGET")
+        .arg(&k.meta)
+        .arg("layout")
+        .query(&mut redis.conn())
+        .unwrap()
+}

@@ -216,12 +216,7 @@ async fn tasks_the_previous_main_scheduled_move_into_buckets_and_run() {
     // the upgrade: two runners open it at once
     let (s, _other) = tokio::join!(store(&redis, 1), store(&redis, 1));
     let mut c = redis.conn();
-    let layout: String = redis::cmd("HGET")
-        .arg(&k.meta)
-        .arg("layout")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(layout, "5");
+    assert_eq!(eggtimer_tests::layout_of(&redis, &k), "5");
     let flat: u64 = redis::cmd("ZCARD").arg(&k.due).query(&mut c).unwrap();
     assert_eq!(flat, 0);
     assert_eq!(due_entries(&redis, &k), in_order(&model));

@@ -510,12 +510,7 @@ async fn scheduled_tasks_listed_by_the_previous_main_are_counted_once_after_the_
         eggtimer_tests::store_on(&redis, 1),
         eggtimer_tests::store_on(&redis, 1)
     );
-    let layout: String = redis::cmd("HGET")
-        .arg(&k.meta)
-        .arg("layout")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(layout, "5");
+    assert_eq!(eggtimer_tests::layout_of(&redis, &k), "5");
     let listed: u64 = redis::cmd("ZCARD").arg(&k.byplugin).query(&mut c).unwrap();
     assert_eq!(listed, 1, "only the dead letter stays listed");
     let counts = |v: Vec<eggtimer::store::PluginCounts>| -> Vec<(u64, u64)> {

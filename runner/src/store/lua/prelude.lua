@@ -185,8 +185,12 @@ end
 -- latest first puts each at the front, half the work of filling a bucket.) Returns how many
 -- ids were new.
 local function add_latest_first(key, bound, list, num, from, to)
-  local back = {}
-  for i = to, from, -1 do push(back, string.format('%d', num[i] - bound), list[2 * i]) end
+  local back, d, offset = {}, nil, nil
+  for i = to, from, -1 do
+    -- (formatted once per due time: tasks due at one instant share it)
+    if num[i] ~= d then d, offset = num[i], string.format('%d', num[i] - bound) end
+    push(back, offset, list[2 * i])
+  end
   local added, n = 0, #back
   for i = 1, n, CHUNK do
     added = added + redis.call('ZADD', key, unpack(back, i, math.min(i + CHUNK - 1, n)))
@@ -262,7 +266,10 @@ local function due_add(list)
   if n == 0 then return 0 end
   local num, sorted = {}, true
   for i = 1, n do
-    local d = tonumber(list[2 * i - 1])
+    local d
+    -- (Lua strings are interned: the same due as the last is one comparison, not a parse)
+    if i > 1 and list[2 * i - 1] == list[2 * i - 3] then d = num[i - 1]
+    else d = tonumber(list[2 * i - 1]) end
     num[i] = d
     if i > 1 and d < num[i - 1] then sorted = false end
   end
