@@ -17,7 +17,8 @@ mod cluster;
 mod store;
 pub use cluster::RedisCluster;
 pub use store::{
-    claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, script_at, store_on,
+    claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, script_at,
+    store_keeping_done, store_on,
 };
 
 /// The workspace root.

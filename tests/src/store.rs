@@ -10,9 +10,14 @@ use crate::{RedisServer, eventually, workspace};
 
 /// A store on `redis` with `shards` shards (done records kept a minute), for the store tests.
 pub async fn store_on(redis: &RedisServer, shards: u32) -> Store {
+    store_keeping_done(redis, shards, 60_000).await
+}
+
+/// A store on `redis` with `shards` shards that keeps done records `keep_done_ms`.
+pub async fn store_keeping_done(redis: &RedisServer, shards: u32, keep_done_ms: u64) -> Store {
     let opts = eggtimer::store::StoreOptions {
         shards,
-        keep_done_ms: 60_000,
+        keep_done_ms,
         ..eggtimer::store::StoreOptions::default()
     };
     eggtimer::Store::open(eggtimer::RedisTarget::Single(redis.url()), opts)

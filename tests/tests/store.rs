@@ -309,14 +309,7 @@ async fn tasks_survive_a_redis_kill_and_restart_with_aof() {
 #[tokio::test]
 async fn done_records_expire_after_the_retention_window() {
     let redis = RedisServer::start();
-    let opts = StoreOptions {
-        shards: 1,
-        keep_done_ms: 200,
-        ..StoreOptions::default()
-    };
-    let s = Store::open(RedisTarget::Single(redis.url()), opts)
-        .await
-        .unwrap();
+    let s = eggtimer_tests::store_keeping_done(&redis, 1, 200).await;
     s.schedule(&[task("d", 0)], ScheduleMode::Upsert)
         .await
         .unwrap();

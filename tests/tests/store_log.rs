@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use eggtimer::store::{Finish, Finished, ScheduleMode, StoreOptions, TaskState};
-use eggtimer::{RedisTarget, Store};
+use eggtimer::store::{Finish, Finished, ScheduleMode, TaskState};
 use eggtimer_tests::{RedisServer, claim_when_due, eventually, found_ids, script_at};
 use eggtimer_tests::{noop_task as task, now_ms as now};
 
@@ -15,14 +14,7 @@ use eggtimer_tests::{noop_task as task, now_ms as now};
 async fn done_tasks_logged_by_the_previous_main_are_found_and_swept() {
     const PREVIOUS_MAIN: &str = "0e78b80ad9d9db9e32ac7fc859ef508b2bed0067";
     let redis = RedisServer::start();
-    let opts = StoreOptions {
-        shards: 1,
-        keep_done_ms: 300,
-        ..StoreOptions::default()
-    };
-    let s = Store::open(RedisTarget::Single(redis.url()), opts)
-        .await
-        .unwrap();
+    let s = eggtimer_tests::store_keeping_done(&redis, 1, 300).await;
     s.schedule(&[task("old", 0), task("new", 0)], ScheduleMode::Upsert)
         .await
         .unwrap();
