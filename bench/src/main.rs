@@ -55,6 +55,9 @@ pub struct Args {
     /// Plugin calls at once (the runner's --workers).
     #[arg(long, default_value_t = 32)]
     pub workers: usize,
+    /// Threads of the runner's engine (the runner's --engine-threads).
+    #[arg(long, default_value_t = 1)]
+    pub engine_threads: u16,
     /// Run on a local Redis Cluster of this many masters (no replicas) instead of one
     /// redis-server; W0, W1, W2 and W4 only.
     #[arg(long)]
@@ -97,10 +100,10 @@ fn main() -> Result<()> {
             c.nodes.iter().map(|n| n.url()).collect(),
         ),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    // the runner's own runtimes: the runner on the engine's, W0's API on the HTTP one
+    let rts = eggtimer::serve::Runtimes::new(args.engine_threads.into())?;
+    let http = rts.http.handle().clone();
+    rts.engine.block_on(async {
         let store = Store::open(
             target,
             StoreOptions {
@@ -129,7 +132,7 @@ fn main() -> Result<()> {
                 );
             }
         }
-        let b = Bench::new(store, plugins, args.clone(), nodes, &node_urls[0]).await?;
+        let b = Bench::new(store, plugins, args.clone(), nodes, &node_urls[0], http).await?;
         if want("W4") {
             print(&b.w4().await?)?;
         }

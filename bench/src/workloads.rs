@@ -31,6 +31,8 @@ pub struct Bench {
     pub(crate) redis_url: String,
     /// Every node, for FLUSHALL and INFO.
     pub(crate) nodes: Nodes,
+    /// The HTTP runtime W0's API is served on, as `eggtimer serve` serves it.
+    pub(crate) http: tokio::runtime::Handle,
 }
 
 /// Tasks `b<from + i>` of `plugin` due at `dues[i]`.
@@ -103,6 +105,7 @@ impl Bench {
         args: Args,
         nodes: Nodes,
         redis_url: &str,
+        http: tokio::runtime::Handle,
     ) -> Result<Bench> {
         let redis = redis::Client::open(redis_url)?
             .get_multiplexed_async_connection()
@@ -114,6 +117,7 @@ impl Bench {
             redis,
             redis_url: redis_url.to_owned(),
             nodes,
+            http,
         })
     }
 
@@ -155,9 +159,15 @@ impl Bench {
     /// W0: N tasks through `POST /v1/tasks`, batches of 1000, 4 requests in flight.
     pub async fn w0(&self) -> Result<report::W0> {
         self.flush().await?;
-        let registry = Registry::new(self.store.clone(), Arc::clone(&self.plugins), 16 << 20);
+        // as `eggtimer serve` does: the API's store on a connection of the HTTP runtime
+        let store = self.store.clone();
+        let store = self
+            .http
+            .spawn(async move { store.own_connection().await })
+            .await??;
+        let registry = Registry::new(store.clone(), Arc::clone(&self.plugins), 16 << 20);
         let state = eggtimer::api::AppState {
-            store: self.store.clone(),
+            store,
             registry,
             metrics: Arc::new(Metrics::default()),
             token: None,
@@ -167,10 +177,13 @@ impl Bench {
             runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
             owned_shards: Arc::new(|| 0),
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let server =
-            tokio::spawn(async move { axum::serve(listener, eggtimer::api::router(state)).await });
+        let server = self.http.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            axum::serve(listener, eggtimer::api::router(state)).await
+        });
         let n = self.args.n;
         let far = now_ms() + 86_400_000;
         let bodies: Vec<Vec<u8>> = (0..n)
@@ -185,26 +198,38 @@ impl Bench {
                 .expect("json")
             })
             .collect();
-        let client = reqwest::Client::new();
         let url = format!("http://{addr}/v1/tasks");
         let cpu0 = self.redis_cpu().await?;
         let t0 = Instant::now();
-        let mut s = futures::stream::iter(bodies.into_iter().map(|b| {
-            let (client, url) = (client.clone(), url.clone());
-            async move {
-                client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(b)
-                    .send()
-                    .await?
-                    .error_for_status()
+        // the clients on a thread of their own, as another process would be: not on the
+        // runner's engine thread
+        let post_all = async move {
+            let client = reqwest::Client::new();
+            let mut s = futures::stream::iter(bodies.into_iter().map(|b| {
+                let (client, url) = (client.clone(), url.clone());
+                async move {
+                    client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(b)
+                        .send()
+                        .await?
+                        .error_for_status()
+                }
+            }))
+            .buffer_unordered(4);
+            while let Some(r) = s.next().await {
+                r.context("POST /v1/tasks")?;
             }
-        }))
-        .buffer_unordered(4);
-        while let Some(r) = s.next().await {
-            r.context("POST /v1/tasks")?;
-        }
+            anyhow::Ok(())
+        };
+        tokio::task::spawn_blocking(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(post_all)
+        })
+        .await??;
         let secs = t0.elapsed().as_secs_f64();
         let cpu = self.redis_cpu().await? - cpu0;
         server.abort();

@@ -302,6 +302,12 @@ pub struct ServeArgs {
     /// Plugin calls at once (a call waiting in a WASI sleep holds one, not a thread).
     #[arg(long, env = "EGGTIMER_WORKERS", default_value_t = 32)]
     pub workers: usize,
+    /// Threads of the engine: Redis I/O, the shard pollers, lease renewal and recording outcomes
+    /// (plugin calls run on one thread per core, the HTTP API on its own threads). One is
+    /// fastest with Redis on the same machine (BENCHMARKS.md, thirteenth round); more may pay
+    /// with many Redis Cluster masters on a large machine.
+    #[arg(long, env = "EGGTIMER_ENGINE_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub engine_threads: u16,
     /// Most tasks claimed beyond the free workers. The prefetch adapts below this to what the
     /// workers will start within ~20 ms at the recent run time: deep for fast handlers, none for
     /// slow ones.
@@ -425,5 +431,18 @@ mod tests {
         assert!(cli.command.is_none());
         assert_eq!(cli.serve.shards, 16);
         assert_eq!(cli.serve.keep_done, Duration::from_secs(600));
+        assert_eq!(cli.serve.engine_threads, 1);
+    }
+
+    #[test]
+    fn engine_threads_are_bounded() {
+        let cli = Cli::try_parse_from(["eggtimer", "--engine-threads", "4"]).unwrap();
+        assert_eq!(cli.serve.engine_threads, 4);
+        for bad in ["0", "257", "-1"] {
+            let err = Cli::try_parse_from(["eggtimer", &format!("--engine-threads={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--engine-threads"), "{bad}: {err}");
+        }
     }
 }

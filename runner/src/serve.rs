@@ -43,14 +43,44 @@ pub fn main(args: ServeArgs) -> Result<()> {
         .clone()
         .or_else(|| local.as_ref().map(|l| l.url.clone()))
         .expect("a Redis URL");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let result = rt.block_on(serve(args, url, local.is_some()));
-    rt.shutdown_timeout(Duration::from_secs(1));
+    let rts = Runtimes::new(args.engine_threads.into())?;
+    let http = rts.http.handle().clone();
+    let result = rts.engine.block_on(serve(args, url, local.is_some(), http));
+    rts.engine.shutdown_timeout(Duration::from_secs(1));
+    rts.http.shutdown_timeout(Duration::from_secs(1));
     drop(local);
     result
+}
+
+/// The runner's two async runtimes. The engine's few threads (`--engine-threads`, 1 by default)
+/// do the Redis I/O, the shard pollers, lease renewal and recording outcomes; the HTTP API has
+/// its own, one per core, so a request's parsing or a large body never holds up a claim. Plugin
+/// calls run on the plugin host's runtime.
+///
+/// Why one engine thread: with Redis on the same machine, a second engine thread costs more
+/// than it brings. Each claim's reply then wakes whichever thread is free and work moves
+/// between them, and Redis's own thread has less of the CPU: W2 ran 140–150k tasks/s with
+/// two and 150–180k with one, with less runner CPU per task (BENCHMARKS.md, thirteenth round).
+pub struct Runtimes {
+    pub engine: tokio::runtime::Runtime,
+    pub http: tokio::runtime::Runtime,
+}
+
+impl Runtimes {
+    pub fn new(engine_threads: usize) -> Result<Runtimes> {
+        let engine = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(engine_threads.max(1))
+            .thread_name("eggtimer-engine")
+            .enable_all()
+            .build()
+            .context("starting the engine's runtime")?;
+        let http = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("eggtimer-http")
+            .enable_all()
+            .build()
+            .context("starting the HTTP runtime")?;
+        Ok(Runtimes { engine, http })
+    }
 }
 
 async fn open_store(
@@ -70,7 +100,12 @@ async fn open_store(
     }
 }
 
-async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
+async fn serve(
+    args: ServeArgs,
+    url: String,
+    private: bool,
+    http_rt: tokio::runtime::Handle,
+) -> Result<()> {
     let (stop_tx, mut stop) = watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -86,6 +121,15 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
     };
     let Some(store) = open_store(target, store_opts, &mut stop).await? else {
         return Ok(());
+    };
+    // The API's and the plugin registry's store: the same namespace on a connection whose I/O
+    // runs on the HTTP runtime, so neither a request nor a plugin's megabytes pass through the
+    // engine's connection or thread.
+    let api_store = {
+        let s = store.clone();
+        http_rt
+            .spawn(async move { s.own_connection().await })
+            .await??
     };
     let cache_dir = args
         .plugin_cache
@@ -106,7 +150,11 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
             ..Budget::default()
         },
     })?;
-    let registry = Registry::new(store.clone(), Arc::clone(&plugins), args.max_plugin_bytes);
+    let registry = Registry::new(
+        api_store.clone(),
+        Arc::clone(&plugins),
+        args.max_plugin_bytes,
+    );
     if let Some(dir) = &args.plugins_dir {
         let seeded = registry.seed_dir(dir).await?;
         info!(dir = %dir.display(), ?seeded, "plugins directory loaded");
@@ -125,8 +173,13 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         batch: args.claim_batch,
         fallback: args.fallback_poll,
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
+    // registered with the HTTP runtime's reactor: its connections are served on its threads
+    let listener = std::net::TcpListener::bind(args.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(|l| {
+            let _in_http = http_rt.enter();
+            tokio::net::TcpListener::from_std(l)
+        })
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     if args.token.is_none() && !addr.ip().is_loopback() {
@@ -150,9 +203,9 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
     );
     tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
     let member = Arc::clone(&runner.membership);
-    let runners_store = store.clone();
+    let runners_store = api_store.clone();
     let state = AppState {
-        store: store.clone(),
+        store: api_store,
         registry,
         metrics,
         token: args.token.clone(),
@@ -180,16 +233,17 @@ async fn serve(args: ServeArgs, url: String, private: bool) -> Result<()> {
         crate::store::redact(&url),
         if private { ", private" } else { "" }
     );
-    let http = tokio::spawn(api::serve(
+    let limits = HttpLimits {
+        max_connections: args.http_max_connections,
+        header_timeout: args.http_header_timeout,
+        body_timeout: args.http_body_timeout,
+        request_timeout: args.http_request_timeout,
+        ..HttpLimits::default()
+    };
+    let http = http_rt.spawn(api::serve(
         listener,
         api::router(state),
-        HttpLimits {
-            max_connections: args.http_max_connections,
-            header_timeout: args.http_header_timeout,
-            body_timeout: args.http_body_timeout,
-            request_timeout: args.http_request_timeout,
-            ..HttpLimits::default()
-        },
+        limits,
         stop.clone(),
     ));
     let _ = stop.wait_for(|s| *s).await;

@@ -78,6 +78,22 @@ impl Store {
         Ok(store)
     }
 
+    /// The same store on a connection of its own, whose I/O runs on the runtime this is called
+    /// on. The HTTP API's store: its requests and replies then don't pass through the engine's
+    /// thread (`serve::Runtimes`).
+    pub async fn own_connection(&self) -> Result<Store> {
+        let i = &self.inner;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                conn: connect(&i.target).await?,
+                target: i.target.clone(),
+                keys: i.keys.clone(),
+                opts: i.opts.clone(),
+                scripts: Scripts::load(),
+            }),
+        })
+    }
+
     /// Records the shard count on first use (after a FLUSHALL too); refuses another count.
     pub async fn check_shards(&self) -> Result<()> {
         let meta = self.keys().meta();
