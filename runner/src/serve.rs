@@ -54,13 +54,14 @@ pub fn main(args: ServeArgs) -> Result<()> {
 
 /// The runner's two async runtimes. The engine's few threads (`--engine-threads`, 1 by default)
 /// do the Redis I/O, the shard pollers, lease renewal and recording outcomes; the HTTP API has
-/// its own, one per core, so a request's parsing or a large body never holds up a claim. Plugin
-/// calls run on the plugin host's runtime.
+/// its own, one per core, so a request's parsing or a large body does not queue on the engine's
+/// thread. Plugin calls run on the plugin host's runtime.
 ///
 /// Why one engine thread: with Redis on the same machine, a second engine thread costs more
 /// than it brings. Each claim's reply then wakes whichever thread is free and work moves
-/// between them, and Redis's own thread has less of the CPU: W2 ran 140–150k tasks/s with
-/// two and 150–180k with one, with less runner CPU per task (BENCHMARKS.md, thirteenth round).
+/// between them, and Redis's own thread has less of the CPU. In W2 (ten alternated runs) one
+/// engine thread did 136k tasks/s against 118k with two, the runner spending 5.65 µs of CPU per
+/// task against 6.6 (BENCHMARKS.md, thirteenth round).
 pub struct Runtimes {
     pub engine: tokio::runtime::Runtime,
     pub http: tokio::runtime::Runtime,
