@@ -84,15 +84,30 @@ impl Runtimes {
     }
 }
 
-async fn open_store(
+/// Opens the namespace, retrying while Redis is unreachable (until `stop`): the engine's store,
+/// and the API's and the plugin registry's, the same namespace on a connection whose I/O runs on
+/// the HTTP runtime (so neither a request nor a plugin's megabytes pass through the engine's
+/// connection or thread).
+async fn open_stores(
     target: RedisTarget,
     opts: StoreOptions,
+    http_rt: &tokio::runtime::Handle,
     stop: &mut watch::Receiver<bool>,
-) -> Result<Option<Store>> {
+) -> Result<Option<(Store, Store)>> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match Store::open(target.clone(), opts.clone()).await {
-            Ok(s) => return Ok(Some(s)),
+        let opened = match Store::open(target.clone(), opts.clone()).await {
+            Ok(s) => {
+                let engine = s.clone();
+                http_rt
+                    .spawn(async move { s.own_connection().await })
+                    .await?
+                    .map(|api| (engine, api))
+            }
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(stores) => return Ok(Some(stores)),
             Err(e) if format!("{e:#}").contains("shards in Redis") => return Err(e),
             Err(e) => warn!("Redis is not reachable yet, retrying in {delay:?}: {e:#}"),
         }
@@ -120,17 +135,9 @@ async fn serve(
         keep_done_ms: args.keep_done.as_millis().max(1) as u64,
         ..StoreOptions::default()
     };
-    let Some(store) = open_store(target, store_opts, &mut stop).await? else {
+    let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
+    else {
         return Ok(());
-    };
-    // The API's and the plugin registry's store: the same namespace on a connection whose I/O
-    // runs on the HTTP runtime, so neither a request nor a plugin's megabytes pass through the
-    // engine's connection or thread.
-    let api_store = {
-        let s = store.clone();
-        http_rt
-            .spawn(async move { s.own_connection().await })
-            .await??
     };
     let cache_dir = args
         .plugin_cache

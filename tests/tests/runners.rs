@@ -350,3 +350,42 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
         assert!(at <= d + 2000, "{id} ran {} ms late", at - d);
     }
 }
+
+/// A runner started while Redis is down waits for it (both of its connections: the engine's and
+/// the API's), then serves: a task scheduled through its API runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_started_before_redis_waits_for_it_then_serves() {
+    let mut redis = RedisServer::start();
+    eggtimer_tests::eggtimer_bin(); // built before the clock starts
+    redis.stop();
+    // Redis's port first accepts and closes a connection: the runner is seen trying
+    let port = std::net::TcpListener::bind(("127.0.0.1", redis.port)).unwrap();
+    let url = redis.url();
+    // the start returns once the runner listens, which it does only after Redis is back
+    let starting = tokio::task::spawn_blocking(move || {
+        let dir = plugins_dir();
+        RunnerProcess::start(&url, &["--plugins-dir", dir.to_str().unwrap()])
+    });
+    let tried = tokio::task::spawn_blocking(move || port.accept().map(drop));
+    tokio::time::timeout(Duration::from_secs(30), tried)
+        .await
+        .expect("the runner to try Redis's port within 30 s")
+        .unwrap()
+        .unwrap();
+    // the port closed (the listener is gone): refused for a while, as a Redis that is down
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.start_again();
+    let mut r = starting.await.unwrap();
+    r.assert_alive();
+    assert!(
+        r.log_text().contains("Redis is not reachable yet"),
+        "the runner tried Redis while it was down:\n{}",
+        r.log_text()
+    );
+    eggtimer_tests::post_tasks(
+        &r.url,
+        serde_json::json!({"plugin": "noop", "id": "after-redis", "delay_ms": 0}),
+    )
+    .await;
+    eggtimer_tests::wait_state(&r.url, "after-redis", "done", Duration::from_secs(20)).await;
+}
