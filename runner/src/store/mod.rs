@@ -53,7 +53,8 @@ struct Inner {
     target: RedisTarget,
     keys: Keys,
     opts: StoreOptions,
-    scripts: Scripts,
+    /// Built once per `Store::open`, shared with the stores `own_connection` opens from it.
+    scripts: Arc<Scripts>,
 }
 
 impl Store {
@@ -70,7 +71,7 @@ impl Store {
                 target,
                 keys: Keys::new(&opts.namespace),
                 opts,
-                scripts: Scripts::load(),
+                scripts: Arc::new(Scripts::load()),
             }),
         };
         store.check_shards().await?;
@@ -89,7 +90,7 @@ impl Store {
                 target: i.target.clone(),
                 keys: i.keys.clone(),
                 opts: i.opts.clone(),
-                scripts: Scripts::load(),
+                scripts: Arc::clone(&i.scripts),
             }),
         })
     }
