@@ -205,8 +205,9 @@ pub async fn schedule(
         }
     }
     // A running id, or one inside its dedup window, refuses the whole batch. Each shard's part is
-    // all or nothing in its script; a batch over several shards is also checked (one round trip
-    // per shard) before anything is written.
+    // all or nothing in its script; a batch over several shards is also checked before anything
+    // is written (per shard, a round trip to learn whether anything there runs or has a dedup
+    // window, and only then a read of the ids).
     let first_shard = st.store.shard_of(&specs[0].id);
     if specs
         .iter()

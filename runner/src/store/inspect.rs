@@ -63,8 +63,12 @@ impl Store {
     }
 
     /// Why each of `ids` would refuse an upsert now: `Running`, `Duplicate` (inside its dedup
-    /// window), or None. A read for the checks before a batch over several shards is written:
-    /// one round trip per shard (the records and the dedup windows together).
+    /// window), or None. A read for the checks before a batch over several shards is written.
+    /// Per shard, one round trip first asks whether anything there could refuse: a task running
+    /// (the claim batches' count, or the earlier layout's `inflight`) or a dedup window at all.
+    /// Only then are the ids' records and windows read, in a second round trip. (A shard where
+    /// nothing runs has no running id to find; reading 1,000 records to learn that cost W0 a
+    /// tenth of Redis's time, BENCHMARKS.md, fourteenth round.)
     pub async fn conflicts_among(&self, ids: &[&str]) -> Result<Vec<Option<Scheduled>>> {
         let now = crate::executor::now_ms() as f64;
         let calls = self
@@ -75,18 +79,42 @@ impl Store {
                 let k = self.keys().shard(shard);
                 let mut conn = self.conn();
                 async move {
-                    let (recs, windows): (Vec<Option<String>>, Vec<Option<f64>>) = redis::pipe()
-                        .cmd("HMGET")
-                        .arg(&k.tasks)
-                        .arg(&names)
-                        .cmd("ZMSCORE")
+                    let (running, old_running, windows): (Option<i64>, u64, bool) = redis::pipe()
+                        .cmd("HGET")
+                        .arg(&k.batches)
+                        .arg("running")
+                        .cmd("ZCARD")
+                        .arg(&k.inflight)
+                        .cmd("EXISTS")
                         .arg(&k.unique)
-                        .arg(&names)
                         .query_async(&mut conn)
                         .await?;
+                    // (any count but zero, a negative one too, reads the records)
+                    let runs = running.unwrap_or(0) != 0 || old_running > 0;
+                    if !runs && !windows {
+                        return Ok::<_, anyhow::Error>((ix, vec![None; names.len()]));
+                    }
+                    let mut pipe = redis::pipe();
+                    if runs {
+                        pipe.cmd("HMGET").arg(&k.tasks).arg(&names);
+                    }
+                    if windows {
+                        pipe.cmd("ZMSCORE").arg(&k.unique).arg(&names);
+                    }
+                    let mut replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                    let ends: Vec<Option<f64>> = match windows {
+                        true => {
+                            redis::from_redis_value(replies.pop().context("no ZMSCORE reply")?)?
+                        }
+                        false => vec![None; names.len()],
+                    };
+                    let recs: Vec<Option<String>> = match runs {
+                        true => redis::from_redis_value(replies.pop().context("no HMGET reply")?)?,
+                        false => vec![None; names.len()],
+                    };
                     let verdicts: Vec<Option<Scheduled>> = recs
                         .iter()
-                        .zip(windows)
+                        .zip(ends)
                         .map(|(r, w)| {
                             if r.as_deref().is_some_and(|r| r.starts_with("r\t")) {
                                 Some(Scheduled::Running)
@@ -97,7 +125,7 @@ impl Store {
                             }
                         })
                         .collect();
-                    Ok::<_, anyhow::Error>((ix, verdicts))
+                    Ok((ix, verdicts))
                 }
             });
         let mut out = vec![None; ids.len()];
