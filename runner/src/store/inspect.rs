@@ -102,15 +102,15 @@ impl Store {
                         pipe.cmd("ZMSCORE").arg(&k.unique).arg(&names);
                     }
                     let mut replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
-                    let ends: Vec<Option<f64>> = match windows {
-                        true => {
-                            redis::from_redis_value(replies.pop().context("no ZMSCORE reply")?)?
-                        }
-                        false => vec![None; names.len()],
+                    let ends: Vec<Option<f64>> = if windows {
+                        redis::from_redis_value(replies.pop().context("no ZMSCORE reply")?)?
+                    } else {
+                        vec![None; names.len()]
                     };
-                    let recs: Vec<Option<String>> = match runs {
-                        true => redis::from_redis_value(replies.pop().context("no HMGET reply")?)?,
-                        false => vec![None; names.len()],
+                    let recs: Vec<Option<String>> = if runs {
+                        redis::from_redis_value(replies.pop().context("no HMGET reply")?)?
+                    } else {
+                        vec![None; names.len()]
                     };
                     let verdicts: Vec<Option<Scheduled>> = recs
                         .iter()
