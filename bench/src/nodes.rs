@@ -67,6 +67,15 @@ impl Nodes {
         info_field(&info, field).with_context(|| format!("{field} in INFO {section}"))
     }
 
+    /// A number field of `INFO <section>`, per node.
+    pub async fn info_each(&self, section: &str, field: &str) -> Result<Vec<f64>> {
+        let mut out = Vec::new();
+        for i in 0..self.conns.len() {
+            out.push(self.info(i, section, field).await?);
+        }
+        Ok(out)
+    }
+
     /// CPU seconds each node has used so far (user + sys).
     pub async fn cpu(&self) -> Result<Vec<f64>> {
         let mut out = Vec::new();

@@ -53,6 +53,11 @@ pub struct W1 {
     /// Script calls (EVALSHA: claims, finishes, …) per task in that time: a claim or finish
     /// costs Redis about as much for one task as for dozens, so this says how well they batch.
     pub scripts_per_task: f64,
+    /// Forks of Redis (AOF rewrites) from W1's scheduling to its end, all nodes, and the time
+    /// the last of them stopped its node's one thread (`latest_fork_usec`; nothing when none
+    /// forked): a fork's pause is one cause of a late max.
+    pub forks: f64,
+    pub latest_fork_ms: Option<f64>,
 }
 
 /// W2: every task due at the same instant.
@@ -113,8 +118,6 @@ pub struct W3 {
     /// two cores: W1 on top measures the pending tasks, not a rewrite beside it).
     pub aof_rewrites_during_fill: f64,
     pub waited_for_aof_rewrite_s: f64,
-    /// Rewrites started while W1 ran on top (0: none competed with it).
-    pub aof_rewrites_during_w1: f64,
     pub w1_on_top: W1,
     pub p99_ratio_vs_w1_alone: Option<f64>,
 }

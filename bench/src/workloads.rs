@@ -140,6 +140,16 @@ impl Bench {
         self.nodes.info(0, section, field).await
     }
 
+    /// Forks of Redis (AOF rewrites, every node together) so far.
+    async fn forks(&self) -> Result<f64> {
+        Ok(self
+            .nodes
+            .info_each("stats", "total_forks")
+            .await?
+            .iter()
+            .sum())
+    }
+
     /// CPU seconds Redis (every node together) has used so far.
     async fn redis_cpu(&self) -> Result<f64> {
         self.nodes.cpu_total().await
@@ -261,6 +271,7 @@ impl Bench {
             .collect();
         let rec = Recorder::new(Arc::clone(&self.plugins), n);
         let runner = self.runner(Arc::clone(&rec));
+        let forks0 = self.forks().await?;
         let t0 = Instant::now();
         schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
         if now_ms() > start {
@@ -278,6 +289,7 @@ impl Bench {
         let cpu = self.redis_cpu().await? - cpu0;
         let own = process_cpu_s()? - own0;
         let calls = self.nodes.calls("evalsha").await? - calls0;
+        let forks = self.forks().await? - forks0;
         let c = count(&rec, &dues);
         let span = (c.last_start_us - c.first_start_us) as f64 / 1e6;
         Ok(report::W1 {
@@ -290,6 +302,13 @@ impl Bench {
             redis_cpu_share: round(cpu / wall),
             runner_cpu_share: round(own / wall),
             scripts_per_task: round(calls / n as f64),
+            forks,
+            latest_fork_ms: if forks > 0.0 {
+                let usec = self.nodes.info_each("stats", "latest_fork_usec").await?;
+                Some(round(usec.into_iter().fold(0.0, f64::max) / 1000.0))
+            } else {
+                None
+            },
         })
     }
 
@@ -486,9 +505,7 @@ impl Bench {
         .await?;
         anyhow::ensure!(quiet, "Redis still rewriting its AOF 600 s after the fill");
         let waited = t1.elapsed().as_secs_f64();
-        let rewrites2 = self.info("persistence", "aof_rewrites").await?;
         let w1 = self.w1("W3-W1").await?;
-        let rewrites3 = self.info("persistence", "aof_rewrites").await?;
         let ratio = w1_alone
             .map(|a| a.lateness_ms.p99)
             .filter(|a| *a > 0.0)
@@ -502,7 +519,6 @@ impl Bench {
             split_on_shard_0: split,
             aof_rewrites_during_fill: rewrites1 - rewrites0,
             waited_for_aof_rewrite_s: round(waited),
-            aof_rewrites_during_w1: rewrites3 - rewrites2,
             w1_on_top: w1,
             p99_ratio_vs_w1_alone: ratio,
         })
