@@ -1,6 +1,8 @@
 //! The Redis servers a run measures: one redis-server, or the masters of a local Redis Cluster
 //! (`--cluster N`). Redis CPU is read from each one's `INFO cpu`.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result};
 use redis::aio::MultiplexedConnection;
 
@@ -67,11 +69,48 @@ impl Nodes {
         info_field(&info, field).with_context(|| format!("{field} in INFO {section}"))
     }
 
-    /// A number field of `INFO <section>`, per node.
-    pub async fn info_each(&self, section: &str, field: &str) -> Result<Vec<f64>> {
-        let mut out = Vec::new();
+    /// Forks (AOF rewrites) of all nodes together so far.
+    pub async fn forks(&self) -> Result<f64> {
+        let mut total = 0.0;
         for i in 0..self.conns.len() {
-            out.push(self.info(i, section, field).await?);
+            total += self.info(i, "stats", "total_forks").await?;
+        }
+        Ok(total)
+    }
+
+    /// Starts Redis's latency monitor afresh on every node: from here on each kind of event
+    /// (a slow command or script, an AOF write, a fork, an expire cycle, …) that holds a node's
+    /// one thread for `threshold_ms` or longer is recorded.
+    pub async fn latency_reset(&self, threshold_ms: u32) -> Result<()> {
+        for c in &self.conns {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("latency-monitor-threshold")
+                .arg(threshold_ms)
+                .query_async(&mut c.clone())
+                .await?;
+            let _: i64 = redis::cmd("LATENCY")
+                .arg("RESET")
+                .query_async(&mut c.clone())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Per kind of event since `latency_reset`, the longest it held a node's thread (ms; the
+    /// largest over the nodes). `LATENCY LATEST` answers event, time, latest ms, max ms.
+    pub async fn latency_max(&self) -> Result<BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        for c in &self.conns {
+            let rows: Vec<(String, i64, i64, i64)> = redis::cmd("LATENCY")
+                .arg("LATEST")
+                .query_async(&mut c.clone())
+                .await
+                .context("LATENCY LATEST")?;
+            for (event, _, _, max) in rows {
+                let m = out.entry(event).or_insert(0.0);
+                *m = f64::max(*m, max as f64);
+            }
         }
         Ok(out)
     }

@@ -53,11 +53,13 @@ pub struct W1 {
     /// Script calls (EVALSHA: claims, finishes, …) per task in that time: a claim or finish
     /// costs Redis about as much for one task as for dozens, so this says how well they batch.
     pub scripts_per_task: f64,
-    /// Forks of Redis (AOF rewrites) from W1's scheduling to its end, all nodes, and the time
-    /// the last of them stopped its node's one thread (`latest_fork_usec`; nothing when none
-    /// forked): a fork's pause is one cause of a late max.
+    /// Forks of Redis (AOF rewrites) from W1's scheduling to its end, all nodes.
     pub forks: f64,
-    pub latest_fork_ms: Option<f64>,
+    /// From the first due time to the end, per kind of Redis event that held a node's one
+    /// thread 2 ms or longer, the longest (ms; Redis's latency monitor: `command` a script,
+    /// `aof-write` a write to the AOF, `fork`, …). Empty: nothing stalled Redis 2 ms. What
+    /// explains a late max, or shows it was not Redis.
+    pub redis_stalls_ms: BTreeMap<String, f64>,
 }
 
 /// W2: every task due at the same instant.

@@ -21,6 +21,9 @@ use crate::nodes::{Nodes, info_field};
 use crate::recorder::{Recorder, count};
 use crate::report::{self, PluginCost, lateness, median, per_task, round};
 
+/// W1 lists what held Redis's thread this long or longer (ms; see `report::W1::redis_stalls_ms`).
+const STALL_MS: u32 = 2;
+
 pub struct Bench {
     pub(crate) store: Store,
     pub(crate) plugins: Arc<Plugins>,
@@ -138,16 +141,6 @@ impl Bench {
     /// A number field of the (first) node's INFO.
     async fn info(&self, section: &str, field: &str) -> Result<f64> {
         self.nodes.info(0, section, field).await
-    }
-
-    /// Forks of Redis (AOF rewrites, every node together) so far.
-    async fn forks(&self) -> Result<f64> {
-        Ok(self
-            .nodes
-            .info_each("stats", "total_forks")
-            .await?
-            .iter()
-            .sum())
     }
 
     /// CPU seconds Redis (every node together) has used so far.
@@ -271,7 +264,7 @@ impl Bench {
             .collect();
         let rec = Recorder::new(Arc::clone(&self.plugins), n);
         let runner = self.runner(Arc::clone(&rec));
-        let forks0 = self.forks().await?;
+        let forks0 = self.nodes.forks().await?;
         let t0 = Instant::now();
         schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
         if now_ms() > start {
@@ -284,12 +277,13 @@ impl Bench {
         // the load from here on is the runner's (nothing is due until `start`)
         let (cpu0, own0) = (self.redis_cpu().await?, process_cpu_s()?);
         let calls0 = self.nodes.calls("evalsha").await?;
+        self.nodes.latency_reset(STALL_MS).await?;
         self.finish(runner, &rec, limit).await?;
         let wall = (now_ms() - start).max(1) as f64 / 1000.0;
         let cpu = self.redis_cpu().await? - cpu0;
         let own = process_cpu_s()? - own0;
         let calls = self.nodes.calls("evalsha").await? - calls0;
-        let forks = self.forks().await? - forks0;
+        let forks = self.nodes.forks().await? - forks0;
         let c = count(&rec, &dues);
         let span = (c.last_start_us - c.first_start_us) as f64 / 1e6;
         Ok(report::W1 {
@@ -303,12 +297,7 @@ impl Bench {
             runner_cpu_share: round(own / wall),
             scripts_per_task: round(calls / n as f64),
             forks,
-            latest_fork_ms: if forks > 0.0 {
-                let usec = self.nodes.info_each("stats", "latest_fork_usec").await?;
-                Some(round(usec.into_iter().fold(0.0, f64::max) / 1000.0))
-            } else {
-                None
-            },
+            redis_stalls_ms: self.nodes.latency_max().await?,
         })
     }
 
