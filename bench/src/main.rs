@@ -117,7 +117,7 @@ fn main() -> Result<()> {
         for s in 0..store.shards() {
             let node = match &servers {
                 Servers::Single(_) => 0,
-                Servers::Cluster(c) => c.master_of(&store.keys().shard(s).due),
+                Servers::Cluster(c) => c.master_of(&store.keys().shard(s).tasks),
             };
             shards[node].push(s);
         }

@@ -22,7 +22,7 @@ use crate::store::{RedisTarget, Store, StoreOptions};
 
 /// Runs `eggtimer serve` until SIGTERM or ctrl-c.
 pub fn main(args: ServeArgs) -> Result<()> {
-    crate::executor::set_clock_skew_ms(args.test_clock_skew_ms);
+    crate::clock::set_skew_ms(args.test_clock_skew_ms);
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         anyhow::bail!(
             "--token (or EGGTIMER_TOKEN) is empty: give a token, or leave it out to run without auth"
@@ -108,7 +108,8 @@ async fn open_stores(
         };
         match opened {
             Ok(stores) => return Ok(Some(stores)),
-            Err(e) if format!("{e:#}").contains("shards in Redis") => return Err(e),
+            // (a refusal, such as another shard count or data of an older build, is final)
+            Err(e) if !crate::store::is_unreachable(&e) => return Err(e),
             Err(e) => warn!("Redis is not reachable yet, retrying in {delay:?}: {e:#}"),
         }
         tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return Ok(None) }

@@ -14,11 +14,13 @@ use std::time::{Duration, Instant};
 pub use eggtimer;
 
 mod cluster;
+mod released;
 mod store;
 pub use cluster::RedisCluster;
+pub use released::released_eggtimer;
 pub use store::{
-    claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, script_at,
-    store_keeping_done, store_on,
+    claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, store_keeping_done,
+    store_on,
 };
 
 /// The workspace root.
@@ -320,7 +322,18 @@ impl RunnerProcess {
 
     /// Like [`RunnerProcess::start`], with extra environment variables.
     pub fn start_with_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> RunnerProcess {
-        Self::launch(Some(redis_url), temp_dir("runner-data"), args, env)
+        Self::launch(
+            &eggtimer_bin(),
+            Some(redis_url),
+            temp_dir("runner-data"),
+            args,
+            env,
+        )
+    }
+
+    /// Starts `eggtimer serve` of another build (`bin`: the last release's, say) on `redis_url`.
+    pub fn start_build(bin: &Path, redis_url: &str, args: &[&str]) -> RunnerProcess {
+        Self::launch(bin, Some(redis_url), temp_dir("runner-data"), args, &[])
     }
 
     /// A runner on `redis` that loads every plugin built from plugins/, with extra args.
@@ -333,17 +346,18 @@ impl RunnerProcess {
 
     /// A runner with its own private redis-server under `data_dir` (no --redis).
     pub fn start_private(data_dir: &Path, args: &[&str]) -> RunnerProcess {
-        Self::launch(None, data_dir.to_owned(), args, &[])
+        Self::launch(&eggtimer_bin(), None, data_dir.to_owned(), args, &[])
     }
 
     fn launch(
+        bin: &Path,
         redis_url: Option<&str>,
         data_dir: PathBuf,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> RunnerProcess {
         let port = free_port();
-        let mut cmd = Command::new(eggtimer_bin());
+        let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(redis_url.map(|u| ["--redis", u]).into_iter().flatten())
@@ -582,7 +596,7 @@ pub async fn wait_state(base: &str, id: &str, state: &str, limit: Duration) -> s
 
 /// The current time in ms.
 pub fn now_ms() -> i64 {
-    eggtimer::executor::now_ms()
+    eggtimer::clock::now_ms()
 }
 
 /// A runner on `redis` with every plugin of plugins/ and a 50 ms retry base (so retries in a test

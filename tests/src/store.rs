@@ -1,12 +1,11 @@
 //! Helpers for the tests that drive the store directly (no runner).
 
-use std::process::Command;
 use std::time::Duration;
 
 use eggtimer::Store;
 use eggtimer::store::{ClaimBatch, FindQuery, TaskState};
 
-use crate::{RedisServer, eventually, workspace};
+use crate::{RedisServer, eventually};
 
 /// A store on `redis` with `shards` shards (done records kept a minute), for the store tests.
 pub async fn store_on(redis: &RedisServer, shards: u32) -> Store {
@@ -83,29 +82,6 @@ pub async fn find_all(s: &Store, q: &FindQuery) -> Vec<String> {
     }
 }
 
-/// A Lua script of the main at `commit` (its prelude, then the script's own file), read from git
-/// history: the upgrade tests write data with an earlier main's scripts, with no second build.
-pub fn script_at(commit: &str, name: &str) -> String {
-    let show = |path: &str| {
-        let out = Command::new("git")
-            .current_dir(workspace())
-            .args(["show", &format!("{commit}:{path}")])
-            .output()
-            .expect("running git (the upgrade test reads the earlier main's scripts from history)");
-        assert!(
-            out.status.success(),
-            "git show {path} failed: {} (the test needs the repository's history: a full clone)",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    format!(
-        "{}\n{}",
-        show("runner/src/store/lua/prelude.lua"),
-        show(&format!("runner/src/store/lua/{name}.lua"))
-    )
-}
-
 /// The entries of a shard's due buckets (id, due), in due order, read key by key (not through
 /// the store's scripts), after checking the buckets' invariants: every bucket in the index is
 /// non-empty, its entries (offsets from its bound) lie from its bound up to the next bucket's,
@@ -164,7 +140,7 @@ pub fn due_entries(redis: &RedisServer, k: &eggtimer::store::ShardKeys) -> Vec<(
     out
 }
 
-/// The key layout a shard was migrated to (its meta's `layout`).
+/// The data layout a shard records (its meta's `layout`).
 pub fn layout_of(redis: &RedisServer, k: &eggtimer::store::ShardKeys) -> String {
     redis::cmd("HGET")
         .arg(&k.meta)

@@ -12,7 +12,7 @@ use eggtimer_tests::{RedisServer, due_entries, eventually};
 use eggtimer_tests::{claim_when_due, noop_task as task, store_on as store};
 
 fn now() -> i64 {
-    eggtimer::executor::now_ms()
+    eggtimer::clock::now_ms()
 }
 
 #[tokio::test]

@@ -34,8 +34,7 @@ fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64,
     let done = log
         .iter()
         .map(|e| e.split('\t').skip(1).count() as u64)
-        .sum::<u64>()
-        + card("ZCARD", &k.recent);
+        .sum::<u64>();
     (
         due_entries(redis, &k).len() as u64,
         per_plugin.iter().sum(),
@@ -46,12 +45,15 @@ fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64,
     )
 }
 
-/// The claim batches still holding a lease: (entries in `leases`, fields of `batches` besides its
+/// The claim batches still holding a lease: (entries in `claim_leases`, fields of `batches` besides its
 /// running count).
 fn batches_left(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64) {
     let k = s.keys().shard(shard);
     let mut c = redis.conn();
-    let leases: u64 = redis::cmd("ZCARD").arg(&k.leases).query(&mut c).unwrap();
+    let leases: u64 = redis::cmd("ZCARD")
+        .arg(&k.claim_leases)
+        .query(&mut c)
+        .unwrap();
     let fields: Vec<String> = redis::cmd("HKEYS").arg(&k.batches).query(&mut c).unwrap();
     (
         leases,
@@ -256,11 +258,10 @@ async fn done_tasks_are_found_through_the_finish_log_each_once() {
 }
 
 /// The check before a batch over several shards (`conflicts_among`) reads a shard's records only
-/// when something there could refuse: it still finds a running id (claimed in a batch, or under
-/// the earlier per-task layout, which the batches' count does not include) and an id inside its
-/// dedup window, and finds nothing where nothing runs.
+/// when something there could refuse: it still finds a running id and an id inside its dedup
+/// window, and finds nothing where nothing runs.
 #[tokio::test]
-async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows_in_every_layout() {
+async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows() {
     let redis = RedisServer::start();
     let s = store(&redis, 4).await;
     let far = now() + 3_600_000;
@@ -268,17 +269,17 @@ async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows_in_every_l
     let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, far)).collect();
     s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
     let mut asked: Vec<&str> = ids.iter().map(String::as_str).collect();
-    asked.extend(["r", "old", "u"]);
+    asked.extend(["r", "u"]);
     let shards: BTreeSet<u32> = asked.iter().map(|id| s.shard_of(id)).collect();
     assert_eq!(shards.len(), 4, "the ids asked about span every shard");
-    assert_eq!(s.conflicts_among(&asked).await.unwrap(), vec![None; 19]);
+    assert_eq!(s.conflicts_among(&asked).await.unwrap(), vec![None; 18]);
     // a running task, claimed in a batch
     s.schedule(&[task("r", 0)], ScheduleMode::Upsert)
         .await
         .unwrap();
     let b = claim_when_due(&s, s.shard_of("r"), 10, "r to be due").await;
     assert_eq!(b.tasks.len(), 1);
-    let mut want = vec![None; 19];
+    let mut want = vec![None; 18];
     want[16] = Some(Scheduled::Running);
     assert_eq!(s.conflicts_among(&asked).await.unwrap(), want);
     let done = Finish::Done;
@@ -286,25 +287,6 @@ async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows_in_every_l
     let outcome = [("r", t.token, &done)];
     let fin = s.finish(s.shard_of("r"), &outcome).await.unwrap();
     assert_eq!(fin, vec![Finished::Done]);
-    // a task claimed by a runner of the layout before claim batches: its record says running and
-    // `inflight` holds it, while the batches' count stays zero
-    let k = s.keys().shard(s.shard_of("old"));
-    let mut c = redis.conn();
-    let _: () = redis::pipe()
-        .cmd("HSET")
-        .arg(&k.tasks)
-        .arg("old")
-        .arg(format!("r\t{}\t1\t3\t{}\t7\tnoop\t\t\t{{}}", now(), now()))
-        .cmd("ZADD")
-        .arg(&k.inflight)
-        .arg(now() + 60_000)
-        .arg("old")
-        .query(&mut c)
-        .unwrap();
-    let mut want = vec![None; 19];
-    want[17] = Some(Scheduled::Running);
-    assert_eq!(s.conflicts_among(&asked).await.unwrap(), want);
-    let _: () = redis::cmd("DEL").arg(&k.inflight).query(&mut c).unwrap();
     // an id inside its dedup window, where nothing runs
     let mut u = task("u", 0);
     u.unique_for_ms = 600_000;
@@ -313,7 +295,7 @@ async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows_in_every_l
     let outcome = [("u", b.tasks[0].token, &done)];
     let fin = s.finish(s.shard_of("u"), &outcome).await.unwrap();
     assert_eq!(fin, vec![Finished::Done]);
-    let mut want = vec![None; 19];
-    want[18] = Some(Scheduled::Duplicate);
+    let mut want = vec![None; 18];
+    want[17] = Some(Scheduled::Duplicate);
     assert_eq!(s.conflicts_among(&asked).await.unwrap(), want);
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use eggtimer::Store;
 use eggtimer::store::{FindQuery, Move, ScheduleMode, TaskState};
-use eggtimer_tests::{RedisServer, claim_when_due, due_entries, find_all, script_at};
+use eggtimer_tests::{RedisServer, claim_when_due, due_entries, find_all};
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
 /// A small deterministic generator (xorshift), so a failure replays.
@@ -156,96 +156,4 @@ async fn every_change_keeps_tasks_in_their_buckets_and_claims_take_them_in_due_o
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(left, 0, "the index is gone with the last bucket");
-}
-
-/// The main before due buckets.
-const BEFORE_DUE_BUCKETS: &str = "d704c2f83fa7d8e9d55cce66a5d52b1a2b9a9754";
-
-/// Schedules `tasks` (id, due) with the schedule script of the main before due buckets.
-fn schedule_before_buckets(redis: &RedisServer, s: &Store, tasks: &[(String, i64)]) {
-    let k = s.keys().shard(0);
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(script_at(BEFORE_DUE_BUCKETS, "schedule"))
-        .arg(15 + tasks.len())
-        .arg(&k.all()[..15]);
-    for (id, _) in tasks {
-        cmd.arg(s.keys().done(0, id));
-    }
-    cmd.arg("").arg(0).arg("upsert");
-    cmd.arg(tasks.len()).arg(3).arg("noop").arg(0).arg(0);
-    for (id, due) in tasks {
-        cmd.arg(id).arg(due).arg("").arg("{}");
-    }
-    let letters: String = cmd.query(&mut redis.conn()).unwrap();
-    assert_eq!(letters, "o".repeat(tasks.len()));
-}
-
-#[tokio::test]
-async fn tasks_the_previous_main_scheduled_move_into_buckets_and_run() {
-    let redis = RedisServer::start();
-    // the previous main's namespace: its layout, its `due`
-    let old = store(&redis, 1).await;
-    let k = old.keys().shard(0);
-    let _: () = redis::cmd("HSET")
-        .arg(&k.meta)
-        .arg("layout")
-        .arg("4")
-        .query(&mut redis.conn())
-        .unwrap();
-    let t0 = now();
-    let mut g = Gen(7);
-    let mut model = BTreeMap::new();
-    for chunk in 0..3 {
-        let batch: Vec<(String, i64)> = (0..400)
-            .map(|i| {
-                let i = chunk * 400 + i;
-                // a third due already, the rest over the next ten minutes
-                let due = if i % 3 == 0 { t0 - 1000 } else { t0 + 60_000 };
-                (format!("o{i}"), due + g.below(600_000) as i64)
-            })
-            .collect();
-        schedule_before_buckets(&redis, &old, &batch);
-        model.extend(batch);
-    }
-    let flat: u64 = redis::cmd("ZCARD")
-        .arg(&k.due)
-        .query(&mut redis.conn())
-        .unwrap();
-    assert_eq!(flat, 1200);
-
-    // the upgrade: two runners open it at once
-    let (s, _other) = tokio::join!(store(&redis, 1), store(&redis, 1));
-    let mut c = redis.conn();
-    assert_eq!(eggtimer_tests::layout_of(&redis, &k), "5");
-    let flat: u64 = redis::cmd("ZCARD").arg(&k.due).query(&mut c).unwrap();
-    assert_eq!(flat, 0);
-    assert_eq!(due_entries(&redis, &k), in_order(&model));
-    assert_eq!(s.shard_counts().await.unwrap()[0].scheduled, 1200);
-
-    // a runner of the previous main still running schedules more: the next start moves them
-    let strays: Vec<(String, i64)> = (0..10).map(|i| (format!("s{i}"), t0 - 500)).collect();
-    schedule_before_buckets(&redis, &s, &strays);
-    model.extend(strays);
-    let _again = store(&redis, 1).await;
-    assert_eq!(due_entries(&redis, &k), in_order(&model));
-
-    // the due ones run, each once, the rest stay scheduled in order
-    let past: Vec<(String, i64)> = in_order(&model).into_iter().filter(|e| e.1 < t0).collect();
-    let mut claimed = Vec::new();
-    while claimed.len() < past.len() {
-        let b = claim_when_due(&s, 0, 100, "the tasks due before the upgrade").await;
-        claimed.extend(b.tasks.iter().map(|t| (t.id.clone(), t.due)));
-    }
-    assert_eq!(claimed, past);
-    let q = FindQuery {
-        state: Some(TaskState::Scheduled),
-        limit: 100,
-        ..FindQuery::default()
-    };
-    let later: Vec<String> = in_order(&model)
-        .into_iter()
-        .filter(|e| e.1 >= t0)
-        .map(|e| e.0)
-        .collect();
-    assert_eq!(find_all(&s, &q).await, later);
 }

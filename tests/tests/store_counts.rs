@@ -1,6 +1,6 @@
-//! Layout 4 counts each plugin's scheduled tasks instead of listing them in the plugin index:
-//! the counts follow every change of a task's state, pausing and resuming walk `parked` itself,
-//! and a shard of layout 3 is migrated once, whoever migrates it.
+//! Each shard counts its plugins' scheduled tasks instead of listing them in the plugin index:
+//! the counts follow every change of a task's state, and pausing and resuming walk `parked`
+//! itself.
 
 use std::collections::BTreeSet;
 
@@ -89,7 +89,7 @@ async fn per_plugin_counts_follow_every_change_of_state() {
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(listed, 0);
-    // and find by plugin reads the scheduled tasks from `due` in pages, each once
+    // and find by plugin reads the scheduled tasks from the due buckets in pages, each once
     let q = FindQuery {
         plugin: Some("a".into()),
         state: Some(TaskState::Scheduled),

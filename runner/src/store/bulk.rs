@@ -1,5 +1,5 @@
 //! Changes to many tasks at once (pausing a plugin, cancelling an owner's tasks, replaying or
-//! dropping dead letters) and the start-up migration of the indexes. Each walks every shard in
+//! dropping dead letters). Each walks every shard in
 //! chunks of at most [`BULK_CHUNK`] tasks, one script per chunk, so Redis is never held long;
 //! each chunk is atomic, the whole is not (a task changed meanwhile is handled by its own script).
 
@@ -10,9 +10,6 @@ use super::Store;
 
 /// Most tasks one bulk script handles (a chunk holds Redis for about a millisecond).
 pub const BULK_CHUNK: usize = 500;
-
-/// The key layout this build keeps (recorded per shard by the migration).
-const LAYOUT: &str = "5";
 
 /// A bulk change to dead letters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,26 +95,5 @@ impl Store {
             ]
         })
         .await
-    }
-
-    /// Brings every shard's indexes to this build's key layout (see `lua/migrate.lua`); a shard
-    /// already migrated costs one HGET. Safe to run from several runners at once.
-    pub async fn migrate(&self) -> Result<()> {
-        let calls = (0..self.shards()).map(|shard| async move {
-            let mut cursor = "0".to_owned();
-            loop {
-                let mut inv = self.shard_script(&self.inner.scripts.migrate, shard);
-                inv.arg(LAYOUT).arg(&cursor).arg(BULK_CHUNK);
-                let next: String = inv.invoke_async(&mut self.conn()).await?;
-                if next == "0" {
-                    return Ok::<_, anyhow::Error>(());
-                }
-                cursor = next;
-            }
-        });
-        try_join_all(calls)
-            .await
-            .context("migrating the shards' indexes")?;
-        Ok(())
     }
 }

@@ -1,12 +1,11 @@
 //! Finding tasks by plugin, state, owner and due range, a page at a time.
 //!
-//! Each state is read from the index that orders it (scheduled: `due` + `parked`, or `byowner`
-//! when an owner is given; running: the claim batches in `batches`, and `inflight` of the earlier
-//! layout; dead: `dead` or `byplugin` when a plugin is given; done: the `finished` log, and
-//! `recent` of the earlier layout), every shard from the cursor on, so a page costs
-//! O(shards × page) whatever the number of tasks. A filter that no index serves is applied to the
-//! records read (scheduled tasks of one plugin, say: no index lists them since layout 4, which
-//! made scheduling cheaper): such a page may hold fewer tasks than asked for (even none) and still
+//! Each state is read from the index that orders it (scheduled: the due buckets + `parked`, or
+//! `byowner` when an owner is given; running: the claim batches in `batches`; dead: `dead` or
+//! `byplugin` when a plugin is given; done: the `finished` log), every shard from the cursor on,
+//! so a page costs O(shards × page) whatever the number of tasks. A filter that no index serves
+//! is applied to the records read (scheduled tasks of one plugin, say: no index lists them, which
+//! keeps scheduling cheap): such a page may hold fewer tasks than asked for (even none) and still
 //! have a next cursor; the walk ends only when the next cursor is None. Scheduled and running
 //! tasks come soonest due first, dead and done ones most recent first; without a state filter the
 //! states come one after another (scheduled, running, dead, done).
@@ -205,10 +204,7 @@ impl Store {
                     prefix: format!("{p}\0x\0"),
                 }],
                 (TaskState::Dead, None, _) => vec![Source::Score { key: k.dead }],
-                (TaskState::Done, _, _) => vec![
-                    Source::Log { key: k.finished },
-                    Source::Score { key: k.recent },
-                ],
+                (TaskState::Done, _, _) => vec![Source::Log { key: k.finished }],
             };
             sources.extend(src.into_iter().map(|s| (shard, s)));
         }
@@ -392,26 +388,16 @@ impl Store {
             }
             Source::Running => {
                 let k = self.keys().shard(shard);
-                // the ids of the running claim batches, and those claimed under the earlier
-                // per-task layout (`inflight`); one may be in more than one batch's list (its
-                // outcome recorded, then claimed again), and the records say which still run
-                let (old, batches): (Vec<String>, Vec<(String, String)>) = redis::pipe()
-                    .cmd("ZRANGE")
-                    .arg(&k.inflight)
-                    .arg(0)
-                    .arg(-1)
-                    .cmd("HGETALL")
+                // the ids of the running claim batches; one may be in more than one batch's list
+                // (its outcome recorded, then claimed again), and the records say which still run
+                let batches: Vec<(String, String)> = redis::cmd("HGETALL")
                     .arg(&k.batches)
                     .query_async(&mut conn)
                     .await?;
-                let batch_ids = batches
+                let ids: Vec<String> = batches
                     .iter()
                     .filter(|(field, _)| field.bytes().all(|b| b.is_ascii_digit()))
-                    .flat_map(|(_, ids)| ids.split('\t'));
-                let ids: Vec<String> = old
-                    .iter()
-                    .map(String::as_str)
-                    .chain(batch_ids)
+                    .flat_map(|(_, ids)| ids.split('\t'))
                     .collect::<std::collections::BTreeSet<&str>>()
                     .into_iter()
                     .map(str::to_owned)

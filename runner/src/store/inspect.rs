@@ -7,22 +7,16 @@ use super::{Scheduled, ShardCounts, Store, TaskRecord, TaskState};
 
 impl Store {
     /// Reads one task in any state (a done task until its retention ends: its record may outlive
-    /// the window until a later finish on its shard deletes it, but is not shown). A done record
-    /// of the earlier layout (its own key with a TTL) is read too.
+    /// the window until a later finish on its shard deletes it, but is not shown).
     pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>> {
-        let shard = self.shard_of(id);
-        let k = self.keys().shard(shard);
-        let (live, done): (Option<String>, Option<String>) = redis::pipe()
-            .cmd("HGET")
+        let k = self.keys().shard(self.shard_of(id));
+        let rec: Option<String> = redis::cmd("HGET")
             .arg(&k.tasks)
             .arg(id)
-            .cmd("GET")
-            .arg(self.keys().done(shard, id))
             .query_async(&mut self.conn())
             .await
             .context("reading a task")?;
-        Ok(live
-            .or(done)
+        Ok(rec
             .and_then(|r| TaskRecord::decode(id, &r))
             .filter(|r| self.retained(r)))
     }
@@ -31,7 +25,7 @@ impl Store {
     pub(super) fn retained(&self, r: &TaskRecord) -> bool {
         r.state != TaskState::Done
             || r.finished_at.unwrap_or(0) + self.inner.opts.keep_done_ms as i64
-                > crate::executor::now_ms()
+                > crate::clock::now_ms()
     }
 
     /// The stored records of `ids` (None: no live record), in the order of `ids`: one HMGET per
@@ -65,12 +59,12 @@ impl Store {
     /// Why each of `ids` would refuse an upsert now: `Running`, `Duplicate` (inside its dedup
     /// window), or None. A read for the checks before a batch over several shards is written.
     /// Per shard, one round trip first asks whether anything there could refuse: a task running
-    /// (the claim batches' count, or the earlier layout's `inflight`) or a dedup window at all.
+    /// (the claim batches' count) or a dedup window at all.
     /// Only then are the ids' records and windows read, in a second round trip. (A shard where
     /// nothing runs has no running id to find; reading 1,000 records to learn that cost W0 a
     /// tenth of Redis's time, BENCHMARKS.md, fourteenth round.)
     pub async fn conflicts_among(&self, ids: &[&str]) -> Result<Vec<Option<Scheduled>>> {
-        let now = crate::executor::now_ms() as f64;
+        let now = crate::clock::now_ms() as f64;
         let calls = self
             .by_shard(ids.iter().copied())
             .into_iter()
@@ -79,18 +73,16 @@ impl Store {
                 let k = self.keys().shard(shard);
                 let mut conn = self.conn();
                 async move {
-                    let (running, old_running, windows): (Option<i64>, u64, bool) = redis::pipe()
+                    let (running, windows): (Option<i64>, bool) = redis::pipe()
                         .cmd("HGET")
                         .arg(&k.batches)
                         .arg("running")
-                        .cmd("ZCARD")
-                        .arg(&k.inflight)
                         .cmd("EXISTS")
                         .arg(&k.unique)
                         .query_async(&mut conn)
                         .await?;
                     // (any count but zero, a negative one too, reads the records)
-                    let runs = running.unwrap_or(0) != 0 || old_running > 0;
+                    let runs = running.unwrap_or(0) != 0;
                     if !runs && !windows {
                         return Ok::<_, anyhow::Error>((ix, vec![None; names.len()]));
                     }
@@ -286,32 +278,27 @@ impl Store {
             let k = self.keys().shard(shard);
             let mut conn = self.conn();
             async move {
-                // scheduled: the per-plugin counts (due or parked) less the parked ones, and
-                // anything in the earlier layout's `due` (O(plugins), not a walk of the buckets)
-                let (counts, parked, flat, old, batched, dead) = redis::pipe()
+                // scheduled: the per-plugin counts (due or parked) less the parked ones
+                // (O(plugins), not a walk of the buckets)
+                let (counts, parked, batched, dead) = redis::pipe()
                     .cmd("HVALS")
                     .arg(&k.scheduled)
                     .cmd("ZCARD")
                     .arg(&k.parked)
-                    .cmd("ZCARD")
-                    .arg(&k.due)
-                    .cmd("ZCARD")
-                    .arg(&k.inflight)
                     .cmd("HGET")
                     .arg(&k.batches)
                     .arg("running")
                     .cmd("ZCARD")
                     .arg(&k.dead)
-                    .query_async::<(Vec<i64>, u64, u64, u64, Option<i64>, u64)>(&mut conn)
+                    .query_async::<(Vec<i64>, u64, Option<i64>, u64)>(&mut conn)
                     .await?;
                 let due_now = self
                     .count_due(shard, &["-inf".into(), (now + 1).to_string()])
                     .await?[0];
                 let counted = counts.iter().sum::<i64>().max(0) as u64;
                 Ok::<_, anyhow::Error>(ShardCounts {
-                    scheduled: counted.saturating_sub(parked) + flat,
-                    // claimed per task (the earlier layout) or per batch
-                    inflight: old + batched.unwrap_or(0).max(0) as u64,
+                    scheduled: counted.saturating_sub(parked),
+                    inflight: batched.unwrap_or(0).max(0) as u64,
                     dead,
                     due_now,
                 })

@@ -10,32 +10,32 @@ pub struct Keys {
     ns: String,
 }
 
-/// The sixteen keys every shard script takes first, in the order `prelude.lua` expects (it
-/// describes each).
+/// The keys every shard script takes first, in the order `lua/lib/shard.lua` expects (it
+/// describes each). The Redis key names are part of the data layout: renaming one needs a
+/// migration between releases.
 pub struct ShardKeys {
-    pub due: String,
+    /// HASH id -> the task's record.
     pub tasks: String,
-    pub inflight: String,
     pub dead: String,
     pub byowner: String,
-    /// HASH of shard settings and counters (`claim`: the claim counter; `paused`; `layout`).
+    /// HASH of shard settings and counters (`claim`: the claim counter; `paused`; `layout`;
+    /// `bucket`).
     pub meta: String,
     pub parked: String,
-    /// ZSET of each plugin's dead tasks (and, before layout 4, its scheduled ones).
+    /// ZSET of each plugin's dead tasks.
     pub byplugin: String,
     pub unique: String,
-    pub recent: String,
     pub rerun: String,
-    /// ZSET claim token -> lease end, one entry per running claim batch.
-    pub leases: String,
+    /// ZSET claim token -> lease end, one entry per running claim batch (Redis key `leases`).
+    pub claim_leases: String,
     /// HASH token -> the batch's ids, token:n -> how many still run, running -> their sum.
     pub batches: String,
-    /// ZSET `<seq>\t<id>\t...` -> finish time: the tasks each finish script recorded done.
+    /// ZSET `<time>\t<id>\t...` -> finish time: the tasks each finish script recorded done.
     pub finished: String,
-    /// HASH plugin -> how many of its tasks are scheduled (in `due` or `parked`).
+    /// HASH plugin -> how many of its tasks are scheduled (in a due bucket or `parked`).
     pub scheduled: String,
-    /// ZSET bucket name -> bound: the index of the due buckets (layout 5), each the ZSET
-    /// `<duex>:<name>` of id -> due (see `due_bucket`).
+    /// ZSET bucket name -> bound: the index of the due buckets, each the ZSET `<duex>:<name>` of
+    /// id -> due (see `due_bucket`).
     pub duex: String,
 }
 
@@ -45,20 +45,17 @@ impl ShardKeys {
         format!("{}:{name}", self.duex)
     }
 
-    pub fn all(&self) -> [&str; 16] {
+    pub fn all(&self) -> [&str; 13] {
         [
-            &self.due,
             &self.tasks,
-            &self.inflight,
             &self.dead,
             &self.byowner,
             &self.meta,
             &self.parked,
             &self.byplugin,
             &self.unique,
-            &self.recent,
             &self.rerun,
-            &self.leases,
+            &self.claim_leases,
             &self.batches,
             &self.finished,
             &self.scheduled,
@@ -79,18 +76,15 @@ impl Keys {
     pub fn shard(&self, shard: u32) -> ShardKeys {
         let tag = format!("{{{}:{}}}", self.ns, shard);
         ShardKeys {
-            due: format!("{tag}:due"),
             tasks: format!("{tag}:tasks"),
-            inflight: format!("{tag}:inflight"),
             dead: format!("{tag}:dead"),
             byowner: format!("{tag}:byowner"),
             meta: format!("{tag}:meta"),
             parked: format!("{tag}:parked"),
             byplugin: format!("{tag}:byplugin"),
             unique: format!("{tag}:unique"),
-            recent: format!("{tag}:recent"),
             rerun: format!("{tag}:rerun"),
-            leases: format!("{tag}:leases"),
+            claim_leases: format!("{tag}:leases"),
             batches: format!("{tag}:batches"),
             finished: format!("{tag}:finished"),
             scheduled: format!("{tag}:scheduled"),
@@ -98,7 +92,7 @@ impl Keys {
         }
     }
 
-    /// The recurring schedules whose id falls in this shard (HASH: see `lua/sched.lua`).
+    /// The recurring schedules whose id falls in this shard (HASH: see `lua/recurring.lua`).
     pub fn schedules(&self, shard: u32) -> String {
         format!("{{{}:{}}}:schedules", self.ns, shard)
     }
@@ -111,11 +105,6 @@ impl Keys {
     /// ZSET firing task id -> created at: firings not yet recorded by their schedule.
     pub fn fired(&self, shard: u32) -> String {
         format!("{{{}:{}}}:fired", self.ns, shard)
-    }
-
-    /// A finished task's record, kept for the retention window (a string with a TTL).
-    pub fn done(&self, shard: u32, id: &str) -> String {
-        format!("{{{}:{}}}:done:{}", self.ns, shard, id)
     }
 
     /// Namespace settings (the shard count).
@@ -212,7 +201,6 @@ mod tests {
             assert!(key.starts_with("{eggtimer:3}:"), "{key}");
         }
         assert!(s.due_bucket("7").starts_with("{eggtimer:3}:"));
-        assert!(k.done(3, "abc").starts_with("{eggtimer:3}:"));
         assert!(k.schedules(3).starts_with("{eggtimer:3}:"));
         assert!(k.schedule_next(3).starts_with("{eggtimer:3}:"));
         assert!(k.fired(3).starts_with("{eggtimer:3}:"));

@@ -1,11 +1,12 @@
 //! The store: the only code that talks to Redis.
 //!
-//! It owns the data model of DESIGN.md (sharded `due` / `tasks` / `inflight` / `dead` / owner
-//! index, done records, the namespace meta) and every state change of a task, each one Lua script
-//! on one shard with all of its keys passed in KEYS (see `lua/`). Files by concern: `connection`
-//! (where Redis is), `types` (what callers pass and get), `tasks` (a task's life), `inspect`
-//! (reads), `effects` (a run's kv and events), `runners` (heartbeats, shard leases), `plugins`
-//! (the registry's data).
+//! It owns the data model (ARCHITECTURE.md's key table: per shard the task records, due
+//! buckets, claim batches, dead letters and indexes; the namespace's meta, plugins, kv and
+//! events) and every state change of a task, each one Lua script on one shard with all of its
+//! keys passed in KEYS (see `lua/`). Files by concern: `connection` (where Redis is), `layout`
+//! (which data it reads), `types` (what callers pass and get), `tasks` (a task's life),
+//! `inspect` (reads), `effects` (a run's kv and events), `runners` (heartbeats, shard leases),
+//! `plugins` (the registry's data).
 //!
 //! Architecture invariant: no other module builds a key name or sends a Redis command; a reply
 //! this runner does not know is an error, never a default answer.
@@ -16,6 +17,7 @@ mod effects;
 mod find;
 mod inspect;
 mod keys;
+mod layout;
 mod plugins;
 mod record;
 mod runners;
@@ -58,8 +60,8 @@ struct Inner {
 }
 
 impl Store {
-    /// Connects, checks the namespace's shard count (recording it on first use) and brings the
-    /// shards' indexes up to this build's key layout.
+    /// Connects, checks the namespace's shard count (recording it on first use) and its shards'
+    /// data layout (refusing data of builds before 0.1.0).
     pub async fn open(target: RedisTarget, opts: StoreOptions) -> Result<Store> {
         if opts.shards == 0 {
             bail!("the shard count must be at least 1");
@@ -75,7 +77,7 @@ impl Store {
             }),
         };
         store.check_shards().await?;
-        store.migrate().await?;
+        store.check_layout().await?;
         Ok(store)
     }
 

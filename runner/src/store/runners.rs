@@ -84,7 +84,7 @@ impl Store {
         let held: i64 = self
             .inner
             .scripts
-            .lease
+            .shard_lease
             .key(self.keys().shard_lease(shard))
             .arg(op)
             .arg(runner_id)

@@ -47,7 +47,7 @@ const KEEP_FIRED_MS: i64 = 40 * 24 * 3_600_000;
 impl Store {
     fn sched_call(&self, id: &str) -> redis::ScriptInvocation<'_> {
         let shard = self.shard_of(id);
-        let mut inv = self.inner.scripts.sched.prepare_invoke();
+        let mut inv = self.inner.scripts.recurring.prepare_invoke();
         inv.key(self.keys().schedules(shard))
             .key(self.keys().schedule_next(shard));
         inv
@@ -252,8 +252,7 @@ impl Store {
     pub async fn fire(&self, task: &NewTask) -> Result<bool> {
         let shard = self.shard_of(&task.id);
         let mut inv = self.shard_script(&self.inner.scripts.fire, shard);
-        inv.key(self.keys().done(shard, &task.id))
-            .key(self.keys().fired(shard));
+        inv.key(self.keys().fired(shard));
         inv.arg(self.keys().wake_channel())
             .arg(shard)
             .arg(&task.id)

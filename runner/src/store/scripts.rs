@@ -1,37 +1,74 @@
-//! The Lua scripts, each built once from `lua/prelude.lua` + its own file.
+//! The Lua scripts. Each is its own file under `lua/`, preceded at load time by the parts of
+//! `lua/lib/` it names on its first line (`--! needs indexes walk`) and the parts those need, in
+//! the order of `PARTS`: a script carries only what it calls.
+
+use std::collections::HashMap;
 
 use redis::Script;
 
-pub struct Scripts {
-    pub schedule: Script,
-    pub claim: Script,
-    pub renew: Script,
-    pub finish: Script,
-    pub move_task: Script,
-    pub cancel: Script,
-    pub revive: Script,
-    pub shift_owner: Script,
-    pub pause: Script,
-    pub bulk: Script,
-    pub fire: Script,
-    pub migrate: Script,
-    pub range: Script,
-    pub due_range: Script,
-    pub due_count: Script,
-    pub sched: Script,
-    pub slots: Script,
-    pub effects: Script,
-    pub plugin_put: Script,
-    pub plugin_rollback: Script,
-    pub plugin_delete: Script,
-    pub lease: Script,
-    pub heartbeat: Script,
+/// The shared parts, each after every part it needs.
+const PARTS: [(&str, &str); 7] = [
+    ("shard", include_str!("lua/lib/shard.lua")),
+    ("record", include_str!("lua/lib/record.lua")),
+    ("buckets", include_str!("lua/lib/buckets.lua")),
+    ("indexes", include_str!("lua/lib/indexes.lua")),
+    ("claims", include_str!("lua/lib/claims.lua")),
+    ("finished", include_str!("lua/lib/finished.lua")),
+    ("walk", include_str!("lua/lib/walk.lua")),
+];
+
+/// Declares every script once: its field, its file and its name in metrics.
+macro_rules! scripts {
+    ($($field:ident: $file:literal,)*) => {
+        pub struct Scripts {
+            $(pub $field: Script,)*
+        }
+
+        /// Every script's name and source text (with its parts), in declaration order.
+        #[cfg(test)]
+        fn sources() -> Vec<(&'static str, String)> {
+            vec![$(($file, assemble(include_str!(concat!("lua/", $file, ".lua")))),)*]
+        }
+
+        impl Scripts {
+            fn build() -> Self {
+                Scripts { $($field: Script::new(&assemble(include_str!(concat!("lua/", $file, ".lua")))),)* }
+            }
+
+            /// The scripts' names by SHA1, for the Redis round-trip metric.
+            fn names(&self) -> HashMap<String, &'static str> {
+                [$((&self.$field, $file),)*]
+                    .into_iter()
+                    .map(|(s, n)| (s.get_hash().to_owned(), n))
+                    .collect()
+            }
+        }
+    };
 }
 
-const PRELUDE: &str = include_str!("lua/prelude.lua");
-
-fn with_prelude(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{body}"))
+scripts! {
+    schedule: "schedule",
+    claim: "claim",
+    renew: "renew",
+    finish: "finish",
+    move_task: "move",
+    cancel: "cancel",
+    revive: "revive",
+    shift_owner: "shift_owner",
+    pause: "pause",
+    bulk: "bulk",
+    fire: "fire",
+    range: "range",
+    due_range: "due_range",
+    due_count: "due_count",
+    recurring: "recurring",
+    slots: "slots",
+    effects: "effects",
+    plugin_put: "plugin_put",
+    plugin_rollback: "plugin_rollback",
+    plugin_delete: "plugin_delete",
+    shard_lease: "shard_lease",
+    heartbeat: "heartbeat",
 }
 
 impl Scripts {
@@ -40,64 +77,102 @@ impl Scripts {
         super::connection::SCRIPT_NAMES.get_or_init(|| s.names());
         s
     }
+}
 
-    /// The scripts' names by SHA1, for the Redis round-trip metric.
-    fn names(&self) -> std::collections::HashMap<String, &'static str> {
-        [
-            (&self.schedule, "schedule"),
-            (&self.claim, "claim"),
-            (&self.renew, "renew"),
-            (&self.finish, "finish"),
-            (&self.move_task, "move"),
-            (&self.cancel, "cancel"),
-            (&self.revive, "revive"),
-            (&self.shift_owner, "shift_owner"),
-            (&self.pause, "pause"),
-            (&self.bulk, "bulk"),
-            (&self.fire, "fire"),
-            (&self.migrate, "migrate"),
-            (&self.range, "range"),
-            (&self.due_range, "due_range"),
-            (&self.due_count, "due_count"),
-            (&self.sched, "sched"),
-            (&self.slots, "slots"),
-            (&self.effects, "effects"),
-            (&self.plugin_put, "plugin_put"),
-            (&self.plugin_rollback, "plugin_rollback"),
-            (&self.plugin_delete, "plugin_delete"),
-            (&self.lease, "lease"),
-            (&self.heartbeat, "heartbeat"),
-        ]
-        .into_iter()
-        .map(|(s, n)| (s.get_hash().to_owned(), n))
-        .collect()
+/// The parts a file's `--! needs a b` line names (none without one).
+fn needs(text: &str) -> Vec<&str> {
+    text.lines()
+        .take(3)
+        .find_map(|l| l.strip_prefix("--! needs "))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default()
+}
+
+/// A script's text: the parts it needs (and theirs), in `PARTS` order, then its own.
+fn assemble(body: &str) -> String {
+    let mut want = vec![false; PARTS.len()];
+    let mut todo = needs(body);
+    while let Some(name) = todo.pop() {
+        let i = PARTS
+            .iter()
+            .position(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("a Lua script needs the unknown part {name:?}"));
+        if !want[i] {
+            want[i] = true;
+            todo.extend(needs(PARTS[i].1));
+        }
+    }
+    let mut out = String::new();
+    for (i, (_, text)) in PARTS.iter().enumerate() {
+        if want[i] {
+            out.push_str(text);
+            out.push('\n');
+        }
+    }
+    out.push_str(body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The functions a Lua text defines as `local function name(`.
+    fn defined(text: &str) -> Vec<&str> {
+        text.split("local function ")
+            .skip(1)
+            .filter_map(|s| s.split('(').next())
+            .collect()
     }
 
-    fn build() -> Self {
-        Scripts {
-            schedule: with_prelude(include_str!("lua/schedule.lua")),
-            claim: with_prelude(include_str!("lua/claim.lua")),
-            renew: with_prelude(include_str!("lua/renew.lua")),
-            finish: with_prelude(include_str!("lua/finish.lua")),
-            move_task: with_prelude(include_str!("lua/move.lua")),
-            cancel: with_prelude(include_str!("lua/cancel.lua")),
-            revive: with_prelude(include_str!("lua/revive.lua")),
-            shift_owner: with_prelude(include_str!("lua/shift_owner.lua")),
-            pause: with_prelude(include_str!("lua/pause.lua")),
-            bulk: with_prelude(include_str!("lua/bulk.lua")),
-            fire: with_prelude(include_str!("lua/fire.lua")),
-            migrate: with_prelude(include_str!("lua/migrate.lua")),
-            range: with_prelude(include_str!("lua/range.lua")),
-            due_range: with_prelude(include_str!("lua/due_range.lua")),
-            due_count: with_prelude(include_str!("lua/due_count.lua")),
-            sched: Script::new(include_str!("lua/sched.lua")),
-            slots: Script::new(include_str!("lua/slots.lua")),
-            effects: Script::new(include_str!("lua/effects.lua")),
-            plugin_put: Script::new(include_str!("lua/plugin_put.lua")),
-            plugin_rollback: Script::new(include_str!("lua/plugin_rollback.lua")),
-            plugin_delete: Script::new(include_str!("lua/plugin_delete.lua")),
-            lease: Script::new(include_str!("lua/lease.lua")),
-            heartbeat: Script::new(include_str!("lua/heartbeat.lua")),
+    /// Whether `text` calls the function `f` (not a method or a longer name ending in it).
+    fn calls(text: &str, f: &str) -> bool {
+        let call = format!("{f}(");
+        text.match_indices(&call).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            !before.is_some_and(|c| c.is_alphanumeric() || "_.:".contains(c))
+        })
+    }
+
+    #[test]
+    fn every_part_comes_after_the_parts_it_needs() {
+        for (i, (name, text)) in PARTS.iter().enumerate() {
+            assert!(text.starts_with(&format!("--! part {name}\n")), "{name}");
+            for need in needs(text) {
+                let j = PARTS.iter().position(|(n, _)| *n == need).unwrap();
+                assert!(j < i, "{name} needs {need}, which comes after it");
+            }
+        }
+    }
+
+    #[test]
+    fn every_script_carries_each_shared_function_it_calls() {
+        let shared: Vec<(&str, &str)> = PARTS
+            .iter()
+            .flat_map(|(part, text)| defined(text).into_iter().map(move |f| (f, *part)))
+            .collect();
+        for (file, text) in sources() {
+            let own = defined(&text);
+            for (f, part) in &shared {
+                let called = calls(&text, f);
+                assert!(
+                    !called || own.contains(f),
+                    "{file}.lua calls {f} of the part {part:?} without needing it"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_script_has_a_header_saying_its_keys_argv_and_reply() {
+        for (file, text) in sources() {
+            let body = text.rsplit("\n--! needs").next().unwrap();
+            for word in ["KEYS", "Returns"] {
+                assert!(
+                    body.contains(word),
+                    "{file}.lua's header does not say its {word}"
+                );
+            }
         }
     }
 }

@@ -29,9 +29,6 @@ impl Store {
         let calls = groups.iter().map(|(shard, ix)| {
             let shard = *shard;
             let mut inv = self.shard_script(&self.inner.scripts.schedule, shard);
-            for &i in ix {
-                inv.key(self.keys().done(shard, &tasks[i].id));
-            }
             inv.arg(&channel).arg(shard).arg(match mode {
                 ScheduleMode::Upsert => "upsert",
                 ScheduleMode::IfAbsent => "absent",
@@ -231,7 +228,6 @@ impl Store {
             Move::Shift(d) => ("shift", d),
             Move::Now => ("now", 0),
         };
-        inv.key(self.keys().done(shard, id));
         inv.arg(self.keys().wake_channel())
             .arg(shard)
             .arg(id)
@@ -262,7 +258,6 @@ impl Store {
     async fn delete(&self, id: &str, only_dead: bool, plugin: &str) -> Result<Result<(), Refused>> {
         let shard = self.shard_of(id);
         let mut inv = self.shard_script(&self.inner.scripts.cancel, shard);
-        inv.key(self.keys().done(shard, id));
         inv.arg(id)
             .arg(if only_dead { "1" } else { "0" })
             .arg(plugin);

@@ -1,5 +1,7 @@
+--! needs indexes walk
 -- Acts on many tasks of one shard in chunks: each run handles at most `limit` index entries, so
 -- Redis is held only briefly; the caller runs it again with the returned cursor until it is ''.
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, op, owner, plugin ('' = any), cursor ('' = start), limit.
 --   'cancel_owner': cancels the owner's scheduled tasks (of `plugin`), walking the owner index
 --                   after `cursor` (running tasks are left alone).

@@ -1,14 +1,12 @@
+--! needs indexes
 -- Cancels one task: a scheduled or dead task is deleted.
--- KEYS[K_FIRST]: its done-record key in the earlier layout (done records are in `tasks` now).
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: else only a task of
 -- this plugin is cancelled, as when a plugin cancels a task).
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin'.
 local id, only_dead, plugin = ARGV[1], ARGV[2] == '1', ARGV[3]
 local t = parse(redis.call('HGET', K_TASKS, id))
-if not t then
-  if redis.call('EXISTS', KEYS[K_FIRST]) == 1 then return 'done' end
-  return 'missing'
-end
+if not t then return 'missing' end
 if t.st == 'd' then return 'done' end
 if plugin ~= '' and t.plugin ~= plugin then return 'other_plugin' end
 if only_dead and t.st ~= 'x' then return 'not_dead' end

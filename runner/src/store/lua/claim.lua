@@ -1,3 +1,4 @@
+--! needs claims
 -- Claims up to ARGV[1] due tasks of one shard: due -> running, under one lease of ARGV[2] ms,
 -- attempts + 1, and a fresh claim token (the shard's claim counter) in the record's `fin` field.
 -- Nothing is deleted: the record stays until the outcome is recorded.
@@ -10,7 +11,8 @@
 -- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
 -- under whose marker its effects are committed (listed apart: most tasks have none, and every
 -- value of the reply costs Redis and the runner a little).
--- The batch is one entry in `leases` (its token -> lease end) and one in `batches` (its ids), not
+-- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms.
+-- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, {the reruns: per task
 -- that has a first claim, its place among the tasks (1-based) and that claim}, then per task:
@@ -22,8 +24,8 @@ local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
 -- (the next lease end) from them unless it reaped
-local lease_head, inflight_head = first_score(K_LEASES), first_score(K_INFLIGHT)
-local reaped = (lease_head and lease_head < now) or (inflight_head and inflight_head < now)
+local lease_head = first_score(K_CLAIM_LEASES)
+local reaped = lease_head and lease_head < now
 if reaped then reap_expired(now, limit) end
 local firsts = {}
 local out = { now, 0, 0, 0, firsts }
@@ -77,9 +79,6 @@ else
   -- (parking puts nothing back in a bucket: the earliest seen on the way still is)
   out[2] = head or head_due()
 end
-if reaped then
-  out[3] = next_lease_end()
-else
-  out[3] = min_time(lease_head, inflight_head)
-end
+if reaped then lease_head = first_score(K_CLAIM_LEASES) end
+out[3] = lease_head or -1
 return out

@@ -1,7 +1,9 @@
+--! needs buckets
 -- Counts the shard's scheduled tasks in its due buckets per range of due times: the ranges are
 -- [e1, e2), [e2, e3), ... for the edges ARGV[3..] (ms, ascending; the first may be '-inf', the
 -- last '+inf'). Looks at up to ARGV[2] buckets from ARGV[1] (where the previous call stopped:
 -- '(' and a bucket bound; '' = the bucket holding e1).
+-- KEYS: the shard's keys (the `shard` part).
 -- Returns {the count of each range, ..., where the next call starts ('' when all is walked)}: a
 -- range over many buckets is counted a bounded piece per call, so Redis is never held long.
 local from, limit = ARGV[1], tonumber(ARGV[2])

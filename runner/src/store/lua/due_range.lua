@@ -1,6 +1,8 @@
+--! needs buckets walk
 -- One page of the shard's due buckets in due order (the scheduled tasks, ascending), after a
 -- cursor, in O(log n + page): the cursor's bucket is found by its bound and the place in it by
 -- rank (`rank_of`).
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: cursor due, cursor id ('' with due '': from the start), min due, max due, count.
 -- Returns {id, due, id, due, ...}.
 local cs, cm, lo, hi, count = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])

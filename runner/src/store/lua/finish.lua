@@ -1,4 +1,6 @@
+--! needs claims finished
 -- Records the outcomes of a batch of claimed tasks of one shard.
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, keep_done_ms, then runs of tasks that share an outcome: kind, claim
 -- token, value, error, count, then `count` ids. (Outcomes come in runs, not five arguments per
 -- task: every argument costs Redis ~0.2 µs to parse and turn into a Lua string, and most
@@ -18,7 +20,7 @@
 -- A task that finished (done or dead) starts its dedup window, if it asked for one. The outcome of
 -- a run (not 'release' or 'defer') ends its rerun chain (`rerun`): the next claim's effects are
 -- its own. Every accepted outcome ends the task's claim: a claim batch with no task left running
--- leaves `leases` and `batches`.
+-- leaves `claim_leases` and `batches`.
 -- Returns one string, a letter per task in the order given: d(one) r(etry) x (dead) a(gain)
 -- l (release) f (defer) s(tale).
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -106,7 +108,7 @@ if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERU
 call_many('HSET', K_TASKS, records)
 log_done(dones, now)
 local any_done = #records > 0
-if any_done then forget_done(now - keep, 256) end
+if any_done then forget_done(now - keep) end
 if uniques then redis.call('ZREMRANGEBYSCORE', K_UNIQUE, 0, now) end
 if earliest then wake_if_head(channel, shard, earliest) end
 return table.concat(out)

@@ -1,14 +1,14 @@
+--! needs indexes
 -- Creates one firing of a recurring schedule as an ordinary scheduled task, at most once.
--- KEYS[K_FIRST]: the firing's done-record key; KEYS[K_FIRST + 1]: fired (ZSET firing id ->
+-- KEYS: the shard's keys (the `shard` part), then KEYS[K_FIRST]: fired (ZSET firing id ->
 -- created at: firings whose schedule has not yet recorded them; the scheduler removes an entry
 -- once the schedule has moved past it, and entries older than ARGV[9] ms are trimmed).
 -- ARGV: channel, shard, id, due, max_attempts, plugin, owner, payload, keep_fired_ms.
 -- Returns 'ok' | 'exists' (created before: by another runner, or before a crash).
 local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
-local fired = KEYS[K_FIRST + 1]
+local fired = KEYS[K_FIRST]
 local now = now_ms()
-if redis.call('ZSCORE', fired, id) or redis.call('HEXISTS', K_TASKS, id) == 1
-  or redis.call('EXISTS', KEYS[K_FIRST]) == 1 then
+if redis.call('ZSCORE', fired, id) or redis.call('HEXISTS', K_TASKS, id) == 1 then
   return 'exists'
 end
 local t = { st = 's', due = tonumber(ARGV[4]), att = 0, max = tonumber(ARGV[5]),

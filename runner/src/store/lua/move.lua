@@ -1,14 +1,11 @@
--- Moves one scheduled task. KEYS[K_FIRST]: its done-record key in the earlier layout
--- (done records are in `tasks` now).
+--! needs indexes
+-- Moves one scheduled task. KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).
 -- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'} | {'out_of_range'} (a shift
 -- that would leave 0..MAX_TIME: nothing moved).
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local t = parse(redis.call('HGET', K_TASKS, id))
-if not t then
-  if redis.call('EXISTS', KEYS[K_FIRST]) == 1 then return { 'done' } end
-  return { 'missing' }
-end
+if not t then return { 'missing' } end
 if t.st == 'r' then return { 'running' } end
 if t.st == 'x' then return { 'dead' } end
 if t.st == 'd' then return { 'done' } end

@@ -1,6 +1,8 @@
+--! needs indexes walk
 -- Pauses or resumes one plugin in this shard.
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, op ('pause' | 'resume'), plugin, cursor ('' = start), limit.
--- 'pause' marks the plugin paused: from then on claims park its due tasks (out of `due`, still
+-- 'pause' marks the plugin paused: from then on claims park its due tasks (out of the due buckets, still
 -- scheduled, no attempt used) and new ones are indexed as parked. Returns {0, ''}.
 -- 'resume' unmarks it and moves its parked tasks back to their due buckets, looking at up to `limit` entries
 -- of `parked` after `cursor` ('<due>\t<id>': called again with the returned cursor until it is '').

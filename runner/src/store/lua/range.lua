@@ -1,8 +1,8 @@
--- One page of a score-ordered index of one shard (due, parked, dead, recent, inflight), after a
+--! needs walk
+-- One page of a score-ordered index of one shard (parked, dead), after a
 -- cursor, in O(log n + page): the cursor's place is found by rank (`rank_of`), never by walking
 -- what came before it.
--- KEYS[1]: the ZSET (the prelude, loaded for `rank_of`, takes it for `due`: its other keys are
--- unset here and unused). ARGV: order ('asc' | 'desc'), cursor score, cursor member ('' with
+-- KEYS[1]: the ZSET. ARGV: order ('asc' | 'desc'), cursor score, cursor member ('' with
 -- score '': from the start), min score, max score, count.
 -- Returns {member, score, member, score, ...}.
 -- (Scores are compared as numbers but passed to Redis as the caller's strings: Lua would print a

@@ -1,6 +1,7 @@
+--! needs record
 -- Renews the leases of claimed tasks of one shard that this runner still holds (a lease is per
 -- claim batch: renewing one task of a batch renews the batch).
--- ARGV: lease_ms, then per task: id, claim token.
+-- KEYS: the shard's keys (the `shard` part). ARGV: lease_ms, then per task: id, claim token.
 -- Returns per task: 1 when the claim is still current (its lease now ends lease_ms from now),
 -- 0 when it was lost (reaped, claimed again, finished, cancelled or replaced).
 local lease = tonumber(ARGV[1])
@@ -19,5 +20,5 @@ for i, id in ipairs(ids) do
     out[i] = 0
   end
 end
-call_many('ZADD', K_LEASES, leases, 'XX')
+call_many('ZADD', K_CLAIM_LEASES, leases, 'XX')
 return out

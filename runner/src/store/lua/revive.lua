@@ -1,4 +1,6 @@
--- Puts one dead task back: due now, attempts reset. ARGV: channel, shard, id.
+--! needs indexes
+-- Puts one dead task back: due now, attempts reset.
+-- KEYS: the shard's keys (the `shard` part). ARGV: channel, shard, id.
 -- Returns {'ok', due} | {'missing'} | {'not_dead'}.
 local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
 local t = parse(redis.call('HGET', K_TASKS, id))

@@ -1,6 +1,6 @@
+--! needs indexes
 -- Schedules a batch of tasks of one shard.
--- KEYS[K_FIRST..]: the done-record key of each task in the earlier layout (done records are in
--- `tasks` now; one written before the upgrade still counts until it expires).
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, mode ('upsert' replaces a task that has not started; 'absent' only creates),
 --       then runs of tasks that share their settings: count, max_attempts, plugin, created (0 =
 --       Redis time), unique_for_ms (0 = none: else scheduling the id again within that long after
@@ -50,12 +50,6 @@ if mode == 'upsert' then
   if refused then return table.concat(out) end
   out = {}
 end
--- Done records of the earlier layout: one EXISTS over all their keys, each key only if any is.
-local legacy = false
-for i = 1, n, CHUNK do
-  local j = math.min(i + CHUNK - 1, n)
-  if redis.call('EXISTS', unpack(KEYS, K_FIRST + i - 1, K_FIRST + j - 1)) > 0 then legacy = true end
-end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
 local pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
@@ -82,10 +76,7 @@ for i = 1, n do
     if old.st == 'r' then verdict = 'r'
     elseif mode == 'absent' then verdict = 'e'
     elseif old.st == 's' then unindex_scheduled(id, old)
-    elseif old.st == 'x' then unindex_dead(id, old)
-    elseif old.st == 'd' then redis.call('ZREM', K_RECENT, id) end
-  elseif legacy and redis.call('EXISTS', KEYS[K_FIRST + i - 1]) == 1 then
-    if mode == 'absent' then verdict = 'e' else redis.call('DEL', KEYS[K_FIRST + i - 1]) end
+    elseif old.st == 'x' then unindex_dead(id, old) end
   end
   if verdict == 'o' and mode == 'absent' and uniques and in_unique_window(id, now) then
     verdict = 'e'

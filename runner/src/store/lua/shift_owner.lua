@@ -1,7 +1,9 @@
+--! needs indexes walk
 -- Shifts up to ARGV[7] scheduled tasks of one owner in this shard (optionally only one plugin's)
 -- by ±ms, continuing after a cursor, so a large owner is shifted in chunks that each hold Redis
 -- only briefly. It walks the owner's index (in due order) against the direction of the shift, so
 -- a task it moved lands in the part already walked and is never shifted twice.
+-- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, owner, shift_ms, plugin ('' = all), cursor ('' = start), limit.
 -- The caller has checked that no task of the owner leaves 0..MAX_TIME; one scheduled meanwhile is
 -- clamped into it.

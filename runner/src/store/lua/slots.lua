@@ -2,7 +2,7 @@
 -- KEYS[1]: the plugin's slots (ZSET holder -> lease expiry ms). A dead runner's slots leave on
 -- their own when their leases expire.
 -- ARGV: op ('take' | 'give'), holder, max, lease_ms.
--- 'take' returns 1 when the holder has a slot (a holder that has one renews it), else 0.
+-- Returns, for 'take', 1 when the holder has a slot (a holder that has one renews it), else 0; for 'give', 1.
 local key, op, holder = KEYS[1], ARGV[1], ARGV[2]
 if op == 'give' then
   redis.call('ZREM', key, holder)

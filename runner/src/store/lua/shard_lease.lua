@@ -1,4 +1,5 @@
--- A shard lease. KEYS[1]: the shard's lease key. ARGV: op, runner id, ttl ms.
+-- A shard lease: which runner polls the shard (not a claim's lease).
+-- KEYS[1]: the shard's lease key. ARGV: op, runner id, ttl ms. Returns, per op:
 --   'acquire' -> 1 when this runner holds it now (taken, or already its own and renewed)
 --   'renew'   -> 1 when this runner still holds it (and it is extended), 0 when lost
 --   'release' -> 1 when this runner held it (it is freed)

@@ -1,0 +1,37 @@
+--! part finished
+--! needs shard record
+-- The finish log: each finish script that records tasks done adds one entry to `finished`
+-- ('<time>\t<id>\t<id>...' -> time). An id listed is done at that time only while its record
+-- says so (done, `fin` that time): it may have been scheduled again since.
+
+-- Deletes done records that finished before `before` (the retention window): the tasks of up to
+-- two `finished` entries, so each finish script, adding one, removes at least as many as it
+-- adds. The walk starts at the lowest scores, so the entries read are the first ranks.
+local function forget_done(before)
+  local cut = '(' .. string.format('%d', before)
+  local logs = redis.call('ZRANGEBYSCORE', K_FINISHED, '-inf', cut, 'LIMIT', '0', '2')
+  if #logs == 0 then return end
+  local ids = {}
+  for _, entry in ipairs(logs) do
+    for id in string.gmatch(string.match(entry, '^[^\t]*\t(.*)$') or '', '[^\t]+') do
+      ids[#ids + 1] = id
+    end
+  end
+  local recs, gone = records_of(ids), {}
+  for i, id in ipairs(ids) do
+    -- still done, and then (not run again since and done later, nor replaced)
+    local st, fin = state_and_fin(recs[i])
+    if st == 'd' and (tonumber(fin) or 0) < before then gone[#gone + 1] = id end
+  end
+  call_many('HDEL', K_TASKS, gone)
+  redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, #logs - 1)
+end
+
+-- Logs `ids` as recorded done at `now` by this script: one `finished` entry. (Its first field is
+-- the time, which readers skip. Two runs in the same ms that recorded the same ids in the same
+-- order make one entry, which lists them done at that time all the same.)
+local function log_done(ids, now)
+  if #ids == 0 then return end
+  local at = string.format('%d', now)
+  redis.call('ZADD', K_FINISHED, at, at .. '\t' .. table.concat(ids, '\t'))
+end

@@ -1,0 +1,71 @@
+--! part indexes
+--! needs shard record buckets
+-- Where a task is listed in each state, kept in step with its record by every script: scheduled
+-- in a due bucket (or `parked` while its plugin is paused), the owner index and the plugin's
+-- count; dead in `dead` and `byplugin`; a dedup window in `unique`.
+
+-- `n` more (or fewer, n < 0) scheduled tasks of `plugin`; a plugin at zero leaves the hash.
+local function count_scheduled(plugin, n)
+  if redis.call('HINCRBY', K_SCHEDULED, plugin, string.format('%d', n)) <= 0 then
+    redis.call('HDEL', K_SCHEDULED, plugin)
+  end
+end
+
+-- The plugins paused in this shard (read once per script run; the answer kept per plugin).
+local paused_list, paused_of = nil, {}
+local function is_paused(plugin)
+  local p = paused_of[plugin]
+  if p == nil then
+    if paused_list == nil then paused_list = redis.call('HGET', K_META, 'paused') or '' end
+    p = string.find(paused_list, '\0' .. plugin .. '\0', 1, true) ~= nil
+    paused_of[plugin] = p
+  end
+  return p
+end
+
+-- Puts a scheduled task into its due bucket (or `parked` while its plugin is paused) and the
+-- owner index, and counts it for its plugin (the record is written by the caller).
+local function index_scheduled(id, t)
+  local added
+  if is_paused(t.plugin) then
+    added = redis.call('ZADD', K_PARKED, t.due, id)
+  else
+    added = due_add({ string.format('%d', t.due), id })
+  end
+  if t.owner ~= '' then redis.call('ZADD', K_BYOWNER, 0, owner_member(t.owner, t.due, id)) end
+  if added > 0 then count_scheduled(t.plugin, 1) end
+end
+
+local function unindex_scheduled(id, t)
+  local removed = due_remove(id, t.due) + redis.call('ZREM', K_PARKED, id)
+  if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
+  if removed > 0 then count_scheduled(t.plugin, -1) end
+end
+
+-- Dead-letters a task (any state but scheduled, whose indexes the caller has left).
+local function bury(id, t, now, err)
+  t.st = 'x'; t.fin = string.format('%d', now); t.err = err
+  redis.call('HSET', K_TASKS, id, encode(t))
+  redis.call('ZADD', K_DEAD, now, id)
+  redis.call('ZADD', K_BYPLUGIN, 0, dead_member(t.plugin, now, id))
+end
+
+local function unindex_dead(id, t)
+  redis.call('ZREM', K_DEAD, id)
+  redis.call('ZREM', K_BYPLUGIN, dead_member(t.plugin, died_at(t), id))
+end
+
+-- A task finished (done or dead): a dedup window it asked for starts now.
+local function start_unique_window(id, now)
+  local u = tonumber(redis.call('ZSCORE', K_UNIQUE, id))
+  if u and u < 0 then redis.call('ZADD', K_UNIQUE, now - u, id) end
+end
+
+-- Whether `id` is inside a dedup window (expired windows are dropped on the way).
+local function in_unique_window(id, now)
+  local u = tonumber(redis.call('ZSCORE', K_UNIQUE, id))
+  if not u or u < 0 then return false end
+  if u > now then return true end
+  redis.call('ZREM', K_UNIQUE, id)
+  return false
+end

@@ -1,0 +1,46 @@
+--! part record
+--! needs shard
+-- A record is ten tab-separated fields, the payload last (it may hold anything):
+--   state(s|r|d|x) due attempts max_attempts created fin plugin owner last_error payload
+-- `fin` is the finish time (ms) of a done or dead task, the claim token of a running one (the
+-- fence: finish, renew and effects must name it), and empty for a scheduled one.
+
+local function parse(rec)
+  if not rec then return nil end
+  local st, due, att, max, cr, fin, plugin, owner, err, payload = string.match(rec,
+    '^(%a)\t(%-?%d+)\t(%d+)\t(%d+)\t(%d+)\t(%d*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  if not st then return nil end
+  return { st = st, due = tonumber(due), att = tonumber(att), max = tonumber(max), created = cr,
+    fin = fin, plugin = plugin, owner = owner, err = err, payload = payload }
+end
+
+local function encode(t)
+  return table.concat({ t.st, string.format('%d', t.due), string.format('%d', t.att),
+    string.format('%d', t.max), t.created, t.fin, t.plugin, t.owner, t.err, t.payload }, '\t')
+end
+
+-- The state and `fin` field of a stored record, without decoding the rest.
+local function state_and_fin(rec)
+  if not rec then return nil, nil end
+  return string.match(rec, '^(%a)\t%-?%d+\t%d+\t%d+\t%d+\t(%d*)\t')
+end
+
+-- Whether `rec` is running under the claim `token`.
+local function holds(rec, token)
+  local st, fin = state_and_fin(rec)
+  return st == 'r' and fin == token
+end
+
+local function owner_member(owner, due, id)
+  return owner .. '\0' .. string.format('%015d', due) .. '\0' .. id
+end
+
+-- A member of `byplugin`: a dead task (score = died at).
+local function dead_member(plugin, died, id)
+  return plugin .. '\0x\0' .. string.format('%015d', died) .. '\0' .. id
+end
+
+-- When a dead task died (its `fin`).
+local function died_at(t)
+  return tonumber(t.fin) or 0
+end

@@ -1,0 +1,83 @@
+--! part shard
+-- The keys every shard script takes first, all under the shard's hash tag {ns:s}, and the
+-- helpers every one of them uses. Script-specific keys follow from KEYS[K_FIRST].
+--   KEYS[1] tasks (HASH id -> record, see the `record` part)
+--   KEYS[2] dead (ZSET id -> died at)
+--   KEYS[3] byowner (ZSET, score 0, member owner \0 due(15 digits) \0 id)
+--   KEYS[4] meta (HASH: 'claim' -> the shard's claim counter; 'paused' -> \0p1\0p2\0, the
+--           plugins paused; 'layout' -> the data layout of the shard; 'bucket' -> the due
+--           buckets' name counter)
+--   KEYS[5] parked (ZSET id -> due: scheduled tasks of a paused plugin, out of the buckets)
+--   KEYS[6] byplugin (ZSET, score 0, member plugin \0 x \0 died-at(15) \0 id: each plugin's dead
+--           tasks)
+--   KEYS[7] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of its
+--           dedup window (ms) once it finished)
+--   KEYS[8] rerun (HASH id -> 'created attempts first': a task put back because its claim's
+--           lease expired at attempt `attempts` of its occurrence `created`; `first` is the claim
+--           token of the first of the claims that ended so in a row. Its next claim commits
+--           effects under `first`'s marker, so effects a dead runner committed before its outcome
+--           was recorded are not committed again. Dropped when an outcome is recorded.)
+--   KEYS[9] claim_leases (ZSET claim token -> lease end: one entry per claim batch still running)
+--   KEYS[10] batches (HASH: token -> the claim's ids, tab-separated; token:n -> how many of them
+--           still run under that claim; 'running' -> the sum of those counts)
+--   KEYS[11] finished (ZSET '<time>\t<id>\t<id>...' -> finish time: the tasks each finish script
+--           recorded done, one entry per script run)
+--   KEYS[12] scheduled (HASH plugin -> how many of its tasks are scheduled, in a bucket or
+--           `parked`; a plugin with none has no field)
+--   KEYS[13] duex (ZSET bucket name -> its bound: the index of the due buckets, see `buckets`)
+local K_TASKS, K_DEAD, K_BYOWNER, K_META, K_PARKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_BYPLUGIN, K_UNIQUE, K_RERUN, K_CLAIM_LEASES = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_BATCHES, K_FINISHED, K_SCHEDULED, K_DUEX = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local K_FIRST = 14
+
+-- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
+-- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
+local MAX_TIME = 253402300799999
+
+-- Variadic commands take many members in one call (one command's overhead instead of one per
+-- task); Lua's unpack has a stack limit, so long lists go in chunks of CHUNK values (even, so
+-- score/member and field/value pairs never split).
+local CHUNK = 4000
+
+-- `cmd key ...list` (in chunks); nothing when the list is empty.
+local function call_many(cmd, key, list, opt)
+  local n = #list
+  for i = 1, n, CHUNK do
+    local j = math.min(i + CHUNK - 1, n)
+    if opt then redis.call(cmd, key, opt, unpack(list, i, j))
+    else redis.call(cmd, key, unpack(list, i, j)) end
+  end
+end
+
+-- Appends a pair (score and member, field and value) to a list for `call_many`.
+local function push(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
+
+-- The values of the fields `ids` of the hash `key` (false where there is none), in one HMGET
+-- per chunk.
+local function hmget(key, ids)
+  local n = #ids
+  if n <= CHUNK then
+    if n == 0 then return {} end
+    return redis.call('HMGET', key, unpack(ids))
+  end
+  local out = {}
+  for i = 1, n, CHUNK do
+    local part = redis.call('HMGET', key, unpack(ids, i, math.min(i + CHUNK - 1, n)))
+    for _, r in ipairs(part) do out[#out + 1] = r end
+  end
+  return out
+end
+
+-- The records of `ids` (false where there is none).
+local function records_of(ids)
+  return hmget(K_TASKS, ids)
+end
+
+-- Redis's clock (ms): one clock for every runner.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
