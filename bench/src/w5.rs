@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use eggtimer::executor::now_ms;
+use eggtimer::clock::now_ms;
 use serde_json::Value;
 
 use crate::report::{self, lateness, round};

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use eggtimer::executor::{TaskHost, now_ms};
+use eggtimer::clock::now_ms;
+use eggtimer::executor::TaskHost;
 use eggtimer::metrics::Metrics;
 use eggtimer::plugins::{Plugins, Registry};
 use eggtimer::runner::{Runner, RunnerOptions};

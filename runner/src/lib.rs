@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod executor;
 pub mod limits;

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::executor::now_ms;
+use crate::clock::now_ms;
 use crate::shards::Shards;
 use crate::store::{LeaseOp, Store};
 

@@ -163,7 +163,7 @@ async fn keep_metrics(metrics: Arc<Metrics>, store: Store, mut stop: watch::Rece
             metrics.upkeep();
         }
         let fields = metrics.take_recent();
-        let bucket = crate::executor::now_ms().div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
+        let bucket = crate::clock::now_ms().div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
         if let Err(e) = store.add_stats(bucket, &fields).await {
             debug!("adding to the dashboard's history failed (those counts are dropped): {e:#}");
         }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::executor::now_ms;
+use crate::clock::now_ms;
 use crate::schedules::{CATCH_UP_MS, Overlap, ScheduleDef};
 use crate::shards::Shards;
 use crate::store::{NewTask, Store, TaskState};

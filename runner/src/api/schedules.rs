@@ -13,7 +13,7 @@ use super::AppState;
 use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
-use crate::executor::now_ms;
+use crate::clock::now_ms;
 use crate::limits;
 use crate::schedules::{Overlap, ScheduleDef};
 use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};

@@ -12,7 +12,7 @@ use super::AppState;
 use super::body::ApiResult;
 use super::doc;
 use super::error::ApiError;
-use crate::executor::now_ms;
+use crate::clock::now_ms;
 use crate::metrics::{LATENESS_BUCKETS, lateness_quantile};
 use crate::store::STATS_BUCKET_MS;
 

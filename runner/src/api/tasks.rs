@@ -14,7 +14,7 @@ use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use super::params::{TaskId, check_id};
-use crate::executor::now_ms;
+use crate::clock::now_ms;
 use crate::limits;
 use crate::store::{Move, NewTask, Refused, ScheduleMode, Scheduled, TaskRecord};
 

@@ -27,8 +27,8 @@ mod handler;
 mod held;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
@@ -38,6 +38,7 @@ use finisher::Pending;
 pub use handler::{Effects, Handler, Outcome, Run, TaskHost};
 use held::Held;
 
+use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::store::{Claimed, Committed, Finish, ScheduleMode, Store};
 use crate::trace;
@@ -86,24 +87,6 @@ impl Default for ExecutorOptions {
             retry_cap_ms: 3_600_000,
         }
     }
-}
-
-/// A skew added to this process's clock (`EGGTIMER_TEST_CLOCK_SKEW_MS`, read by `config`), so
-/// that tests can run a runner whose clock is wrong.
-static CLOCK_SKEW_MS: AtomicI64 = AtomicI64::new(0);
-
-/// Sets the clock skew (tests only; `serve` calls it with the hidden flag's value).
-pub fn set_clock_skew_ms(ms: i64) {
-    CLOCK_SKEW_MS.store(ms, Ordering::Relaxed);
-}
-
-/// Milliseconds since the Unix epoch, by this process's clock (plus the test skew, if any);
-/// nothing that decides when a task fires depends on it (that is Redis time).
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-        + CLOCK_SKEW_MS.load(Ordering::Relaxed)
 }
 
 /// Room for claimed tasks, taken by a poller before it claims; what it does not use goes back

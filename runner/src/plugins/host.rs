@@ -21,7 +21,8 @@ use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 use super::bindings;
 use super::bindings::eggtimer::plugin::types as wit;
 use super::valid_plugin_name;
-use crate::executor::{Effects, TaskHost, now_ms};
+use crate::clock::now_ms;
+use crate::executor::{Effects, TaskHost};
 use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS, id_like};
 use crate::store::{KvRead, KvWrite, NewTask};
 

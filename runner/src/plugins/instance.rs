@@ -26,7 +26,8 @@ use super::bindings::eggtimer::plugin::types as wit;
 use super::host::{CallCtx, FrozenClock, State, explain_trap};
 use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
-use crate::executor::{Outcome, Run, TaskHost, now_ms};
+use crate::clock::now_ms;
+use crate::executor::{Outcome, Run, TaskHost};
 use crate::store::Claimed;
 
 /// Captured guest output kept per instance before it is recycled.

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{Plugins, digest};
-use crate::executor::now_ms;
+use crate::clock::now_ms;
 use crate::store::{PluginEntry, Rollback, Store};
 
 /// A plugin version as the API shows it.
