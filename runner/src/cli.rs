@@ -89,333 +89,275 @@ enum View {
     Schedules,
 }
 
+/// What a command sends.
+enum Body {
+    None,
+    Json(Value),
+    /// A plugin binary, read from this file.
+    Wasm(std::path::PathBuf),
+}
+
+/// One command as an API call: its method, path, body and how its reply is shown. A find
+/// (`pages`) reads on through short pages from a cursor until it has this many tasks.
+struct Call {
+    method: Method,
+    path: String,
+    body: Body,
+    view: View,
+    pages: Option<(Option<String>, usize)>,
+}
+
+impl Call {
+    fn new(method: Method, path: impl Into<String>) -> Call {
+        Call {
+            method,
+            path: path.into(),
+            body: Body::None,
+            view: View::Json,
+            pages: None,
+        }
+    }
+
+    fn get(path: impl Into<String>) -> Call {
+        Call::new(Method::GET, path)
+    }
+
+    fn json(mut self, body: Value) -> Call {
+        self.body = Body::Json(body);
+        self
+    }
+
+    fn view(mut self, view: View) -> Call {
+        self.view = view;
+        self
+    }
+}
+
 /// Runs one client command.
 pub async fn run(cmd: Command) -> Result<()> {
-    let json_flag = match &cmd {
-        Command::Serve(_) => false,
-        Command::Plugin { remote, .. }
-        | Command::Task { remote, .. }
-        | Command::Owner { remote, .. }
-        | Command::Schedule { remote, .. }
-        | Command::Dead { remote, .. }
-        | Command::Runners { remote } => remote.json,
-    };
-    let view = match &cmd {
-        Command::Plugin {
-            cmd: PluginCmd::List,
-            ..
-        } => View::Plugins,
-        Command::Task {
-            cmd: TaskCmd::Get { .. },
-            ..
-        } => View::Task,
-        Command::Task {
-            cmd: TaskCmd::Find { .. },
-            ..
-        }
-        | Command::Owner {
-            cmd: OwnerCmd::List { .. },
-            ..
-        }
-        | Command::Dead {
-            cmd: DeadCmd::List { .. },
-            ..
-        } => View::Tasks,
-        Command::Schedule {
-            cmd: ScheduleCmd::List,
-            ..
-        } => View::Schedules,
-        Command::Runners { .. } => View::Runners,
-        _ => View::Json,
-    };
-    let out = match cmd {
-        Command::Runners { remote } => {
-            Remote::new(&remote)?
-                .call(Method::GET, "/v1/runners", None)
-                .await?
-        }
+    let (remote, call) = match cmd {
         Command::Serve(_) => unreachable!("not a client command"),
-        Command::Plugin { remote, cmd } => {
-            let r = Remote::new(&remote)?;
-            match cmd {
-                PluginCmd::Push { name, file } => {
-                    let wasm = std::fs::read(&file)
-                        .with_context(|| format!("reading {}", file.display()))?;
-                    let path = format!("/v1/plugins/{}", enc(&name));
-                    let mut req = r
-                        .http
-                        .put(format!("{}{path}", r.base))
-                        .header("content-type", "application/wasm")
-                        .body(wasm);
-                    if let Some(t) = &r.token {
-                        req = req.bearer_auth(t);
-                    }
-                    r.send(req, &Method::PUT, &path).await?
-                }
-                PluginCmd::List => r.call(Method::GET, "/v1/plugins", None).await?,
-                PluginCmd::Get { name } => {
-                    r.call(Method::GET, &format!("/v1/plugins/{}", enc(&name)), None)
-                        .await?
-                }
-                PluginCmd::Rollback { name } => {
-                    r.call(
-                        Method::POST,
-                        &format!("/v1/plugins/{}/rollback", enc(&name)),
-                        None,
-                    )
-                    .await?
-                }
-                PluginCmd::Delete { name } => {
-                    r.call(Method::DELETE, &format!("/v1/plugins/{}", enc(&name)), None)
-                        .await?
-                }
-                PluginCmd::Pause { name } => {
-                    r.call(
-                        Method::POST,
-                        &format!("/v1/plugins/{}/pause", enc(&name)),
-                        None,
-                    )
-                    .await?
-                }
-                PluginCmd::Resume { name } => {
-                    r.call(
-                        Method::POST,
-                        &format!("/v1/plugins/{}/resume", enc(&name)),
-                        None,
-                    )
-                    .await?
-                }
-                PluginCmd::Limit { name, max, .. } => {
-                    r.call(
-                        Method::PATCH,
-                        &format!("/v1/plugins/{}", enc(&name)),
-                        Some(json!({"max_concurrency": max})),
-                    )
-                    .await?
-                }
-            }
-        }
-        Command::Task { remote, cmd } => {
-            let r = Remote::new(&remote)?;
-            match cmd {
-                TaskCmd::Add {
-                    plugin,
-                    payload,
-                    at,
-                    r#in,
-                    id,
-                    owner,
-                    max_attempts,
-                } => {
-                    let payload: Value =
-                        serde_json::from_str(&payload).context("--payload must be JSON")?;
-                    let mut spec = json!({"plugin": plugin, "payload": payload});
-                    if let Some(t) = at {
-                        spec["run_at"] = json!(t);
-                    }
-                    if let Some(d) = r#in {
-                        // the API bounds it (10 years); send the exact value, never a wrapped one
-                        let ms = parse_duration(&d).map_err(anyhow::Error::msg)?.as_millis();
-                        spec["delay_ms"] = json!(u64::try_from(ms).unwrap_or(u64::MAX));
-                    }
-                    if let Some(id) = id {
-                        spec["id"] = json!(id);
-                    }
-                    if let Some(o) = owner {
-                        spec["owner"] = json!(o);
-                    }
-                    if let Some(m) = max_attempts {
-                        spec["max_attempts"] = json!(m);
-                    }
-                    r.call(Method::POST, "/v1/tasks", Some(spec)).await?
-                }
-                TaskCmd::Find {
-                    plugin,
-                    state,
-                    owner,
-                    due_after,
-                    due_before,
-                    limit,
-                    cursor,
-                } => {
-                    let mut q = Vec::new();
-                    for (k, v) in [
-                        ("plugin", plugin),
-                        ("state", state),
-                        ("owner", owner),
-                        ("due_after", due_after.map(|t| t.to_string())),
-                        ("due_before", due_before.map(|t| t.to_string())),
-                        ("limit", limit.map(|n| n.to_string())),
-                    ] {
-                        if let Some(v) = v {
-                            q.push(format!("{k}={}", enc(&v)));
-                        }
-                    }
-                    let path = format!("/v1/tasks?{}", q.join("&"));
-                    find_pages(&r, &path, cursor, limit.unwrap_or(100) as usize).await?
-                }
-                TaskCmd::Get { id } => {
-                    r.call(Method::GET, &format!("/v1/tasks/{}", enc(&id)), None)
-                        .await?
-                }
-                TaskCmd::Cancel { id } => {
-                    r.call(Method::DELETE, &format!("/v1/tasks/{}", enc(&id)), None)
-                        .await?
-                }
-                TaskCmd::Run { id } => {
-                    r.call(Method::POST, &format!("/v1/tasks/{}/run", enc(&id)), None)
-                        .await?
-                }
-                TaskCmd::Move { id, at, by } => {
-                    let body = match (at, by) {
-                        (Some(t), None) => json!({"run_at": t}),
-                        (None, Some(b)) => {
-                            json!({"shift_ms": parse_signed_ms(&b).map_err(anyhow::Error::msg)?})
-                        }
-                        _ => bail!("give --at T or --by DURATION"),
-                    };
-                    r.call(
-                        Method::PATCH,
-                        &format!("/v1/tasks/{}", enc(&id)),
-                        Some(body),
-                    )
-                    .await?
-                }
-            }
-        }
-        Command::Owner { remote, cmd } => {
-            let r = Remote::new(&remote)?;
-            match cmd {
-                OwnerCmd::Shift { owner, by, plugin } => {
-                    let mut body =
-                        json!({"shift_ms": parse_signed_ms(&by).map_err(anyhow::Error::msg)?});
-                    if let Some(p) = plugin {
-                        body["plugin"] = json!(p);
-                    }
-                    r.call(
-                        Method::POST,
-                        &format!("/v1/owners/{}/shift", enc(&owner)),
-                        Some(body),
-                    )
-                    .await?
-                }
-                OwnerCmd::Cancel { owner, plugin } => {
-                    let q = plugin
-                        .map(|p| format!("?plugin={}", enc(&p)))
-                        .unwrap_or_default();
-                    r.call(
-                        Method::DELETE,
-                        &format!("/v1/owners/{}/tasks{q}", enc(&owner)),
-                        None,
-                    )
-                    .await?
-                }
-                OwnerCmd::List { owner } => {
-                    r.call(
-                        Method::GET,
-                        &format!("/v1/owners/{}/tasks", enc(&owner)),
-                        None,
-                    )
-                    .await?
-                }
-            }
-        }
-        Command::Dead { remote, cmd } => {
-            let r = Remote::new(&remote)?;
-            match cmd {
-                DeadCmd::List { limit } => {
-                    r.call(Method::GET, &format!("/v1/dead?limit={limit}"), None)
-                        .await?
-                }
-                DeadCmd::Retry { id } => {
-                    r.call(Method::POST, &format!("/v1/dead/{}/retry", enc(&id)), None)
-                        .await?
-                }
-                DeadCmd::Drop { id } => {
-                    r.call(Method::DELETE, &format!("/v1/dead/{}", enc(&id)), None)
-                        .await?
-                }
-                DeadCmd::RetryAll { plugin } => {
-                    r.call(
-                        Method::POST,
-                        "/v1/dead/retry",
-                        Some(json!({"plugin": plugin})),
-                    )
-                    .await?
-                }
-                DeadCmd::DropAll { plugin } => {
-                    let q = plugin
-                        .map(|p| format!("?plugin={}", enc(&p)))
-                        .unwrap_or_default();
-                    r.call(Method::DELETE, &format!("/v1/dead{q}"), None)
-                        .await?
-                }
-            }
-        }
-        Command::Schedule { remote, cmd } => {
-            let r = Remote::new(&remote)?;
-            let path = |id: &str, then: &str| format!("/v1/schedules/{}{then}", enc(id));
-            match cmd {
-                ScheduleCmd::Put {
-                    id,
-                    plugin,
-                    cron,
-                    every,
-                    tz,
-                    payload,
-                    owner,
-                    overlap,
-                    max_attempts,
-                } => {
-                    let payload: Value =
-                        serde_json::from_str(&payload).context("--payload must be JSON")?;
-                    let mut spec = json!({"plugin": plugin, "payload": payload});
-                    if let Some(c) = cron {
-                        spec["cron"] = json!(c);
-                    }
-                    if let Some(e) = every {
-                        let ms = parse_duration(&e).map_err(anyhow::Error::msg)?.as_millis();
-                        spec["every_ms"] = json!(u64::try_from(ms).unwrap_or(u64::MAX));
-                    }
-                    for (k, v) in [("tz", tz), ("owner", owner), ("overlap", overlap)] {
-                        if let Some(v) = v {
-                            spec[k] = json!(v);
-                        }
-                    }
-                    if let Some(m) = max_attempts {
-                        spec["max_attempts"] = json!(m);
-                    }
-                    r.call(Method::PUT, &path(&id, ""), Some(spec)).await?
-                }
-                ScheduleCmd::List => r.call(Method::GET, "/v1/schedules", None).await?,
-                ScheduleCmd::Get { id } => r.call(Method::GET, &path(&id, ""), None).await?,
-                ScheduleCmd::Pause { id } => {
-                    r.call(Method::POST, &path(&id, "/pause"), None).await?
-                }
-                ScheduleCmd::Resume { id } => {
-                    r.call(Method::POST, &path(&id, "/resume"), None).await?
-                }
-                ScheduleCmd::Delete { id } => r.call(Method::DELETE, &path(&id, ""), None).await?,
-            }
-        }
+        Command::Runners { remote } => (remote, Call::get("/v1/runners").view(View::Runners)),
+        Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)),
+        Command::Task { remote, cmd } => (remote, task_call(cmd)?),
+        Command::Owner { remote, cmd } => (remote, owner_call(cmd)?),
+        Command::Dead { remote, cmd } => (remote, dead_call(cmd)),
+        Command::Schedule { remote, cmd } => (remote, schedule_call(cmd)?),
     };
-    if out.is_null() {
-        return Ok(());
-    }
+    let r = Remote::new(&remote)?;
+    let out = match (call.pages, call.body) {
+        (Some((cursor, limit)), _) => find_pages(&r, &call.path, cursor, limit).await?,
+        (None, Body::Wasm(file)) => {
+            let wasm =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let mut req = r
+                .http
+                .request(call.method.clone(), format!("{}{}", r.base, call.path))
+                .header("content-type", "application/wasm")
+                .body(wasm);
+            if let Some(t) = &r.token {
+                req = req.bearer_auth(t);
+            }
+            r.send(req, &call.method, &call.path).await?
+        }
+        (None, Body::Json(b)) => r.call(call.method, &call.path, Some(b)).await?,
+        (None, Body::None) => r.call(call.method, &call.path, None).await?,
+    };
+    show(&out, if remote.json { View::Json } else { call.view })
+}
+
+/// Prints a reply (nothing for an empty one): as a table, or as JSON.
+fn show(out: &Value, view: View) -> Result<()> {
     let text = match view {
-        _ if json_flag => None,
+        _ if out.is_null() => return Ok(()),
         View::Json => None,
-        View::Plugins => Some(crate::table::plugins(&out)),
-        View::Tasks => Some(crate::table::tasks(&out)),
-        View::Task => Some(crate::table::task(&out)),
-        View::Runners => Some(crate::table::runners(&out)),
-        View::Schedules => Some(crate::table::schedules(&out)),
+        View::Plugins => Some(crate::table::plugins(out)),
+        View::Tasks => Some(crate::table::tasks(out)),
+        View::Task => Some(crate::table::task(out)),
+        View::Runners => Some(crate::table::runners(out)),
+        View::Schedules => Some(crate::table::schedules(out)),
     };
     match text {
         Some(t) => print!("{t}"),
-        None => println!("{}", serde_json::to_string_pretty(&out)?),
+        None => println!("{}", serde_json::to_string_pretty(out)?),
     }
     Ok(())
+}
+
+fn plugin_call(cmd: PluginCmd) -> Call {
+    let path = |name: &str, then: &str| format!("/v1/plugins/{}{then}", enc(name));
+    match cmd {
+        PluginCmd::Push { name, file } => Call {
+            body: Body::Wasm(file),
+            ..Call::new(Method::PUT, path(&name, ""))
+        },
+        PluginCmd::List => Call::get("/v1/plugins").view(View::Plugins),
+        PluginCmd::Get { name } => Call::get(path(&name, "")),
+        PluginCmd::Rollback { name } => Call::new(Method::POST, path(&name, "/rollback")),
+        PluginCmd::Delete { name } => Call::new(Method::DELETE, path(&name, "")),
+        PluginCmd::Pause { name } => Call::new(Method::POST, path(&name, "/pause")),
+        PluginCmd::Resume { name } => Call::new(Method::POST, path(&name, "/resume")),
+        PluginCmd::Limit { name, max, .. } => {
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
+        }
+    }
+}
+
+/// A duration flag as whole milliseconds (the API bounds it: the exact value is sent, never a
+/// wrapped one).
+fn millis(flag: &str, text: &str) -> Result<Value> {
+    let ms = parse_duration(text)
+        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?
+        .as_millis();
+    Ok(json!(u64::try_from(ms).unwrap_or(u64::MAX)))
+}
+
+/// A JSON object of the given fields that are set.
+fn fields(pairs: Vec<(&str, Option<Value>)>) -> Value {
+    Value::Object(
+        pairs
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?)))
+            .collect(),
+    )
+}
+
+fn payload(text: &str) -> Result<Value> {
+    serde_json::from_str(text).context("--payload must be JSON")
+}
+
+fn task_call(cmd: TaskCmd) -> Result<Call> {
+    let path = |id: &str, then: &str| format!("/v1/tasks/{}{then}", enc(id));
+    Ok(match cmd {
+        TaskCmd::Add {
+            plugin,
+            payload: p,
+            at,
+            r#in,
+            id,
+            owner,
+            max_attempts,
+        } => Call::new(Method::POST, "/v1/tasks").json(fields(vec![
+            ("plugin", Some(json!(plugin))),
+            ("payload", Some(payload(&p)?)),
+            ("run_at", at.map(|t| json!(t))),
+            ("delay_ms", r#in.map(|d| millis("--in", &d)).transpose()?),
+            ("id", id.map(|v| json!(v))),
+            ("owner", owner.map(|v| json!(v))),
+            ("max_attempts", max_attempts.map(|v| json!(v))),
+        ])),
+        TaskCmd::Find {
+            plugin,
+            state,
+            owner,
+            due_after,
+            due_before,
+            limit,
+            cursor,
+        } => {
+            let q: Vec<String> = [
+                ("plugin", plugin),
+                ("state", state),
+                ("owner", owner),
+                ("due_after", due_after.map(|t| t.to_string())),
+                ("due_before", due_before.map(|t| t.to_string())),
+                ("limit", limit.map(|n| n.to_string())),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| Some(format!("{k}={}", enc(&v?))))
+            .collect();
+            Call {
+                pages: Some((cursor, limit.unwrap_or(100) as usize)),
+                ..Call::get(format!("/v1/tasks?{}", q.join("&"))).view(View::Tasks)
+            }
+        }
+        TaskCmd::Get { id } => Call::get(path(&id, "")).view(View::Task),
+        TaskCmd::Cancel { id } => Call::new(Method::DELETE, path(&id, "")),
+        TaskCmd::Run { id } => Call::new(Method::POST, path(&id, "/run")),
+        TaskCmd::Move { id, at, by } => {
+            let body = match (at, by) {
+                (Some(t), None) => json!({"run_at": t}),
+                (None, Some(b)) => {
+                    json!({"shift_ms": parse_signed_ms(&b).map_err(anyhow::Error::msg)?})
+                }
+                _ => bail!("give --at T or --by DURATION"),
+            };
+            Call::new(Method::PATCH, path(&id, "")).json(body)
+        }
+    })
+}
+
+/// `?plugin=P` when a plugin is given.
+fn plugin_query(plugin: Option<String>) -> String {
+    plugin
+        .map(|p| format!("?plugin={}", enc(&p)))
+        .unwrap_or_default()
+}
+
+fn owner_call(cmd: OwnerCmd) -> Result<Call> {
+    let path = |owner: &str, then: &str| format!("/v1/owners/{}{then}", enc(owner));
+    Ok(match cmd {
+        OwnerCmd::Shift { owner, by, plugin } => {
+            let shift = parse_signed_ms(&by).map_err(anyhow::Error::msg)?;
+            Call::new(Method::POST, path(&owner, "/shift")).json(fields(vec![
+                ("shift_ms", Some(json!(shift))),
+                ("plugin", plugin.map(|p| json!(p))),
+            ]))
+        }
+        OwnerCmd::Cancel { owner, plugin } => Call::new(
+            Method::DELETE,
+            path(&owner, &format!("/tasks{}", plugin_query(plugin))),
+        ),
+        OwnerCmd::List { owner } => Call::get(path(&owner, "/tasks")).view(View::Tasks),
+    })
+}
+
+fn dead_call(cmd: DeadCmd) -> Call {
+    match cmd {
+        DeadCmd::List { limit } => Call::get(format!("/v1/dead?limit={limit}")).view(View::Tasks),
+        DeadCmd::Retry { id } => Call::new(Method::POST, format!("/v1/dead/{}/retry", enc(&id))),
+        DeadCmd::Drop { id } => Call::new(Method::DELETE, format!("/v1/dead/{}", enc(&id))),
+        DeadCmd::RetryAll { plugin } => {
+            Call::new(Method::POST, "/v1/dead/retry").json(json!({"plugin": plugin}))
+        }
+        DeadCmd::DropAll { plugin } => {
+            Call::new(Method::DELETE, format!("/v1/dead{}", plugin_query(plugin)))
+        }
+    }
+}
+
+fn schedule_call(cmd: ScheduleCmd) -> Result<Call> {
+    let path = |id: &str, then: &str| format!("/v1/schedules/{}{then}", enc(id));
+    Ok(match cmd {
+        ScheduleCmd::Put {
+            id,
+            plugin,
+            cron,
+            every,
+            tz,
+            payload: p,
+            owner,
+            overlap,
+            max_attempts,
+        } => Call::new(Method::PUT, path(&id, "")).json(fields(vec![
+            ("plugin", Some(json!(plugin))),
+            ("payload", Some(payload(&p)?)),
+            ("cron", cron.map(|c| json!(c))),
+            (
+                "every_ms",
+                every.map(|e| millis("--every", &e)).transpose()?,
+            ),
+            ("tz", tz.map(|v| json!(v))),
+            ("owner", owner.map(|v| json!(v))),
+            ("overlap", overlap.map(|v| json!(v))),
+            ("max_attempts", max_attempts.map(|v| json!(v))),
+        ])),
+        ScheduleCmd::List => Call::get("/v1/schedules").view(View::Schedules),
+        ScheduleCmd::Get { id } => Call::get(path(&id, "")),
+        ScheduleCmd::Pause { id } => Call::new(Method::POST, path(&id, "/pause")),
+        ScheduleCmd::Resume { id } => Call::new(Method::POST, path(&id, "/resume")),
+        ScheduleCmd::Delete { id } => Call::new(Method::DELETE, path(&id, "")),
+    })
 }
 
 /// `GET path` (a find) from `cursor`, reading on while pages come back short with a next cursor
