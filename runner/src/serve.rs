@@ -1,6 +1,7 @@
 //! `eggtimer serve`: wires config, Redis (or a private redis-server), the plugin host and
 //! registry, the runner and the API together, and shuts them down in order.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,25 +141,7 @@ async fn serve(
     else {
         return Ok(());
     };
-    let cache_dir = args
-        .plugin_cache
-        .clone()
-        .unwrap_or_else(|| args.data_dir.join("plugin-cache"));
-    let plugins = Plugins::new(PluginOptions {
-        timeout: args.plugin_timeout,
-        memory: args.plugin_memory,
-        cache_dir: Some(cache_dir),
-        max_payload_bytes: args.max_payload_bytes,
-        default_max_attempts: 5,
-        workers: args.workers.max(1),
-        warm_instances: args.warm_instances,
-        budget: Budget {
-            effect_bytes: args.max_effect_bytes,
-            follow_ups: args.max_follow_ups,
-            cancels: args.max_cancels,
-            ..Budget::default()
-        },
-    })?;
+    let plugins = Plugins::new(plugin_options(&args))?;
     let registry = Registry::new(
         api_store.clone(),
         Arc::clone(&plugins),
@@ -171,70 +154,21 @@ async fn serve(
     registry.sync_all().await?;
     let metrics = Arc::new(Metrics::new());
     metrics.install();
-    let exec = ExecutorOptions {
-        workers: args.workers.max(1),
-        prefetch: args.prefetch,
-        lease_ms: args.lease.as_millis().max(30) as u64,
-        retry_base_ms: args.retry_base.as_millis() as u64,
-        retry_cap_ms: args.retry_cap.as_millis() as u64,
-    };
-    let poller = PollerOptions {
-        batch: args.claim_batch,
-        fallback: args.fallback_poll,
-    };
-    // registered with the HTTP runtime's reactor: its connections are served on its threads
-    let listener = std::net::TcpListener::bind(args.listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(|l| {
-            let _in_http = http_rt.enter();
-            tokio::net::TcpListener::from_std(l)
-        })
-        .with_context(|| format!("listening on {}", args.listen))?;
+    let listener = bind(args.listen, &http_rt)?;
     let addr = listener.local_addr()?;
     if args.token.is_none() && !addr.ip().is_loopback() {
         warn!(
             "listening on {addr} beyond loopback without --token: anyone who can reach it can schedule tasks and upload code"
         );
     }
-    let membership = MembershipOptions {
-        lease: args.shard_lease,
-        address: Some(format!("http://{addr}")),
-    };
     let runner = Runner::start(
         store.clone(),
         plugins.clone(),
-        RunnerOptions {
-            exec,
-            poller,
-            membership,
-        },
+        runner_options(&args, addr),
         Arc::clone(&metrics),
     );
     tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
-    let member = Arc::clone(&runner.membership);
-    let runners_store = api_store.clone();
-    let state = AppState {
-        store: api_store,
-        registry,
-        metrics,
-        token: args.token.clone(),
-        max_payload_bytes: args.max_payload_bytes,
-        max_plugin_bytes: args.max_plugin_bytes,
-        max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),
-        runners: Arc::new(move || {
-            let s = runners_store.clone();
-            Box::pin(async move {
-                let infos = s.runners().await?;
-                Ok(Value::Array(
-                    infos
-                        .iter()
-                        .filter_map(|i| serde_json::from_str(i).ok())
-                        .collect(),
-                ))
-            })
-        }),
-        owned_shards: Arc::new(move || member.owned().len()),
-    };
+    let state = app_state(&args, api_store, registry, metrics, &runner);
     info!(
         "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",
         args.namespace,
@@ -267,6 +201,93 @@ async fn serve(
     let _ = http.await;
     info!("stopped");
     Ok(())
+}
+
+fn plugin_options(args: &ServeArgs) -> PluginOptions {
+    PluginOptions {
+        timeout: args.plugin_timeout,
+        memory: args.plugin_memory,
+        cache_dir: Some(
+            args.plugin_cache
+                .clone()
+                .unwrap_or_else(|| args.data_dir.join("plugin-cache")),
+        ),
+        max_payload_bytes: args.max_payload_bytes,
+        default_max_attempts: 5,
+        workers: args.workers.max(1),
+        warm_instances: args.warm_instances,
+        budget: Budget {
+            effect_bytes: args.max_effect_bytes,
+            follow_ups: args.max_follow_ups,
+            cancels: args.max_cancels,
+            ..Budget::default()
+        },
+    }
+}
+
+fn runner_options(args: &ServeArgs, addr: SocketAddr) -> RunnerOptions {
+    RunnerOptions {
+        exec: ExecutorOptions {
+            workers: args.workers.max(1),
+            prefetch: args.prefetch,
+            lease_ms: args.lease.as_millis().max(30) as u64,
+            retry_base_ms: args.retry_base.as_millis() as u64,
+            retry_cap_ms: args.retry_cap.as_millis() as u64,
+        },
+        poller: PollerOptions {
+            batch: args.claim_batch,
+            fallback: args.fallback_poll,
+        },
+        membership: MembershipOptions {
+            lease: args.shard_lease,
+            address: Some(format!("http://{addr}")),
+        },
+    }
+}
+
+/// The API's listener, registered with the HTTP runtime's reactor: its connections are served
+/// on that runtime's threads.
+fn bind(listen: SocketAddr, http_rt: &tokio::runtime::Handle) -> Result<tokio::net::TcpListener> {
+    std::net::TcpListener::bind(listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(|l| {
+            let _in_http = http_rt.enter();
+            tokio::net::TcpListener::from_std(l)
+        })
+        .with_context(|| format!("listening on {listen}"))
+}
+
+fn app_state(
+    args: &ServeArgs,
+    api_store: Store,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    runner: &Runner,
+) -> AppState {
+    let member = Arc::clone(&runner.membership);
+    let runners_store = api_store.clone();
+    AppState {
+        store: api_store,
+        registry,
+        metrics,
+        token: args.token.clone(),
+        max_payload_bytes: args.max_payload_bytes,
+        max_plugin_bytes: args.max_plugin_bytes,
+        max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),
+        runners: Arc::new(move || {
+            let s = runners_store.clone();
+            Box::pin(async move {
+                let infos = s.runners().await?;
+                Ok(Value::Array(
+                    infos
+                        .iter()
+                        .filter_map(|i| serde_json::from_str(i).ok())
+                        .collect(),
+                ))
+            })
+        }),
+        owned_shards: Arc::new(move || member.owned().len()),
+    }
 }
 
 async fn shutdown_signal() {
