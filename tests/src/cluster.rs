@@ -38,6 +38,7 @@ impl RedisCluster {
                 port,
                 dir: dir.clone(),
                 child: None,
+                env: Vec::new(),
                 extra: [
                     "--cluster-enabled",
                     "yes",

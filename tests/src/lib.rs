@@ -77,6 +77,7 @@ pub struct RedisServer {
     pub dir: PathBuf,
     child: Option<Child>,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl RedisServer {
@@ -86,11 +87,20 @@ impl RedisServer {
     }
 
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_in_env(extra, &[])
+    }
+
+    /// Starts a redis-server with these extra arguments and environment variables.
+    pub fn start_in_env(extra: &[&str], env: &[(&str, &str)]) -> RedisServer {
         let mut s = RedisServer {
             port: free_port(),
             dir: temp_dir("redis"),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         // another test may start a server on the same free port first (it is free until a server
         // binds it): ours then exits, and another port is tried
@@ -125,6 +135,7 @@ impl RedisServer {
         .arg("--logfile")
         .arg(self.dir.join("redis.log"))
         .args(&self.extra)
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         let child = cmd.spawn().unwrap_or_else(|e| {
