@@ -21,6 +21,19 @@ use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
 /// Shortest `every_ms`.
 pub const MIN_EVERY_MS: i64 = 1000;
 
+/// Whether `cron` has the shape of a 5-field expression: five fields separated by spaces, each of
+/// digits, letters (month and day names) and `* , / - ? #` (the API document's pattern says the
+/// same). Whether the fields make sense is the parser's answer.
+pub fn is_cron_shaped(cron: &str) -> bool {
+    let field = |f: &str| {
+        !f.is_empty()
+            && f.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "*,/?#-".contains(c))
+    };
+    let fields: Vec<&str> = cron.split(' ').filter(|f| !f.is_empty()).collect();
+    fields.len() == 5 && fields.iter().all(|f| field(f))
+}
+
 /// Firings missed by up to this long (a runner died and another took its shards over) are all
 /// still created, late; of older ones (no runner ran) only the most recent is.
 pub const CATCH_UP_MS: i64 = 60_000;
@@ -183,6 +196,22 @@ fn at_ms(tz: &Tz, ms: i64) -> Option<DateTime<Tz>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cron_expression_has_five_fields() {
+        assert!(is_cron_shaped("30 9 * * *"));
+        assert!(is_cron_shaped(" */5 0-6 1,15 JAN-MAR MON#2 "));
+        for bad in [
+            "",
+            "    ",
+            "* * * *",
+            "* * * * * *",
+            "*\t* * * *",
+            "* * * * é",
+        ] {
+            assert!(!is_cron_shaped(bad), "{bad:?}");
+        }
+    }
 
     fn cron(expr: &str, tz: &str) -> ScheduleDef {
         ScheduleDef {

@@ -244,6 +244,12 @@ async fn cron_schedules_follow_dst_in_their_time_zone() {
             "every_ms",
             400,
         ),
+        (json!({"plugin": "coupon-expiry", "cron": ""}), "cron", 400),
+        (
+            json!({"plugin": "coupon-expiry", "cron": "* * * *"}),
+            "5 fields",
+            400,
+        ),
     ] {
         let (s, e) = call("PUT", &format!("{}/v1/schedules/bad", r.url), Some(body)).await;
         assert_eq!(s, status, "{e}");

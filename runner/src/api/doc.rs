@@ -306,6 +306,7 @@ pub struct ScheduleSpec {
     pub plugin: String,
     pub payload: Option<Value>,
     /// 5 fields: minute hour day-of-month month day-of-week.
+    #[schema(pattern = "^ *[0-9A-Za-z*,/?#-]+( +[0-9A-Za-z*,/?#-]+){4} *$")]
     pub cron: Option<String>,
     #[schema(minimum = 1000, maximum = 315360000000_i64)]
     pub every_ms: Option<i64>,

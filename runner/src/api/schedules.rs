@@ -119,6 +119,13 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
     if def.cron.is_some() == def.every_ms.is_some() {
         return Err(ApiError::bad("give exactly one of cron and every_ms"));
     }
+    if let Some(c) = &def.cron
+        && !crate::schedules::is_cron_shaped(c)
+    {
+        return Err(ApiError::bad(format!(
+            "cron must be 5 fields separated by spaces (minute hour day-of-month month day-of-week), got {c:?}"
+        )));
+    }
     if let Some(e) = def.every_ms
         && !(crate::schedules::MIN_EVERY_MS..=limits::MAX_DURATION_MS).contains(&e)
     {
