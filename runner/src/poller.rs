@@ -12,14 +12,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::executor::Executor;
 use crate::shards::Shards;
-use crate::store::Store;
+use crate::store::{Heard, Store};
 
 /// Settings of the pollers.
 #[derive(Clone, Debug)]
@@ -39,46 +38,18 @@ impl Default for PollerOptions {
     }
 }
 
-/// Listens for wake messages on Redis pub/sub until `stop`, reconnecting with backoff.
+/// Listens for wake messages on Redis pub/sub until `stop`.
 pub async fn listen(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
-    let channel = store.keys().wake_channel();
-    let mut delay = Duration::from_millis(100);
-    let mut attempt = 0usize;
+    let mut sub = store.subscribe(store.keys().wake_channel(), "wake-ups");
     loop {
-        let sub = async {
-            let client = store.pubsub_client(attempt)?;
-            let mut ps = client.get_async_pubsub().await?;
-            ps.subscribe(&channel).await?;
-            Ok::<_, anyhow::Error>(ps)
-        };
-        match tokio::select! { r = sub => r, _ = stop.changed() => return } {
-            Ok(mut ps) => {
-                delay = Duration::from_millis(100);
-                shards.wake_all(); // anything published while we were away
-                let mut msgs = ps.on_message();
-                loop {
-                    tokio::select! {
-                        m = msgs.next() => match m {
-                            Some(m) => {
-                                if let Ok(text) = m.get_payload::<String>() {
-                                    shards.on_wake_message(&text);
-                                }
-                            }
-                            None => break,
-                        },
-                        _ = stop.changed() => return,
-                    }
-                }
-                attempt += 1;
-                warn!("the wake-up subscription dropped; resubscribing");
-            }
-            Err(e) => {
-                attempt += 1;
-                warn!("subscribing to wake-ups failed, retrying in {delay:?}: {e:#}")
-            }
+        tokio::select! {
+            heard = sub.next() => match heard {
+                // anything published while we were away
+                Heard::Subscribed => shards.wake_all(),
+                Heard::Message(text) => shards.on_wake_message(&text),
+            },
+            _ = stop.changed() => return,
         }
-        tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return }
-        delay = (delay * 2).min(Duration::from_secs(2));
     }
 }
 

@@ -58,6 +58,38 @@ fn only_store_talks_to_redis() {
     assert_eq!(offenders("redis", "store/", &[]), Vec::<String>::new());
 }
 
+/// The store's public items (functions, fields, re-exports) as written: each `pub` declaration
+/// up to its body. `pub(super)` and `pub(crate)` ones are the store's own business.
+fn store_public_items() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (rel, text) in sources() {
+        if !rel.starts_with("store/") {
+            continue;
+        }
+        for (i, _) in text.match_indices("pub ") {
+            let line_start = text[..i].rfind('\n').map_or(0, |n| n + 1);
+            if !text[line_start..i].trim().is_empty() {
+                continue; // not at the start of a line: `pub` inside another word or a string
+            }
+            let end = text[i..].find(['{', ';']).map_or(text.len(), |n| i + n);
+            out.push((rel.clone(), text[i..end].to_owned()));
+        }
+    }
+    out
+}
+
+/// No Redis type leaves the store: nothing it makes public names the redis crate, so no other
+/// module can hold a Redis connection, client or reply, even without naming `redis::` itself.
+#[test]
+fn no_redis_type_leaves_the_store() {
+    let leaks: Vec<String> = store_public_items()
+        .into_iter()
+        .filter(|(_, item)| names(item, "redis"))
+        .map(|(rel, item)| format!("{rel}: {item}"))
+        .collect();
+    assert_eq!(leaks, Vec::<String>::new());
+}
+
 #[test]
 fn only_plugins_imports_wasmtime() {
     assert_eq!(offenders("wasmtime", "plugins/", &[]), Vec::<String>::new());

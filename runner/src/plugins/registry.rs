@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use futures::StreamExt;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{Plugins, digest};
 use crate::clock::now_ms;
-use crate::store::{PluginEntry, Rollback, Store};
+use crate::store::{Heard, PluginEntry, Rollback, Store};
 
 /// A plugin version as the API shows it.
 pub type PluginVersion = PluginEntry;
@@ -233,61 +232,33 @@ impl Registry {
     /// announced name; a periodic full sync covers a lost message.
     pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let channel = self.store.keys().plugins_channel();
-        let mut delay = Duration::from_millis(100);
-        let mut attempt = 0usize;
+        let mut sub = self.store.subscribe(channel, "plugin announcements");
+        let mut resync = tokio::time::interval(Duration::from_secs(30));
+        resync.tick().await;
         loop {
-            let sub = async {
-                let mut ps = self
-                    .store
-                    .pubsub_client(attempt)?
-                    .get_async_pubsub()
-                    .await?;
-                ps.subscribe(&channel).await?;
-                Ok::<_, anyhow::Error>(ps)
-            };
-            match tokio::select! { r = sub => r, _ = stop.changed() => return } {
-                Ok(mut ps) => {
-                    delay = Duration::from_millis(100);
-                    if let Err(e) = self.sync_all().await {
-                        warn!("loading plugins from Redis failed: {e:#}");
-                    }
-                    let mut resync = tokio::time::interval(Duration::from_secs(30));
-                    resync.tick().await;
-                    let mut msgs = ps.on_message();
-                    loop {
-                        tokio::select! {
-                            m = msgs.next() => match m {
-                                Some(m) => {
-                                    let name: String = m.get_payload().unwrap_or_default();
-                                    if let Err(e) = self.sync_settings().await {
-                                        warn!("reloading plugin settings failed: {e:#}");
-                                    }
-                                    if let Err(e) = self.sync_one(&name).await {
-                                        warn!("reloading plugin {name} failed: {e:#}");
-                                    }
-                                }
-                                None => break,
-                            },
-                            _ = resync.tick() => {
-                                if let Err(e) = self.sync_all().await {
-                                    warn!("resyncing plugins failed: {e:#}");
-                                }
-                            }
-                            _ = stop.changed() => return,
+            tokio::select! {
+                heard = sub.next() => match heard {
+                    Heard::Subscribed => {
+                        if let Err(e) = self.sync_all().await {
+                            warn!("loading plugins from Redis failed: {e:#}");
                         }
                     }
-                    attempt += 1;
-                    warn!("the plugin announcements subscription dropped; resubscribing");
+                    Heard::Message(name) => {
+                        if let Err(e) = self.sync_settings().await {
+                            warn!("reloading plugin settings failed: {e:#}");
+                        }
+                        if let Err(e) = self.sync_one(&name).await {
+                            warn!("reloading plugin {name} failed: {e:#}");
+                        }
+                    }
+                },
+                _ = resync.tick() => {
+                    if let Err(e) = self.sync_all().await {
+                        warn!("resyncing plugins failed: {e:#}");
+                    }
                 }
-                Err(e) => {
-                    attempt += 1;
-                    warn!(
-                        "subscribing to plugin announcements failed, retrying in {delay:?}: {e:#}"
-                    )
-                }
+                _ = stop.changed() => return,
             }
-            tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return }
-            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 }

@@ -6,7 +6,7 @@
 //! keys passed in KEYS (see `lua/`). Files by concern: `connection` (where Redis is), `layout`
 //! (which data it reads), `types` (what callers pass and get), `tasks` (a task's life),
 //! `inspect` (reads), `effects` (a run's kv and events), `runners` (heartbeats, shard leases),
-//! `plugins` (the registry's data).
+//! `plugins` (the registry's data), `pubsub` (subscriptions that reconnect).
 //!
 //! Architecture invariant: no other module builds a key name or sends a Redis command; a reply
 //! this runner does not know is an error, never a default answer.
@@ -19,6 +19,7 @@ mod inspect;
 mod keys;
 mod layout;
 mod plugins;
+mod pubsub;
 mod record;
 mod runners;
 mod schedules;
@@ -37,6 +38,7 @@ pub use connection::{RedisTarget, is_unreachable, redact};
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
 pub use plugins::{PluginEntry, PluginSettings, Rollback};
+pub use pubsub::{Heard, Subscription};
 pub use record::{TaskRecord, TaskState, field_safe};
 pub use schedules::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;

@@ -105,7 +105,7 @@ impl Store {
     }
 
     /// A plain client for pub/sub subscriptions (`attempt`: see [`super::RedisTarget::pubsub_url`]).
-    pub fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
+    pub(super) fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
         Ok(redis::Client::open(self.target().pubsub_url(attempt))?)
     }
 }
