@@ -38,26 +38,54 @@ ROOT = subprocess.run(['git', 'rev-parse', '--show-toplevel'], capture_output=Tr
 LUA = 'runner/src/store/lua/'
 SHARDS = 16
 PER_SCRIPT = 62
-KEY_NAMES = ['due', 'tasks', 'inflight', 'dead', 'byowner', 'meta', 'parked', 'byplugin',
-             'unique', 'recent', 'rerun', 'leases', 'batches', 'finished', 'scheduled', 'duex']
+# The shard keys, in the order the scripts take them: 0.1.0's (a prelude prepended to each script)
+# and today's (the parts of lua/lib/ that a script names).
+KEY_NAMES = {
+    'prelude': ['due', 'tasks', 'inflight', 'dead', 'byowner', 'meta', 'parked', 'byplugin',
+                'unique', 'recent', 'rerun', 'leases', 'batches', 'finished', 'scheduled', 'duex'],
+    'parts': ['tasks', 'dead', 'byowner', 'meta', 'parked', 'byplugin', 'unique', 'rerun',
+              'leases', 'batches', 'finished', 'scheduled', 'duex'],
+}
+PARTS = ['shard', 'record', 'buckets', 'indexes', 'claims', 'finished', 'walk']
+
+
+def read(rev, f):
+    if rev == 'worktree':
+        return open(os.path.join(ROOT, LUA, f)).read()
+    return subprocess.run(['git', '-C', ROOT, 'show', '%s:%s%s' % (rev, LUA, f)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def layout_of(rev):
+    try:
+        read(rev, 'lib/shard.lua')
+        return 'parts'
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return 'prelude'
+
+
+def needs(text):
+    for line in text.split('\n')[:3]:
+        if line.startswith('--! needs '):
+            return line[len('--! needs '):].split()
+    return []
 
 
 def source(rev, name):
-    def read(f):
-        if rev == 'worktree':
-            return open(os.path.join(ROOT, LUA, f)).read()
-        return subprocess.run(['git', '-C', ROOT, 'show', '%s:%s%s' % (rev, LUA, f)],
-                              capture_output=True, text=True, check=True).stdout
-    return read('prelude.lua') + '\n' + read(name + '.lua')
+    body = read(rev, name + '.lua')
+    if layout_of(rev) == 'prelude':
+        return read(rev, 'prelude.lua') + '\n' + body
+    want, todo = set(), needs(body)
+    while todo:
+        part = todo.pop()
+        if part not in want:
+            want.add(part)
+            todo += needs(read(rev, 'lib/%s.lua' % part))
+    return ''.join(read(rev, 'lib/%s.lua' % p) + '\n' for p in PARTS if p in want) + body
 
 
-def keys(shard, n):
-    return ['{et:%d}:%s' % (shard, k) for k in KEY_NAMES[:n]]
-
-
-def key_count(rev):
-    """How many keys the shard scripts of `rev` take first (16 since the due buckets)."""
-    return 16 if 'KEYS[16]' in source(rev, 'claim') else 15
+def keys(rev, shard):
+    return ['{et:%d}:%s' % (shard, k) for k in KEY_NAMES[layout_of(rev)]]
 
 
 def free_port():
@@ -105,7 +133,9 @@ def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
     with tempfile.TemporaryDirectory() as d:
         proc, r, out = start(d)
         sha = {n: r.script_load(source(rev, n)) for n in ('schedule', 'claim', 'finish')}
-        nk = key_count(rev)
+        ks = lambda shard: keys(rev, shard)
+        # (0.1.0's schedule takes each task's done-record key of the layouts before it)
+        old = layout_of(rev) == 'prelude'
         ids = ['b%d' % i for i in range(tasks)]
         if 'schedule' in steps:
             for shard in range(SHARDS):
@@ -121,13 +151,13 @@ def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
                     else:
                         for i in batch:
                             args += [i, due(i), 5, 'noop', '', 'null', 0, 0]
-                    done_keys = ['{et:%d}:done:%s' % (shard, i) for i in batch]
-                    r.evalsha(sha['schedule'], nk + len(done_keys), *keys(shard, nk), *done_keys,
-                              *args)
+                    done_keys = ['{et:%d}:done:%s' % (shard, i) for i in batch] if old else []
+                    r.evalsha(sha['schedule'], len(ks(shard)) + len(done_keys), *ks(shard),
+                              *done_keys, *args)
         if 'claim' in steps:
             for shard in range(SHARDS):
                 while True:
-                    reply = r.evalsha(sha['claim'], nk, *keys(shard, nk), claim, 5000)
+                    reply = r.evalsha(sha['claim'], len(ks(shard)), *ks(shard), claim, 5000)
                     got, step = (reply[5:], 2) if layout == 'runs' else (reply[4:], 3)
                     if not got:
                         break
@@ -140,7 +170,7 @@ def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
                         for i in claimed:
                             args += [i, token, 'done', 0, '']
                     if 'finish' in steps:
-                        r.evalsha(sha['finish'], nk, *keys(shard, nk), *args)
+                        r.evalsha(sha['finish'], len(ks(shard)), *ks(shard), *args)
         r.shutdown(nosave=True)
         proc.wait()
         if keep:

@@ -304,7 +304,7 @@ pub struct ServeArgs {
     pub workers: usize,
     /// Threads of the engine: Redis I/O, the shard pollers, lease renewal and recording outcomes
     /// (plugin calls run on one thread per core, the HTTP API on its own threads). One is
-    /// fastest with Redis on the same machine (BENCHMARKS.md, thirteenth round); more may pay
+    /// fastest with Redis on the same machine (BENCHMARKS.md); more may pay
     /// with many Redis Cluster masters on a large machine.
     #[arg(long, env = "EGGTIMER_ENGINE_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub engine_threads: u16,

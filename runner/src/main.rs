@@ -6,7 +6,7 @@ use clap::Parser;
 use eggtimer::config::{Cli, Command};
 
 /// mimalloc instead of glibc's malloc: the runner allocates per task (claim decode, the handler
-/// call, the finish batch); BENCHMARKS.md (eighth round) has what it bought.
+/// call, the finish batch); BENCHMARKS.md has what it bought.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

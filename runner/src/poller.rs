@@ -111,8 +111,7 @@ pub async fn poll_shard(
         // is whole ms from the claim's whole-ms time, so a poller wakes up to ~1 ms after the
         // due time (plus the timer's own ms): tasks due within that window share a claim. Kept
         // so on purpose: waking to the µs cut W1's p50 lateness by 0.2–0.6 ms but took Redis
-        // 5–17% more CPU in claims, and made p99 worse at 30k tasks/s (BENCHMARKS.md, eleventh
-        // round).
+        // 5–17% more CPU in claims, and made p99 worse at 30k tasks/s (docs/benchmarks-archive.md).
         let next = [batch.next_due, batch.next_lease_expiry.map(|l| l + 1)]
             .into_iter()
             .flatten()

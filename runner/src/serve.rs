@@ -62,7 +62,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
 /// than it brings. Each claim's reply then wakes whichever thread is free and work moves
 /// between them, and Redis's own thread has less of the CPU. In W2 (ten alternated runs) one
 /// engine thread did 136k tasks/s against 118k with two, the runner spending 5.65 µs of CPU per
-/// task against 6.6 (BENCHMARKS.md, thirteenth round).
+/// task against 6.6 (BENCHMARKS.md).
 pub struct Runtimes {
     pub engine: tokio::runtime::Runtime,
     pub http: tokio::runtime::Runtime,

@@ -62,7 +62,7 @@ impl Store {
     /// (the claim batches' count) or a dedup window at all.
     /// Only then are the ids' records and windows read, in a second round trip. (A shard where
     /// nothing runs has no running id to find; reading 1,000 records to learn that cost W0 a
-    /// tenth of Redis's time, BENCHMARKS.md, fourteenth round.)
+    /// tenth of Redis's time, BENCHMARKS.md.)
     pub async fn conflicts_among(&self, ids: &[&str]) -> Result<Vec<Option<Scheduled>>> {
         let now = crate::clock::now_ms() as f64;
         let calls = self
