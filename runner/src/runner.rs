@@ -1,6 +1,12 @@
-//! The runner: assembles the pollers, the wake-up listener, the scheduler and the executor, and
-//! stops them.
+//! The runner: assembles the pollers, the wake-up listener, the scheduler, the metrics keeper,
+//! membership, and the executor with its finisher and lease keeper, and stops them.
+//!
+//! Every long-lived loop is started the same way (`Loops::start`: a task named for the log, with
+//! the runner's stop signal or ending on its own once what it serves is gone) and awaited by
+//! name at shutdown, in order: the loops that claim and schedule first, then the executor drains,
+//! then membership gives the shards back, then the lease keeper and the finisher end.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,13 +54,36 @@ pub fn new_runner_id() -> String {
     )
 }
 
+/// Long-lived loops, each a named task, awaited together.
+#[derive(Default)]
+struct Loops(Vec<(&'static str, JoinHandle<()>)>);
+
+impl Loops {
+    fn start(&mut self, name: &'static str, run: impl Future<Output = ()> + Send + 'static) {
+        self.0.push((name, tokio::spawn(run)));
+    }
+
+    /// Awaits every loop (a loop that panicked is logged by name).
+    async fn join(self) {
+        for (name, j) in self.0 {
+            if let Err(e) = j.await {
+                warn!("the {name} loop ended abnormally: {e}");
+            }
+        }
+    }
+}
+
 /// A running set of pollers and an executor over one store.
 pub struct Runner {
     stop: watch::Sender<bool>,
-    joins: Vec<JoinHandle<()>>,
+    /// Stopped first: what claims, schedules and records metrics.
+    work: Loops,
     exec: Arc<Executor>,
-    membership_task: JoinHandle<()>,
+    /// Stopped once the executor has drained: membership (it gives the shards back).
     membership_stop: watch::Sender<bool>,
+    membership_loop: Loops,
+    /// End on their own once nothing is held and the executor is gone.
+    keepers: Loops,
     pub store: Store,
     pub metrics: Arc<Metrics>,
     pub membership: Arc<Membership>,
@@ -70,55 +99,62 @@ impl Runner {
         metrics: Arc<Metrics>,
     ) -> Runner {
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(keep_metrics(
-            Arc::clone(&metrics),
-            store.clone(),
-            stop_rx.clone(),
-        ));
-        let exec = Executor::new(
+        let mut work = Loops::default();
+        work.start(
+            "metrics keeper",
+            keep_metrics(Arc::clone(&metrics), store.clone(), stop_rx.clone()),
+        );
+        let (exec, finisher, lease_keeper) = Executor::new(
             store.clone(),
             handler,
             opts.exec.clone(),
             Arc::clone(&metrics),
             stop_rx.clone(),
         );
+        let mut keepers = Loops::default();
+        keepers.start("finisher", finisher.run());
+        keepers.start("lease keeper", lease_keeper.run());
         let shards = Shards::new(store.shards());
         let member = Membership::new(new_runner_id(), Arc::clone(&shards));
         let (membership_stop, membership_stop_rx) = watch::channel(false);
-        let membership_task = tokio::spawn(membership::run(
-            store.clone(),
-            Arc::clone(&member),
-            opts.membership.clone(),
-            membership_stop_rx,
-        ));
-        let mut joins = vec![
-            tokio::spawn(poller::listen(
+        let mut membership_loop = Loops::default();
+        membership_loop.start(
+            "membership",
+            membership::run(
                 store.clone(),
-                Arc::clone(&shards),
-                stop_rx.clone(),
-            )),
-            tokio::spawn(crate::scheduler::run(
-                store.clone(),
-                Arc::clone(&shards),
-                stop_rx.clone(),
-            )),
-        ];
+                Arc::clone(&member),
+                opts.membership.clone(),
+                membership_stop_rx,
+            ),
+        );
+        work.start(
+            "wake-up listener",
+            poller::listen(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+        );
+        work.start(
+            "scheduler",
+            crate::scheduler::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+        );
         for shard in 0..store.shards() {
-            joins.push(tokio::spawn(poller::poll_shard(
-                shard,
-                store.clone(),
-                Arc::clone(&exec),
-                Arc::clone(&shards),
-                opts.poller.clone(),
-                stop_rx.clone(),
-            )));
+            work.start(
+                "poller",
+                poller::poll_shard(
+                    shard,
+                    store.clone(),
+                    Arc::clone(&exec),
+                    Arc::clone(&shards),
+                    opts.poller.clone(),
+                    stop_rx.clone(),
+                ),
+            );
         }
         Runner {
             stop,
-            joins,
+            work,
             exec,
-            membership_task,
             membership_stop,
+            membership_loop,
+            keepers,
             store,
             metrics,
             membership: member,
@@ -130,14 +166,21 @@ impl Runner {
     /// not is recovered by lease expiry: nothing is lost either way.
     pub async fn shutdown(self, grace: Duration) -> bool {
         let _ = self.stop.send(true);
-        for j in self.joins {
-            let _ = j.await;
-        }
+        self.work.join().await;
         let drained = self.exec.drain(grace).await;
         // only now give the shards back: everything claimed is finished or released
         let _ = self.membership_stop.send(true);
-        let _ = self.membership_task.await;
+        self.membership_loop.join().await;
+        drop(self.exec);
         if drained {
+            // nothing is held: the lease keeper ends at its next tick, the finisher once the
+            // executor's last run has let it go (bounded: what they would still do is moot)
+            if tokio::time::timeout(Duration::from_secs(10), self.keepers.join())
+                .await
+                .is_err()
+            {
+                warn!("the finisher or the lease keeper did not end within 10 s of the drain");
+            }
             info!("all claimed tasks finished or were released");
         } else {
             warn!(

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn};
 
-use super::{Executor, FINISH_GROUP, FINISH_WAIT};
-use crate::store::{Finish, Finished};
+use super::held::Held;
+use super::{FINISH_GROUP, FINISH_WAIT};
+use crate::metrics::Metrics;
+use crate::store::{Finish, Finished, Store};
 use crate::trace;
 
 /// An outcome waiting for the finisher; its slot is freed once it is recorded.
@@ -27,12 +29,47 @@ pub(super) struct Pending {
     pub(super) _slot: OwnedSemaphorePermit,
 }
 
-impl Executor {
+/// Records the executor's outcomes: started by the runner, it ends once the executor is gone
+/// (every sender dropped) and what it received is recorded.
+pub struct Finisher {
+    rx: mpsc::UnboundedReceiver<Pending>,
+    recorder: Arc<Recorder>,
+}
+
+/// What recording a group of outcomes needs (shared by the recordings in flight).
+struct Recorder {
+    store: Store,
+    held: Arc<Held>,
+    metrics: Arc<Metrics>,
+    /// Told when recorded tasks' slots are free (pollers waiting for room wake).
+    freed: Arc<Notify>,
+}
+
+impl Finisher {
+    pub(super) fn new(
+        rx: mpsc::UnboundedReceiver<Pending>,
+        store: Store,
+        held: Arc<Held>,
+        metrics: Arc<Metrics>,
+        freed: Arc<Notify>,
+    ) -> Finisher {
+        Finisher {
+            rx,
+            recorder: Arc::new(Recorder {
+                store,
+                held,
+                metrics,
+                freed,
+            }),
+        }
+    }
+
     /// Records outcomes as they come, buffered per shard (group commit): when no recording is in
     /// flight everything buffered is recorded at once; while recordings are in flight a shard's
     /// buffer waits until it holds [`FINISH_GROUP`] outcomes or its oldest has waited
     /// [`FINISH_WAIT`]. Each recording is one finish script; shards are recorded concurrently.
-    pub(super) async fn finish_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Pending>) {
+    pub async fn run(self) {
+        let Finisher { mut rx, recorder } = self;
         let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
         let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         loop {
@@ -65,7 +102,7 @@ impl Executor {
                 .collect();
             for shard in ready {
                 let (_, group) = bufs.remove(&shard).expect("listed");
-                let this = Arc::clone(&self);
+                let this = Arc::clone(&recorder);
                 let recording = Arc::clone(&recording);
                 recording.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(async move {
@@ -80,8 +117,10 @@ impl Executor {
             }
         }
     }
+}
 
-    pub(super) async fn record(&self, shard: u32, group: Vec<Pending>) {
+impl Recorder {
+    async fn record(&self, shard: u32, group: Vec<Pending>) {
         let items: Vec<(&str, u64, &Finish)> = group
             .iter()
             .map(|p| (p.id.as_str(), p.token, &p.finish))

@@ -1,14 +1,15 @@
-//! The claims this runner holds, and the renewal of their leases while it holds them.
+//! The claims this runner holds, and the lease keeper that renews their leases while it holds
+//! them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use tokio::sync::{Semaphore, watch};
 use tracing::warn;
 
-use super::Executor;
-use crate::store::Claimed;
+use crate::store::{Claimed, Store};
 
 /// A claim held: its token, and an instant before the request that last set its lease (the
 /// claim or a renewal), so the lease runs at least until that instant + the lease.
@@ -84,41 +85,55 @@ impl Held {
     }
 }
 
-impl Executor {
-    /// Renews the leases of everything held, every third of the lease, until stopped and empty.
-    pub(super) async fn renew_loop(self: Arc<Self>) {
-        let every = Duration::from_millis((self.opts.lease_ms / 3).max(10));
+/// Renews the leases of every claim held, every third of the lease: started by the runner, it
+/// ends once the runner stops and nothing is held or reserved any more.
+pub struct LeaseKeeper {
+    pub(super) store: Store,
+    pub(super) held: Arc<Held>,
+    /// The executor's slots (all free: nothing claimed or about to be).
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) capacity: usize,
+    pub(super) lease_ms: u64,
+    pub(super) stopping: watch::Receiver<bool>,
+}
+
+impl LeaseKeeper {
+    pub async fn run(self) {
+        let every = Duration::from_millis((self.lease_ms / 3).max(10));
         loop {
             tokio::time::sleep(every).await;
             if *self.stopping.borrow()
                 && self.held.count() == 0
-                && self.slots.available_permits() == self.capacity()
+                && self.slots.available_permits() == self.capacity
             {
                 return;
             }
-            let lease = self.opts.lease_ms;
-            let calls = self.held.snapshot().into_iter().map(|(shard, held)| {
-                let this = &self;
-                async move {
-                    for chunk in held.chunks(1000) {
-                        let refs: Vec<(&str, u64)> = chunk.iter().map(|(i, t)| (i.as_str(), *t)).collect();
-                        let sent = Instant::now();
-                        match this.store.renew(shard, &refs, lease).await {
-                            Ok(current) => {
-                                this.held.renewed(shard, chunk, sent);
-                                for ((id, token), ok) in chunk.iter().zip(current) {
-                                    if !ok {
-                                        warn!(shard, %id, "lost the claim of a running task (its lease expired and it was reaped)");
-                                        this.held.remove(shard, id, *token);
-                                    }
-                                }
-                            }
-                            Err(e) => warn!(shard, "renewing leases failed: {e:#}"),
+            let calls = self
+                .held
+                .snapshot()
+                .into_iter()
+                .map(|(shard, held)| self.renew(shard, held));
+            join_all(calls).await;
+        }
+    }
+
+    /// Renews one shard's claims held (in chunks of 1,000); drops the ones lost.
+    async fn renew(&self, shard: u32, held: Vec<(String, u64)>) {
+        for chunk in held.chunks(1000) {
+            let refs: Vec<(&str, u64)> = chunk.iter().map(|(i, t)| (i.as_str(), *t)).collect();
+            let sent = Instant::now();
+            match self.store.renew(shard, &refs, self.lease_ms).await {
+                Ok(current) => {
+                    self.held.renewed(shard, chunk, sent);
+                    for ((id, token), ok) in chunk.iter().zip(current) {
+                        if !ok {
+                            warn!(shard, %id, "lost the claim of a running task (its lease expired and it was reaped)");
+                            self.held.remove(shard, id, *token);
                         }
                     }
                 }
-            });
-            join_all(calls).await;
+                Err(e) => warn!(shard, "renewing leases failed: {e:#}"),
+            }
         }
     }
 }

@@ -13,8 +13,9 @@
 //! script per shard (group commit: at once when nothing is being recorded, else a shard's
 //! outcomes wait until there are 256 or the oldest has waited 2 ms).
 //!
-//! Files: `handler` (the seam and what a run returns), `held` (the claims held and their lease
-//! renewal), `finisher` (recording outcomes).
+//! Files: `handler` (the seam and what a run returns), `held` (the claims held, and the
+//! [`LeaseKeeper`] that renews their leases), `finisher` (the [`Finisher`], recording
+//! outcomes). The runner starts the lease keeper and the finisher beside the executor.
 //!
 //! Architecture invariant: effects are committed before the outcome, and finish, renew and
 //! effects are fenced by the claim token; a task whose runner dies at any point is run again
@@ -30,18 +31,30 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{Instrument, Span, debug, debug_span, info_span, warn};
 
+pub use finisher::Finisher;
 use finisher::Pending;
 pub use handler::{Effects, Handler, Outcome, Run, TaskHost};
 use held::Held;
+pub use held::LeaseKeeper;
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::store::{Claimed, Committed, Finish, ScheduleMode, Store};
 use crate::trace;
+
+/// A panic's message (its payload when that is a string).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".into())
+}
 
 /// Retry backoff: `base · 2^(attempt−1)`, capped, with jitter in its upper half. Pure.
 pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> u64 {
@@ -132,7 +145,7 @@ pub struct Executor {
     running: Arc<Semaphore>,
     /// Held by the batch whose tasks are taking workers (see `submit`).
     start_turn: tokio::sync::Mutex<()>,
-    held: Held,
+    held: Arc<Held>,
     /// The reads a handler makes (kv), shared by every run.
     host: Arc<dyn TaskHost>,
     finisher: mpsc::UnboundedSender<Pending>,
@@ -164,38 +177,54 @@ impl TaskHost for StoreHost {
 }
 
 impl Executor {
-    /// Creates the executor and starts its finisher and lease renewer (they end with `stopping`
-    /// once nothing is held).
+    /// Creates the executor, with the finisher that records its outcomes and the lease keeper
+    /// that renews its claims' leases, for the caller to start.
     pub fn new(
         store: Store,
         handler: Arc<dyn Handler>,
         opts: ExecutorOptions,
         metrics: Arc<Metrics>,
         stopping: watch::Receiver<bool>,
-    ) -> Arc<Self> {
+    ) -> (Arc<Self>, Finisher, LeaseKeeper) {
         let (tx, rx) = mpsc::unbounded_channel();
         let host: Arc<dyn TaskHost> = Arc::new(StoreHost {
             store: store.clone(),
         });
         let workers = opts.workers.max(1);
+        let held = Arc::new(Held::default());
+        let freed = Arc::new(Notify::new());
+        let slots = Arc::new(Semaphore::new(workers + opts.prefetch));
+        let finisher = Finisher::new(
+            rx,
+            store.clone(),
+            Arc::clone(&held),
+            Arc::clone(&metrics),
+            Arc::clone(&freed),
+        );
+        let keeper = LeaseKeeper {
+            store: store.clone(),
+            held: Arc::clone(&held),
+            slots: Arc::clone(&slots),
+            capacity: workers + opts.prefetch,
+            lease_ms: opts.lease_ms,
+            stopping: stopping.clone(),
+        };
         let exec = Arc::new(Executor {
             store,
             handler,
-            slots: Arc::new(Semaphore::new(workers + opts.prefetch)),
+            slots,
             running: Arc::new(Semaphore::new(workers)),
             start_turn: tokio::sync::Mutex::new(()),
             opts,
-            held: Held::default(),
+            held,
             host,
             finisher: tx,
-            freed: Arc::new(Notify::new()),
+            freed,
             run_us: AtomicU64::new(1_000),
             metrics,
             stopping,
         });
-        tokio::spawn(Arc::clone(&exec).finish_loop(rx));
-        tokio::spawn(Arc::clone(&exec).renew_loop());
-        exec
+        (exec, finisher, keeper)
     }
 
     fn capacity(&self) -> usize {
@@ -298,7 +327,16 @@ impl Executor {
         rt.spawn(
             async move {
                 this.metrics.running(1.0);
-                let outcome = this.run_to_outcome(&task, &traced).await;
+                // a panic in the run (a bug of the handler's host) fails this attempt, as a
+                // trap does, instead of leaving the claim held and renewed for good
+                let outcome = std::panic::AssertUnwindSafe(this.run_to_outcome(&task, &traced))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| {
+                        let why = panic_message(panic.as_ref());
+                        warn!(id = %task.id, plugin = %task.plugin, "the run panicked: {why}");
+                        Some(this.retry(&task, format!("the runner panicked running it: {why}")))
+                    });
                 this.metrics.running(-1.0);
                 drop(worker);
                 match outcome {
@@ -398,21 +436,7 @@ impl Executor {
                 }
             };
             if !run.effects.writes_nothing() {
-                let mut fx = run.effects;
-                // follow-ups and events carry the trace on (as children of this run)
-                let tp = trace::child_traceparent(traced, task.traceparent.as_deref());
-                for t in &mut fx.schedule {
-                    t.traceparent.clone_from(&tp);
-                }
-                fx.ns.traceparent = tp;
-                let committed = self
-                    .commit(task, &fx)
-                    .instrument(info_span!(target: trace::TARGET, parent: traced, "effects.commit"))
-                    .await;
-                if committed.is_ok() {
-                    self.metrics.observe_effects(&task.plugin, fx.bytes());
-                }
-                match committed {
+                match self.commit_run(task, run.effects, traced).await {
                     Ok(()) => {}
                     Err(NotCommitted::Conflict) => {
                         debug!(
@@ -431,34 +455,7 @@ impl Executor {
                     }
                 }
             }
-            return Some(match outcome {
-                Outcome::Done => Finish::Done,
-                Outcome::RunAgainAt(at) => match crate::limits::time("run_again_at", at) {
-                    Ok(at) => Finish::Again { at },
-                    Err(e) => {
-                        self.retry(task, format!("the handler's outcome is out of bounds: {e}"))
-                    }
-                },
-                Outcome::RetryAfter(ms) => {
-                    match i64::try_from(ms)
-                        .map_err(|_| crate::limits::OutOfBounds(String::new()))
-                        .and_then(|ms| crate::limits::duration("retry_after", ms))
-                    {
-                        Ok(after_ms) => Finish::Retry {
-                            after_ms,
-                            error: format!("the handler asked to retry in {ms} ms"),
-                        },
-                        Err(_) => self.retry(
-                            task,
-                            format!(
-                                "the handler's outcome is out of bounds: retry_after must be from 0 to {} ms (10 years), got {ms}",
-                                crate::limits::MAX_DURATION_MS
-                            ),
-                        ),
-                    }
-                }
-                Outcome::Fail(reason) => Finish::Dead { error: reason },
-            });
+            return Some(self.finish_of(task, outcome));
         }
         Some(self.retry(
             task,
@@ -466,6 +463,56 @@ impl Executor {
                 "the kv entries this run read were changed by other runs {MAX_CONFLICT_ROUNDS} times in a row"
             ),
         ))
+    }
+
+    /// Commits a run's effects, carrying the trace on to its follow-ups and events (as children
+    /// of this run).
+    async fn commit_run(
+        &self,
+        task: &Claimed,
+        mut fx: Effects,
+        traced: &Span,
+    ) -> Result<(), NotCommitted> {
+        let tp = trace::child_traceparent(traced, task.traceparent.as_deref());
+        for t in &mut fx.schedule {
+            t.traceparent.clone_from(&tp);
+        }
+        fx.ns.traceparent = tp;
+        self.commit(task, &fx)
+            .instrument(info_span!(target: trace::TARGET, parent: traced, "effects.commit"))
+            .await?;
+        self.metrics.observe_effects(&task.plugin, fx.bytes());
+        Ok(())
+    }
+
+    /// What a handler's outcome records (an outcome out of bounds is a failed attempt).
+    fn finish_of(&self, task: &Claimed, outcome: Outcome) -> Finish {
+        match outcome {
+            Outcome::Done => Finish::Done,
+            Outcome::RunAgainAt(at) => match crate::limits::time("run_again_at", at) {
+                Ok(at) => Finish::Again { at },
+                Err(e) => self.retry(task, format!("the handler's outcome is out of bounds: {e}")),
+            },
+            Outcome::RetryAfter(ms) => {
+                match i64::try_from(ms)
+                    .map_err(|_| crate::limits::OutOfBounds(String::new()))
+                    .and_then(|ms| crate::limits::duration("retry_after", ms))
+                {
+                    Ok(after_ms) => Finish::Retry {
+                        after_ms,
+                        error: format!("the handler asked to retry in {ms} ms"),
+                    },
+                    Err(_) => self.retry(
+                        task,
+                        format!(
+                            "the handler's outcome is out of bounds: retry_after must be from 0 to {} ms (10 years), got {ms}",
+                            crate::limits::MAX_DURATION_MS
+                        ),
+                    ),
+                }
+            }
+            Outcome::Fail(reason) => Finish::Dead { error: reason },
+        }
     }
 
     fn retry(&self, task: &Claimed, error: String) -> Finish {
