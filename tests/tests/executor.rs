@@ -388,3 +388,65 @@ async fn many_plugins_share_a_small_instance_pool_without_exhausting_it() {
         assert_eq!(t["attempts"], 1, "t{i} failed an attempt: {t}");
     }
 }
+
+/// A handler that panics for tasks whose id starts with "boom" and is done at once otherwise.
+struct Panicky;
+
+impl eggtimer::Handler for Panicky {
+    fn handle(
+        self: std::sync::Arc<Self>,
+        task: eggtimer::store::Claimed,
+        _host: std::sync::Arc<dyn eggtimer::TaskHost>,
+    ) -> futures::future::BoxFuture<'static, eggtimer::Run> {
+        Box::pin(async move {
+            assert!(!task.id.starts_with("boom"), "the handler's host has a bug");
+            eggtimer::Run {
+                outcome: Ok(eggtimer::Outcome::Done),
+                effects: eggtimer::Effects::default(),
+            }
+        })
+    }
+}
+
+/// A panic inside a run fails that attempt (retried, then dead, with the panic's message) instead
+/// of leaving its claim held and renewed for good; the runner goes on with other tasks.
+#[tokio::test]
+async fn a_run_that_panics_fails_its_attempt_and_nothing_else() {
+    let redis = RedisServer::start();
+    let store = eggtimer_tests::store_on(&redis, 4).await;
+    let mut opts = eggtimer::RunnerOptions::default();
+    opts.exec.retry_base_ms = 20;
+    let runner = eggtimer::Runner::start(
+        store.clone(),
+        std::sync::Arc::new(Panicky),
+        opts,
+        std::sync::Arc::new(eggtimer::metrics::Metrics::default()),
+    );
+    let mut boom = eggtimer_tests::noop_task("boom-1", 0);
+    boom.max_attempts = 2;
+    let tasks = [boom, eggtimer_tests::noop_task("fine-1", 0)];
+    store
+        .schedule(&tasks, eggtimer::store::ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let dead = eventually(Duration::from_secs(30), "boom-1 to be dead", || async {
+        let t = store.get("boom-1").await.unwrap()?;
+        (t.state == eggtimer::store::TaskState::Dead).then_some(t)
+    })
+    .await;
+    assert_eq!(dead.attempts, 2);
+    let error = dead.last_error.unwrap_or_default();
+    assert!(
+        error.contains("panicked") && error.contains("has a bug"),
+        "{error}"
+    );
+    eventually(Duration::from_secs(30), "fine-1 to be done", || async {
+        let t = store.get("fine-1").await.unwrap()?;
+        (t.state == eggtimer::store::TaskState::Done).then_some(())
+    })
+    .await;
+    assert!(
+        runner.shutdown(Duration::from_secs(5)).await,
+        "nothing left held"
+    );
+}
