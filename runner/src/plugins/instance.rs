@@ -112,19 +112,9 @@ pub(super) async fn call(
     task: &Claimed,
     host: Arc<dyn TaskHost>,
 ) -> Run {
-    let mut warm = match pool.take(&loaded.digest) {
-        Some(w) => w,
-        // instantiating runs the component's start code: bounded like a call
-        None => match tokio::time::timeout(opts.timeout, instantiate(engine, opts, loaded)).await {
-            Ok(Ok(w)) => w,
-            Ok(Err(e)) => return Run::failed(e),
-            Err(_) => {
-                return Run::failed(format!(
-                    "instantiating the plugin took longer than its time limit of {:?}",
-                    opts.timeout
-                ));
-            }
-        },
+    let mut warm = match warm_instance(engine, pool, opts, loaded).await {
+        Ok(w) => w,
+        Err(e) => return Run::failed(e),
     };
     let deadline = Instant::now() + opts.timeout;
     {
@@ -177,12 +167,7 @@ pub(super) async fn call(
     };
     let run = match result {
         Ok(Ok(outcome)) => Run {
-            outcome: Ok(match outcome {
-                wit::Outcome::Done => Outcome::Done,
-                wit::Outcome::RetryAfter(ms) => Outcome::RetryAfter(ms),
-                wit::Outcome::Fail(reason) => Outcome::Fail(reason),
-                wit::Outcome::RunAgainAt(t) => Outcome::RunAgainAt(t),
-            }),
+            outcome: Ok(outcome_of(outcome)),
             effects: call.effects,
         },
         // The handler returned an error: a failed attempt; effects are dropped.
@@ -195,6 +180,35 @@ pub(super) async fn call(
         pool.put(warm);
     }
     run
+}
+
+/// A warm instance of `loaded` from the pool, or a new one (instantiating runs the component's
+/// start code: bounded like a call).
+async fn warm_instance(
+    engine: &wasmtime::Engine,
+    pool: &Pool,
+    opts: &PluginOptions,
+    loaded: &Loaded,
+) -> Result<Warm, String> {
+    if let Some(w) = pool.take(&loaded.digest) {
+        return Ok(w);
+    }
+    match tokio::time::timeout(opts.timeout, instantiate(engine, opts, loaded)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "instantiating the plugin took longer than its time limit of {:?}",
+            opts.timeout
+        )),
+    }
+}
+
+fn outcome_of(outcome: wit::Outcome) -> Outcome {
+    match outcome {
+        wit::Outcome::Done => Outcome::Done,
+        wit::Outcome::RetryAfter(ms) => Outcome::RetryAfter(ms),
+        wit::Outcome::Fail(reason) => Outcome::Fail(reason),
+        wit::Outcome::RunAgainAt(t) => Outcome::RunAgainAt(t),
+    }
 }
 
 async fn instantiate(

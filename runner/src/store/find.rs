@@ -139,6 +139,20 @@ const LOG_READ: usize = 16;
 /// A page of one source: the places, the record at each (None: gone), whether it may have more.
 type Walked = (Vec<(i64, String)>, Vec<Option<TaskRecord>>, bool);
 
+/// A page's places (key, id) and whether more may follow.
+type Places = (Vec<(i64, String)>, bool);
+
+/// What a page of one index is asked for.
+struct Page<'a> {
+    state: TaskState,
+    /// The cursor's place: the page starts after it.
+    after: Option<&'a (i64, String)>,
+    limit: usize,
+    /// The due range, where the index is ordered by due.
+    lo: i64,
+    hi: i64,
+}
+
 /// Score bounds wide enough for every stored time.
 const LOWEST: i64 = -999_999_999_999_999;
 const HIGHEST: i64 = 999_999_999_999_999;
@@ -262,8 +276,7 @@ impl Store {
         after: Option<&(i64, String)>,
         limit: usize,
     ) -> Result<Walked> {
-        let mut conn = self.conn();
-        let (lo_due, hi_due) = match state {
+        let (lo, hi) = match state {
             // the due range bounds the index itself where it is ordered by due
             TaskState::Scheduled => (
                 q.due_after.unwrap_or(LOWEST),
@@ -271,161 +284,191 @@ impl Store {
             ),
             _ => (LOWEST, HIGHEST),
         };
+        let p = Page {
+            state,
+            after,
+            limit,
+            lo,
+            hi,
+        };
         let (places, more) = match src {
-            Source::Lex { key, prefix } => {
-                let asc = ascending(state);
-                // past every member with the prefix: its last \0 raised to \u{1}
-                let end = format!("({}\u{1}", &prefix[..prefix.len() - 1]);
-                let from = match after {
-                    Some((k, id)) => format!("({prefix}{k:015}\0{id}"),
-                    None if asc => format!("[{prefix}{:015}", lo_due.max(0)),
-                    None => end.clone(),
-                };
-                let to = if asc { end } else { format!("[{prefix}") };
-                let members: Vec<String> =
-                    redis::cmd(if asc { "ZRANGEBYLEX" } else { "ZREVRANGEBYLEX" })
-                        .arg(key)
-                        .arg(&from)
-                        .arg(&to)
-                        .arg("LIMIT")
-                        .arg(0)
-                        .arg(limit)
-                        .query_async(&mut conn)
-                        .await?;
-                let mut out = Vec::with_capacity(members.len());
-                let mut more = members.len() == limit;
-                for m in &members {
-                    let rest = m
-                        .strip_prefix(prefix.as_str())
-                        .with_context(|| format!("an index entry out of its range: {m:?}"))?;
-                    let (k, id) = rest
-                        .split_once('\0')
-                        .and_then(|(k, id)| Some((k.parse::<i64>().ok()?, id)))
-                        .with_context(|| format!("an index entry this runner can't read: {m:?}"))?;
-                    if asc && k > hi_due {
-                        more = false;
-                        break;
-                    }
-                    out.push((k, id.to_owned()));
-                }
-                (out, more)
-            }
-            Source::Score { key } => {
-                let (ck, cm) = match after {
-                    Some((k, id)) => (k.to_string(), id.clone()),
-                    None => (String::new(), String::new()),
-                };
-                let flat: Vec<String> = self
-                    .inner
-                    .scripts
-                    .range
-                    .key(key)
-                    .arg(if ascending(state) { "asc" } else { "desc" })
-                    .arg(ck)
-                    .arg(cm)
-                    .arg(lo_due)
-                    .arg(hi_due)
-                    .arg(limit)
-                    .invoke_async(&mut conn)
-                    .await?;
-                let places = scored_places(&flat)?;
-                let more = places.len() == limit;
-                (places, more)
-            }
-            Source::Due => {
-                let (ck, cm) = match after {
-                    Some((k, id)) => (k.to_string(), id.clone()),
-                    None => (String::new(), String::new()),
-                };
-                let mut inv = self.shard_script(&self.inner.scripts.due_range, shard);
-                inv.arg(ck).arg(cm).arg(lo_due).arg(hi_due).arg(limit);
-                let flat: Vec<String> = inv.invoke_async(&mut conn).await?;
-                let places = scored_places(&flat)?;
-                let more = places.len() == limit;
-                (places, more)
-            }
-            Source::Log { key } => {
-                // most recent first (the done state's order): read entries down from the cursor
-                // until the page is full and every entry at its last key is in; an id listed is
-                // done at that key only if its record says so (`matches` checks it)
-                let top = after.map_or_else(|| "+inf".to_owned(), |(k, _)| k.to_string());
-                let mut places: Vec<(i64, String)> = Vec::new();
-                let (mut offset, mut last, mut more) = (0, None, false);
-                'read: loop {
-                    let entries: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
-                        .arg(key)
-                        .arg(&top)
-                        .arg("-inf")
-                        .arg("WITHSCORES")
-                        .arg("LIMIT")
-                        .arg(offset)
-                        .arg(LOG_READ)
-                        .query_async(&mut conn)
-                        .await?;
-                    for (entry, k) in &entries {
-                        let k = *k as i64;
-                        if places.len() >= limit && last != Some(k) {
-                            more = true;
-                            break 'read;
-                        }
-                        last = Some(k);
-                        for id in entry.split('\t').skip(1) {
-                            if after.is_none_or(|(ak, aid)| (k, id) < (*ak, aid.as_str())) {
-                                places.push((k, id.to_owned()));
-                            }
-                        }
-                    }
-                    if entries.len() < LOG_READ {
-                        break;
-                    }
-                    offset += LOG_READ;
-                }
-                places.sort_by(|a, b| b.cmp(a));
-                places.dedup();
-                more |= places.len() > limit;
-                places.truncate(limit);
-                (places, more)
-            }
-            Source::Running => {
-                let k = self.keys().shard(shard);
-                // the ids of the running claim batches; one may be in more than one batch's list
-                // (its outcome recorded, then claimed again), and the records say which still run
-                let batches: Vec<(String, String)> = redis::cmd("HGETALL")
-                    .arg(&k.batches)
-                    .query_async(&mut conn)
-                    .await?;
-                let ids: Vec<String> = batches
-                    .iter()
-                    .filter(|(field, _)| field.bytes().all(|b| b.is_ascii_digit()))
-                    .flat_map(|(_, ids)| ids.split('\t'))
-                    .collect::<std::collections::BTreeSet<&str>>()
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect();
-                let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-                let recs = self.read_records(&refs).await?;
-                let mut found: Vec<((i64, String), Option<TaskRecord>)> = ids
-                    .iter()
-                    .zip(recs)
-                    .filter_map(|(id, r)| {
-                        let r = TaskRecord::decode(id, &r?)?;
-                        Some(((r.run_at, id.clone()), Some(r)))
-                    })
-                    .filter(|((k, id), _)| match after {
-                        Some((ak, aid)) => (*k, id.as_str()) > (*ak, aid.as_str()),
-                        None => true,
-                    })
-                    .collect();
-                found.sort_by(|a, b| a.0.cmp(&b.0));
-                found.truncate(limit);
-                // every running task of the shard was looked at: nothing more after the page
-                // unless it was cut at the limit
-                let more = found.len() == limit;
-                let (places, recs) = found.into_iter().unzip();
-                return Ok((places, recs, more));
-            }
+            Source::Lex { key, prefix } => self.lex_places(key, prefix, &p).await?,
+            Source::Score { key } => self.range_places(key, &p).await?,
+            Source::Due => self.due_places(shard, &p).await?,
+            Source::Log { key } => self.log_places(key, &p).await?,
+            Source::Running => return self.running_page(shard, &p).await,
         };
         let recs = self.records_of(shard, &places).await?;
+        Ok((places, recs, more))
+    }
+
+    /// A page of a lex-ordered index (`byowner`, `byplugin`) of members `<prefix><key(15)>\0<id>`.
+    async fn lex_places(&self, key: &str, prefix: &str, p: &Page<'_>) -> Result<Places> {
+        let mut conn = self.conn();
+        let asc = ascending(p.state);
+        // past every member with the prefix: its last \0 raised to \u{1}
+        let end = format!("({}\u{1}", &prefix[..prefix.len() - 1]);
+        let from = match p.after {
+            Some((k, id)) => format!("({prefix}{k:015}\0{id}"),
+            None if asc => format!("[{prefix}{:015}", p.lo.max(0)),
+            None => end.clone(),
+        };
+        let to = if asc { end } else { format!("[{prefix}") };
+        let members: Vec<String> = redis::cmd(if asc { "ZRANGEBYLEX" } else { "ZREVRANGEBYLEX" })
+            .arg(key)
+            .arg(&from)
+            .arg(&to)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(p.limit)
+            .query_async(&mut conn)
+            .await?;
+        let mut out = Vec::with_capacity(members.len());
+        let mut more = members.len() == p.limit;
+        for m in &members {
+            let rest = m
+                .strip_prefix(prefix)
+                .with_context(|| format!("an index entry out of its range: {m:?}"))?;
+            let (k, id) = rest
+                .split_once('\0')
+                .and_then(|(k, id)| Some((k.parse::<i64>().ok()?, id)))
+                .with_context(|| format!("an index entry this runner can't read: {m:?}"))?;
+            if asc && k > p.hi {
+                more = false;
+                break;
+            }
+            out.push((k, id.to_owned()));
+        }
+        Ok((out, more))
+    }
+
+    /// A page of a score-ordered index (`parked`, `dead`), by the `range` script.
+    async fn range_places(&self, key: &str, p: &Page<'_>) -> Result<Places> {
+        let mut conn = self.conn();
+        let (ck, cm) = match p.after {
+            Some((k, id)) => (k.to_string(), id.clone()),
+            None => (String::new(), String::new()),
+        };
+        let flat: Vec<String> = self
+            .inner
+            .scripts
+            .range
+            .key(key)
+            .arg(if ascending(p.state) { "asc" } else { "desc" })
+            .arg(ck)
+            .arg(cm)
+            .arg(p.lo)
+            .arg(p.hi)
+            .arg(p.limit)
+            .invoke_async(&mut conn)
+            .await?;
+        let places = scored_places(&flat)?;
+        let more = places.len() == p.limit;
+        Ok((places, more))
+    }
+
+    /// A page of the shard's due buckets, by the `due_range` script.
+    async fn due_places(&self, shard: u32, p: &Page<'_>) -> Result<Places> {
+        let mut conn = self.conn();
+        let (ck, cm) = match p.after {
+            Some((k, id)) => (k.to_string(), id.clone()),
+            None => (String::new(), String::new()),
+        };
+        let mut inv = self.shard_script(&self.inner.scripts.due_range, shard);
+        inv.arg(ck).arg(cm).arg(p.lo).arg(p.hi).arg(p.limit);
+        let flat: Vec<String> = inv.invoke_async(&mut conn).await?;
+        let places = scored_places(&flat)?;
+        let more = places.len() == p.limit;
+        Ok((places, more))
+    }
+
+    /// A page of the finish log, most recent first.
+    async fn log_places(&self, key: &str, p: &Page<'_>) -> Result<Places> {
+        let mut conn = self.conn();
+        // most recent first (the done state's order): read entries down from the cursor
+        // until the page is full and every entry at its last key is in; an id listed is
+        // done at that key only if its record says so (`matches` checks it)
+        let top = p
+            .after
+            .map_or_else(|| "+inf".to_owned(), |(k, _)| k.to_string());
+        let mut places: Vec<(i64, String)> = Vec::new();
+        let (mut offset, mut last, mut more) = (0, None, false);
+        'read: loop {
+            let entries: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(key)
+                .arg(&top)
+                .arg("-inf")
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(LOG_READ)
+                .query_async(&mut conn)
+                .await?;
+            for (entry, k) in &entries {
+                let k = *k as i64;
+                if places.len() >= p.limit && last != Some(k) {
+                    more = true;
+                    break 'read;
+                }
+                last = Some(k);
+                for id in entry.split('\t').skip(1) {
+                    if p.after
+                        .is_none_or(|(ak, aid)| (k, id) < (*ak, aid.as_str()))
+                    {
+                        places.push((k, id.to_owned()));
+                    }
+                }
+            }
+            if entries.len() < LOG_READ {
+                break;
+            }
+            offset += LOG_READ;
+        }
+        places.sort_by(|a, b| b.cmp(a));
+        places.dedup();
+        more |= places.len() > p.limit;
+        places.truncate(p.limit);
+        Ok((places, more))
+    }
+
+    /// A page of the shard's running tasks (read whole: at most the runners' claimed tasks).
+    async fn running_page(&self, shard: u32, p: &Page<'_>) -> Result<Walked> {
+        let mut conn = self.conn();
+        let k = self.keys().shard(shard);
+        // the ids of the running claim batches; one may be in more than one batch's list
+        // (its outcome recorded, then claimed again), and the records say which still run
+        let batches: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(&k.batches)
+            .query_async(&mut conn)
+            .await?;
+        let ids: Vec<String> = batches
+            .iter()
+            .filter(|(field, _)| field.bytes().all(|b| b.is_ascii_digit()))
+            .flat_map(|(_, ids)| ids.split('\t'))
+            .collect::<std::collections::BTreeSet<&str>>()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let recs = self.read_records(&refs).await?;
+        let mut found: Vec<((i64, String), Option<TaskRecord>)> = ids
+            .iter()
+            .zip(recs)
+            .filter_map(|(id, r)| {
+                let r = TaskRecord::decode(id, &r?)?;
+                Some(((r.run_at, id.clone()), Some(r)))
+            })
+            .filter(|((k, id), _)| match p.after {
+                Some((ak, aid)) => (*k, id.as_str()) > (*ak, aid.as_str()),
+                None => true,
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found.truncate(p.limit);
+        // every running task of the shard was looked at: nothing more after the page
+        // unless it was cut at the limit
+        let more = found.len() == p.limit;
+        let (places, recs) = found.into_iter().unzip();
         Ok((places, recs, more))
     }
 
