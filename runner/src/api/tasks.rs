@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::params::{TaskId, check_id};
 use crate::clock::now_ms;
 use crate::limits;
-use crate::store::{Move, NewTask, Refused, ScheduleMode, Scheduled, TaskRecord};
+use crate::store::{Move, NewTask, Refused, Scheduled, TaskRecord};
 
 /// Most specs in one POST /v1/tasks.
 pub const MAX_BATCH: usize = 10_000;
@@ -148,39 +148,8 @@ pub async fn schedule(
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, st.max_body_bytes).await?;
     let v = body::raw(&bytes)?;
-    let now = now_ms();
     let single = !body::is_array(v);
-    // an empty header is no header (as proxies and curl's `-H 'traceparent;'` send it)
-    let traceparent = match headers.get("traceparent").filter(|h| !h.is_empty()) {
-        None => None,
-        Some(h) => h
-            .to_str()
-            .map_err(|_| "not visible ASCII".to_owned())
-            .and_then(crate::trace::parse_traceparent)
-            .map_err(|e| ApiError::bad(format!("the traceparent header: {e}")))?,
-    };
-    let specs: Vec<NewTask> = if single {
-        vec![parse_spec(
-            v,
-            "",
-            now,
-            st.max_payload_bytes,
-            traceparent.as_deref(),
-        )?]
-    } else {
-        let items = body::array(v, MAX_BATCH, "the array of task specs")?;
-        if items.is_empty() {
-            return Err(ApiError::bad("the array of task specs is empty"));
-        }
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let at = format!("[{i}].");
-                parse_spec(s, &at, now, st.max_payload_bytes, traceparent.as_deref())
-            })
-            .collect::<ApiResult<_>>()?
-    };
+    let specs = parse_specs(&st, v, traceparent_header(&headers)?.as_deref())?;
     let at = |i: usize| {
         if single {
             String::new()
@@ -204,34 +173,10 @@ pub async fn schedule(
             ));
         }
     }
-    // A running id, or one inside its dedup window, refuses the whole batch. Each shard's part is
-    // all or nothing in its script; a batch over several shards is also checked before anything
-    // is written (per shard, a round trip to learn whether anything there runs or has a dedup
-    // window, and only then a read of the ids).
-    let first_shard = st.store.shard_of(&specs[0].id);
-    if specs
-        .iter()
-        .any(|t| st.store.shard_of(&t.id) != first_shard)
-    {
-        let ids: Vec<&str> = specs.iter().map(|t| t.id.as_str()).collect();
-        let conflicts = st.store.conflicts_among(&ids).await?;
-        if let Some((i, why)) = conflicts
-            .iter()
-            .enumerate()
-            .find_map(|(i, c)| c.map(|c| (i, c)))
-        {
-            return Err(match why {
-                Scheduled::Duplicate => duplicate(&at(i), &specs[i].id),
-                _ => running_conflict(&at(i), &specs[i].id),
-            });
-        }
-    }
-    let verdicts = st.store.schedule(&specs, ScheduleMode::Upsert).await?;
-    if let Some(i) = verdicts.iter().position(|v| *v == Scheduled::Running) {
-        return Err(running_conflict(&at(i), &specs[i].id));
-    }
-    if let Some(i) = verdicts.iter().position(|v| *v == Scheduled::Duplicate) {
-        return Err(duplicate(&at(i), &specs[i].id));
+    match st.store.schedule_all_or_none(&specs).await? {
+        Err((i, Scheduled::Duplicate)) => return Err(duplicate(&at(i), &specs[i].id)),
+        Err((i, _)) => return Err(running_conflict(&at(i), &specs[i].id)),
+        Ok(()) => {}
     }
     for t in &specs {
         st.metrics.observe_scheduled(&t.plugin, 1);
@@ -246,6 +191,51 @@ pub async fn schedule(
         Value::Array(replies)
     };
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+/// The `traceparent` header, checked (an empty header is no header, as proxies and curl's
+/// `-H 'traceparent;'` send it).
+fn traceparent_header(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    match headers.get("traceparent").filter(|h| !h.is_empty()) {
+        None => Ok(None),
+        Some(h) => h
+            .to_str()
+            .map_err(|_| "not visible ASCII".to_owned())
+            .and_then(crate::trace::parse_traceparent)
+            .map_err(|e| ApiError::bad(format!("the traceparent header: {e}"))),
+    }
+}
+
+/// One task spec or a non-empty array of up to [`MAX_BATCH`], each checked (errors name the
+/// field, `[3].plugin` in an array).
+fn parse_specs(st: &AppState, v: &RawValue, traceparent: Option<&str>) -> ApiResult<Vec<NewTask>> {
+    let now = now_ms();
+    if !body::is_array(v) {
+        return Ok(vec![parse_spec(
+            v,
+            "",
+            now,
+            st.max_payload_bytes,
+            traceparent,
+        )?]);
+    }
+    let items = body::array(v, MAX_BATCH, "the array of task specs")?;
+    if items.is_empty() {
+        return Err(ApiError::bad("the array of task specs is empty"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            parse_spec(
+                s,
+                &format!("[{i}]."),
+                now,
+                st.max_payload_bytes,
+                traceparent,
+            )
+        })
+        .collect()
 }
 
 fn running_conflict(at: &str, id: &str) -> ApiError {

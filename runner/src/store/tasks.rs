@@ -17,6 +17,40 @@ use super::{
 type Outcome<'a> = (&'a str, u64, i64, &'a str);
 
 impl Store {
+    /// Schedules a batch as one (upserts): every task, or none when one of them is running or
+    /// inside its dedup window; then the index of the first such and why. Each shard's part is
+    /// all or nothing in its script; a batch over several shards is also checked before anything
+    /// is written (per shard, a round trip to learn whether anything there runs or has a dedup
+    /// window, and only then a read of the ids), so only a task claimed in the instant between
+    /// the check and the write can leave the other shards' part written.
+    pub async fn schedule_all_or_none(
+        &self,
+        tasks: &[NewTask],
+    ) -> Result<Result<(), (usize, Scheduled)>> {
+        let Some(first) = tasks.first().map(|t| self.shard_of(&t.id)) else {
+            return Ok(Ok(()));
+        };
+        if tasks.iter().any(|t| self.shard_of(&t.id) != first) {
+            let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
+            let conflicts = self.conflicts_among(&ids).await?;
+            if let Some(refused) = conflicts
+                .iter()
+                .enumerate()
+                .find_map(|(i, c)| c.map(|c| (i, c)))
+            {
+                return Ok(Err(refused));
+            }
+        }
+        let verdicts = self.schedule(tasks, ScheduleMode::Upsert).await?;
+        // a running id first, as the check above finds it
+        for why in [Scheduled::Running, Scheduled::Duplicate] {
+            if let Some(i) = verdicts.iter().position(|v| *v == why) {
+                return Ok(Err((i, why)));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// Schedules tasks (any number, any shards): one script per shard, sent concurrently.
     /// The verdicts come back in the order of `tasks`.
     pub async fn schedule(&self, tasks: &[NewTask], mode: ScheduleMode) -> Result<Vec<Scheduled>> {
