@@ -21,7 +21,7 @@ impl Remote {
         Ok(Remote {
             http: reqwest::Client::builder().build()?,
             base: r.url.trim_end_matches('/').to_owned(),
-            token: r.token.clone(),
+            token: r.bearer()?,
         })
     }
 

@@ -79,12 +79,34 @@ pub struct RemoteArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub url: String,
-    /// Bearer token.
+    /// Bearer token. A token on the command line shows in `ps`: prefer `EGGTIMER_TOKEN` or
+    /// `--token-file`.
     #[arg(long, global = true, env = "EGGTIMER_TOKEN")]
     pub token: Option<String>,
+    /// A file holding the bearer token (its first line), read when no token is given.
+    #[arg(long, global = true, env = "EGGTIMER_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     /// Print the API's JSON reply instead of a table (lists and single tasks print tables).
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl RemoteArgs {
+    /// The bearer token: `--token` / `EGGTIMER_TOKEN`, else the first line of `--token-file`.
+    pub fn bearer(&self) -> anyhow::Result<Option<String>> {
+        if self.token.is_some() {
+            return Ok(self.token.clone());
+        }
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", path.display()))?;
+        match text.lines().next().map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => Ok(Some(t.to_owned())),
+            None => anyhow::bail!("the token file {} is empty", path.display()),
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]

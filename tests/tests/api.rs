@@ -393,6 +393,31 @@ async fn the_token_guards_every_v1_route_and_not_health() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 201);
+    // the CLI takes it from the environment or a file, not only from its command line (where
+    // `ps` shows it)
+    let dir = eggtimer_tests::temp_dir("token");
+    let file = dir.join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let list = |env: &[(&str, &str)]| {
+        std::process::Command::new(eggtimer_bin())
+            .args(["plugin", "list", "--json", "--url", &r.url])
+            .env_remove("EGGTIMER_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    assert!(!list(&[]).status.success(), "no token: 401");
+    for env in [
+        [("EGGTIMER_TOKEN", "s3cret")],
+        [("EGGTIMER_TOKEN_FILE", file.to_str().unwrap())],
+    ] {
+        let out = list(&env);
+        assert!(
+            out.status.success(),
+            "{env:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(
             http()
