@@ -271,3 +271,52 @@ async fn claim_one(s: &Store, lease_ms: u64) -> Claimed {
     })
     .await
 }
+
+/// The marker a run's kv writes and events are committed under is dropped once its task's outcome
+/// is recorded (a few seconds' grace for a stalled runner): 500 reminders that emit leave no
+/// marker behind, where each used to stay a day.
+#[tokio::test]
+async fn effect_markers_go_once_their_tasks_outcomes_are_recorded() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::with_plugins(&redis, &[]);
+    let specs: Vec<serde_json::Value> = (0..500)
+        .map(|i| {
+            serde_json::json!({"plugin": "coupon-expiry", "id": format!("remind-{i}"),
+                "payload": {"coupon_id": format!("c{i}"), "user_id": "u1", "expires_at": 0}})
+        })
+        .collect();
+    eggtimer_tests::post_tasks(&r.url, serde_json::Value::Array(specs)).await;
+    let mut c = redis.conn();
+    eventually(Duration::from_secs(60), "500 reminders emitted", || {
+        let n = read_stream(&mut c, "{eggtimer}:events:push").len();
+        async move { (n == 500).then_some(()) }
+    })
+    .await;
+    wait_state(&r.url, "remind-499", "done", Duration::from_secs(30)).await;
+    let markers = |c: &mut redis::Connection| -> Vec<(String, i64)> {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("{eggtimer}:fx:*").query(c).unwrap();
+        keys.into_iter()
+            .map(|k| {
+                let ttl: i64 = redis::cmd("PTTL").arg(&k).query(c).unwrap();
+                (k, ttl)
+            })
+            .collect()
+    };
+    // whatever is left expires within the grace, not in a day
+    let grace = eggtimer::store::MARKER_GRACE_MS as i64;
+    eventually(
+        Duration::from_secs(30),
+        "every marker within the grace",
+        || {
+            let left = markers(&mut c);
+            let ok = left.iter().all(|(_, ttl)| *ttl <= grace);
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(30), "no marker left", || {
+        let left = markers(&mut c).len();
+        async move { (left == 0).then_some(()) }
+    })
+    .await;
+}

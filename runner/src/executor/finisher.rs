@@ -24,6 +24,9 @@ pub(super) struct Pending {
     pub(super) attempt: u32,
     pub(super) plugin: String,
     pub(super) finish: Finish,
+    /// The claim whose marker the run's kv writes and events were committed under (None: it
+    /// committed none): once the outcome is recorded the marker is dropped.
+    pub(super) marker: Option<u64>,
     /// The task's trace span: it ends once the outcome is recorded.
     pub(super) traced: tracing::Span,
     pub(super) _slot: OwnedSemaphorePermit,
@@ -120,6 +123,24 @@ impl Finisher {
 }
 
 impl Recorder {
+    /// The outcomes recorded end their tasks' rerun chains: the markers their effects were
+    /// committed under are dropped (a few seconds later, for a runner stalled between its claim
+    /// check and its commit; until then they still keep its effects from landing twice).
+    async fn drop_markers(&self, group: &[Pending], verdicts: &[Finished]) {
+        let markers: Vec<(&str, u64)> = group
+            .iter()
+            .zip(verdicts)
+            .filter(|(_, v)| !matches!(v, Finished::Stale | Finished::Release | Finished::Defer))
+            .filter_map(|(p, _)| Some((p.id.as_str(), p.marker?)))
+            .collect();
+        if markers.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.expire_markers(&markers).await {
+            debug!("dropping effect markers failed (they expire on their own): {e:#}");
+        }
+    }
+
     async fn record(&self, shard: u32, group: Vec<Pending>) {
         let items: Vec<(&str, u64, &Finish)> = group
             .iter()
@@ -177,6 +198,9 @@ impl Recorder {
                     debug!(id = %p.id, attempt = p.attempt, ?v, "recorded");
                 }
             }
+        }
+        if let Some(verdicts) = &verdicts {
+            self.drop_markers(&group, verdicts).await;
         }
         for p in &group {
             self.held.remove(shard, &p.id, p.token);

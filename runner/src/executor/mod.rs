@@ -329,14 +329,19 @@ impl Executor {
                 this.metrics.running(1.0);
                 // a panic in the run (a bug of the handler's host) fails this attempt, as a
                 // trap does, instead of leaving the claim held and renewed for good
-                let outcome = std::panic::AssertUnwindSafe(this.run_to_outcome(&task, &traced))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| {
-                        let why = panic_message(panic.as_ref());
-                        warn!(id = %task.id, plugin = %task.plugin, "the run panicked: {why}");
-                        Some(this.retry(&task, format!("the runner panicked running it: {why}")))
-                    });
+                // set once the run's kv writes and events are committed under its marker
+                let mut marked = false;
+                let outcome =
+                    std::panic::AssertUnwindSafe(this.run_to_outcome(&task, &traced, &mut marked))
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|panic| {
+                            let why = panic_message(panic.as_ref());
+                            warn!(id = %task.id, plugin = %task.plugin, "the run panicked: {why}");
+                            Some(
+                                this.retry(&task, format!("the runner panicked running it: {why}")),
+                            )
+                        });
                 this.metrics.running(-1.0);
                 drop(worker);
                 match outcome {
@@ -348,6 +353,7 @@ impl Executor {
                             attempt: task.attempt,
                             plugin: task.plugin,
                             finish,
+                            marker: marked.then_some(task.effects_claim),
                             traced,
                             _slot: slot,
                         });
@@ -366,12 +372,17 @@ impl Executor {
     /// Runs the task until it has an outcome to record; None when nothing may be recorded (the
     /// claim was lost, or its effects could not be committed: the lease then expires and the
     /// task runs again).
-    async fn run_to_outcome(&self, task: &Claimed, traced: &Span) -> Option<Finish> {
+    async fn run_to_outcome(
+        &self,
+        task: &Claimed,
+        traced: &Span,
+        marked: &mut bool,
+    ) -> Option<Finish> {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
         let Some(max) = self.handler.max_concurrency(&task.plugin) else {
-            return self.run_rounds(task, None, traced).await;
+            return self.run_rounds(task, None, traced, marked).await;
         };
         // a concurrency slot per run, across all runners; none free: back to scheduled shortly,
         // the attempt given back, and the worker is free for other plugins' tasks at once
@@ -380,7 +391,9 @@ impl Executor {
             let after_ms = 100 + (rand::random::<f64>() * 200.0) as i64;
             return Some(Finish::Defer { after_ms });
         }
-        let finish = self.run_rounds(task, Some((&holder, max)), traced).await;
+        let finish = self
+            .run_rounds(task, Some((&holder, max)), traced, marked)
+            .await;
         if let Err(e) = self.store.slot_give(&task.plugin, &holder).await {
             warn!(plugin = %task.plugin, "giving a concurrency slot back failed (it expires on its own): {e:#}");
         }
@@ -405,6 +418,7 @@ impl Executor {
         task: &Claimed,
         slot: Option<(&str, u32)>,
         traced: &Span,
+        marked: &mut bool,
     ) -> Option<Finish> {
         let lateness = now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
@@ -436,7 +450,7 @@ impl Executor {
                 }
             };
             if !run.effects.writes_nothing() {
-                match self.commit_run(task, run.effects, traced).await {
+                match self.commit_run(task, run.effects, traced, marked).await {
                     Ok(()) => {}
                     Err(NotCommitted::Conflict) => {
                         debug!(
@@ -472,13 +486,14 @@ impl Executor {
         task: &Claimed,
         mut fx: Effects,
         traced: &Span,
+        marked: &mut bool,
     ) -> Result<(), NotCommitted> {
         let tp = trace::child_traceparent(traced, task.traceparent.as_deref());
         for t in &mut fx.schedule {
             t.traceparent.clone_from(&tp);
         }
         fx.ns.traceparent = tp;
-        self.commit(task, &fx)
+        self.commit(task, &fx, marked)
             .instrument(info_span!(target: trace::TARGET, parent: traced, "effects.commit"))
             .await?;
         self.metrics.observe_effects(&task.plugin, fx.bytes());
@@ -528,7 +543,12 @@ impl Executor {
 
     /// Commits a run's effects: only while the claim is current, kv writes and events together
     /// and only if the kv entries read are unchanged, then follow-ups and cancels.
-    async fn commit(&self, task: &Claimed, fx: &Effects) -> Result<(), NotCommitted> {
+    async fn commit(
+        &self,
+        task: &Claimed,
+        fx: &Effects,
+        marked: &mut bool,
+    ) -> Result<(), NotCommitted> {
         let Some(leased_from) = self.held.leased_from(task) else {
             return Err(NotCommitted::Lost);
         };
@@ -554,7 +574,7 @@ impl Executor {
         let ns = &fx.ns;
         if !ns.kv.is_empty() || !ns.events.is_empty() || !ns.reads.is_empty() {
             match self.store.commit_ns_effects(task, ns).await {
-                Ok(Committed::Applied | Committed::AppliedBefore) => {}
+                Ok(Committed::Applied | Committed::AppliedBefore) => *marked = true,
                 Ok(Committed::Conflict) => return Err(NotCommitted::Conflict),
                 Err(e) => return Err(NotCommitted::Failed(e)),
             }

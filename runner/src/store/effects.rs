@@ -5,10 +5,15 @@ use anyhow::{Context, Result, bail};
 
 use super::{Claimed, Committed, KvWrite, NsEffects, Store};
 
-/// How long the marker of an applied commit is kept: a retried commit of the same claim comes
-/// within seconds, and a rerun after its runner died within a lease or a few (a day is plenty,
-/// unless the task's plugin is paused for longer in between: then the rerun's effects apply).
+/// How long the marker of an applied commit is kept when no outcome of its task is recorded: a
+/// retried commit of the same claim comes within seconds, and a rerun after its runner died within
+/// a lease or a few (a day is plenty, unless the task's plugin is paused for longer in between:
+/// then the rerun's effects apply).
 const MARKER_TTL_MS: u64 = 24 * 3600 * 1000;
+
+/// How long a marker is kept once its task's outcome is recorded (which ends its rerun chain):
+/// long enough for a runner stalled between its claim check and its commit to still find it.
+pub const MARKER_GRACE_MS: u64 = 10_000;
 
 impl Store {
     /// Commits one run's kv writes and events, provided no kv entry it read has changed since
@@ -68,6 +73,23 @@ impl Store {
             -1 => Committed::Conflict,
             other => bail!("the effects script answered {other}, which this runner does not know"),
         })
+    }
+
+    /// Shortens the markers of these (task id, claim) runs to [`MARKER_GRACE_MS`]: their tasks'
+    /// outcomes are recorded. One pipeline on the namespace slot.
+    pub async fn expire_markers(&self, markers: &[(&str, u64)]) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for (id, claim) in markers {
+            pipe.cmd("PEXPIRE")
+                .arg(self.keys().effects_marker(id, &claim.to_string()))
+                .arg(MARKER_GRACE_MS)
+                .ignore();
+        }
+        let () = pipe
+            .query_async(&mut self.conn())
+            .await
+            .context("expiring effect markers")?;
+        Ok(())
     }
 
     /// Reads one entry of a plugin's key-value store.
