@@ -38,14 +38,17 @@ impl Drop for Tracing {
     }
 }
 
-/// Installs the global subscriber: logs to stderr filtered by `log` (an `EnvFilter`), and, with
+/// Installs the global subscriber: logs to stderr filtered by `log` (an `EnvFilter`, in colour
+/// only when stderr is a terminal), and, with
 /// an OTLP endpoint (`http://host:4318`, or a URL ending in `/v1/traces`), task spans exported.
 pub fn init(log: &str, otlp_endpoint: Option<&str>) -> Result<Tracing> {
     let logs = EnvFilter::try_new(log)
         .unwrap_or_else(|_| EnvFilter::new("info"))
         .add_directive(format!("{TARGET}=off").parse().expect("a valid directive"));
+    // colours only on a terminal: a log file or journald gets plain text
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(logs);
     let Some(endpoint) = otlp_endpoint else {
         tracing_subscriber::registry().with(fmt).init();

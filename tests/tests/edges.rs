@@ -299,6 +299,10 @@ async fn the_private_redis_has_a_password_and_its_data_dir_a_lock() {
         0o700
     );
     assert!(!r.log_text().contains(url), "the password is in the log");
+    assert!(
+        !r.log_text().contains('\u{1b}'),
+        "colour codes in a log that is not a terminal"
+    );
     // without the password Redis refuses; with the URL it answers
     let port = url.rsplit(':').next().unwrap();
     let open: redis::RedisResult<String> = redis::Client::open(format!("redis://127.0.0.1:{port}"))
@@ -394,5 +398,64 @@ async fn outcomes_out_of_bounds_fail_the_attempt_and_keep_times_in_range() {
             (0..=eggtimer::limits::MAX_TIME_MS).contains(&due),
             "{what}: {t}"
         );
+    }
+}
+
+/// `cargo xtask run` becomes the runner (exec), so a SIGTERM sent to the process a person or a
+/// supervisor started stops the runner and its private redis-server, freeing the port and the
+/// data dir's lock.
+#[tokio::test]
+async fn sigterm_to_cargo_xtask_run_stops_the_runner_and_its_redis() {
+    let dir = temp_dir("xtask-run");
+    let port = eggtimer_tests::free_port();
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(eggtimer_tests::workspace())
+        .args(["xtask", "run", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(&dir)
+        .env_remove("EGGTIMER_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // (the first build may take a while; the plugins and the runner are built by now)
+    let url = format!("http://127.0.0.1:{port}/healthz");
+    eventually(
+        Duration::from_secs(300),
+        "cargo xtask run to serve",
+        || async {
+            eggtimer_tests::http()
+                .get(&url)
+                .send()
+                .await
+                .ok()?
+                .status()
+                .is_success()
+                .then_some(())
+        },
+    )
+    .await;
+    let redis_url = std::fs::read_to_string(dir.join("redis-url")).unwrap();
+    let redis_port: u16 = redis_url
+        .trim()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = eventually(Duration::from_secs(60), "the runner to exit", || {
+        let s = child.try_wait().unwrap();
+        async move { s }
+    })
+    .await;
+    assert_eq!(status.code(), Some(0), "{status}");
+    for (what, p) in [("the runner", port), ("its redis-server", redis_port)] {
+        eventually(
+            Duration::from_secs(30),
+            &format!("{what}'s port to close"),
+            || async { TcpStream::connect(("127.0.0.1", p)).is_err().then_some(()) },
+        )
+        .await;
     }
 }

@@ -3,8 +3,9 @@
 //! - `plugins` builds every plugin under plugins/ to wasm (its own target dir, so the host build is
 //!   not invalidated) and copies them to target/plugins/<name>.wasm; the TypeScript and Python
 //!   ones with their pinned toolchains (`guest`).
-//! - `run [ARGS]` builds the plugins and runs `eggtimer serve --plugins-dir target/run-plugins ARGS`
-//!   with the sample plugins and `noop` (not the test-only ones).
+//! - `run [ARGS]` builds the plugins and the runner (cargo's progress shown), then becomes
+//!   `eggtimer serve --plugins-dir target/run-plugins ARGS` (exec: signals reach the runner) with
+//!   the sample plugins and `noop` (not the test-only ones).
 //! - `test [ARGS]` builds the plugins and the runner, then runs the whole test suite.
 //! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md).
 
@@ -34,19 +35,17 @@ fn run() -> Result<()> {
         "run" => {
             require_redis_server()?;
             let dir = run_plugins(&build_plugins()?)?;
-            cargo(
-                &[
-                    "run",
-                    "--quiet",
-                    "-p",
-                    "eggtimer",
-                    "--",
-                    "serve",
-                    "--plugins-dir",
-                ],
-                Some(&dir),
-                &rest,
-            )
+            cargo(&["build", "-p", "eggtimer", "--bin", "eggtimer"], None, &[])?;
+            // the runner takes this process's place: a supervisor's, `timeout`'s or a terminal's
+            // SIGTERM and SIGINT reach it, and it stops its redis-server and exits
+            let err = exec(
+                Command::new(target_dir().join("debug/eggtimer"))
+                    .arg("serve")
+                    .arg("--plugins-dir")
+                    .arg(&dir)
+                    .args(&rest),
+            );
+            bail!("starting target/debug/eggtimer: {err}")
         }
         "test" => {
             build_plugins()?;
@@ -76,6 +75,26 @@ fn run() -> Result<()> {
         }
         _ => bail!("usage: cargo xtask plugins | run [ARGS] | test [ARGS] | bench [ARGS]"),
     }
+}
+
+/// Replaces this process with `cmd` (Unix); elsewhere runs it and exits with its status.
+fn exec(cmd: &mut Command) -> std::io::Error {
+    #[cfg(unix)]
+    {
+        std::os::unix::process::CommandExt::exec(cmd)
+    }
+    #[cfg(not(unix))]
+    match cmd.status() {
+        Ok(s) => std::process::exit(s.code().unwrap_or(1)),
+        Err(e) => e,
+    }
+}
+
+/// Cargo's target dir (`CARGO_TARGET_DIR`, else target/ of the workspace).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
 }
 
 fn root() -> PathBuf {
@@ -175,13 +194,26 @@ fn ensure_wasm_target() -> Result<()> {
     Ok(())
 }
 
+/// Copies `from` to `to` unless `to` already holds the same bytes: a runner reading a plugin
+/// while this runs again (tests do) never sees it half written.
+fn copy_if_changed(from: &Path, to: &Path) -> Result<()> {
+    let bytes = std::fs::read(from)?;
+    if std::fs::read(to).is_ok_and(|have| have == bytes) {
+        return Ok(());
+    }
+    // written beside it, then renamed over it: readers see the old file or the new one
+    let tmp = to.with_extension("wasm.tmp");
+    std::fs::write(&tmp, &bytes)?;
+    std::fs::rename(&tmp, to)?;
+    Ok(())
+}
+
 fn build_plugins() -> Result<PathBuf> {
     ensure_wasm_target()?;
     let names = plugin_names()?;
     let target_dir = root().join("target/wasm");
     let mut args = vec![
         "build",
-        "--quiet",
         "--profile",
         "plugin",
         "--target",
@@ -201,7 +233,7 @@ fn build_plugins() -> Result<PathBuf> {
         let built = target_dir
             .join("wasm32-wasip2/plugin")
             .join(format!("{}.wasm", n.replace('-', "_")));
-        std::fs::copy(&built, out.join(format!("{n}.wasm")))
+        copy_if_changed(&built, &out.join(format!("{n}.wasm")))
             .with_context(|| format!("copying {}", built.display()))?;
     }
     guest::build(&root(), &out)?;
