@@ -133,7 +133,7 @@ impl Runner {
         );
         work.start(
             "scheduler",
-            crate::scheduler::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+            crate::recurring::driver::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
         );
         for shard in 0..store.shards() {
             work.start(

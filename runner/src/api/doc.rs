@@ -324,7 +324,7 @@ pub struct ScheduleSpec {
     pub end_at: Option<i64>,
     #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<u32>,
-    pub overlap: Option<crate::schedules::Overlap>,
+    pub overlap: Option<crate::recurring::Overlap>,
 }
 
 // (ScheduleSpec's `not`/`anyOf` rule is added in `finish`.)
@@ -354,7 +354,7 @@ pub struct ScheduleInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end_at: Option<i64>,
     pub max_attempts: u32,
-    pub overlap: crate::schedules::Overlap,
+    pub overlap: crate::recurring::Overlap,
     pub paused: bool,
     pub next_run_at: Option<i64>,
     /// The task id of its latest firing.

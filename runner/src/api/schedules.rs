@@ -15,7 +15,7 @@ use super::doc;
 use super::error::ApiError;
 use crate::clock::now_ms;
 use crate::limits;
-use crate::schedules::{Overlap, ScheduleDef};
+use crate::recurring::{Overlap, ScheduleDef};
 use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};
 
 /// Longest schedule id: its firings are `<id>@<ms>`, which must stay a valid task id.
@@ -120,18 +120,18 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
         return Err(ApiError::bad("give exactly one of cron and every_ms"));
     }
     if let Some(c) = &def.cron
-        && !crate::schedules::is_cron_shaped(c)
+        && !crate::recurring::is_cron_shaped(c)
     {
         return Err(ApiError::bad(format!(
             "cron must be 5 fields separated by spaces (minute hour day-of-month month day-of-week), got {c:?}"
         )));
     }
     if let Some(e) = def.every_ms
-        && !(crate::schedules::MIN_EVERY_MS..=limits::MAX_DURATION_MS).contains(&e)
+        && !(crate::recurring::MIN_EVERY_MS..=limits::MAX_DURATION_MS).contains(&e)
     {
         return Err(ApiError::bad(format!(
             "every_ms must be from {} to {} (10 years), got {e}",
-            crate::schedules::MIN_EVERY_MS,
+            crate::recurring::MIN_EVERY_MS,
             limits::MAX_DURATION_MS
         )));
     }

@@ -1,4 +1,4 @@
-//! The scheduler: turns recurring schedules into tasks. Each runner drives the schedules whose
+//! The driver of recurring schedules: turns them into tasks. Each runner drives the schedules whose
 //! home shard it owns (shard leases decide, as for polling), so one runner creates each firing,
 //! and a firing's creation is idempotent anyway: `fire` creates the task `<schedule>@<ms>` only
 //! if it was never created, and the schedule then moves on with a compare-and-set. A runner
@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::clock::now_ms;
-use crate::schedules::{CATCH_UP_MS, Overlap, ScheduleDef};
+use crate::recurring::{CATCH_UP_MS, Overlap, ScheduleDef};
 use crate::shards::Shards;
 use crate::store::{NewTask, Store, TaskState};
 

@@ -1,5 +1,5 @@
-//! Recurring schedules: what one is and when it fires. Pure (no Redis, no clock): the scheduler
-//! drives them, the store keeps them.
+//! Recurring schedules: what one is and when it fires. Pure (no Redis, no clock): `driver` turns
+//! them into tasks, the store keeps them (`store/recurring.rs`).
 //!
 //! A `cron` schedule is the 5-field form in an IANA time zone, evaluated by the `croner` crate,
 //! which handles daylight saving time the way cron users expect: a wall-clock time that does not
@@ -7,6 +7,8 @@
 //! minute, and a fixed time in the repeated hour fires once, at its first instance. An `every_ms`
 //! schedule fires at `start_at + k · every_ms` (start_at defaults to the Unix epoch, so every
 //! runner and every repeated PUT agree on the instants).
+
+pub mod driver;
 
 use std::str::FromStr;
 

@@ -1,6 +1,6 @@
 //! Recurring schedules as stored: each on its home shard (the shard of its id), a definition
 //! (JSON, opaque here), its latest firing and whether it is paused, and its next fire time in the
-//! shard's `sched` ZSET (see `lua/sched.lua`). Firings are created by `lua/fire.lua`, at most once.
+//! shard's `sched` ZSET (see `lua/recurring.lua`). Firings are created by `lua/fire.lua`, at most once.
 
 use std::collections::HashMap;
 
