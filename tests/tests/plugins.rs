@@ -275,3 +275,23 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
         vec![eggtimer::store::Scheduled::Exists]
     );
 }
+
+/// `--plugins-dir` seeds only names the registry never had: a plugin deleted through the API stays
+/// deleted when its runner restarts with the same directory, and can be uploaded again.
+#[tokio::test]
+async fn a_plugin_deleted_through_the_api_is_not_seeded_again_at_restart() {
+    let redis = RedisServer::start();
+    let mut r = start(&redis, &[]);
+    let (s, _) = call("DELETE", &format!("{}/v1/plugins/noop", r.url), None).await;
+    assert_eq!(s, 204);
+    assert_eq!(r.terminate(), Some(0));
+    let r = start(&redis, &[]);
+    let (s, b) = call("GET", &format!("{}/v1/plugins/noop", r.url), None).await;
+    assert_eq!(s, 404, "{b}");
+    assert!(r.log_text().contains("noop was deleted; not seeding"), "{}", r.log_text());
+    // the others were seeded as before, and the deleted one can be uploaded again
+    let (s, _) = call("GET", &format!("{}/v1/plugins/coupon-expiry", r.url), None).await;
+    assert_eq!(s, 200);
+    let (s, b) = upload(&r.url, "noop", plugin_wasm("noop")).await;
+    assert_eq!((s, &b["version"]), (201, &json!(2)), "{b}");
+}

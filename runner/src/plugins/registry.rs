@@ -217,6 +217,10 @@ impl Registry {
                 Some(cur) if cur.digest != digest(&wasm) => {
                     info!(plugin = %name, "the registry has version {} of {name}; not seeding {}", cur.version, path.display());
                 }
+                // deleted through the API: a restart does not bring it back
+                None if self.store.plugin_ever_uploaded(&name).await? => {
+                    info!(plugin = %name, "{name} was deleted; not seeding {}", path.display());
+                }
                 _ => {
                     self.upload(&name, wasm)
                         .await

@@ -107,6 +107,18 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Whether a plugin of this name was uploaded at some time (its version counter exists; a
+    /// delete keeps it, so versions never repeat).
+    pub async fn plugin_ever_uploaded(&self, name: &str) -> Result<bool> {
+        let k = self.keys();
+        redis::cmd("HEXISTS")
+            .arg(k.plugin_seq())
+            .arg(name)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading the plugin version counters")
+    }
+
     /// The current version of every plugin.
     pub async fn plugin_list(&self) -> Result<Vec<PluginEntry>> {
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
