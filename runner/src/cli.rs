@@ -87,6 +87,7 @@ enum View {
     Task,
     Runners,
     Schedules,
+    Schedule,
 }
 
 /// What a command sends.
@@ -176,6 +177,7 @@ fn show(out: &Value, view: View) -> Result<()> {
         View::Task => Some(crate::table::task(out)),
         View::Runners => Some(crate::table::runners(out)),
         View::Schedules => Some(crate::table::schedules(out)),
+        View::Schedule => Some(crate::table::schedule(out)),
     };
     match text {
         Some(t) => print!("{t}"),
@@ -353,7 +355,7 @@ fn schedule_call(cmd: ScheduleCmd) -> Result<Call> {
             ("max_attempts", max_attempts.map(|v| json!(v))),
         ])),
         ScheduleCmd::List => Call::get("/v1/schedules").view(View::Schedules),
-        ScheduleCmd::Get { id } => Call::get(path(&id, "")),
+        ScheduleCmd::Get { id } => Call::get(path(&id, "")).view(View::Schedule),
         ScheduleCmd::Pause { id } => Call::new(Method::POST, path(&id, "/pause")),
         ScheduleCmd::Resume { id } => Call::new(Method::POST, path(&id, "/resume")),
         ScheduleCmd::Delete { id } => Call::new(Method::DELETE, path(&id, "")),

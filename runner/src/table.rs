@@ -1,7 +1,7 @@
 //! The CLI's human output: API replies as aligned tables (`--json` prints the reply instead).
 //! Pure functions over the reply's JSON, so they are tested without a runner.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Columns padded to their widest cell, two spaces apart; a header row first.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -217,10 +217,62 @@ pub fn schedules(v: &Value) -> String {
     render(&["ID", "PLUGIN", "WHEN", "STATE", "NEXT RUN (UTC)"], &rows)
 }
 
+/// `schedule get`: one schedule, its times as times and its next fire times.
+pub fn schedule(s: &Value) -> String {
+    let mut rows = vec![
+        vec!["id".into(), f(s, "id")],
+        vec!["plugin".into(), f(s, "plugin")],
+    ];
+    if s["cron"].is_string() {
+        rows.push(vec![
+            "cron".into(),
+            format!("{} ({})", f(s, "cron"), f(s, "tz")),
+        ]);
+    } else {
+        rows.push(vec!["every".into(), format!("{} ms", f(s, "every_ms"))]);
+    }
+    for (label, key) in [("starts (UTC)", "start_at"), ("ends (UTC)", "end_at")] {
+        if !s[key].is_null() {
+            rows.push(vec![label.into(), time(s, key)]);
+        }
+    }
+    rows.push(vec!["owner".into(), f(s, "owner")]);
+    rows.push(vec!["overlap".into(), f(s, "overlap")]);
+    let state = if s["paused"] == true {
+        "paused"
+    } else {
+        "active"
+    };
+    rows.push(vec!["state".into(), state.into()]);
+    rows.push(vec!["last firing".into(), f(s, "last_task_id")]);
+    let upcoming: Vec<Value> = s["upcoming"].as_array().cloned().unwrap_or_default();
+    for (i, t) in upcoming.iter().enumerate() {
+        let label = if i == 0 { "next runs (UTC)" } else { "" };
+        rows.push(vec![label.into(), time(&json!({ "t": t }), "t")]);
+    }
+    if upcoming.is_empty() {
+        rows.push(vec!["next run (UTC)".into(), time(s, "next_run_at")]);
+    }
+    rows.push(vec!["payload".into(), s["payload"].to_string()]);
+    render(&["FIELD", "VALUE"], &rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_schedule_shows_its_times_as_times() {
+        let out = schedule(&json!({
+            "id": "sweep", "plugin": "coupon-expiry", "cron": "30 9 * * *", "tz": "Europe/Berlin",
+            "overlap": "skip", "paused": false, "next_run_at": 1_800_000_000_000_i64,
+            "upcoming": [1_800_000_000_000_i64, 1_800_086_400_000_i64], "payload": {}
+        }));
+        assert!(out.contains("2027-01-15 08:00:00"), "{out}");
+        assert!(out.contains("2027-01-16 08:00:00"), "{out}");
+        assert!(!out.contains("1800000000000"), "{out}");
+    }
 
     #[test]
     fn columns_line_up() {
