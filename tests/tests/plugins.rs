@@ -288,7 +288,11 @@ async fn a_plugin_deleted_through_the_api_is_not_seeded_again_at_restart() {
     let r = start(&redis, &[]);
     let (s, b) = call("GET", &format!("{}/v1/plugins/noop", r.url), None).await;
     assert_eq!(s, 404, "{b}");
-    assert!(r.log_text().contains("noop was deleted; not seeding"), "{}", r.log_text());
+    assert!(
+        r.log_text().contains("noop was deleted; not seeding"),
+        "{}",
+        r.log_text()
+    );
     // the others were seeded as before, and the deleted one can be uploaded again
     let (s, _) = call("GET", &format!("{}/v1/plugins/coupon-expiry", r.url), None).await;
     assert_eq!(s, 200);
