@@ -10,6 +10,25 @@ pub const MAX_DURATION_MS: i64 = 315_360_000_000;
 /// The longest id or owner, in bytes.
 pub const MAX_ID_BYTES: usize = 200;
 
+/// Most bytes of an error message kept with a task (a plugin's or the host's); a longer one is
+/// cut, saying how long it was.
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// `message` cut to [`MAX_ERROR_BYTES`] (on a character boundary), saying how long it was.
+pub fn error_message(mut message: String) -> String {
+    if message.len() <= MAX_ERROR_BYTES {
+        return message;
+    }
+    let total = message.len();
+    let mut end = MAX_ERROR_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(&format!("… (cut: {total} bytes in all)"));
+    message
+}
+
 /// Why a value is out of bounds; the message names the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -80,6 +99,16 @@ pub fn id(field: &str, s: &str) -> Result<(), OutOfBounds> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_error_is_cut_saying_how_long_it_was() {
+        assert_eq!(error_message("short".into()), "short");
+        let long = "é".repeat(5000); // 10,000 bytes, two per character
+        let cut = error_message(long);
+        assert!(cut.starts_with(&"é".repeat(2048)), "{cut}");
+        assert!(cut.ends_with("… (cut: 10000 bytes in all)"), "{cut}");
+        assert!(cut.len() < MAX_ERROR_BYTES + 40);
+    }
 
     #[test]
     fn times_and_shifts_stay_in_range() {

@@ -401,6 +401,55 @@ async fn outcomes_out_of_bounds_fail_the_attempt_and_keep_times_in_range() {
     }
 }
 
+/// A 32 MiB error (a handler's error or a failing outcome) is kept cut to 4 KiB, saying how long
+/// it was: the dead letter, its record in Redis and `GET /v1/dead` stay small.
+#[tokio::test]
+async fn a_32_mib_error_is_kept_cut_saying_how_long_it_was() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--retry-base", "50ms", "--plugin-timeout", "20s"]);
+    for what in ["long-error", "long-fail"] {
+        let (s, _) = call(
+            "POST",
+            &format!("{}/v1/tasks", r.url),
+            Some(json!({"plugin": "test-flood", "id": what, "max_attempts": 1, "payload": {"what": what}})),
+        )
+        .await;
+        assert_eq!(s, 201);
+        let t = wait_state(&r.url, what, "dead", T).await;
+        let err = t["last_error"].as_str().unwrap_or_default();
+        // the message (a prefix of the host's, then the plugin's 32 MiB), cut, says how long
+        let total: usize = err
+            .rsplit_once("(cut: ")
+            .and_then(|(_, t)| t.strip_suffix(" bytes in all)"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: {}", &err[err.len().saturating_sub(200)..]));
+        assert!(total >= 32 << 20, "{what}: {total}");
+        assert!(
+            err.len() <= eggtimer::limits::MAX_ERROR_BYTES + 64,
+            "{what}: {} bytes",
+            err.len()
+        );
+        let shard = eggtimer::store::shard_of(what, 16);
+        let rec: String = redis::cmd("HGET")
+            .arg(format!("{{eggtimer:{shard}}}:tasks"))
+            .arg(what)
+            .query(&mut redis.conn())
+            .unwrap();
+        assert!(
+            rec.len() < 8192,
+            "{what}: the stored record is {} bytes",
+            rec.len()
+        );
+    }
+    let (s, b) = call("GET", &format!("{}/v1/dead", r.url), None).await;
+    assert_eq!(s, 200);
+    assert!(
+        b.to_string().len() < 16_384,
+        "GET /v1/dead is {} bytes",
+        b.to_string().len()
+    );
+}
+
 /// `cargo xtask run` becomes the runner (exec), so a SIGTERM sent to the process a person or a
 /// supervisor started stops the runner and its private redis-server, freeing the port and the
 /// data dir's lock.

@@ -2,7 +2,8 @@
 //! `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
 //! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or
-//! returns an outcome out of bounds (`retry-never`, `run-again-never`), or prints one line naming
+//! returns an outcome out of bounds (`retry-never`, `run-again-never`) or a 32 MiB error
+//! (`long-error`, `long-fail`), or prints one line naming
 //! the task to stdout and one to stderr (`print`), or prints to stdout until the host stops it
 //! (`stdout`).
 
@@ -72,6 +73,8 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
             }
         }
         "retry-never" => return Ok(Outcome::RetryAfter(std::time::Duration::MAX)),
+        "long-error" => return Err("e".repeat(32 << 20).into()),
+        "long-fail" => return Ok(Outcome::Fail("f".repeat(32 << 20))),
         "run-again-never" => return Ok(Outcome::RunAgainAt(i64::MAX)),
         other => return Ok(Outcome::Fail(format!("unknown flood {other:?}"))),
     }

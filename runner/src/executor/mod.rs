@@ -526,7 +526,9 @@ impl Executor {
                     ),
                 }
             }
-            Outcome::Fail(reason) => Finish::Dead { error: reason },
+            Outcome::Fail(reason) => Finish::Dead {
+                error: crate::limits::error_message(reason),
+            },
         }
     }
 
@@ -538,7 +540,10 @@ impl Executor {
             rand::random::<f64>(),
         )
         .min(crate::limits::MAX_DURATION_MS as u64) as i64;
-        Finish::Retry { after_ms, error }
+        Finish::Retry {
+            after_ms,
+            error: crate::limits::error_message(error),
+        }
     }
 
     /// Commits a run's effects: only while the claim is current, kv writes and events together
