@@ -506,7 +506,7 @@ pages.events = (params) => {
       { label: "at", get: (e) => fmtTime(Number(e.id.split("-")[0])) },
       { label: "task", get: (e) => e.task_id ? h("a", { class: "mono", href: "#/tasks?id=" + enc(e.task_id) }, e.task_id) : "—" },
       { label: "plugin", get: (e) => e.plugin || "—" },
-      { label: "data", get: (e) => h("code", {}, e.data || "") },
+      { label: "data", get: (e) => h("code", {}, e.data_text || "") },
     ], list, { empty: `No events on "${topic}" yet. Plugins add them with emit("${topic}", ...).` }));
   }
   return { root, refresh, errorEl: () => err };

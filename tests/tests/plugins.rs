@@ -95,10 +95,15 @@ async fn coupon_expiry_reminds_two_hours_before() {
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].0, "coupon-c9");
     assert_eq!(events[0].1, "coupon-expiry");
-    assert_eq!(
-        events[0].2,
-        json!({"type": "coupon_expiring", "coupon_id": "c9", "user_id": "u1", "expires_at": expires_at})
-    );
+    let want = json!({"type": "coupon_expiring", "coupon_id": "c9", "user_id": "u1", "expires_at": expires_at});
+    assert_eq!(events[0].2, want);
+    // the API serves the data as JSON, and as the text the stream holds
+    let (s, page) = call("GET", &format!("{}/v1/events/push", r.url), None).await;
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(page[0]["data"], want, "{page}");
+    let text: serde_json::Value =
+        serde_json::from_str(page[0]["data_text"].as_str().unwrap()).unwrap();
+    assert_eq!(text, want);
 }
 
 #[tokio::test]

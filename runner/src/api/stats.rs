@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::AppState;
@@ -245,8 +246,10 @@ pub struct Event {
     pub id: String,
     pub task_id: Option<String>,
     pub plugin: Option<String>,
-    /// The event's data (JSON text as emitted).
-    pub data: Option<String>,
+    /// The event's data, as the JSON the plugin emitted (a string if it is not JSON).
+    pub data: Option<Value>,
+    /// The same data as the stream holds it: JSON text.
+    pub data_text: Option<String>,
     pub traceparent: Option<String>,
 }
 
@@ -275,13 +278,20 @@ pub async fn events(
                     task_id: None,
                     plugin: None,
                     data: None,
+                    data_text: None,
                     traceparent: None,
                 };
                 for (k, v) in fields {
                     match k.as_str() {
                         "task_id" => e.task_id = Some(v),
                         "plugin" => e.plugin = Some(v),
-                        "data" => e.data = Some(v),
+                        "data" => {
+                            e.data = Some(
+                                serde_json::from_str(&v)
+                                    .unwrap_or_else(|_| Value::String(v.clone())),
+                            );
+                            e.data_text = Some(v);
+                        }
                         "traceparent" => e.traceparent = Some(v),
                         _ => {}
                     }
