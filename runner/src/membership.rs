@@ -97,7 +97,9 @@ async fn step(
     started: i64,
 ) -> anyhow::Result<()> {
     let shards = store.shards();
-    let info = json!({"id": me.id, "address": opts.address, "shards": me.owned(), "last_seen": now_ms(), "started_at": started});
+    store.follow_redis_clock().await?;
+    let info = json!({"id": me.id, "address": opts.address, "shards": me.owned(), "last_seen": now_ms(), "started_at": started,
+        "clock_ahead_ms": crate::clock::own_ahead_of_redis_ms()});
     let live = store
         .heartbeat(&me.id, &info.to_string(), lease_ms * 2, lease_ms)
         .await?;

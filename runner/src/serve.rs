@@ -141,6 +141,8 @@ async fn serve(
     else {
         return Ok(());
     };
+    // this process's clock follows Redis's before anything reads it (membership keeps it so)
+    store.follow_redis_clock().await?;
     let plugins = Plugins::new(plugin_options(&args))?;
     let registry = Registry::new(
         api_store.clone(),

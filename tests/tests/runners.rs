@@ -327,14 +327,14 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
         .arg("+")
         .query(&mut redis.conn())
         .unwrap();
-    // the skew really applies: each runner's heartbeat carries its own clock
+    // the skew really applies: each runner's heartbeat says how far its own clock is off
+    // Redis's (its `last_seen` follows Redis's clock)
     let (_, listed) = call("GET", &format!("{}/v1/runners", fast.url), None).await;
-    let real = eggtimer_tests::now_ms();
     let mut offsets: Vec<i64> = listed
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["last_seen"].as_i64().unwrap() - real + 1_800_000).div_euclid(3_600_000))
+        .map(|r| (r["clock_ahead_ms"].as_i64().unwrap() + 1_800_000).div_euclid(3_600_000))
         .collect();
     offsets.sort();
     assert_eq!(
@@ -388,4 +388,61 @@ async fn a_runner_started_before_redis_waits_for_it_then_serves() {
     )
     .await;
     eggtimer_tests::wait_state(&r.url, "after-redis", "done", Duration::from_secs(20)).await;
+}
+
+/// A runner whose own clock is two minutes ahead computes a new recurring schedule's first firing
+/// and drives it by Redis's clock: the first firing comes within seconds, not two minutes late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_with_a_clock_off_fires_recurring_schedules_on_time() {
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let r = RunnerProcess::start_with_env(
+        &redis.url(),
+        &["--plugins-dir", dir.to_str().unwrap()],
+        &[("EGGTIMER_TEST_CLOCK_SKEW_MS", "120000")],
+    );
+    let put_at = now_ms();
+    let (s, b) = call(
+        "PUT",
+        &format!("{}/v1/schedules/tick", r.url),
+        Some(serde_json::json!({"plugin": "noop", "every_ms": 1000})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let next = b["next_run_at"].as_i64().unwrap();
+    assert!(
+        (put_at..=put_at + 2_000).contains(&next),
+        "the first firing at {next}, {} ms from now",
+        next - put_at
+    );
+    eventually(
+        Duration::from_secs(10),
+        "a firing of tick to run",
+        || async {
+            let (_, page) = call(
+                "GET",
+                &format!("{}/v1/tasks?plugin=noop&state=done", r.url),
+                None,
+            )
+            .await;
+            page["tasks"]
+                .as_array()
+                .is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t["id"].as_str().unwrap_or("").starts_with("tick@"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    // a task scheduled with delay_ms is due that long after now by Redis's clock
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/tasks", r.url),
+        Some(serde_json::json!({"plugin": "noop", "delay_ms": 5000})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let due = b["run_at"].as_i64().unwrap() - now_ms();
+    assert!((3_000..=5_000).contains(&due), "due in {due} ms");
 }

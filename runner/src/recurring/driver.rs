@@ -12,7 +12,6 @@ use anyhow::{Context, Result};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::clock::now_ms;
 use crate::recurring::{CATCH_UP_MS, Overlap, ScheduleDef};
 use crate::shards::Shards;
 use crate::store::{NewTask, Store, TaskState};
@@ -29,15 +28,16 @@ pub async fn run(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bo
         if *stop.borrow() {
             return;
         }
-        let mut wake_at = now_ms() + TICK.as_millis() as i64;
+        // how long until the next firing, in Redis time differences (runners' clocks don't count)
+        let mut wait_ms = TICK.as_millis() as i64;
         for shard in shards.owned() {
             match drive(&store, shard).await {
-                Ok(Some(head)) => wake_at = wake_at.min(head),
+                Ok(Some(in_ms)) => wait_ms = wait_ms.min(in_ms),
                 Ok(None) => {}
                 Err(e) => warn!(shard, "driving schedules failed (will try again): {e:#}"),
             }
         }
-        let wait = Duration::from_millis((wake_at - now_ms()).clamp(1, 1000) as u64);
+        let wait = Duration::from_millis(wait_ms.clamp(1, 1000) as u64);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = shards.schedules_changed() => {}
@@ -46,18 +46,17 @@ pub async fn run(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bo
     }
 }
 
-/// Fires what is due in one shard; returns the shard's next fire time.
+/// Fires what is due in one shard, by Redis's clock; returns how long until its next firing (ms).
 async fn drive(store: &Store, shard: u32) -> Result<Option<i64>> {
     loop {
-        let now = now_ms();
-        let (due, head) = store.schedules_due(shard, now, BATCH).await?;
+        let (now, due, head) = store.schedules_due(shard, BATCH).await?;
         if due.is_empty() {
-            return Ok(head);
+            return Ok(head.map(|h| h - now));
         }
         for (id, at) in &due {
             if let Err(e) = fire_one(store, id, *at, now).await {
                 warn!(schedule = %id, "a firing failed (will try again): {e:#}");
-                return Ok(Some(now + 200));
+                return Ok(Some(200));
             }
         }
     }

@@ -214,38 +214,35 @@ impl Store {
         Ok(all)
     }
 
-    /// Schedules of one shard due at `now` (id, next fire time), at most `limit`, and the
-    /// shard's earliest next fire time after them (None: nothing scheduled).
+    /// The schedules of `shard` due now by Redis's clock (up to `limit`), with that time and the
+    /// shard's earliest next fire time: `(now, [(id, fire time)], earliest)`.
     pub async fn schedules_due(
         &self,
         shard: u32,
-        now: i64,
         limit: usize,
-    ) -> Result<(Vec<(String, i64)>, Option<i64>)> {
-        let key = self.keys().schedule_next(shard);
-        type Scored = Vec<(String, f64)>;
-        let (due, head): (Scored, Scored) = redis::pipe()
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg("-inf")
-            .arg(now)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
+    ) -> Result<(i64, Vec<(String, i64)>, Option<i64>)> {
+        let reply: Vec<redis::Value> = self
+            .inner
+            .scripts
+            .recurring_due
+            .key(self.keys().schedule_next(shard))
             .arg(limit)
-            .arg("WITHSCORES")
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn())
+            .invoke_async(&mut self.conn())
             .await
             .context("reading due schedules")?;
-        Ok((
-            due.into_iter().map(|(id, t)| (id, t as i64)).collect(),
-            head.first().map(|(_, t)| *t as i64),
-        ))
+        let int = |v: &redis::Value| -> Result<i64> { Ok(redis::from_redis_value_ref(v)?) };
+        let [now, head, rest @ ..] = reply.as_slice() else {
+            bail!("the recurring_due script answered {reply:?}, which this runner does not know");
+        };
+        let due = rest
+            .chunks(2)
+            .map(|p| match p {
+                [id, at] => Ok((redis::from_redis_value_ref::<String>(id)?, int(at)?)),
+                _ => bail!("the recurring_due script answered an id without a time"),
+            })
+            .collect::<Result<_>>()?;
+        let head = int(head)?;
+        Ok((int(now)?, due, (head >= 0).then_some(head)))
     }
 
     /// Creates one firing as a scheduled task unless it was created before; true if created now.

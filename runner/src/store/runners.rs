@@ -104,6 +104,23 @@ impl Store {
         Ok(())
     }
 
+    /// Redis's clock, ms since the Unix epoch (`TIME`).
+    pub async fn redis_time_ms(&self) -> Result<i64> {
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.conn())
+            .await
+            .context("reading Redis's clock")?;
+        Ok(s * 1000 + us / 1000)
+    }
+
+    /// Reads Redis's clock and has this process's clock follow it (`clock::observe_redis`).
+    pub async fn follow_redis_clock(&self) -> Result<()> {
+        let sent = crate::clock::own_ms();
+        let redis_ms = self.redis_time_ms().await?;
+        crate::clock::observe_redis(redis_ms, sent, crate::clock::own_ms());
+        Ok(())
+    }
+
     /// A plain client for pub/sub subscriptions (`attempt`: see [`super::RedisTarget::pubsub_url`]).
     pub(super) fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
         Ok(redis::Client::open(self.target().pubsub_url(attempt))?)

@@ -62,6 +62,7 @@ scripts! {
     due_range: "due_range",
     due_count: "due_count",
     recurring: "recurring",
+    recurring_due: "recurring_due",
     slots: "slots",
     effects: "effects",
     plugin_put: "plugin_put",
