@@ -131,3 +131,53 @@ async fn resume_puts_back_only_its_plugins_parked_tasks_across_chunks() {
     assert_eq!(s.claim(0, 2000, 30_000).await.unwrap().tasks.len(), 1000);
     assert_eq!(counts(&s, &["a", "b"]).await, [(0, 0), (0, 0)]);
 }
+
+/// A pause asked for while a long resume is still walking the shard wins: the resume's later
+/// chunks do not unmark the plugin again, so the settings and the shard both say paused, and no
+/// task of it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_during_a_long_resume_is_not_undone_by_it() {
+    let redis = RedisServer::start();
+    let s = store_on(&redis, 1).await;
+    s.set_paused("a", true).await.unwrap();
+    let due = now_ms() - 1000;
+    let n = 60_000;
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| task(&format!("p{i:05}"), "a", due))
+        .collect();
+    for chunk in tasks.chunks(10_000) {
+        s.schedule(chunk, ScheduleMode::Upsert).await.unwrap();
+    }
+    assert!(
+        s.claim(0, n, 30_000).await.unwrap().tasks.is_empty(),
+        "all parked"
+    );
+    let parked_key = s.keys().shard(0).parked;
+    let resume = tokio::spawn({
+        let s = s.clone();
+        async move { s.set_paused("a", false).await.unwrap() }
+    });
+    // the resume is under way (some chunks moved back, not all): pause again
+    let mut c = redis.conn();
+    loop {
+        let left: usize = redis::cmd("ZCARD").arg(&parked_key).query(&mut c).unwrap();
+        if left < n {
+            assert!(left > 0, "the resume ended before the pause was asked for");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    s.set_paused("a", true).await.unwrap();
+    resume.await.unwrap();
+    assert!(s.plugin_settings("a").await.unwrap().paused);
+    let claimed = s.claim(0, n, 30_000).await.unwrap().tasks;
+    assert!(
+        claimed.is_empty(),
+        "{} tasks of a paused plugin were claimed",
+        claimed.len()
+    );
+    // and a resume afterwards puts every one of them back: all run
+    let parked: usize = redis::cmd("ZCARD").arg(&parked_key).query(&mut c).unwrap();
+    assert_eq!(s.set_paused("a", false).await.unwrap() as usize, parked);
+    assert_eq!(s.claim(0, n, 30_000).await.unwrap().tasks.len(), n);
+}

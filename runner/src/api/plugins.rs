@@ -114,10 +114,8 @@ async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
 async fn set_paused(st: &AppState, name: &str, paused: bool) -> ApiResult<Response> {
     check_name(name)?;
     let cur = current(st, name).await?;
-    let mut s = st.store.plugin_settings(name).await?;
-    s.paused = paused;
-    st.store.set_plugin_settings(name, &s).await?;
     st.store.set_paused(name, paused).await?;
+    let s = st.store.plugin_settings(name).await?;
     Ok(axum::Json(with_settings(&cur, &s)).into_response())
 }
 
@@ -182,10 +180,9 @@ pub async fn plugin_patch(
         }
     };
     let cur = current(&st, &name).await?;
-    let mut s = st.store.plugin_settings(&name).await?;
-    s.max_concurrency = max;
-    st.store.set_plugin_settings(&name, &s).await?;
+    st.store.set_max_concurrency(&name, max).await?;
     st.registry.sync_settings().await?;
+    let s = st.store.plugin_settings(&name).await?;
     Ok(axum::Json(with_settings(&cur, &s)).into_response())
 }
 

@@ -53,6 +53,12 @@ impl Store {
     /// tasks instead of starting them; resuming puts the parked ones back, due as they were.
     /// Returns how many parked tasks were put back.
     pub async fn set_paused(&self, plugin: &str, paused: bool) -> Result<u64> {
+        // the plugin's setting first, with the epoch of this change: a shard applies it only if
+        // no later pause or resume reached it, so the last one asked for is what every shard
+        // and the settings say, however the chunks of a long resume interleave with a pause
+        let epoch = self
+            .set_plugin_setting(plugin, "paused", &serde_json::json!(paused))
+            .await?;
         let channel = self.keys().wake_channel();
         self.chunked("pause", &self.inner.scripts.pause, |shard, cursor| {
             vec![
@@ -62,6 +68,7 @@ impl Store {
                 plugin.into(),
                 cursor.into(),
                 BULK_CHUNK.to_string(),
+                epoch.to_string(),
             ]
         })
         .await

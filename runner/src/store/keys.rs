@@ -148,6 +148,11 @@ impl Keys {
         format!("{{{}}}:plugin:settings", self.ns)
     }
 
+    /// HASH plugin name -> how many pauses and resumes were asked for (`lua/plugin_setting.lua`).
+    pub fn plugin_pause_epoch(&self) -> String {
+        format!("{{{}}}:plugin:pause-epoch", self.ns)
+    }
+
     /// ZSET of a plugin's concurrency slots (holder -> lease expiry).
     pub fn plugin_slots(&self, name: &str) -> String {
         format!("{{{}}}:plugin:slots:{}", self.ns, name)

@@ -193,21 +193,34 @@ impl Store {
             .unwrap_or_default())
     }
 
-    /// Stores a plugin's settings and announces them to every runner (as a new version is).
-    pub async fn set_plugin_settings(&self, name: &str, s: &PluginSettings) -> Result<()> {
-        let j = serde_json::to_string(s).context("encoding plugin settings")?;
-        let _: (i64, i64) = redis::pipe()
-            .cmd("HSET")
-            .arg(self.keys().plugin_settings())
+    /// Changes one of a plugin's settings (`field` to the JSON `value`) atomically and announces
+    /// it to every runner; returns the plugin's pause epoch (see `lua/plugin_setting.lua`).
+    pub(super) async fn set_plugin_setting(
+        &self,
+        name: &str,
+        field: &str,
+        value: &serde_json::Value,
+    ) -> Result<u64> {
+        let k = self.keys();
+        self.inner
+            .scripts
+            .plugin_setting
+            .key(k.plugin_settings())
+            .key(k.plugin_pause_epoch())
             .arg(name)
-            .arg(j)
-            .cmd("PUBLISH")
-            .arg(self.keys().plugins_channel())
-            .arg(name)
-            .query_async(&mut self.conn())
+            .arg(field)
+            .arg(value.to_string())
+            .arg(k.plugins_channel())
+            .invoke_async(&mut self.conn())
             .await
-            .context("storing a plugin's settings")?;
-        Ok(())
+            .context("changing a plugin's setting")
+    }
+
+    /// Sets (or lifts, None) a plugin's limit of runs at once, and announces it.
+    pub async fn set_max_concurrency(&self, name: &str, max: Option<u32>) -> Result<()> {
+        self.set_plugin_setting(name, "max_concurrency", &serde_json::json!(max))
+            .await
+            .map(|_| ())
     }
 
     /// Takes (or renews) one of a plugin's `max` concurrency slots for `holder`, for `lease_ms`;

@@ -68,6 +68,7 @@ scripts! {
     plugin_put: "plugin_put",
     plugin_rollback: "plugin_rollback",
     plugin_delete: "plugin_delete",
+    plugin_setting: "plugin_setting",
     shard_lease: "shard_lease",
     heartbeat: "heartbeat",
 }

@@ -1,7 +1,9 @@
 --! needs indexes walk
 -- Pauses or resumes one plugin in this shard.
 -- KEYS: the shard's keys (the `shard` part).
--- ARGV: channel, shard, op ('pause' | 'resume'), plugin, cursor ('' = start), limit.
+-- ARGV: channel, shard, op ('pause' | 'resume'), plugin, cursor ('' = start), limit, epoch (the
+-- plugin's pause epoch of this op: meta's 'pe:<plugin>' keeps the latest applied, and an op
+-- older than it does nothing, so a resume's later chunks never undo a pause asked for after it).
 -- 'pause' marks the plugin paused: from then on claims park its due tasks (out of the due buckets, still
 -- scheduled, no attempt used) and new ones are indexed as parked. Returns {0, ''}.
 -- 'resume' unmarks it and moves its parked tasks back to their due buckets, looking at up to `limit` entries
@@ -9,6 +11,10 @@
 -- Returns {moved, next cursor}.
 local channel, shard, op, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
   tonumber(ARGV[6])
+local epoch = tonumber(ARGV[7])
+local applied = tonumber(redis.call('HGET', K_META, 'pe:' .. plugin)) or 0
+if epoch < applied then return { 0, '' } end
+if epoch > applied then redis.call('HSET', K_META, 'pe:' .. plugin, ARGV[7]) end
 local mark = '\0' .. plugin .. '\0'
 local list = redis.call('HGET', K_META, 'paused') or ''
 local at = string.find(list, mark, 1, true)
