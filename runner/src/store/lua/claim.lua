@@ -1,6 +1,7 @@
 --! needs claims
 -- Claims up to ARGV[1] due tasks of one shard: due -> running, under one lease of ARGV[2] ms,
--- attempts + 1, and a fresh claim token (the shard's claim counter) in the record's `fin` field.
+-- attempts + 1, and a fresh claim token (the shard's claim counter, kept at or above Redis's
+-- clock in ms × 1000) in the record's `fin` field.
 -- Nothing is deleted: the record stays until the outcome is recorded.
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
 -- A due task of a paused plugin is parked instead (out of `due`, still scheduled, no attempt
@@ -33,7 +34,16 @@ local ids, head = due_take(now, limit)
 if #ids == 0 then
   out[2] = head or head_due()
 else
-  local token = string.format('%d', redis.call('HINCRBY', K_META, 'claim', '1'))
+  -- the shard's claim counter, never below Redis's clock in µs-sized steps of ms: when Redis
+  -- loses its last writes (an AOF `everysec` restart, a failover before the replica had them)
+  -- the counter may go back, but the clock does not, so a new claim never repeats the token of
+  -- a claim whose runner still holds it (now * 1000 stays below 2^53: exact in Lua's doubles)
+  local token = redis.call('HINCRBY', K_META, 'claim', '1')
+  if token < now * 1000 then
+    token = now * 1000
+    redis.call('HSET', K_META, 'claim', string.format('%d', token))
+  end
+  token = string.format('%d', token)
   out[4] = token
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
   local recs = records_of(ids)
