@@ -125,3 +125,30 @@ async fn a_shift_that_would_leave_the_time_range_moves_nothing() {
         Err(Refused::OutOfRange)
     );
 }
+
+/// Two shifts of one owner at once, in opposite directions, over more tasks than one chunk: each
+/// task moves by the sum of the two, none twice and none left out (the walks would cross: the
+/// shift up moves tasks the shift down walked past back into its way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_shifts_of_one_owner_each_move_every_task_once() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let base = now() + 3_600_000;
+    let tasks: Vec<NewTask> = (0..2000)
+        .map(|i| NewTask {
+            owner: Some("u1".into()),
+            ..task(&format!("t{i:04}"), base + i)
+        })
+        .collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let (up, down) = tokio::join!(
+        s.shift_owner("u1", 5000, None),
+        s.shift_owner("u1", -1, None)
+    );
+    assert_eq!(up.unwrap().unwrap(), 2000);
+    assert_eq!(down.unwrap().unwrap(), 2000);
+    for (i, t) in tasks.iter().enumerate() {
+        let got = s.get(&t.id).await.unwrap().unwrap().run_at;
+        assert_eq!(got, base + i as i64 + 4999, "{}", t.id);
+    }
+}

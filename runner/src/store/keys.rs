@@ -102,6 +102,11 @@ impl Keys {
         format!("{{{}:{}}}:sched", self.ns, shard)
     }
 
+    /// The lock a shift of `owner`'s tasks holds in a shard (see `lua/shift_owner.lua`).
+    pub fn owner_shift_lock(&self, shard: u32, owner: &str) -> String {
+        format!("{{{}:{}}}:shift:{}", self.ns, shard, owner)
+    }
+
     /// ZSET firing task id -> created at: firings not yet recorded by their schedule.
     pub fn fired(&self, shard: u32) -> String {
         format!("{{{}:{}}}:fired", self.ns, shard)

@@ -16,6 +16,10 @@ use super::{
 /// An outcome as the finish script takes it: kind, claim token, value, error.
 type Outcome<'a> = (&'a str, u64, i64, &'a str);
 
+/// How long an owner shift's lock in a shard lasts unless its next chunk renews it (a shift
+/// whose caller died frees it after this), and how long another shift waits for it.
+const SHIFT_LOCK_MS: u64 = 30_000;
+
 impl Store {
     /// Schedules a batch as one (upserts): every task, or none when one of them is running or
     /// inside its dedup window; then the index of the first such and why. Each shard's part is
@@ -339,22 +343,36 @@ impl Store {
             }
         }
         let channel = self.keys().wake_channel();
+        let me = format!("{:016x}", rand::random::<u64>());
         let calls = (0..self.shards()).map(|shard| {
-            let channel = channel.clone();
+            let (channel, me) = (channel.clone(), me.clone());
             async move {
                 let mut moved = 0u64;
                 let mut cursor = String::new();
+                let mut waiting_since = std::time::Instant::now();
                 loop {
                     let mut inv = self.shard_script(&self.inner.scripts.shift_owner, shard);
+                    inv.key(self.keys().owner_shift_lock(shard, owner));
                     inv.arg(&channel)
                         .arg(shard)
                         .arg(owner)
                         .arg(shift_ms)
                         .arg(plugin.unwrap_or(""))
                         .arg(&cursor)
-                        .arg(OWNER_CHUNK);
-                    let (n, next): (u64, String) = inv.invoke_async(&mut self.conn()).await?;
-                    moved += n;
+                        .arg(OWNER_CHUNK)
+                        .arg(&me)
+                        .arg(SHIFT_LOCK_MS);
+                    let (n, next): (i64, String) = inv.invoke_async(&mut self.conn()).await?;
+                    if n < 0 {
+                        // another shift of this owner holds the shard: wait for it
+                        if waiting_since.elapsed() > std::time::Duration::from_millis(SHIFT_LOCK_MS) {
+                            bail!("another shift of owner {owner:?} has held shard {shard} for {SHIFT_LOCK_MS} ms");
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    moved += n as u64;
+                    waiting_since = std::time::Instant::now();
                     if next.is_empty() {
                         return Ok::<_, anyhow::Error>(moved);
                     }

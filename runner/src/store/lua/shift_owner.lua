@@ -3,13 +3,23 @@
 -- by ±ms, continuing after a cursor, so a large owner is shifted in chunks that each hold Redis
 -- only briefly. It walks the owner's index (in due order) against the direction of the shift, so
 -- a task it moved lands in the part already walked and is never shifted twice.
--- KEYS: the shard's keys (the `shard` part).
--- ARGV: channel, shard, owner, shift_ms, plugin ('' = all), cursor ('' = start), limit.
+-- Two shifts of one owner at once would cross each other's walks (one moving a task the other
+-- walked past back into its way: shifted twice, or out of it: not at all), so a shift holds the
+-- owner's lock in this shard from its first chunk to its last; another one waits for it.
+-- KEYS: the shard's keys (the `shard` part), then KEYS[K_FIRST]: the owner's shift lock (a
+-- string: the shift holding it, expiring after lock_ms unless a chunk renews it).
+-- ARGV: channel, shard, owner, shift_ms, plugin ('' = all), cursor ('' = start), limit, shift id,
+-- lock_ms.
 -- The caller has checked that no task of the owner leaves 0..MAX_TIME; one scheduled meanwhile is
 -- clamped into it.
--- Returns {moved, next cursor ('' when the owner's index is walked to its end)}.
+-- Returns {moved, next cursor ('' when the owner's index is walked to its end)}, or {-1, cursor}
+-- when another shift holds the lock (nothing done: try the same chunk again).
 local channel, shard, owner, shift, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3],
   tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
+local lock, me = KEYS[K_FIRST], ARGV[8]
+local holder = redis.call('GET', lock)
+if holder and holder ~= me then return { -1, cursor } end
+redis.call('SET', lock, me, 'PX', ARGV[9])
 local lo, hi = '[' .. owner .. '\0', '(' .. owner .. '\1'
 local members
 if shift > 0 then
@@ -38,4 +48,6 @@ for _, m in ipairs(members) do
   end
 end
 if earliest then wake_if_head(channel, shard, earliest) end
-return chunk_done(moved, members, limit)
+local out = chunk_done(moved, members, limit)
+if out[2] == '' then redis.call('DEL', lock) end
+return out
