@@ -380,6 +380,10 @@ pub struct ServeArgs {
     /// Time a whole request may take (408 after it).
     #[arg(long, env = "EGGTIMER_HTTP_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub http_request_timeout: Duration,
+    /// Time a connection (HTTP/1 or HTTP/2) may stay open with no byte read or written (at least
+    /// the request timeout and 2 s more).
+    #[arg(long, env = "EGGTIMER_HTTP_IDLE_TIMEOUT", default_value = "90s", value_parser = parse_duration)]
+    pub http_idle_timeout: Duration,
     /// Tests only: skew this runner's own clock by this many ms.
     #[arg(
         long,

@@ -183,6 +183,7 @@ async fn serve(
         header_timeout: args.http_header_timeout,
         body_timeout: args.http_body_timeout,
         request_timeout: args.http_request_timeout,
+        idle_timeout: args.http_idle_timeout,
         ..HttpLimits::default()
     };
     let http = http_rt.spawn(api::serve(

@@ -508,3 +508,54 @@ async fn sigterm_to_cargo_xtask_run_stops_the_runner_and_its_redis() {
         .await;
     }
 }
+
+/// A connection with no traffic is closed after the idle timeout, an HTTP/2 one too (an h2 client
+/// that opened a connection and went quiet used to hold its slot for good): with every slot held
+/// by idle clients, a request still gets through once they are closed.
+#[tokio::test]
+async fn idle_connections_http2_too_are_closed_and_free_their_slot() {
+    let redis = RedisServer::start();
+    let r = start(
+        &redis,
+        &[
+            "--http-max-connections",
+            "2",
+            "--http-request-timeout",
+            "1s",
+            "--http-idle-timeout",
+            "1s",
+        ],
+    );
+    let h2 = || {
+        let mut s = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
+        // the HTTP/2 preface and an empty SETTINGS frame, then nothing
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .unwrap();
+        s
+    };
+    let mut idle = [h2(), h2()];
+    let started = Instant::now();
+    for c in &mut idle {
+        c.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => break, // closed by the server
+                Ok(_) => {}     // its SETTINGS and the like
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break, // reset by the server
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "an idle HTTP/2 connection was never closed"
+            );
+        }
+    }
+    let (s, b) = call("GET", &format!("{}/healthz", r.url), None).await;
+    assert_eq!((s, b), (200, json!({"ok": true})));
+}

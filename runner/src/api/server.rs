@@ -1,9 +1,13 @@
 //! The HTTP listener, hardened: a cap on open connections, a time limit on reading a request's
-//! headers, on reading its body and on the whole request, and a bounded graceful shutdown, so
-//! slow or idle clients can't exhaust the runner or hold up its exit.
+//! headers, on reading its body and on the whole request, a connection with no traffic closed
+//! (HTTP/1 keep-alive and HTTP/2 alike), and a bounded graceful shutdown, so slow or idle clients
+//! can't exhaust the runner or hold up its exit.
 
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -11,7 +15,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 use tracing::{debug, warn};
@@ -27,6 +32,9 @@ pub struct HttpLimits {
     pub body_timeout: Duration,
     /// Time for a whole request (408 after it).
     pub request_timeout: Duration,
+    /// How long a connection may stay open with no byte read or written (never less than the
+    /// request timeout and 2 s more, so no request in flight is cut).
+    pub idle_timeout: Duration,
     /// How long open connections may take to finish at shutdown.
     pub shutdown_grace: Duration,
 }
@@ -38,6 +46,7 @@ impl Default for HttpLimits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(90),
             shutdown_grace: Duration::from_secs(5),
         }
     }
@@ -81,6 +90,7 @@ pub async fn serve(
             },
             _ = stopped(&mut stop) => break,
         };
+        let (stream, last) = Tracked::new(stream);
         let conn = builder
             .serve_connection_with_upgrades(
                 TokioIo::new(stream),
@@ -88,9 +98,15 @@ pub async fn serve(
             )
             .into_owned();
         let conn = graceful.watch(conn);
+        // (a request still being answered sends its 408 at the request timeout: a connection
+        // that quiet for longer has nothing in flight)
+        let idle = limits
+            .idle_timeout
+            .max(limits.request_timeout + Duration::from_secs(2));
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!("connection ended: {e}");
+            tokio::select! {
+                r = conn => if let Err(e) = r { debug!("connection ended: {e}") },
+                () = idle_for(&last, idle) => debug!("closed a connection idle for {idle:?}"),
             }
             drop(permit);
         });
@@ -107,4 +123,83 @@ pub async fn serve(
 /// Resolves once `stop` is true (the watch guard is dropped inside, so the future stays Send).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A TCP stream that notes when a byte last went either way (ms since `since`).
+struct Tracked {
+    inner: TcpStream,
+    since: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl Tracked {
+    fn new(inner: TcpStream) -> (Tracked, Activity) {
+        let since = Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        let activity = Activity {
+            since,
+            last: Arc::clone(&last),
+        };
+        (Tracked { inner, since, last }, activity)
+    }
+
+    fn touch(&self) {
+        self.last
+            .store(self.since.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// When a [`Tracked`] stream last moved a byte.
+struct Activity {
+    since: Instant,
+    last: Arc<AtomicU64>,
+}
+
+/// Resolves once the stream has moved no byte for `idle`.
+async fn idle_for(a: &Activity, idle: Duration) {
+    loop {
+        let last = a.since + Duration::from_millis(a.last.load(Ordering::Relaxed));
+        let quiet_until = last + idle;
+        if Instant::now() >= quiet_until {
+            return;
+        }
+        tokio::time::sleep_until(quiet_until.into()).await;
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
