@@ -13,7 +13,8 @@
 //! script per shard (group commit: at once when nothing is being recorded, else a shard's
 //! outcomes wait until there are 256 or the oldest has waited 2 ms).
 //!
-//! Files: `handler` (the seam and what a run returns), `held` (the claims held, and the
+//! Files: `handler` (the seam and what a run returns), `commit` (a run's effects), `held` (the
+//! claims held, and the
 //! [`LeaseKeeper`] that renews their leases), `finisher` (the [`Finisher`], recording
 //! outcomes). The runner starts the lease keeper and the finisher beside the executor.
 //!
@@ -23,6 +24,7 @@
 //!
 //! [`reserve`]: Executor::reserve
 
+mod commit;
 mod finisher;
 mod handler;
 mod held;
@@ -36,6 +38,7 @@ use futures::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{Instrument, Span, debug, debug_span, info_span, warn};
 
+use commit::NotCommitted;
 pub use finisher::Finisher;
 use finisher::Pending;
 pub use handler::{Effects, Handler, Outcome, Run, TaskHost};
@@ -44,7 +47,7 @@ pub use held::LeaseKeeper;
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Committed, Finish, ScheduleMode, Store};
+use crate::store::{Claimed, Finish, Store};
 use crate::trace;
 
 /// A panic's message (its payload when that is a string).
@@ -122,16 +125,6 @@ impl Reservation {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Why a run's effects were not committed.
-enum NotCommitted {
-    /// A kv entry the run read changed: run it again.
-    Conflict,
-    /// The claim is no longer ours: drop everything.
-    Lost,
-    /// Redis failed: let the lease expire, the task runs again.
-    Failed(anyhow::Error),
 }
 
 /// Runs claimed tasks; shared by the shard pollers.
@@ -479,27 +472,6 @@ impl Executor {
         ))
     }
 
-    /// Commits a run's effects, carrying the trace on to its follow-ups and events (as children
-    /// of this run).
-    async fn commit_run(
-        &self,
-        task: &Claimed,
-        mut fx: Effects,
-        traced: &Span,
-        marked: &mut bool,
-    ) -> Result<(), NotCommitted> {
-        let tp = trace::child_traceparent(traced, task.traceparent.as_deref());
-        for t in &mut fx.schedule {
-            t.traceparent.clone_from(&tp);
-        }
-        fx.ns.traceparent = tp;
-        self.commit(task, &fx, marked)
-            .instrument(info_span!(target: trace::TARGET, parent: traced, "effects.commit"))
-            .await?;
-        self.metrics.observe_effects(&task.plugin, fx.bytes());
-        Ok(())
-    }
-
     /// What a handler's outcome records (an outcome out of bounds is a failed attempt).
     fn finish_of(&self, task: &Claimed, outcome: Outcome) -> Finish {
         match outcome {
@@ -544,63 +516,6 @@ impl Executor {
             after_ms,
             error: crate::limits::error_message(error),
         }
-    }
-
-    /// Commits a run's effects: only while the claim is current, kv writes and events together
-    /// and only if the kv entries read are unchanged, then follow-ups and cancels.
-    async fn commit(
-        &self,
-        task: &Claimed,
-        fx: &Effects,
-        marked: &mut bool,
-    ) -> Result<(), NotCommitted> {
-        let Some(leased_from) = self.held.leased_from(task) else {
-            return Err(NotCommitted::Lost);
-        };
-        // Only lease expiry loses a claim (a running task can't be moved, replaced or cancelled),
-        // so with half of its lease left the claim is current and the commit has time to finish:
-        // no round trip. Else a claim check, which also extends the lease. (A runner stalled past
-        // its lease after this point commits under the same marker as the task's rerun does,
-        // `effects_claim`, so the kv writes and events of only one of the two land.)
-        if leased_from.elapsed() >= Duration::from_millis(self.opts.lease_ms) / 2 {
-            let current = self
-                .store
-                .renew(
-                    task.shard,
-                    &[(task.id.as_str(), task.token)],
-                    self.opts.lease_ms,
-                )
-                .await
-                .map_err(NotCommitted::Failed)?;
-            if current != [true] {
-                return Err(NotCommitted::Lost);
-            }
-        }
-        let ns = &fx.ns;
-        if !ns.kv.is_empty() || !ns.events.is_empty() || !ns.reads.is_empty() {
-            match self.store.commit_ns_effects(task, ns).await {
-                Ok(Committed::Applied | Committed::AppliedBefore) => *marked = true,
-                Ok(Committed::Conflict) => return Err(NotCommitted::Conflict),
-                Err(e) => return Err(NotCommitted::Failed(e)),
-            }
-        }
-        if !fx.schedule.is_empty() {
-            self.store
-                .schedule(&fx.schedule, ScheduleMode::IfAbsent)
-                .await
-                .map_err(NotCommitted::Failed)?;
-            for t in &fx.schedule {
-                self.metrics.observe_scheduled(&t.plugin, 1);
-            }
-        }
-        for id in &fx.cancel {
-            match self.store.cancel_for_plugin(id, &task.plugin).await {
-                Ok(Ok(())) => debug!(%id, "cancelled"),
-                Ok(Err(why)) => debug!(%id, "not cancelled: {why}"),
-                Err(e) => return Err(NotCommitted::Failed(e)),
-            }
-        }
-        Ok(())
     }
 
     /// Waits until every claimed task has been recorded (or `limit` passed); true when all did.

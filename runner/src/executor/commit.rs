@@ -1,0 +1,100 @@
+//! Committing a run's effects: a claim check, then kv writes and events in one script (only if
+//! the kv entries the run read are unchanged), then follow-ups and cancels.
+
+use std::time::Duration;
+
+use tracing::{Instrument, Span, debug, info_span};
+
+use super::{Effects, Executor};
+use crate::store::{Claimed, Committed, ScheduleMode};
+use crate::trace;
+
+/// Why a run's effects were not committed.
+pub(super) enum NotCommitted {
+    /// A kv entry the run read changed: run it again.
+    Conflict,
+    /// The claim is no longer ours: drop everything.
+    Lost,
+    /// Redis failed: let the lease expire, the task runs again.
+    Failed(anyhow::Error),
+}
+
+impl Executor {
+    /// Commits a run's effects, carrying the trace on to its follow-ups and events (as children
+    /// of this run).
+    pub(super) async fn commit_run(
+        &self,
+        task: &Claimed,
+        mut fx: Effects,
+        traced: &Span,
+        marked: &mut bool,
+    ) -> Result<(), NotCommitted> {
+        let tp = trace::child_traceparent(traced, task.traceparent.as_deref());
+        for t in &mut fx.schedule {
+            t.traceparent.clone_from(&tp);
+        }
+        fx.ns.traceparent = tp;
+        self.commit(task, &fx, marked)
+            .instrument(info_span!(target: trace::TARGET, parent: traced, "effects.commit"))
+            .await?;
+        self.metrics.observe_effects(&task.plugin, fx.bytes());
+        Ok(())
+    }
+
+    /// Commits a run's effects: only while the claim is current, kv writes and events together
+    /// and only if the kv entries read are unchanged, then follow-ups and cancels.
+    async fn commit(
+        &self,
+        task: &Claimed,
+        fx: &Effects,
+        marked: &mut bool,
+    ) -> Result<(), NotCommitted> {
+        let Some(leased_from) = self.held.leased_from(task) else {
+            return Err(NotCommitted::Lost);
+        };
+        // Only lease expiry loses a claim (a running task can't be moved, replaced or cancelled),
+        // so with half of its lease left the claim is current and the commit has time to finish:
+        // no round trip. Else a claim check, which also extends the lease. (A runner stalled past
+        // its lease after this point commits under the same marker as the task's rerun does,
+        // `effects_claim`, so the kv writes and events of only one of the two land.)
+        if leased_from.elapsed() >= Duration::from_millis(self.opts.lease_ms) / 2 {
+            let current = self
+                .store
+                .renew(
+                    task.shard,
+                    &[(task.id.as_str(), task.token)],
+                    self.opts.lease_ms,
+                )
+                .await
+                .map_err(NotCommitted::Failed)?;
+            if current != [true] {
+                return Err(NotCommitted::Lost);
+            }
+        }
+        let ns = &fx.ns;
+        if !ns.kv.is_empty() || !ns.events.is_empty() || !ns.reads.is_empty() {
+            match self.store.commit_ns_effects(task, ns).await {
+                Ok(Committed::Applied | Committed::AppliedBefore) => *marked = true,
+                Ok(Committed::Conflict) => return Err(NotCommitted::Conflict),
+                Err(e) => return Err(NotCommitted::Failed(e)),
+            }
+        }
+        if !fx.schedule.is_empty() {
+            self.store
+                .schedule(&fx.schedule, ScheduleMode::IfAbsent)
+                .await
+                .map_err(NotCommitted::Failed)?;
+            for t in &fx.schedule {
+                self.metrics.observe_scheduled(&t.plugin, 1);
+            }
+        }
+        for id in &fx.cancel {
+            match self.store.cancel_for_plugin(id, &task.plugin).await {
+                Ok(Ok(())) => debug!(%id, "cancelled"),
+                Ok(Err(why)) => debug!(%id, "not cancelled: {why}"),
+                Err(e) => return Err(NotCommitted::Failed(e)),
+            }
+        }
+        Ok(())
+    }
+}
