@@ -14,9 +14,9 @@
 //! outcomes wait until there are 256 or the oldest has waited 2 ms).
 //!
 //! Files: `handler` (the seam and what a run returns), `commit` (a run's effects), `held` (the
-//! claims held, and the
-//! [`LeaseKeeper`] that renews their leases), `finisher` (the [`Finisher`], recording
-//! outcomes). The runner starts the lease keeper and the finisher beside the executor.
+//! claims held, and the [`LeaseKeeper`] that renews their leases), `finisher` (the
+//! [`Finisher`], recording outcomes). The runner starts the lease keeper and the finisher beside
+//! the executor.
 //!
 //! Architecture invariant: effects are committed before the outcome, and finish, renew and
 //! effects are fenced by the claim token; a task whose runner dies at any point is run again
