@@ -97,7 +97,6 @@ async fn step(
     started: i64,
 ) -> anyhow::Result<()> {
     let shards = store.shards();
-    store.follow_redis_clock().await?;
     let info = json!({"id": me.id, "address": opts.address, "shards": me.owned(), "last_seen": now_ms(), "started_at": started,
         "clock_ahead_ms": crate::clock::own_ahead_of_redis_ms()});
     let live = store

@@ -132,7 +132,7 @@ impl Runner {
             poller::listen(store.clone(), Arc::clone(&shards), stop_rx.clone()),
         );
         work.start(
-            "scheduler",
+            "recurring schedules' driver",
             crate::recurring::driver::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
         );
         for shard in 0..store.shards() {

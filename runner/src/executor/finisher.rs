@@ -126,17 +126,9 @@ impl Recorder {
     /// The outcomes recorded end their tasks' rerun chains: the markers their effects were
     /// committed under are dropped (a few seconds later, for a runner stalled between its claim
     /// check and its commit; until then they still keep its effects from landing twice).
-    async fn drop_markers(&self, group: &[Pending], verdicts: &[Finished]) {
-        let markers: Vec<(&str, u64)> = group
-            .iter()
-            .zip(verdicts)
-            .filter(|(_, v)| !matches!(v, Finished::Stale | Finished::Release | Finished::Defer))
-            .filter_map(|(p, _)| Some((p.id.as_str(), p.marker?)))
-            .collect();
-        if markers.is_empty() {
-            return;
-        }
-        if let Err(e) = self.store.expire_markers(&markers).await {
+    async fn drop_markers(&self, markers: Vec<(String, u64)>) {
+        let refs: Vec<(&str, u64)> = markers.iter().map(|(id, m)| (id.as_str(), *m)).collect();
+        if let Err(e) = self.store.expire_markers(&refs).await {
             debug!("dropping effect markers failed (they expire on their own): {e:#}");
         }
     }
@@ -199,12 +191,26 @@ impl Recorder {
                 }
             }
         }
-        if let Some(verdicts) = &verdicts {
-            self.drop_markers(&group, verdicts).await;
-        }
+        // the markers of the runs recorded (not of those refused or given back)
+        let markers: Vec<(String, u64)> = match &verdicts {
+            Some(v) => group
+                .iter()
+                .zip(v)
+                .filter(|(_, v)| {
+                    !matches!(v, Finished::Stale | Finished::Release | Finished::Defer)
+                })
+                .filter_map(|(p, _)| Some((p.id.clone(), p.marker?)))
+                .collect(),
+            None => Vec::new(),
+        };
         for p in &group {
             self.held.remove(shard, &p.id, p.token);
         }
-        // dropping `group` frees the slots
+        // dropping `group` frees the slots: before the markers' round trip, if there is one
+        drop(group);
+        if !markers.is_empty() {
+            self.freed.notify_waiters();
+            self.drop_markers(markers).await;
+        }
     }
 }

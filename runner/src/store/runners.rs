@@ -7,7 +7,7 @@ use super::{LeaseOp, Store};
 impl Store {
     /// Records that a runner is alive (its info, JSON, readable for `ttl_ms`) and returns the ids
     /// of the runners heard from within `window_ms`, sorted. Times are Redis time, so runners'
-    /// clocks do not matter.
+    /// clocks do not matter; the reading of Redis's clock also sets this process's offset to it.
     pub async fn heartbeat(
         &self,
         runner_id: &str,
@@ -16,7 +16,9 @@ impl Store {
         window_ms: u64,
     ) -> Result<Vec<String>> {
         let k = self.keys();
-        self.inner
+        let sent = crate::clock::own_ms();
+        let (redis_ms, live): (i64, Vec<String>) = self
+            .inner
             .scripts
             .heartbeat
             .key(k.runners())
@@ -27,7 +29,10 @@ impl Store {
             .arg(window_ms)
             .invoke_async(&mut self.conn())
             .await
-            .context("heartbeat")
+            .context("heartbeat")?;
+        // the heartbeat reads Redis's clock anyway: this process's clock follows it
+        crate::clock::observe_redis(redis_ms, sent, crate::clock::own_ms());
+        Ok(live)
     }
 
     /// Removes a runner's heartbeat (graceful shutdown).
