@@ -1,0 +1,119 @@
+//! The command-line client against a real runner: each command is one API call, its reply shown
+//! as a table or as JSON.
+
+use std::time::Duration;
+
+use eggtimer_tests::{RedisServer, RunnerProcess, eggtimer_bin, plugins_dir, wait_state};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(20);
+
+fn start(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
+    let dir = plugins_dir();
+    let mut args = vec!["--plugins-dir", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    RunnerProcess::start(&redis.url(), &args)
+}
+
+#[tokio::test]
+async fn the_cli_speaks_the_api() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(eggtimer_bin())
+            .args(args)
+            .args(["--url", &r.url])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let wasm = plugins_dir().join("noop.wasm");
+    let (c, out, err) = cli(&["plugin", "push", "cli-noop", wasm.to_str().unwrap()]);
+    assert_eq!(c, Some(0), "{err}");
+    assert!(out.contains("\"version\": 1"), "{out}");
+    // lists print aligned tables; --json prints the API's reply
+    let (c, out, _) = cli(&["plugin", "list"]);
+    assert_eq!(c, Some(0));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME ") && lines[0].contains(" VERSION  DIGEST "),
+        "{out}"
+    );
+    let version_col = lines[0].find("VERSION").unwrap();
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("cli-noop "))
+        .expect(&out);
+    assert_eq!(
+        row.find(" 1 ").map(|i| i + 1),
+        Some(version_col),
+        "aligned: {out}"
+    );
+    let (c, out, _) = cli(&["plugin", "list", "--json"]);
+    assert_eq!(c, Some(0));
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "cli-noop"),
+        "{out}"
+    );
+    let (c, out, _) = cli(&["runners"]);
+    assert_eq!(c, Some(0));
+    assert!(out.starts_with("ID"), "{out}");
+    assert!(out.contains(&r.url), "{out}");
+    let (_, out, _) = cli(&["runners", "--json"]);
+    let runners: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(runners.as_array().map(Vec::len), Some(1), "{out}");
+    let (c, _, err) = cli(&[
+        "task",
+        "add",
+        "cli-noop",
+        "--payload",
+        "{\"a\":1}",
+        "--in",
+        "2h",
+        "--id",
+        "t1",
+        "--owner",
+        "u1",
+    ]);
+    assert_eq!(c, Some(0), "{err}");
+    let (c, out, _) = cli(&["task", "move", "t1", "--by", "-1h"]);
+    assert_eq!(c, Some(0));
+    let moved: Value = serde_json::from_str(&out).unwrap();
+    let (c, _, _) = cli(&[
+        "owner", "shift", "u1", "--by", "-30m", "--plugin", "cli-noop",
+    ]);
+    assert_eq!(c, Some(0));
+    let (_, out, _) = cli(&["task", "get", "t1"]);
+    assert!(out.contains("\nowner          u1\n"), "{out}");
+    assert!(out.contains("\npayload        {\"a\":1}\n"), "{out}");
+    let (_, out, _) = cli(&["task", "get", "t1", "--json"]);
+    let t: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        t["run_at"].as_i64().unwrap(),
+        moved["run_at"].as_i64().unwrap() - 1_800_000
+    );
+    let (c, _, _) = cli(&["task", "run", "t1"]);
+    assert_eq!(c, Some(0));
+    wait_state(&r.url, "t1", "done", T).await;
+    let (c, _, err) = cli(&["task", "cancel", "nope"]);
+    assert_eq!(c, Some(1));
+    assert!(err.contains("404"), "{err}");
+    let (c, _, err) = cli(&["task", "add", "nosuch"]);
+    assert_eq!(c, Some(1));
+    assert!(err.contains("no plugin named"), "{err}");
+    let (c, out, _) = cli(&["dead", "list"]);
+    assert_eq!(c, Some(0));
+    assert_eq!(out.lines().count(), 1, "only the header: {out}");
+    assert!(out.starts_with("ID  PLUGIN  STATE"), "{out}");
+    let (c, out, _) = cli(&["dead", "list", "--json"]);
+    assert_eq!(c, Some(0));
+    assert!(out.contains("\"tasks\": []"), "{out}");
+}
