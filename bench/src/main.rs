@@ -11,6 +11,7 @@ mod nodes;
 mod recorder;
 mod report;
 mod w5;
+mod w6;
 mod workloads;
 
 use std::path::PathBuf;
@@ -34,8 +35,8 @@ pub struct Args {
     /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
-    /// Workloads to run, comma-separated (W0..W5).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5")]
+    /// Workloads to run, comma-separated (W0..W6).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -87,7 +88,7 @@ fn main() -> Result<()> {
     let servers = match args.cluster {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
-            if m == 0 || ["W3", "W5"].iter().any(|w| want(w)) {
+            if m == 0 || ["W3", "W5", "W6"].iter().any(|w| want(w)) {
                 bail!("--cluster N needs N >= 1 and runs W0, W1, W2 and W4 only (pass --only)");
             }
             Servers::Cluster(RedisCluster::start_with(m, 0, &everysec))
@@ -124,7 +125,11 @@ fn main() -> Result<()> {
         let nodes = Nodes::connect(&node_urls, shards).await?;
         let plugins = Plugins::new(PluginOptions::default())?;
         load_dir(&plugins, &args.plugins_dir)?;
-        for p in ["noop", "order-cancel", "bench-record"] {
+        let w6_plugin = want("W6").then_some("test-sleep");
+        for p in ["noop", "order-cancel", "bench-record"]
+            .into_iter()
+            .chain(w6_plugin)
+        {
             if plugins.get(p).is_none() {
                 bail!(
                     "{p}.wasm is not in {}: run `cargo xtask plugins` first",
@@ -154,6 +159,9 @@ fn main() -> Result<()> {
         }
         if want("W5") {
             print(&b.w5().await?)?;
+        }
+        if want("W6") {
+            print(&b.w6().await?)?;
         }
         Ok(())
     })

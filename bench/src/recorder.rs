@@ -35,6 +35,12 @@ impl Recorder {
         })
     }
 
+    /// When task `b<i>` first started (µs), if it ran.
+    pub fn start_us(&self, i: usize) -> Option<i64> {
+        (self.runs.get(i)?.load(Ordering::Relaxed) > 0)
+            .then(|| self.starts[i].load(Ordering::Relaxed))
+    }
+
     /// Whether every task ran at least once.
     pub fn all_ran(&self) -> bool {
         self.runs.iter().all(|r| r.load(Ordering::Relaxed) > 0)

@@ -62,6 +62,21 @@ pub struct W1 {
     pub redis_stalls_ms: BTreeMap<String, f64>,
 }
 
+/// W6: a slow plugin's backlog and another plugin's quick tasks due behind it.
+#[derive(Debug, Serialize)]
+pub struct W6 {
+    pub workload: &'static str,
+    pub slow_n: usize,
+    pub slow_ms: u64,
+    pub quick_n: usize,
+    /// How late the quick tasks started.
+    pub quick_lateness_ms: Lateness,
+    /// The slow plugin's runs started per second (first start to last start of every task).
+    pub slow_per_s: f64,
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
+}
+
 /// W2: every task due at the same instant.
 #[derive(Debug, Serialize)]
 pub struct W2 {

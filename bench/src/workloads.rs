@@ -1,5 +1,6 @@
 //! The workloads W0–W4: the runner in this process (W1–W3 with the recording handler in front of
-//! the real plugin host). W5 is in `w5.rs`. Every wait is on a condition with a deadline.
+//! the real plugin host). W5 is in `w5.rs`, W6 in `w6.rs`. Every wait is on a condition with a
+//! deadline.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -131,7 +132,7 @@ impl Bench {
         self.store.check_shards().await
     }
 
-    fn runner(&self, rec: Arc<Recorder>) -> Runner {
+    pub(crate) fn runner(&self, rec: Arc<Recorder>) -> Runner {
         let mut opts = RunnerOptions::default();
         opts.poller.batch = self.args.claim_batch;
         opts.exec.prefetch = self.args.prefetch;
@@ -151,7 +152,12 @@ impl Bench {
 
     /// Waits until every task ran (or `limit`), then stops the runner; its graceful stop lets
     /// anything still running (a duplicate too) finish and be counted.
-    async fn finish(&self, runner: Runner, rec: &Recorder, limit: Duration) -> Result<()> {
+    pub(crate) async fn finish(
+        &self,
+        runner: Runner,
+        rec: &Recorder,
+        limit: Duration,
+    ) -> Result<()> {
         until(limit, Duration::from_millis(20), || async {
             Ok(rec.all_ran())
         })
