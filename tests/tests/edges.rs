@@ -559,3 +559,31 @@ async fn idle_connections_http2_too_are_closed_and_free_their_slot() {
     let (s, b) = call("GET", &format!("{}/healthz", r.url), None).await;
     assert_eq!((s, b), (200, json!({"ok": true})));
 }
+
+#[tokio::test]
+async fn a_redis_that_evicts_keys_is_refused_at_start_naming_the_setting() {
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let out = Command::new(eggtimer_bin())
+        .args(["serve", "--redis", &redis.url(), "--listen", "127.0.0.1:0"])
+        .env_remove("EGGTIMER_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the runner started on an evicting Redis"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("maxmemory-policy allkeys-lru") && err.contains("noeviction"),
+        "{err}"
+    );
+    // volatile-* evicts the keys with a TTL (leases, markers, slots): refused too
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let out = Command::new(eggtimer_bin())
+        .args(["serve", "--redis", &redis.url(), "--listen", "127.0.0.1:0"])
+        .env_remove("EGGTIMER_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("maxmemory-policy volatile-lru"));
+}

@@ -46,6 +46,14 @@ impl RedisTarget {
         }
     }
 
+    /// The URL of every node the target names (a cluster's seed nodes).
+    pub fn node_urls(&self) -> &[String] {
+        match self {
+            RedisTarget::Single(u) => std::slice::from_ref(u),
+            RedisTarget::Cluster(nodes) => nodes,
+        }
+    }
+
     /// A URL of one node for pub/sub (a cluster broadcasts PUBLISH to every node); `attempt`
     /// rotates through a cluster's nodes, so a subscriber whose node died moves to another.
     pub fn pubsub_url(&self, attempt: usize) -> &str {
@@ -179,6 +187,26 @@ pub fn is_unreachable(e: &anyhow::Error) -> bool {
 }
 
 /// A Redis URL (or list) without its passwords, for logs and messages.
+/// A node's `maxmemory-policy` (`CONFIG GET`), on a connection of its own.
+pub(super) async fn maxmemory_policy(url: &str) -> Result<String> {
+    let client = redis::Client::open(url)?;
+    let mut c = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .context("connecting timed out")??;
+    let reply: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut c)
+        .await?;
+    reply
+        .get(1)
+        .cloned()
+        .context("CONFIG GET maxmemory-policy answered no value")
+}
+
 pub fn redact(url: &str) -> String {
     url.split(',')
         .map(|u| match (u.find("://"), u.rfind('@')) {

@@ -63,8 +63,8 @@ struct Inner {
 }
 
 impl Store {
-    /// Connects, checks the namespace's shard count (recording it on first use) and its shards'
-    /// data layout (refusing data of builds before 0.1.0).
+    /// Connects, checks the namespace's shard count (recording it on first use), that Redis
+    /// does not evict keys, and its shards' data layout (refusing data of builds before 0.1.0).
     pub async fn open(target: RedisTarget, opts: StoreOptions) -> Result<Store> {
         if opts.shards == 0 {
             bail!("the shard count must be at least 1");
@@ -80,8 +80,36 @@ impl Store {
             }),
         };
         store.check_shards().await?;
+        store.check_eviction().await?;
         store.check_layout().await?;
         Ok(store)
+    }
+
+    /// Refuses a Redis that may evict keys: any `maxmemory-policy` but `noeviction` drops
+    /// tasks (`allkeys-*`) or effect markers, shard leases and concurrency slots (`volatile-*`,
+    /// the keys with a TTL) without a word. Every node the target names is asked; a Redis that
+    /// does not answer `CONFIG GET` (a managed one may rename it) is let through with a warning.
+    async fn check_eviction(&self) -> Result<()> {
+        for url in self.inner.target.node_urls() {
+            let policy = match connection::maxmemory_policy(url).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(
+                        "could not read maxmemory-policy from {} ({e:#}); eggtimer needs `noeviction`: an evicting Redis drops tasks",
+                        connection::redact(url)
+                    );
+                    continue;
+                }
+            };
+            if policy != "noeviction" {
+                bail!(
+                    "Redis at {} has maxmemory-policy {policy}: it may evict eggtimer's keys (tasks, leases, effect markers) \
+                     without a word; set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy noeviction, and in redis.conf)",
+                    connection::redact(url)
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The same store on a connection of its own, whose I/O runs on the runtime this is called
