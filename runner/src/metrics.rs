@@ -91,6 +91,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Tasks dead-lettered, per plugin.",
     ),
     (
+        "eggtimer_fair_share_waits_total",
+        "counter",
+        "Tasks that waited for their plugin's fair share of this runner while other plugins' tasks ran: due tasks its claims set aside, and claimed tasks held back from a free worker.",
+    ),
+    (
         "eggtimer_effect_bytes_total",
         "counter",
         "Bytes of kv writes, events and follow-ups committed by runs, per plugin.",
@@ -192,6 +197,7 @@ pub struct Metrics {
     plugins: RwLock<HashMap<String, Arc<PluginHandles>>>,
     claims: RwLock<HashMap<u32, Counter>>,
     running: Gauge,
+    share_waits: Counter,
     /// Lateness bucket counts since the last [`Metrics::take_recent`] (all plugins).
     recent_lateness: [AtomicU64; LATENESS_BUCKETS],
 }
@@ -235,12 +241,17 @@ impl Metrics {
         let handle = recorder.handle();
         let running =
             recorder.register_gauge(&Key::from_static_name("eggtimer_runner_inflight"), &meta());
+        let share_waits = recorder.register_counter(
+            &Key::from_static_name("eggtimer_fair_share_waits_total"),
+            &meta(),
+        );
         Metrics {
             recorder: Arc::new(recorder),
             handle,
             plugins: RwLock::default(),
             claims: RwLock::default(),
             running,
+            share_waits,
             recent_lateness: Default::default(),
         }
     }
@@ -357,6 +368,11 @@ impl Metrics {
     }
 
     /// This runner claimed `n` tasks on `shard`.
+    /// Tasks that waited for their plugin's fair share.
+    pub fn observe_share_waits(&self, n: u64) {
+        self.share_waits.increment(n);
+    }
+
     pub fn observe_claims(&self, shard: u32, n: u64) {
         if let Some(c) = self
             .claims

@@ -64,6 +64,9 @@ pub async fn poll_shard(
 ) {
     let slot = shards.get(shard);
     let mut error_delay = Duration::from_millis(50);
+    // what the last claim left: whether the shard's buckets have tasks due, when their next
+    // task falls due, and whether tasks of a plugin under its part wait here (set aside)
+    let (mut bucket_due, mut next_due, mut waiting_under_part) = (true, None::<Instant>, false);
     loop {
         if *stop.borrow() {
             return;
@@ -72,19 +75,35 @@ pub async fn poll_shard(
             // another runner polls this shard; membership wakes us when it becomes ours
             slot.plan(i64::MIN);
             tokio::select! {
-                _ = slot.woken() => continue,
+                _ = slot.woken() => { bucket_due = true; continue }
                 _ = stop.changed() => return,
             }
         }
         slot.plan(i64::MAX);
-        // Claim only what can start now: wait for room in the executor.
-        let res = tokio::select! {
-            r = exec.reserve(opts.batch) => match r { Some(r) => r, None => return },
-            _ = stop.changed() => return,
+        // Claim only what can start now: wait for room in the executor. Nothing due in the
+        // buckets (more claimed than there was room for, or only tasks set aside waiting here):
+        // room for them, or at the next due time (or a wake) room with headroom.
+        let res = if !bucket_due {
+            let until = next_due.unwrap_or_else(|| Instant::now() + opts.fallback);
+            tokio::select! {
+                r = exec.reserve(opts.batch, waiting_under_part) => match r { Some(r) => r, None => return },
+                _ = tokio::time::sleep_until(until) => { bucket_due = true; continue }
+                _ = slot.woken() => { bucket_due = true; continue }
+                _ = stop.changed() => return,
+            }
+        } else {
+            tokio::select! {
+                r = exec.reserve(opts.batch, true) => match r { Some(r) => r, None => return },
+                _ = stop.changed() => return,
+            }
         };
         let limit = res.len();
         let sent = std::time::Instant::now();
-        let batch = match store.claim(shard, limit, exec.lease_ms()).await {
+        let share = exec.share(&res);
+        let batch = match store
+            .claim_shared(shard, limit, exec.lease_ms(), &share)
+            .await
+        {
             Ok(b) => {
                 error_delay = Duration::from_millis(50);
                 b
@@ -97,6 +116,7 @@ pub async fn poll_shard(
                 continue;
             }
         };
+        exec.observe_share_waits(batch.set_aside);
         let claimed = batch.tasks.len();
         if claimed > 0 {
             debug!(shard, claimed, "claimed");
@@ -104,8 +124,13 @@ pub async fn poll_shard(
         } else {
             drop(res);
         }
-        if claimed == limit {
-            continue; // more may be due: claim again at once
+        waiting_under_part = batch.waiting_under_part;
+        bucket_due = batch.next_due.is_some_and(|d| d <= batch.now);
+        next_due = batch.next_due.map(|d| {
+            Instant::now() + Duration::from_millis((d - batch.now).clamp(0, 3_600_000) as u64)
+        });
+        if claimed == limit || batch.waiting {
+            continue; // more may be due: claim again when there is room
         }
         // Sleep until the next due time or lease expiry (Redis time), or the fallback. The wait
         // is whole ms from the claim's whole-ms time, so a poller wakes up to ~1 ms after the
@@ -119,6 +144,7 @@ pub async fn poll_shard(
         let fallback_ms = opts.fallback.as_millis() as i64;
         let wait_ms = next.map_or(fallback_ms, |t| (t - batch.now).clamp(0, fallback_ms));
         if wait_ms == 0 {
+            bucket_due = true;
             continue;
         }
         slot.plan(batch.now + wait_ms);
@@ -128,5 +154,6 @@ pub async fn poll_shard(
             _ = slot.woken() => {}
             _ = stop.changed() => return,
         }
+        bucket_due = true;
     }
 }

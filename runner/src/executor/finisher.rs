@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn};
 
@@ -29,7 +29,7 @@ pub(super) struct Pending {
     pub(super) marker: Option<u64>,
     /// The task's trace span: it ends once the outcome is recorded.
     pub(super) traced: tracing::Span,
-    pub(super) _slot: OwnedSemaphorePermit,
+    pub(super) _slot: super::Slot,
 }
 
 /// Records the executor's outcomes: started by the runner, it ends once the executor is gone

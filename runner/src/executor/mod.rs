@@ -28,6 +28,7 @@ mod commit;
 mod finisher;
 mod handler;
 mod held;
+mod share;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,10 +45,12 @@ use finisher::Pending;
 pub use handler::{Effects, Handler, Outcome, Run, TaskHost};
 use held::Held;
 pub use held::LeaseKeeper;
+pub(crate) use share::Slot;
+use share::{Shares, StartQueue};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Finish, Store};
+use crate::store::{Claimed, Finish, Share, Store};
 use crate::trace;
 
 /// A panic's message (its payload when that is a string).
@@ -78,6 +81,15 @@ const FINISH_WAIT: Duration = Duration::from_millis(2);
 /// Tasks are claimed beyond the free workers only as many as the workers will start within this
 /// horizon, judged from the recent run time: a deep prefetch for fast handlers, none for slow.
 const PREFETCH_HORIZON_US: u64 = 20_000;
+/// Slots beyond the target for plugins under their part while one plugin crowds the runner
+/// (see [`Executor::reserve`]).
+fn headroom(workers: usize) -> usize {
+    (workers / 4).max(2)
+}
+
+/// How many due tasks beyond its size a claim walks, when a plugin has used up its share of this
+/// runner, to find other plugins' tasks behind that plugin's backlog (see [`Share`]).
+const SHARE_WALK: usize = 512;
 
 /// Settings of the executor.
 #[derive(Clone, Debug)]
@@ -107,19 +119,24 @@ impl Default for ExecutorOptions {
 
 /// Room for claimed tasks, taken by a poller before it claims; what it does not use goes back
 /// when it is dropped, and pollers waiting for room are woken.
-pub struct Reservation(OwnedSemaphorePermit, Arc<Notify>);
+pub struct Reservation {
+    permits: OwnedSemaphorePermit,
+    freed: Arc<Notify>,
+    /// How many of the places are headroom (see [`Executor::reserve`]).
+    headroom: usize,
+}
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.0.num_permits() > 0 {
-            self.1.notify_waiters();
+        if self.permits.num_permits() > 0 {
+            self.freed.notify_waiters();
         }
     }
 }
 
 impl Reservation {
     pub fn len(&self) -> usize {
-        self.0.num_permits()
+        self.permits.num_permits()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -134,10 +151,12 @@ pub struct Executor {
     opts: ExecutorOptions,
     /// Claimed and not yet recorded (workers + prefetch).
     slots: Arc<Semaphore>,
+    /// Of those, how many of each plugin.
+    shares: Arc<Shares>,
     /// Handler calls at once.
     running: Arc<Semaphore>,
-    /// Held by the batch whose tasks are taking workers (see `submit`).
-    start_turn: tokio::sync::Mutex<()>,
+    /// Claimed tasks waiting for a worker.
+    queue: StartQueue,
     held: Arc<Held>,
     /// The reads a handler makes (kv), shared by every run.
     host: Arc<dyn TaskHost>,
@@ -186,7 +205,8 @@ impl Executor {
         let workers = opts.workers.max(1);
         let held = Arc::new(Held::default());
         let freed = Arc::new(Notify::new());
-        let slots = Arc::new(Semaphore::new(workers + opts.prefetch));
+        let capacity = workers + opts.prefetch + headroom(workers);
+        let slots = Arc::new(Semaphore::new(capacity));
         let finisher = Finisher::new(
             rx,
             store.clone(),
@@ -198,7 +218,7 @@ impl Executor {
             store: store.clone(),
             held: Arc::clone(&held),
             slots: Arc::clone(&slots),
-            capacity: workers + opts.prefetch,
+            capacity,
             lease_ms: opts.lease_ms,
             stopping: stopping.clone(),
         };
@@ -206,8 +226,9 @@ impl Executor {
             store,
             handler,
             slots,
+            shares: Arc::default(),
             running: Arc::new(Semaphore::new(workers)),
-            start_turn: tokio::sync::Mutex::new(()),
+            queue: StartQueue::new(workers),
             opts,
             held,
             host,
@@ -221,7 +242,16 @@ impl Executor {
     }
 
     fn capacity(&self) -> usize {
-        self.opts.workers.max(1) + self.opts.prefetch
+        let workers = self.opts.workers.max(1);
+        workers + self.opts.prefetch + headroom(workers)
+    }
+
+    /// Tasks that waited for their plugin's share: set aside by a claim, or held here while a
+    /// worker was free for other plugins (for the metrics).
+    pub fn observe_share_waits(&self, n: u64) {
+        if n > 0 {
+            self.metrics.observe_share_waits(n);
+        }
     }
 
     /// The lease a claim should ask for (ms).
@@ -238,10 +268,44 @@ impl Executor {
         workers + prefetch.min(self.opts.prefetch)
     }
 
+    /// What a claim with the room `res` should keep of the fair share between plugins: how
+    /// many tasks this runner holds of each plugin; whether to look past a backlog for other
+    /// plugins' tasks (when one plugin is crowding the runner); the reservation's headroom,
+    /// for plugins under their part.
+    pub fn share(&self, res: &Reservation) -> Share {
+        let held = self.shares.lock();
+        let crowded = held.values().any(|&n| n > self.part(held.len()));
+        Share {
+            held: held.iter().map(|(p, &n)| (p.clone(), n)).collect(),
+            extra: if crowded { SHARE_WALK } else { 0 },
+            headroom: res.headroom,
+            // headroom goes to plugins under an equal part of the target
+            part: self.target_held().div_ceil(held.len().max(1)),
+        }
+    }
+
+    /// A plugin's part of [`Self::target_held`] were one plugin more to come to the `n` this
+    /// runner holds tasks of. A plugin holding more is crowding the runner.
+    fn part(&self, n: usize) -> usize {
+        self.target_held() / (n + 1)
+    }
+
+    fn crowded(&self) -> bool {
+        let held = self.shares.lock();
+        let part = self.part(held.len());
+        held.values().any(|&n| n > part)
+    }
+
     /// Waits for room and takes up to `max` slots: as many as bring the tasks held up to
     /// [`Self::target_held`]. Under load it waits for a useful amount (an eighth of the target)
     /// so claims stay batched; when idle that much is free at once. None once closed.
-    pub async fn reserve(&self, max: usize) -> Option<Reservation> {
+    ///
+    /// With `headroom` (the shard has due tasks that were not set aside) while one plugin is
+    /// crowding the runner, it takes a few slots more at once when there is no other room
+    /// (beyond the target, within the capacity): a claim gives those places only to plugins
+    /// under their part. So another plugin's task due behind a slow backlog is claimed when
+    /// due, and starts on a worker of its plugin's share (see `share`).
+    pub async fn reserve(&self, max: usize, headroom: bool) -> Option<Reservation> {
         let max = max.max(1);
         loop {
             let freed = self.freed.notified();
@@ -250,10 +314,25 @@ impl Executor {
             let held = self.capacity() - self.slots.available_permits();
             let target = self.target_held();
             let room = target.saturating_sub(held).min(max);
+            let reservation = |permits, spare| Reservation {
+                permits,
+                freed: Arc::clone(&self.freed),
+                headroom: spare,
+            };
             if room >= (target / 8).clamp(1, max)
                 && let Ok(p) = Arc::clone(&self.slots).try_acquire_many_owned(room as u32)
             {
-                return Some(Reservation(p, Arc::clone(&self.freed)));
+                return Some(reservation(p, 0));
+            }
+            let with_headroom = (room + self::headroom(self.opts.workers.max(1)))
+                .min(max)
+                .min(self.slots.available_permits());
+            if headroom
+                && with_headroom > room
+                && self.crowded()
+                && let Ok(p) = Arc::clone(&self.slots).try_acquire_many_owned(with_headroom as u32)
+            {
+                return Some(reservation(p, with_headroom - room));
             }
             if self.slots.is_closed() {
                 return None;
@@ -263,39 +342,52 @@ impl Executor {
     }
 
     /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
-    /// They start in the order given (a claim's order: due order), batches in the order they
-    /// were claimed: a free worker goes to the earliest task waiting.
+    /// A free worker starts a task of the plugin with the fewest runs going, the earliest
+    /// claimed of it (claims return a plugin's tasks in due order).
     /// `sent`: when the claim's request was sent (its leases run at least a lease from then).
     pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation, sent: Instant) {
         if let Some(first) = tasks.first() {
             self.metrics.observe_claims(first.shard, tasks.len() as u64);
         }
-        let mut batch = Vec::with_capacity(tasks.len());
+        let mut queue = self.queue.lock();
         for task in tasks {
-            let Some(slot) = res.0.split(1) else {
+            let Some(permit) = res.permits.split(1) else {
                 // more tasks than slots can't happen (claims ask for res.len()); be safe anyway
                 warn!(id = %task.id, "claimed more tasks than reserved; it runs again after its lease");
                 continue;
             };
             self.held.insert(&task, sent);
-            batch.push((task, slot));
+            let slot = Slot::new(permit, &task.plugin, &self.shares);
+            queue.push(task, slot);
         }
+        drop(queue);
+        self.start_waiting();
+    }
+
+    /// Starts waiting tasks while workers are free. Called after tasks are queued and after
+    /// every run ends, each check and take under the queue's lock, so no free worker is missed.
+    fn start_waiting(self: &Arc<Self>) {
         let rt = self
             .handler
             .runtime()
             .unwrap_or_else(tokio::runtime::Handle::current);
-        let this = Arc::clone(self);
-        let starter_rt = rt.clone();
-        rt.spawn(async move {
-            // batches take their turn in claim order (the lock is fair)
-            let _turn = this.start_turn.lock().await;
-            for (task, slot) in batch {
-                let Ok(worker) = Arc::clone(&this.running).acquire_owned().await else {
-                    return; // the semaphore is never closed
-                };
-                this.start(&starter_rt, task, slot, worker);
+        loop {
+            let mut queue = self.queue.lock();
+            if queue.is_empty() {
+                return;
             }
-        });
+            let Ok(worker) = Arc::clone(&self.running).try_acquire_owned() else {
+                return;
+            };
+            let next = queue.pop();
+            let waits = std::mem::take(&mut queue.share_waits);
+            drop(queue);
+            self.observe_share_waits(waits);
+            let Some((task, slot)) = next else {
+                return;
+            };
+            self.start(&rt, task, slot, worker);
+        }
     }
 
     /// Runs one task on `rt` with its worker; its outcome goes to the finisher.
@@ -303,7 +395,7 @@ impl Executor {
         self: &Arc<Self>,
         rt: &tokio::runtime::Handle,
         task: Claimed,
-        slot: OwnedSemaphorePermit,
+        slot: Slot,
         worker: OwnedSemaphorePermit,
     ) {
         let this = Arc::clone(self);
@@ -337,6 +429,8 @@ impl Executor {
                         });
                 this.metrics.running(-1.0);
                 drop(worker);
+                this.queue.lock().ended(&task.plugin);
+                this.start_waiting();
                 match outcome {
                     Some(finish) => {
                         let _ = this.finisher.send(Pending {

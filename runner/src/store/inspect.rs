@@ -278,26 +278,28 @@ impl Store {
             let k = self.keys().shard(shard);
             let mut conn = self.conn();
             async move {
-                // scheduled: the per-plugin counts (due or parked) less the parked ones
-                // (O(plugins), not a walk of the buckets)
-                let (counts, parked, batched, dead) = redis::pipe()
+                // scheduled: the per-plugin counts (due or parked) less the parked ones of
+                // paused plugins, `parked` less `waiting` (O(plugins), not a walk of the buckets)
+                let (counts, parked, waiting, batched, dead) = redis::pipe()
                     .cmd("HVALS")
                     .arg(&k.scheduled)
                     .cmd("ZCARD")
                     .arg(&k.parked)
+                    .cmd("ZCARD")
+                    .arg(&k.waiting)
                     .cmd("HGET")
                     .arg(&k.batches)
                     .arg("running")
                     .cmd("ZCARD")
                     .arg(&k.dead)
-                    .query_async::<(Vec<i64>, u64, Option<i64>, u64)>(&mut conn)
+                    .query_async::<(Vec<i64>, u64, u64, Option<i64>, u64)>(&mut conn)
                     .await?;
                 let due_now = self
                     .count_due(shard, &["-inf".into(), (now + 1).to_string()])
                     .await?[0];
                 let counted = counts.iter().sum::<i64>().max(0) as u64;
                 Ok::<_, anyhow::Error>(ShardCounts {
-                    scheduled: counted.saturating_sub(parked),
+                    scheduled: counted.saturating_sub(parked.saturating_sub(waiting)),
                     inflight: batched.unwrap_or(0).max(0) as u64,
                     dead,
                     due_now,
@@ -309,9 +311,18 @@ impl Store {
 
     /// How many tasks of a shard's due buckets fall in each range `[edges[i], edges[i + 1])`
     /// (ms, or `-inf` / `+inf`), walked a bounded number of buckets per script (`due_count.lua`).
+    /// The tasks set aside for their plugin's share (due when set aside) count in a first range
+    /// that starts at `-inf`.
     pub async fn count_due(&self, shard: u32, edges: &[String]) -> Result<Vec<u64>> {
         let ranges = edges.len().saturating_sub(1);
         let mut total = vec![0u64; ranges];
+        if ranges > 0 && edges[0] == "-inf" {
+            let waiting: u64 = redis::cmd("ZCARD")
+                .arg(self.keys().shard(shard).waiting)
+                .query_async(&mut self.conn())
+                .await?;
+            total[0] = waiting;
+        }
         let mut from = String::new();
         loop {
             let mut inv = self.shard_script(&self.inner.scripts.due_count, shard);

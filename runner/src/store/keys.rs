@@ -37,6 +37,9 @@ pub struct ShardKeys {
     /// ZSET bucket name -> bound: the index of the due buckets, each the ZSET `<duex>:<name>` of
     /// id -> due (see `due_bucket`).
     pub duex: String,
+    /// ZSET `plugin\tdue\tid` (score 0): due tasks a claim set aside for their plugin's fair
+    /// share (each also in `parked`).
+    pub waiting: String,
 }
 
 impl ShardKeys {
@@ -45,7 +48,7 @@ impl ShardKeys {
         format!("{}:{name}", self.duex)
     }
 
-    pub fn all(&self) -> [&str; 13] {
+    pub fn all(&self) -> [&str; 14] {
         [
             &self.tasks,
             &self.dead,
@@ -60,6 +63,7 @@ impl ShardKeys {
             &self.finished,
             &self.scheduled,
             &self.duex,
+            &self.waiting,
         ]
     }
 }
@@ -89,6 +93,7 @@ impl Keys {
             finished: format!("{tag}:finished"),
             scheduled: format!("{tag}:scheduled"),
             duex: format!("{tag}:duex"),
+            waiting: format!("{tag}:waiting"),
         }
     }
 

@@ -7,12 +7,13 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 7] = [
+const PARTS: [(&str, &str); 8] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
     ("indexes", include_str!("lua/lib/indexes.lua")),
     ("claims", include_str!("lua/lib/claims.lua")),
+    ("share", include_str!("lua/lib/share.lua")),
     ("finished", include_str!("lua/lib/finished.lua")),
     ("walk", include_str!("lua/lib/walk.lua")),
 ];

@@ -9,8 +9,8 @@ use redis::Value;
 
 use super::types::Verdict;
 use super::{
-    ClaimBatch, Claimed, Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, Store,
-    TaskRecord, field_safe,
+    ClaimBatch, Claimed, Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, Share,
+    Store, TaskRecord, field_safe,
 };
 
 /// An outcome as the finish script takes it: kind, claim token, value, error.
@@ -123,13 +123,31 @@ impl Store {
     /// Claims up to `limit` due tasks of a shard with a lease of `lease_ms` (after putting tasks
     /// whose lease expired back to due). The claimed tasks share one fresh claim token.
     pub async fn claim(&self, shard: u32, limit: usize, lease_ms: u64) -> Result<ClaimBatch> {
+        self.claim_shared(shard, limit, lease_ms, &Share::default())
+            .await
+    }
+
+    /// A claim that keeps the claiming runner's fair share between plugins (see [`Share`]).
+    pub async fn claim_shared(
+        &self,
+        shard: u32,
+        limit: usize,
+        lease_ms: u64,
+        share: &Share,
+    ) -> Result<ClaimBatch> {
         let mut inv = self.shard_script(&self.inner.scripts.claim, shard);
-        inv.arg(limit).arg(lease_ms);
+        let mut held = String::new();
+        for (plugin, n) in &share.held {
+            use std::fmt::Write;
+            let _ = write!(held, "{plugin}\t{n}\t");
+        }
+        inv.arg(limit).arg(lease_ms).arg(held).arg(share.extra);
+        inv.arg(share.headroom).arg(share.part);
         let v: Vec<Value> = inv
             .invoke_async(&mut self.conn())
             .await
             .context("claim script")?;
-        if v.len() < 5 || !(v.len() - 5).is_multiple_of(2) {
+        if v.len() < 7 || !(v.len() - 7).is_multiple_of(2) {
             bail!("the claim script answered {} values", v.len());
         }
         let now = int(&v[0])?;
@@ -152,8 +170,10 @@ impl Store {
             })?;
             firsts.insert(at, first);
         }
-        let mut tasks = Vec::with_capacity((v.len() - 5) / 2);
-        for (i, c) in v[5..].chunks_exact(2).enumerate() {
+        let set_aside = int(&v[5])? as u64;
+        let waiting = int(&v[6])?;
+        let mut tasks = Vec::with_capacity((v.len() - 7) / 2);
+        for (i, c) in v[7..].chunks_exact(2).enumerate() {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
             let effects_claim = firsts.get(&(i + 1)).copied().unwrap_or(token);
@@ -179,6 +199,9 @@ impl Store {
             now,
             next_due: (next >= 0).then_some(next),
             next_lease_expiry: (lease >= 0).then_some(lease),
+            set_aside,
+            waiting: waiting > 0,
+            waiting_under_part: waiting == 2,
             tasks,
         })
     }

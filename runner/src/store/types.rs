@@ -75,7 +75,29 @@ pub struct ClaimBatch {
     pub next_due: Option<i64>,
     /// The earliest lease expiry of the shard's in-flight tasks, if any.
     pub next_lease_expiry: Option<i64>,
+    /// Due tasks this claim set aside for their plugin's fair share (see [`Share`]).
+    pub set_aside: u64,
+    /// Due tasks it did not take wait in the shard (set aside for their plugin's share)...
+    pub waiting: bool,
+    /// ... of a plugin under its part among them (a claim with headroom may take them).
+    pub waiting_under_part: bool,
     pub tasks: Vec<Claimed>,
+}
+
+/// What a claim is told of the claiming runner's fair share: how many tasks it holds of each
+/// plugin. Each of the claim's places goes to the plugin holding the fewest (its earliest due
+/// task). With `extra` > 0 (one plugin holds much of the runner) the claim walks up to that many
+/// due tasks beyond its size to find other plugins' tasks behind that plugin's backlog, setting
+/// aside what it walked past (still scheduled, no attempt used; every runner's next claim looks
+/// at them first). The last `headroom` places of the claim go only to plugins holding fewer than
+/// `part`.
+#[derive(Clone, Debug, Default)]
+pub struct Share {
+    /// Plugin -> how many of its tasks the runner holds (claimed, outcome not yet recorded).
+    pub held: Vec<(String, usize)>,
+    pub headroom: usize,
+    pub part: usize,
+    pub extra: usize,
 }
 
 /// The outcome to record for a claimed task.

@@ -1,4 +1,4 @@
---! needs claims
+--! needs claims share
 -- Claims up to ARGV[1] due tasks of one shard: due -> running, under one lease of ARGV[2] ms,
 -- attempts + 1, and a fresh claim token (the shard's claim counter, kept at or above Redis's
 -- clock in ms × 1000) in the record's `fin` field.
@@ -6,22 +6,30 @@
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
 -- A due task of a paused plugin is parked instead (out of `due`, still scheduled, no attempt
 -- used), so pollers never spin on it; resuming the plugin puts it back.
+-- Fair share (see `share`): ARGV[3] is how many tasks the claiming runner holds of each plugin
+-- ('p1\tn1\t...'); each place goes to the plugin holding the fewest. When ARGV[4] > 0 (one
+-- plugin holds much of the runner) and the shard has tasks of more than one plugin, the claim
+-- walks up to that many due tasks beyond its size to find others, and sets aside what it walked
+-- and did not take. The last ARGV[5] places go only to plugins holding fewer than ARGV[6].
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
 -- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
 -- under whose marker its effects are committed (listed apart: most tasks have none, and every
 -- value of the reply costs Redis and the runner a little).
--- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms.
+-- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms, held, extra, headroom, part.
 -- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, {the reruns: per task
--- that has a first claim, its place among the tasks (1-based) and that claim}, then per task:
--- id, record}.
+-- that has a first claim, its place among the tasks (1-based) and that claim}, how many tasks
+-- were set aside, whether due tasks are left waiting (0: none; 1: of plugins holding their part
+-- or more; 2: of a plugin under its part too), then per task: id, record}.
 -- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local held, extra = parse_held(ARGV[3] or ''), tonumber(ARGV[4]) or 0
+local headroom, part = math.min(tonumber(ARGV[5]) or 0, limit), tonumber(ARGV[6]) or 0
 local now = now_ms()
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
 -- (the next lease end) from them unless it reaped
@@ -29,11 +37,103 @@ local lease_head = first_score(K_CLAIM_LEASES)
 local reaped = lease_head and lease_head < now
 if reaped then reap_expired(now, limit) end
 local firsts = {}
-local out = { now, 0, 0, 0, firsts }
-local ids, head = due_take(now, limit)
-if #ids == 0 then
-  out[2] = head or head_due()
-else
+local out = { now, 0, 0, 0, firsts, 0, 0 }
+-- walk past the claim's size only where another plugin's tasks may be found behind a backlog;
+-- in a shard of one plugin, headroom places go to it only while it holds less than `part`
+local walk = limit
+if extra > 0 or headroom > 0 then
+  if redis.call('HLEN', K_SCHEDULED) > 1 then
+    walk = limit + extra
+  elseif headroom > 0 then
+    local only = redis.call('HKEYS', K_SCHEDULED)[1]
+    local normal = limit - headroom
+    walk = normal + math.min(headroom, math.max(0, part - ((held[only or ''] or 0) + normal)))
+    headroom = 0
+  end
+end
+local ids, head = due_take(now, walk)
+local waits = waiting_due(now, limit)
+-- the tasks to claim, in due order (parallel lists: no table per task on the hot path)
+local c_ids, c_recs, c_dues, c_atts, c_mcs, c_rests, c_plugins = {}, {}, {}, {}, {}, {}, {}
+local parked = {}
+local function take(id, rec, due, att, mc, rest, plugin)
+  local i = #c_ids + 1
+  c_ids[i], c_recs[i], c_dues[i], c_atts[i], c_mcs[i], c_rests[i], c_plugins[i] =
+    id, rec, due, att, mc, rest, plugin
+end
+local function fields(rec)
+  if rec then
+    return string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(([^\t]*).*)$')
+  end
+end
+if #waits == 0 and #ids <= limit - headroom then
+  -- every task walked is taken (the common case: one claim's worth, no one set aside)
+  local recs = records_of(ids)
+  for i, id in ipairs(ids) do
+    local due, att, mc, rest, plugin = fields(recs[i])
+    if due then -- (else an index entry without a scheduled record: repaired by its removal)
+      if is_paused(plugin) then
+        push(parked, due, id)
+      else
+        take(id, recs[i], due, att, mc, rest, plugin)
+      end
+    end
+  end
+  call_many('ZADD', K_PARKED, parked)
+elseif #ids > 0 or #waits > 0 then
+  -- the candidates, in due order: {due, id, plugin, rec, att, mc, rest, member (when waiting)}
+  local cands, stale = {}, {}
+  local function add(id, rec, member)
+    local due, att, mc, rest, plugin = fields(rec)
+    if not due then
+      if member then stale[#stale + 1] = member end
+    elseif member == nil and is_paused(plugin) then
+      push(parked, due, id)
+    else
+      cands[#cands + 1] = { due = tonumber(due), k = #cands, id = id, plugin = plugin, rec = rec,
+        att = att, mc = mc, rest = rest, member = member }
+    end
+  end
+  local recs = records_of(ids)
+  for i, id in ipairs(ids) do add(id, recs[i], nil) end
+  if #waits > 0 then
+    local wids = {}
+    for i, w in ipairs(waits) do wids[i] = w[2] end
+    local wrecs = records_of(wids)
+    for i, w in ipairs(waits) do add(w[2], wrecs[i], w[4]) end
+    table.sort(cands, function(a, b)
+      if a.due ~= b.due then return a.due < b.due end
+      return a.k < b.k
+    end)
+  end
+  call_many('ZREM', K_WAITING, stale)
+  local queues = choose(cands, held, limit, headroom, part)
+  -- what was walked and not taken is set aside; what was waiting and is taken leaves `waiting`
+  local aside, aside_ids, taken_waiting, taken_ids = {}, {}, {}, {}
+  for _, c in ipairs(cands) do
+    if c.chosen then
+      take(c.id, c.rec, string.format('%d', c.due), c.att, c.mc, c.rest, c.plugin)
+      if c.member then
+        taken_waiting[#taken_waiting + 1] = c.member
+        taken_ids[#taken_ids + 1] = c.id
+      end
+    else
+      -- left waiting: 2 when a plugin under its part is among them (headroom may take them)
+      if queues[c.plugin].n < part then out[7] = 2 elseif out[7] == 0 then out[7] = 1 end
+      if not c.member then
+        push(aside, '0', wait_member(c.plugin, c.due, c.id))
+        push(aside_ids, string.format('%d', c.due), c.id)
+      end
+    end
+  end
+  call_many('ZADD', K_PARKED, parked)
+  call_many('ZADD', K_PARKED, aside_ids)
+  call_many('ZADD', K_WAITING, aside)
+  call_many('ZREM', K_PARKED, taken_ids)
+  call_many('ZREM', K_WAITING, taken_waiting)
+  out[6] = #aside_ids / 2
+end
+if #c_ids > 0 then
   -- the shard's claim counter, never below Redis's clock in µs-sized steps of ms: when Redis
   -- loses its last writes (an AOF `everysec` restart, a failover before the replica had them)
   -- the counter may go back, but the clock does not, so a new claim never repeats the token of
@@ -46,49 +146,38 @@ else
   token = string.format('%d', token)
   out[4] = token
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
-  local recs = records_of(ids)
   local reruns = {}
-  if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, ids) end
+  if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, c_ids) end
   -- every write of the batch goes in one variadic call per key
-  local parked, unowner, records, claimed, counts = {}, {}, {}, {}, {}
+  local unowner, records, counts = {}, {}, {}
   local expires = string.format('%d', now + lease)
-  for i, id in ipairs(ids) do
-    local rec = recs[i]
-    local due, att, mc, rest, plugin
-    if rec then
-      due, att, mc, rest, plugin = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(([^\t]*).*)$')
+  for i, id in ipairs(c_ids) do
+    if owners then
+      local t = parse(c_recs[i])
+      if t.owner ~= '' then unowner[#unowner + 1] = owner_member(t.owner, t.due, id) end
     end
-    if due then -- (else an index entry without a scheduled record: repaired by its removal)
-      if is_paused(plugin) then
-        push(parked, due, id)
-      else
-        if owners then
-          local t = parse(rec)
-          if t.owner ~= '' then unowner[#unowner + 1] = owner_member(t.owner, t.due, id) end
-        end
-        counts[plugin] = (counts[plugin] or 0) + 1
-        rec = 'r\t' .. due .. '\t' .. string.format('%d', tonumber(att) + 1) .. '\t' .. mc .. token
-          .. '\t' .. rest
-        push(records, id, rec)
-        claimed[#claimed + 1] = id
-        push(out, id, rec)
-        local first = reruns[i]
-        if first then first = rerun_of(first, string.match(mc, '\t(%d+)\t$'), tonumber(att)) end
-        if first then push(firsts, #claimed, first) end
-      end
+    local plugin = c_plugins[i]
+    counts[plugin] = (counts[plugin] or 0) + 1
+    local rec = 'r\t' .. c_dues[i] .. '\t' .. string.format('%d', tonumber(c_atts[i]) + 1) .. '\t'
+      .. c_mcs[i] .. token .. '\t' .. c_rests[i]
+    push(records, id, rec)
+    push(out, id, rec)
+    local first = reruns[i]
+    if first then
+      first = rerun_of(first, string.match(c_mcs[i], '\t(%d+)\t$'), tonumber(c_atts[i]))
     end
+    if first then push(firsts, i, first) end
   end
-  call_many('ZADD', K_PARKED, parked)
   call_many('ZREM', K_BYOWNER, unowner)
   for p, k in pairs(counts) do count_scheduled(p, -k) end
   call_many('HSET', K_TASKS, records)
-  lease_batch(token, claimed, expires)
-  if #claimed > 0 and not reaped then
+  lease_batch(token, c_ids, expires)
+  if not reaped then
     lease_head = math.min(lease_head or now + lease, now + lease)
   end
-  -- (parking puts nothing back in a bucket: the earliest seen on the way still is)
-  out[2] = head or head_due()
 end
+-- (parking puts nothing back in a bucket: the earliest seen on the way still is)
+out[2] = head or head_due()
 if reaped then lease_head = first_score(K_CLAIM_LEASES) end
 out[3] = lease_head or -1
 return out

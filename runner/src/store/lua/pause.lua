@@ -45,16 +45,19 @@ local page = redis.call('ZRANGE', K_PARKED, first, first + limit - 1, 'WITHSCORE
 local ids = {}
 for i = 1, #page, 2 do ids[#ids + 1] = page[i] end
 local recs = records_of(ids)
-local resumed, back, earliest = {}, {}, nil
+local resumed, back, waited, earliest = {}, {}, {}, nil
 for i, id in ipairs(ids) do
   local t = parse(recs[i])
   if t and t.st == 's' and t.plugin == plugin then
     resumed[#resumed + 1] = id
+    -- (a task set aside for its plugin's share before the pause is back in a bucket too)
+    waited[#waited + 1] = wait_member(t.plugin, t.due, id)
     push(back, t.due, id)
     if not earliest or t.due < earliest then earliest = t.due end
   end
 end
 call_many('ZREM', K_PARKED, resumed)
+call_many('ZREM', K_WAITING, waited)
 due_add(back)
 local moved = #resumed
 if earliest then wake_if_head(channel, shard, earliest) end

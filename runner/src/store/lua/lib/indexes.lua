@@ -1,7 +1,8 @@
 --! part indexes
 --! needs shard record buckets
 -- Where a task is listed in each state, kept in step with its record by every script: scheduled
--- in a due bucket (or `parked` while its plugin is paused), the owner index and the plugin's
+-- in a due bucket (or `parked` while its plugin is paused or it waits for its plugin's share, see
+-- `share`), the owner index and the plugin's
 -- count; dead in `dead` and `byplugin`; a dedup window in `unique`.
 
 -- `n` more (or fewer, n < 0) scheduled tasks of `plugin`; a plugin at zero leaves the hash.
@@ -37,7 +38,11 @@ local function index_scheduled(id, t)
 end
 
 local function unindex_scheduled(id, t)
-  local removed = due_remove(id, t.due) + redis.call('ZREM', K_PARKED, id)
+  local removed = due_remove(id, t.due)
+  if removed == 0 and redis.call('ZREM', K_PARKED, id) == 1 then
+    removed = 1
+    redis.call('ZREM', K_WAITING, wait_member(t.plugin, t.due, id))
+  end
   if t.owner ~= '' then redis.call('ZREM', K_BYOWNER, owner_member(t.owner, t.due, id)) end
   if removed > 0 then count_scheduled(t.plugin, -1) end
 end

@@ -35,6 +35,11 @@ local function owner_member(owner, due, id)
   return owner .. '\0' .. string.format('%015d', due) .. '\0' .. id
 end
 
+-- A member of `waiting`: a task set aside for its plugin's share (ordered by plugin, then due).
+local function wait_member(plugin, due, id)
+  return plugin .. '\t' .. string.format('%015d', due) .. '\t' .. id
+end
+
 -- A member of `byplugin`: a dead task (score = died at).
 local function dead_member(plugin, died, id)
   return plugin .. '\0x\0' .. string.format('%015d', died) .. '\0' .. id

@@ -7,7 +7,8 @@
 --   KEYS[4] meta (HASH: 'claim' -> the shard's claim counter; 'paused' -> \0p1\0p2\0, the
 --           plugins paused; 'layout' -> the data layout of the shard; 'bucket' -> the due
 --           buckets' name counter)
---   KEYS[5] parked (ZSET id -> due: scheduled tasks of a paused plugin, out of the buckets)
+--   KEYS[5] parked (ZSET id -> due: scheduled tasks out of the buckets: those of a paused
+--           plugin, and those set aside for their plugin's fair share, also in `waiting`)
 --   KEYS[6] byplugin (ZSET, score 0, member plugin \0 x \0 died-at(15) \0 id: each plugin's dead
 --           tasks)
 --   KEYS[7] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of its
@@ -25,10 +26,13 @@
 --   KEYS[12] scheduled (HASH plugin -> how many of its tasks are scheduled, in a bucket or
 --           `parked`; a plugin with none has no field)
 --   KEYS[13] duex (ZSET bucket name -> its bound: the index of the due buckets, see `buckets`)
+--   KEYS[14] waiting (ZSET, score 0, member plugin \t due(15 digits) \t id: the due tasks a claim
+--           set aside because their plugin had its share of the claiming runner; see `share`)
 local K_TASKS, K_DEAD, K_BYOWNER, K_META, K_PARKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_BYPLUGIN, K_UNIQUE, K_RERUN, K_CLAIM_LEASES = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local K_BATCHES, K_FINISHED, K_SCHEDULED, K_DUEX = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local K_FIRST = 14
+local K_WAITING = KEYS[14]
+local K_FIRST = 15
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.

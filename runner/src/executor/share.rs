@@ -1,0 +1,182 @@
+//! Fair share between plugins inside a runner: how many claimed tasks it holds of each plugin
+//! (each place of a claim goes to the plugin holding the fewest, see [`Share`]), and which
+//! claimed task a free worker starts: one of the plugin with the fewest runs going, the earliest
+//! claimed of it, and only while that plugin has fewer runs going than its share of the workers.
+//! The workers are shared equally among the active plugins: those with tasks claimed here or
+//! runs going, or whose last run ended within [`ACTIVE`]. A plugin alone uses every worker; a
+//! plugin whose tasks come one at a time keeps its share between them. So one plugin's backlog
+//! of slow runs waits behind its own runs only.
+//!
+//! [`Share`]: crate::store::Share
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::store::Claimed;
+
+/// How many claimed tasks (not yet recorded) this runner holds of each plugin.
+#[derive(Default)]
+pub(super) struct Shares(Mutex<HashMap<String, usize>>);
+
+impl Shares {
+    pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn give(&self, plugin: &str) {
+        let mut held = self.lock();
+        if let Some(n) = held.get_mut(plugin) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(plugin);
+            }
+        }
+    }
+}
+
+/// A claimed task's place in the executor until its outcome is recorded: one slot of the
+/// capacity, and one of its plugin's share.
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    plugin: String,
+    shares: Arc<Shares>,
+}
+
+impl Slot {
+    pub(super) fn new(permit: OwnedSemaphorePermit, plugin: &str, shares: &Arc<Shares>) -> Slot {
+        *shares.lock().entry(plugin.to_owned()).or_default() += 1;
+        Slot {
+            _permit: permit,
+            plugin: plugin.to_owned(),
+            shares: Arc::clone(shares),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shares.give(&self.plugin);
+    }
+}
+
+/// How long a plugin stays active, for its share of the workers, after its last run ended.
+pub(super) const ACTIVE: Duration = Duration::from_secs(1);
+
+/// The claimed tasks waiting for a worker, per plugin in claim order, and the runs going per
+/// plugin.
+pub(super) struct StartQueue(Mutex<Queues>);
+
+pub(super) struct Queues {
+    workers: usize,
+    /// Per plugin: (claim order, whether it has waited for its plugin's share, task, slot).
+    waiting: HashMap<String, VecDeque<(u64, bool, Claimed, Slot)>>,
+    /// Tasks that waited for their plugin's share of the workers while a worker was free, not
+    /// yet reported to the metrics.
+    pub(super) share_waits: u64,
+    going: HashMap<String, usize>,
+    /// When the last run ended of plugins with nothing waiting or going (dropped after ACTIVE).
+    ended: HashMap<String, Instant>,
+    /// Claim order across plugins (ties go to the earliest claimed).
+    seq: u64,
+}
+
+impl StartQueue {
+    pub(super) fn new(workers: usize) -> StartQueue {
+        StartQueue(Mutex::new(Queues {
+            workers: workers.max(1),
+            waiting: HashMap::new(),
+            going: HashMap::new(),
+            ended: HashMap::new(),
+            share_waits: 0,
+            seq: 0,
+        }))
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Queues> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Queues {
+    pub(super) fn push(&mut self, task: Claimed, slot: Slot) {
+        self.seq += 1;
+        self.waiting
+            .entry(task.plugin.clone())
+            .or_default()
+            .push_back((self.seq, false, task, slot));
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Each active plugin's share of the workers (at least one).
+    fn worker_share(&mut self) -> usize {
+        let now = Instant::now();
+        self.ended.retain(|_, at| now.duration_since(*at) < ACTIVE);
+        let going_only = self
+            .going
+            .keys()
+            .filter(|p| !self.waiting.contains_key(*p))
+            .count();
+        let ended_only = self
+            .ended
+            .keys()
+            .filter(|p| !self.waiting.contains_key(*p) && !self.going.contains_key(*p))
+            .count();
+        let active = self.waiting.len() + going_only + ended_only;
+        (self.workers / active.max(1)).max(1)
+    }
+
+    /// The task a free worker starts: of the plugin with the fewest runs going (the earliest
+    /// claimed among equals) if it has fewer than its share of the workers, counted as going
+    /// from now. None: the worker stays free for the other active plugins.
+    pub(super) fn pop(&mut self) -> Option<(Claimed, Slot)> {
+        let share = self.worker_share();
+        // a worker is free: the first task of a plugin at its share waits for it (counted once)
+        for (p, q) in self.waiting.iter_mut() {
+            if self.going.get(p).copied().unwrap_or(0) >= share
+                && let Some(front) = q.front_mut()
+                && !front.1
+            {
+                front.1 = true;
+                self.share_waits += 1;
+            }
+        }
+        let plugin = self
+            .waiting
+            .iter()
+            .map(|(p, q)| {
+                (
+                    self.going.get(p).copied().unwrap_or(0),
+                    q.front().map(|e| e.0),
+                    p,
+                )
+            })
+            .filter(|(going, _, _)| *going < share)
+            .min()
+            .map(|(_, _, p)| p.clone())?;
+        let queue = self.waiting.get_mut(&plugin)?;
+        let (_, _, task, slot) = queue.pop_front()?;
+        if queue.is_empty() {
+            self.waiting.remove(&plugin);
+        }
+        self.ended.remove(&plugin);
+        *self.going.entry(plugin).or_default() += 1;
+        Some((task, slot))
+    }
+
+    /// A run of `plugin` ended.
+    pub(super) fn ended(&mut self, plugin: &str) {
+        if let Some(n) = self.going.get_mut(plugin) {
+            *n -= 1;
+            if *n == 0 {
+                self.going.remove(plugin);
+                self.ended.insert(plugin.to_owned(), Instant::now());
+            }
+        }
+    }
+}
