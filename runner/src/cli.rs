@@ -199,6 +199,9 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::Delete { name } => Call::new(Method::DELETE, path(&name, "")),
         PluginCmd::Pause { name } => Call::new(Method::POST, path(&name, "/pause")),
         PluginCmd::Resume { name } => Call::new(Method::POST, path(&name, "/resume")),
+        PluginCmd::Weight { name, weight } => {
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"weight": weight}))
+        }
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }

@@ -125,6 +125,9 @@ pub enum PluginCmd {
     Pause { name: String },
     /// Resume a paused plugin: its overdue tasks run at once.
     Resume { name: String },
+    /// Set a plugin's weight in the fair share between plugins (1 to 1000; every plugin's is 1
+    /// unless set): its share of workers when plugins compete, against the others' weights.
+    Weight { name: String, weight: u32 },
     /// Limit a plugin's runs at once across all runners (--max N, or --none for no limit).
     Limit {
         name: String,

@@ -67,6 +67,8 @@ pub async fn poll_shard(
     // what the last claim left: whether the shard's buckets have tasks due, when their next
     // task falls due, and whether tasks of a plugin under its part wait here (set aside)
     let (mut bucket_due, mut next_due, mut waiting_under_part) = (true, None::<Instant>, false);
+    // whether a plugin under its part has tasks here (headroom is for them)
+    let mut others_here = true;
     loop {
         if *stop.borrow() {
             return;
@@ -75,7 +77,7 @@ pub async fn poll_shard(
             // another runner polls this shard; membership wakes us when it becomes ours
             slot.plan(i64::MIN);
             tokio::select! {
-                _ = slot.woken() => { bucket_due = true; continue }
+                _ = slot.woken() => { bucket_due = true; others_here = true; continue }
                 _ = stop.changed() => return,
             }
         }
@@ -88,12 +90,12 @@ pub async fn poll_shard(
             tokio::select! {
                 r = exec.reserve(opts.batch, waiting_under_part) => match r { Some(r) => r, None => return },
                 _ = tokio::time::sleep_until(until) => { bucket_due = true; continue }
-                _ = slot.woken() => { bucket_due = true; continue }
+                _ = slot.woken() => { bucket_due = true; others_here = true; continue }
                 _ = stop.changed() => return,
             }
         } else {
             tokio::select! {
-                r = exec.reserve(opts.batch, true) => match r { Some(r) => r, None => return },
+                r = exec.reserve(opts.batch, others_here) => match r { Some(r) => r, None => return },
                 _ = stop.changed() => return,
             }
         };
@@ -125,6 +127,7 @@ pub async fn poll_shard(
             drop(res);
         }
         waiting_under_part = batch.waiting_under_part;
+        others_here = batch.others_here;
         bucket_due = batch.next_due.is_some_and(|d| d <= batch.now);
         next_due = batch.next_due.map(|d| {
             Instant::now() + Duration::from_millis((d - batch.now).clamp(0, 3_600_000) as u64)
@@ -151,7 +154,7 @@ pub async fn poll_shard(
         let deadline = Instant::now() + Duration::from_millis(wait_ms as u64);
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = slot.woken() => {}
+            _ = slot.woken() => others_here = true,
             _ = stop.changed() => return,
         }
         bucket_due = true;

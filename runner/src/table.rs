@@ -82,6 +82,7 @@ pub fn plugins(v: &Value) -> String {
                 }
                 .into(),
                 f(p, "max_concurrency"),
+                f(p, "weight"),
             ]
         })
         .collect();
@@ -94,6 +95,7 @@ pub fn plugins(v: &Value) -> String {
             "UPLOADED (UTC)",
             "STATE",
             "MAX",
+            "WEIGHT",
         ],
         &rows,
     )

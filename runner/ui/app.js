@@ -447,7 +447,8 @@ pages.plugins = () => {
       h("dl", { class: "kv" },
         h("dt", {}, "current"), h("dd", {}, `version ${p.version}`),
         h("dt", {}, "digest"), h("dd", { class: "mono" }, p.digest),
-        h("dt", {}, "max at once"), h("dd", {}, p.max_concurrency ?? "no limit")),
+        h("dt", {}, "max at once"), h("dd", {}, p.max_concurrency ?? "no limit"),
+        h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1))),
       h("div", { class: "actions" },
         p.paused
           ? action("Resume", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/resume`); await done("Resumed"); }, { id: "pl-resume", errorEl: e })
@@ -457,6 +458,11 @@ pages.plugins = () => {
           const v = $("#mc-value").value;
           await api("PATCH", `/v1/plugins/${enc(p.name)}`, { max_concurrency: v === "" ? null : Number(v) }); await done("Limit set");
         }, { id: "mc-set", ghost: true, errorEl: e }),
+        h("label", {}, "weight", h("input", { id: "w-value", type: "number", min: "1", max: "1000", placeholder: "1", value: p.weight ?? "" })),
+        action("Set", async () => {
+          const v = $("#w-value").value;
+          await api("PATCH", `/v1/plugins/${enc(p.name)}`, { weight: v === "" ? null : Number(v) }); await done("Weight set");
+        }, { id: "w-set", ghost: true, errorEl: e }),
         action("Roll back", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/rollback`); await done("Rolled back"); }, { id: "pl-rollback", ghost: true, errorEl: e }),
         action("Delete", async () => { await api("DELETE", `/v1/plugins/${enc(p.name)}`); selected = null; await done("Deleted"); replace(box, h("div", { class: "empty" }, "Deleted.")); }, { id: "pl-delete", danger: true, errorEl: e })),
       e,

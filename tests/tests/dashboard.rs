@@ -379,6 +379,16 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         t.contains("uploaded-noop") && t.contains("version 1")
     })
     .await;
+    // its weight in the fair share, set from the page
+    b.type_into("#w-value", "4").await;
+    b.click("#w-set").await;
+    eventually(T, "the weight set", || async {
+        let (_, p) = call("GET", &format!("{base}/v1/plugins/uploaded-noop"), None).await;
+        (p["weight"] == 4).then_some(())
+    })
+    .await;
+    b.text_until("#pl-weight", "the weight shown", |t| t.trim() == "4")
+        .await;
     b.shot("plugins").await;
 
     // Schedules and events

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, now_ms, post_tasks as schedule, read_stream, read_stream_timed,
-    runner_fast_retry as start, wait_state,
+    RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
+    read_stream_timed, runner_fast_retry as start, upload, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -84,4 +84,68 @@ async fn a_plugins_backlog_of_slow_runs_does_not_hold_up_another_plugins_tasks()
     assert!(waits > 0.0, "no task waited for its share");
     let (_, dead) = call("GET", &format!("{}/v1/dead", r.url), None).await;
     assert_eq!(dead["tasks"], json!([]));
+}
+
+#[tokio::test]
+async fn workers_are_shared_by_weight_between_plugins_that_compete() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--workers", "8"]);
+    // a second plugin of the same code: both sleep and emit on `sleep`
+    let (s, b) = upload(&r.url, "sleep-b", plugin_wasm("test-sleep")).await;
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = call(
+        "PATCH",
+        &format!("{}/v1/plugins/test-sleep", r.url),
+        Some(json!({"weight": 3})),
+    )
+    .await;
+    assert_eq!((s, &b["weight"]), (200, &json!(3)), "{b}");
+    let (_, b) = call("GET", &format!("{}/v1/plugins", r.url), None).await;
+    let weight_of = |name: &str| {
+        b.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["weight"]
+            .clone()
+    };
+    assert_eq!(
+        (weight_of("test-sleep"), weight_of("sleep-b")),
+        (json!(3), json!(1))
+    );
+    // each has a backlog of 40 runs of 500 ms, all due at once
+    let t0 = now_ms() + 300;
+    let specs: Vec<Value> = (0..40)
+        .flat_map(|i| {
+            [
+                json!({"plugin": "test-sleep", "id": format!("a{i}"), "run_at": t0, "payload": {"ms": 500, "tag": format!("a{i}")}}),
+                json!({"plugin": "sleep-b", "id": format!("b{i}"), "run_at": t0, "payload": {"ms": 500, "tag": format!("b{i}")}}),
+            ]
+        })
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    // three rounds of the 8 workers
+    eventually(T, "24 runs", || async {
+        (read_stream(&mut redis.conn(), "{eggtimer}:events:sleep").len() >= 24).then_some(())
+    })
+    .await;
+    let started: Vec<(String, i64)> = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep")
+        .into_iter()
+        .map(|(_, plugin, data)| (plugin, data["started_at"].as_i64().unwrap()))
+        .collect();
+    let first = started.iter().map(|(_, at)| *at).min().unwrap();
+    // the runs that started in the first three rounds (1.2 s: each round is 0.5 s)
+    let count = |p: &str| {
+        started
+            .iter()
+            .filter(|(plugin, at)| plugin == p && *at < first + 1_200)
+            .count()
+    };
+    let (a, b) = (count("test-sleep"), count("sleep-b"));
+    eprintln!("started in the first three rounds: test-sleep {a}, sleep-b {b}");
+    // 6 and 2 of the 8 workers: 3 to 1 (generous: at least 2 to 1, and sleep-b not starved)
+    assert!(
+        a >= 2 * b && b >= 3,
+        "test-sleep {a}, sleep-b {b}: not 3 to 1"
+    );
 }

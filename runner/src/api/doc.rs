@@ -252,16 +252,21 @@ pub struct PluginInfo {
     pub uploaded_at: i64,
     pub paused: bool,
     pub max_concurrency: Option<u32>,
+    /// The plugin's share of workers when plugins compete, against the others' (default 1).
+    pub weight: u32,
 }
 
-/// A plugin's settings to change.
+/// A plugin's settings to change (those given; none: nothing changes).
 #[derive(ToSchema, serde::Deserialize)]
 #[allow(dead_code)]
 #[serde(deny_unknown_fields)]
 pub struct PluginPatch {
     /// At most this many runs at once across all runners; null: no limit.
-    #[schema(minimum = 1, maximum = 100000, required = true)]
+    #[schema(minimum = 1, maximum = 100000)]
     pub max_concurrency: Option<u32>,
+    /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
+    #[schema(minimum = 1, maximum = 1000)]
+    pub weight: Option<u32>,
 }
 
 /// A page of found tasks.
@@ -445,3 +450,4 @@ pub struct ApiDoc;
 
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
+const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);

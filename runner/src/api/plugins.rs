@@ -11,6 +11,9 @@ use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use crate::plugins::valid_plugin_name;
+
+/// The largest weight a plugin may have (the smallest is 1, every plugin's default).
+pub const MAX_WEIGHT: i64 = 1000;
 use crate::store::{PluginEntry, PluginSettings, Rollback};
 
 /// A plugin name in the path.
@@ -94,12 +97,29 @@ pub async fn plugin_list(State(st): State<AppState>) -> ApiResult<Response> {
     Ok(axum::Json(list).into_response())
 }
 
-/// A version with the plugin's settings (paused, max_concurrency).
+/// A version with the plugin's settings (paused, max_concurrency, weight).
 fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     let mut v = serde_json::to_value(e).expect("serializes");
     v["paused"] = json!(s.paused);
     v["max_concurrency"] = json!(s.max_concurrency);
+    v["weight"] = json!(s.weight.unwrap_or(1));
     v
+}
+
+/// An optional integer setting from `lo` to `hi`: `Ok(None)` for null (its default).
+fn setting(
+    raw: &serde_json::value::RawValue,
+    name: &str,
+    lo: i64,
+    hi: i64,
+) -> ApiResult<Option<u32>> {
+    match body::int(Some(raw), "", name)? {
+        None => Ok(None),
+        Some(n) if (lo..=hi).contains(&n) => Ok(Some(n as u32)),
+        Some(n) => Err(ApiError::bad(format!(
+            "{name} must be an integer from {lo} to {hi}, or null; got {n}"
+        ))),
+    }
 }
 
 async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
@@ -142,8 +162,9 @@ pub async fn plugin_resume(
     set_paused(&st, &name, false).await
 }
 
-/// `PATCH /v1/plugins/{name}` `{"max_concurrency": n | null}`: at most n runs at once across all
-/// runners of the namespace (null: no limit).
+/// `PATCH /v1/plugins/{name}` `{"max_concurrency": n | null, "weight": n | null}`, either or
+/// both: at most n runs at once across all runners of the namespace (null: no limit); the
+/// plugin's share of workers when plugins compete, against the others' weights (null: 1).
 #[utoipa::path(patch, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
     request_body(content = doc::PluginPatch, content_type = "application/json"),
     responses((status = 200, description = "the plugin with its settings", body = doc::PluginInfo), doc::Errors),
@@ -160,27 +181,29 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    if let Some(other) = b.keys().find(|k| *k != "max_concurrency") {
+    if let Some(other) = b
+        .keys()
+        .find(|k| !["max_concurrency", "weight"].contains(&k.as_str()))
+    {
         return Err(ApiError::bad(format!(
-            "unknown field `{other}`, expected `max_concurrency`"
+            "unknown field `{other}`, expected `max_concurrency` or `weight`"
         )));
     }
-    let Some(raw) = b.get("max_concurrency").copied() else {
-        return Err(ApiError::bad(
-            "max_concurrency is required (an integer from 1 to 100000, or null)",
-        ));
-    };
-    let max = match body::int(Some(raw), "", "max_concurrency")? {
-        None => None,
-        Some(n @ 1..=100_000) => Some(n as u32),
-        Some(n) => {
-            return Err(ApiError::bad(format!(
-                "max_concurrency must be an integer from 1 to 100000, or null; got {n}"
-            )));
-        }
-    };
+    let max = b
+        .get("max_concurrency")
+        .map(|raw| setting(raw, "max_concurrency", 1, 100_000))
+        .transpose()?;
+    let weight = b
+        .get("weight")
+        .map(|raw| setting(raw, "weight", 1, MAX_WEIGHT))
+        .transpose()?;
     let cur = current(&st, &name).await?;
-    st.store.set_max_concurrency(&name, max).await?;
+    if let Some(max) = max {
+        st.store.set_max_concurrency(&name, max).await?;
+    }
+    if let Some(weight) = weight {
+        st.store.set_weight(&name, weight).await?;
+    }
     st.registry.sync_settings().await?;
     let s = st.store.plugin_settings(&name).await?;
     Ok(axum::Json(with_settings(&cur, &s)).into_response())

@@ -109,6 +109,11 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
+    /// The plugin's weight in the fair share between plugins (1 unless set).
+    fn weight(&self, _plugin: &str) -> u32 {
+        1
+    }
+
     /// How long a concurrency slot lasts without being taken again: longer than one call can run,
     /// so only a dead runner's slots expire.
     fn slot_lease_ms(&self) -> u64 {

@@ -276,11 +276,14 @@ impl Executor {
         let held = self.shares.lock();
         let crowded = held.values().any(|&n| n > self.part(held.len()));
         Share {
-            held: held.iter().map(|(p, &n)| (p.clone(), n)).collect(),
+            held: held
+                .iter()
+                .map(|(p, &n)| (p.clone(), n, self.handler.weight(p).max(1)))
+                .collect(),
             extra: if crowded { SHARE_WALK } else { 0 },
             headroom: res.headroom,
-            // headroom goes to plugins under an equal part of the target
-            part: self.target_held().div_ceil(held.len().max(1)),
+            // headroom goes to plugins not crowding the runner
+            part: self.part(held.len()),
         }
     }
 
@@ -379,7 +382,7 @@ impl Executor {
             let Ok(worker) = Arc::clone(&self.running).try_acquire_owned() else {
                 return;
             };
-            let next = queue.pop();
+            let next = queue.pop(|p| self.handler.weight(p));
             let waits = std::mem::take(&mut queue.share_waits);
             drop(queue);
             self.observe_share_waits(waits);

@@ -113,32 +113,41 @@ impl Queues {
         self.waiting.is_empty()
     }
 
-    /// Each active plugin's share of the workers (at least one).
-    fn worker_share(&mut self) -> usize {
+    /// The sum of the active plugins' weights.
+    fn active_weight(&mut self, weight: &impl Fn(&str) -> u32) -> u64 {
         let now = Instant::now();
         self.ended.retain(|_, at| now.duration_since(*at) < ACTIVE);
-        let going_only = self
-            .going
-            .keys()
-            .filter(|p| !self.waiting.contains_key(*p))
-            .count();
-        let ended_only = self
+        let waiting = self.waiting.keys();
+        let going = self.going.keys().filter(|p| !self.waiting.contains_key(*p));
+        let ended = self
             .ended
             .keys()
-            .filter(|p| !self.waiting.contains_key(*p) && !self.going.contains_key(*p))
-            .count();
-        let active = self.waiting.len() + going_only + ended_only;
-        (self.workers / active.max(1)).max(1)
+            .filter(|p| !self.waiting.contains_key(*p) && !self.going.contains_key(*p));
+        waiting
+            .chain(going)
+            .chain(ended)
+            .map(|p| u64::from(weight(p).max(1)))
+            .sum()
     }
 
-    /// The task a free worker starts: of the plugin with the fewest runs going (the earliest
-    /// claimed among equals) if it has fewer than its share of the workers, counted as going
-    /// from now. None: the worker stays free for the other active plugins.
-    pub(super) fn pop(&mut self) -> Option<(Claimed, Slot)> {
-        let share = self.worker_share();
+    /// The task a free worker starts: of the plugin with the fewest runs going for its weight
+    /// (the earliest claimed among equals) if it has fewer than its share of the workers (the
+    /// workers × its weight / the active plugins' weights, at least one), counted as going from
+    /// now. None: the worker stays free for the other active plugins.
+    pub(super) fn pop(&mut self, weight: impl Fn(&str) -> u32) -> Option<(Claimed, Slot)> {
+        if self.waiting.len() == 1 && self.going.len() <= 1 && self.ended.is_empty() {
+            // one plugin active (the common case): its share is every worker
+            let plugin = self.waiting.keys().next()?.clone();
+            if self.going.keys().all(|p| *p == plugin) {
+                return self.take(plugin);
+            }
+        }
+        let total = self.active_weight(&weight).max(1);
+        let workers = self.workers as u64;
+        let share = |p: &str| (workers * u64::from(weight(p).max(1)) / total).max(1) as usize;
         // a worker is free: the first task of a plugin at its share waits for it (counted once)
         for (p, q) in self.waiting.iter_mut() {
-            if self.going.get(p).copied().unwrap_or(0) >= share
+            if self.going.get(p).copied().unwrap_or(0) >= share(p)
                 && let Some(front) = q.front_mut()
                 && !front.1
             {
@@ -146,6 +155,7 @@ impl Queues {
                 self.share_waits += 1;
             }
         }
+        // fewest going per weight: going / weight, compared as going × 1000 / weight
         let plugin = self
             .waiting
             .iter()
@@ -156,9 +166,16 @@ impl Queues {
                     p,
                 )
             })
-            .filter(|(going, _, _)| *going < share)
-            .min()
+            .filter(|(going, _, p)| *going < share(p))
+            .min_by_key(|(going, seq, p)| {
+                (*going as u64 * 1000 / u64::from(weight(p).max(1)), *seq)
+            })
             .map(|(_, _, p)| p.clone())?;
+        self.take(plugin)
+    }
+
+    /// Takes `plugin`'s first waiting task, counted as going from now.
+    fn take(&mut self, plugin: String) -> Option<(Claimed, Slot)> {
         let queue = self.waiting.get_mut(&plugin)?;
         let (_, _, task, slot) = queue.pop_front()?;
         if queue.is_empty() {

@@ -109,6 +109,8 @@ pub struct Plugins {
     current: RwLock<HashMap<String, Arc<Loaded>>>,
     /// Each plugin's max_concurrency (from the registry's settings).
     limits: RwLock<HashMap<String, u32>>,
+    /// Each plugin's weight in the fair share, where it is not 1.
+    weights: RwLock<HashMap<String, u32>>,
     pool: instance::Pool,
     opts: PluginOptions,
     rt: CallRuntime,
@@ -129,15 +131,17 @@ impl Plugins {
             engine,
             current: RwLock::new(HashMap::new()),
             limits: RwLock::new(HashMap::new()),
+            weights: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
         }))
     }
 
-    /// Replaces every plugin's max_concurrency.
-    pub fn set_limits(&self, limits: HashMap<String, u32>) {
+    /// Replaces every plugin's max_concurrency and weight.
+    pub fn set_limits(&self, limits: HashMap<String, u32>, weights: HashMap<String, u32>) {
         *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
+        *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
     }
 
     /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
@@ -245,6 +249,15 @@ impl Handler for Plugins {
             .unwrap_or_else(|e| e.into_inner())
             .get(plugin)
             .copied()
+    }
+
+    fn weight(&self, plugin: &str) -> u32 {
+        self.weights
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin)
+            .copied()
+            .unwrap_or(1)
     }
 
     fn slot_lease_ms(&self) -> u64 {

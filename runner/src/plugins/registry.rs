@@ -166,14 +166,18 @@ impl Registry {
         Ok(())
     }
 
-    /// Loads every plugin's settings (max_concurrency) from the registry.
+    /// Loads every plugin's settings (max_concurrency, weight) from the registry.
     pub async fn sync_settings(&self) -> Result<()> {
         let all = self.store.plugin_settings_all().await?;
-        self.plugins.set_limits(
-            all.into_iter()
-                .filter_map(|(name, s)| Some((name, s.max_concurrency?)))
-                .collect(),
-        );
+        let limits = all
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.max_concurrency?)))
+            .collect();
+        let weights = all
+            .into_iter()
+            .filter_map(|(name, s)| Some((name, s.weight.filter(|w| *w != 1)?)))
+            .collect();
+        self.plugins.set_limits(limits, weights);
         Ok(())
     }
 

@@ -27,6 +27,9 @@ pub struct PluginSettings {
     /// At most this many runs at once across the namespace's runners (None: no limit).
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// The plugin's share of workers when plugins compete, against the others' (None: 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
 }
 
 /// Outcome of a rollback.
@@ -219,6 +222,13 @@ impl Store {
     /// Sets (or lifts, None) a plugin's limit of runs at once, and announces it.
     pub async fn set_max_concurrency(&self, name: &str, max: Option<u32>) -> Result<()> {
         self.set_plugin_setting(name, "max_concurrency", &serde_json::json!(max))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sets (or resets to 1, None) a plugin's weight in the fair share, and announces it.
+    pub async fn set_weight(&self, name: &str, weight: Option<u32>) -> Result<()> {
+        self.set_plugin_setting(name, "weight", &serde_json::json!(weight))
             .await
             .map(|_| ())
     }

@@ -137,9 +137,9 @@ impl Store {
     ) -> Result<ClaimBatch> {
         let mut inv = self.shard_script(&self.inner.scripts.claim, shard);
         let mut held = String::new();
-        for (plugin, n) in &share.held {
+        for (plugin, n, weight) in &share.held {
             use std::fmt::Write;
-            let _ = write!(held, "{plugin}\t{n}\t");
+            let _ = write!(held, "{plugin}\t{n}\t{weight}\t");
         }
         inv.arg(limit).arg(lease_ms).arg(held).arg(share.extra);
         inv.arg(share.headroom).arg(share.part);
@@ -147,7 +147,7 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("claim script")?;
-        if v.len() < 7 || !(v.len() - 7).is_multiple_of(2) {
+        if v.len() < 8 || !(v.len() - 8).is_multiple_of(2) {
             bail!("the claim script answered {} values", v.len());
         }
         let now = int(&v[0])?;
@@ -172,8 +172,9 @@ impl Store {
         }
         let set_aside = int(&v[5])? as u64;
         let waiting = int(&v[6])?;
-        let mut tasks = Vec::with_capacity((v.len() - 7) / 2);
-        for (i, c) in v[7..].chunks_exact(2).enumerate() {
+        let others_here = int(&v[7])? == 1;
+        let mut tasks = Vec::with_capacity((v.len() - 8) / 2);
+        for (i, c) in v[8..].chunks_exact(2).enumerate() {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
             let effects_claim = firsts.get(&(i + 1)).copied().unwrap_or(token);
@@ -202,6 +203,7 @@ impl Store {
             set_aside,
             waiting: waiting > 0,
             waiting_under_part: waiting == 2,
+            others_here,
             tasks,
         })
     }

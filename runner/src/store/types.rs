@@ -81,20 +81,24 @@ pub struct ClaimBatch {
     pub waiting: bool,
     /// ... of a plugin under its part among them (a claim with headroom may take them).
     pub waiting_under_part: bool,
+    /// Whether a plugin under its part has tasks scheduled in the shard (false only when the
+    /// share said one plugin crowds the runner and only such plugins' tasks are here).
+    pub others_here: bool,
     pub tasks: Vec<Claimed>,
 }
 
 /// What a claim is told of the claiming runner's fair share: how many tasks it holds of each
-/// plugin. Each of the claim's places goes to the plugin holding the fewest (its earliest due
-/// task). With `extra` > 0 (one plugin holds much of the runner) the claim walks up to that many
+/// plugin. Each of the claim's places goes to the plugin holding the fewest for its weight (its
+/// earliest due task). With `extra` > 0 (one plugin holds much of the runner) the claim walks up to that many
 /// due tasks beyond its size to find other plugins' tasks behind that plugin's backlog, setting
 /// aside what it walked past (still scheduled, no attempt used; every runner's next claim looks
-/// at them first). The last `headroom` places of the claim go only to plugins holding fewer than
-/// `part`.
+/// at them first). The last `headroom` places of the claim go only to plugins not crowding the
+/// runner: holding at most `part`, or under half of what the plugin holding the most holds.
 #[derive(Clone, Debug, Default)]
 pub struct Share {
-    /// Plugin -> how many of its tasks the runner holds (claimed, outcome not yet recorded).
-    pub held: Vec<(String, usize)>,
+    /// Plugin -> how many of its tasks the runner holds (claimed, outcome not yet recorded),
+    /// and its weight: places go to the fewest held per weight.
+    pub held: Vec<(String, usize, u32)>,
     pub headroom: usize,
     pub part: usize,
     pub extra: usize,

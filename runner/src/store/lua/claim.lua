@@ -6,11 +6,13 @@
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
 -- A due task of a paused plugin is parked instead (out of `due`, still scheduled, no attempt
 -- used), so pollers never spin on it; resuming the plugin puts it back.
--- Fair share (see `share`): ARGV[3] is how many tasks the claiming runner holds of each plugin
--- ('p1\tn1\t...'); each place goes to the plugin holding the fewest. When ARGV[4] > 0 (one
+-- Fair share (see `share`): ARGV[3] is how many tasks the claiming runner holds of each plugin,
+-- and its weight ('p1\tn1\tw1\t...'); each place goes to the plugin holding the fewest for its
+-- weight. When ARGV[4] > 0 (one
 -- plugin holds much of the runner) and the shard has tasks of more than one plugin, the claim
 -- walks up to that many due tasks beyond its size to find others, and sets aside what it walked
--- and did not take. The last ARGV[5] places go only to plugins holding fewer than ARGV[6].
+-- and did not take. The last ARGV[5] places go only to plugins not crowding the runner: holding
+-- at most ARGV[6], or under half of what the plugin holding the most holds.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
@@ -23,12 +25,15 @@
 -- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, {the reruns: per task
 -- that has a first claim, its place among the tasks (1-based) and that claim}, how many tasks
 -- were set aside, whether due tasks are left waiting (0: none; 1: of plugins holding their part
--- or more; 2: of a plugin under its part too), then per task: id, record}.
+-- or more; 2: of a plugin under its part too), whether a plugin under its part has tasks
+-- scheduled here (1, or 0: only crowding plugins; always 1 when ARGV[4] is 0), then per task:
+-- id, record}.
 -- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
-local held, extra = parse_held(ARGV[3] or ''), tonumber(ARGV[4]) or 0
+local held, weights, most = parse_held(ARGV[3] or '')
+local extra = tonumber(ARGV[4]) or 0
 local headroom, part = math.min(tonumber(ARGV[5]) or 0, limit), tonumber(ARGV[6]) or 0
 local now = now_ms()
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
@@ -37,7 +42,7 @@ local lease_head = first_score(K_CLAIM_LEASES)
 local reaped = lease_head and lease_head < now
 if reaped then reap_expired(now, limit) end
 local firsts = {}
-local out = { now, 0, 0, 0, firsts, 0, 0 }
+local out = { now, 0, 0, 0, firsts, 0, 0, 1 }
 -- walk past the claim's size only where another plugin's tasks may be found behind a backlog;
 -- in a shard of one plugin, headroom places go to it only while it holds less than `part`
 local walk = limit
@@ -46,8 +51,7 @@ if extra > 0 or headroom > 0 then
     walk = limit + extra
   elseif headroom > 0 then
     local only = redis.call('HKEYS', K_SCHEDULED)[1]
-    local normal = limit - headroom
-    walk = normal + math.min(headroom, math.max(0, part - ((held[only or ''] or 0) + normal)))
+    if not not_crowding(held[only or ''] or 0, part, most) then walk = limit - headroom end
     headroom = 0
   end
 end
@@ -69,13 +73,20 @@ end
 if #waits == 0 and #ids <= limit - headroom then
   -- every task walked is taken (the common case: one claim's worth, no one set aside)
   local recs = records_of(ids)
+  local n = 0
   for i, id in ipairs(ids) do
-    local due, att, mc, rest, plugin = fields(recs[i])
+    local rec = recs[i]
+    local due, att, mc, rest, plugin
+    if rec then
+      due, att, mc, rest, plugin = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(([^\t]*).*)$')
+    end
     if due then -- (else an index entry without a scheduled record: repaired by its removal)
       if is_paused(plugin) then
         push(parked, due, id)
       else
-        take(id, recs[i], due, att, mc, rest, plugin)
+        n = n + 1
+        c_ids[n], c_recs[n], c_dues[n], c_atts[n], c_mcs[n], c_rests[n], c_plugins[n] =
+          id, rec, due, att, mc, rest, plugin
       end
     end
   end
@@ -107,7 +118,7 @@ elseif #ids > 0 or #waits > 0 then
     end)
   end
   call_many('ZREM', K_WAITING, stale)
-  local queues = choose(cands, held, limit, headroom, part)
+  local queues = choose(cands, held, weights, most, limit, headroom, part)
   -- what was walked and not taken is set aside; what was waiting and is taken leaves `waiting`
   local aside, aside_ids, taken_waiting, taken_ids = {}, {}, {}, {}
   for _, c in ipairs(cands) do
@@ -119,7 +130,7 @@ elseif #ids > 0 or #waits > 0 then
       end
     else
       -- left waiting: 2 when a plugin under its part is among them (headroom may take them)
-      if queues[c.plugin].n < part then out[7] = 2 elseif out[7] == 0 then out[7] = 1 end
+      if queues[c.plugin].under then out[7] = 2 elseif out[7] == 0 then out[7] = 1 end
       if not c.member then
         push(aside, '0', wait_member(c.plugin, c.due, c.id))
         push(aside_ids, string.format('%d', c.due), c.id)
@@ -178,6 +189,14 @@ if #c_ids > 0 then
 end
 -- (parking puts nothing back in a bucket: the earliest seen on the way still is)
 out[2] = head or head_due()
+-- for a runner one plugin crowds: whether a plugin under its part has tasks here (else a claim
+-- with headroom could only take the crowding plugin's: the poller then waits for room instead)
+if extra > 0 and out[7] ~= 2 then
+  out[8] = 0
+  for _, p in ipairs(redis.call('HKEYS', K_SCHEDULED)) do
+    if not_crowding(held[p] or 0, part, most) then out[8] = 1 break end
+  end
+end
 if reaped then lease_head = first_score(K_CLAIM_LEASES) end
 out[3] = lease_head or -1
 return out

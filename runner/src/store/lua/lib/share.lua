@@ -13,11 +13,20 @@
 -- Most plugins with tasks waiting that one claim looks at.
 local MAX_WAITING_PLUGINS = 256
 
--- 'p1\tn1\tp2\tn2...' as {p1 = n1, ...}.
+-- 'p1\tn1\tw1\tp2\tn2\tw2...' as {p1 = n1, ...}, {p1 = w1, ...}, and the most held.
 local function parse_held(s)
-  local held = {}
-  for p, n in string.gmatch(s, '([^\t]+)\t(%d+)') do held[p] = tonumber(n) end
-  return held
+  local held, weights, most = {}, {}, 0
+  for p, n, w in string.gmatch(s, '([^\t]+)\t(%d+)\t(%d+)\t') do
+    held[p], weights[p] = tonumber(n), math.max(tonumber(w), 1)
+    most = math.max(most, held[p])
+  end
+  return held, weights, most
+end
+
+-- Whether a plugin holding `n` tasks is not crowding the runner: at most `part`, or under half
+-- of what the plugin holding the most holds (headroom is for such plugins).
+local function not_crowding(n, part, most)
+  return n <= part or n * 2 < most
 end
 -- Up to `limit` waiting tasks due at `now` of each plugin not paused, earliest first per
 -- plugin: a list of {due, id, plugin, member}.
@@ -45,16 +54,17 @@ local function waiting_due(now, limit)
 end
 
 -- Marks up to `limit` of the candidates (in due order; each {due, plugin, ...}) chosen, one
--- at a time to the plugin holding the fewest tasks of the claiming runner (`held`, counting
--- those chosen), its earliest; the earliest due among equals. The last `headroom` places go
--- only to plugins holding fewer than `part`. Returns plugin -> how many it holds with those
--- chosen.
-local function choose(cands, held, limit, headroom, part)
+-- at a time to the plugin holding the fewest tasks of the claiming runner for its weight
+-- (`held` / `weights`, counting those chosen), its earliest; the earliest due among equals.
+-- The last `headroom` places go only to plugins not crowding the runner when the claim began. Returns plugin -> {n: how many it holds with those chosen, under:
+-- whether it may take headroom}.
+local function choose(cands, held, weights, most, limit, headroom, part)
   local queues, plugins = {}, {}
   for _, c in ipairs(cands) do
     local q = queues[c.plugin]
     if not q then
-      q = { at = 1, n = held[c.plugin] or 0 }
+      q = { at = 1, n = held[c.plugin] or 0, w = weights[c.plugin] or 1 }
+      q.under = not_crowding(q.n, part, most)
       queues[c.plugin] = q
       plugins[#plugins + 1] = q
     end
@@ -69,8 +79,9 @@ local function choose(cands, held, limit, headroom, part)
     local best
     for _, q in ipairs(plugins) do
       local c = q[q.at]
-      if c and (place <= limit - headroom or q.n < part)
-        and (not best or q.n < best.n or (q.n == best.n and c.due < best[best.at].due)) then
+      if c and (place <= limit - headroom or q.under) and (not best
+          or q.n * best.w < best.n * q.w
+          or (q.n * best.w == best.n * q.w and c.due < best[best.at].due)) then
         best = q
       end
     end
