@@ -307,6 +307,19 @@ pub struct ServeArgs {
     /// How long done tasks stay readable.
     #[arg(long, env = "EGGTIMER_KEEP_DONE", default_value = "10m", value_parser = parse_duration)]
     pub keep_done: Duration,
+    /// How long dead tasks are kept; older ones are dropped.
+    #[arg(long, env = "EGGTIMER_KEEP_DEAD", default_value = "30d", value_parser = parse_duration)]
+    pub keep_dead: Duration,
+    /// Versions of each plugin kept (rollback reaches them); older ones and their bytes are
+    /// dropped when a new one is uploaded.
+    #[arg(long, env = "EGGTIMER_KEEP_VERSIONS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub keep_versions: u32,
+    /// Most entries an event stream keeps (older ones are trimmed as new ones arrive, `XADD
+    /// MAXLEN ~`).
+    #[arg(long, env = "EGGTIMER_EVENTS_MAX_LEN", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub events_max_len: u64,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,

@@ -153,6 +153,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "gauge",
         "Live runners on the namespace.",
     ),
+    (
+        "eggtimer_redis_full",
+        "gauge",
+        "Shards this runner polls whose Redis refused its last claim for want of memory (maxmemory reached): no task starts there until memory is freed.",
+    ),
 ];
 
 /// Counts since the last [`Metrics::take_recent`], for the dashboard's history in Redis.
@@ -197,6 +202,7 @@ pub struct Metrics {
     plugins: RwLock<HashMap<String, Arc<PluginHandles>>>,
     claims: RwLock<HashMap<u32, Counter>>,
     running: Gauge,
+    redis_full: Gauge,
     share_waits: Counter,
     /// Lateness bucket counts since the last [`Metrics::take_recent`] (all plugins).
     recent_lateness: [AtomicU64; LATENESS_BUCKETS],
@@ -241,6 +247,8 @@ impl Metrics {
         let handle = recorder.handle();
         let running =
             recorder.register_gauge(&Key::from_static_name("eggtimer_runner_inflight"), &meta());
+        let redis_full =
+            recorder.register_gauge(&Key::from_static_name("eggtimer_redis_full"), &meta());
         let share_waits = recorder.register_counter(
             &Key::from_static_name("eggtimer_fair_share_waits_total"),
             &meta(),
@@ -251,6 +259,7 @@ impl Metrics {
             plugins: RwLock::default(),
             claims: RwLock::default(),
             running,
+            redis_full,
             share_waits,
             recent_lateness: Default::default(),
         }
@@ -367,12 +376,17 @@ impl Metrics {
         self.running.increment(delta);
     }
 
-    /// This runner claimed `n` tasks on `shard`.
     /// Tasks that waited for their plugin's fair share.
     pub fn observe_share_waits(&self, n: u64) {
         self.share_waits.increment(n);
     }
 
+    /// A shard's claims were refused because Redis is out of memory (`full`), or are taken again.
+    pub fn redis_full(&self, full: bool) {
+        self.redis_full.increment(if full { 1.0 } else { -1.0 });
+    }
+
+    /// This runner claimed `n` tasks on `shard`.
     pub fn observe_claims(&self, shard: u32, n: u64) {
         if let Some(c) = self
             .claims
@@ -453,6 +467,7 @@ impl Metrics {
         self.gauge("eggtimer_runners", vec![], g.runners as f64);
         // the running gauge is kept by the executor: keep it from going idle
         self.running.increment(0.0);
+        self.redis_full.increment(0.0);
         self.handle.render()
     }
 }

@@ -14,11 +14,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::executor::Executor;
 use crate::shards::Shards;
 use crate::store::{Heard, Store};
+
+/// How often a claim is tried again while Redis is out of memory.
+const FULL_RETRY: Duration = Duration::from_millis(250);
 
 /// Settings of the pollers.
 #[derive(Clone, Debug)]
@@ -69,11 +72,16 @@ pub async fn poll_shard(
     let (mut bucket_due, mut next_due, mut waiting_under_part) = (true, None::<Instant>, false);
     // whether a plugin under its part has tasks here (headroom is for them)
     let mut others_here = true;
+    // whether Redis refused the last claim because it is out of memory
+    let mut full = false;
     loop {
         if *stop.borrow() {
             return;
         }
         if !slot.owned() {
+            if std::mem::take(&mut full) {
+                exec.redis_full(false);
+            }
             // another runner polls this shard; membership wakes us when it becomes ours
             slot.plan(i64::MIN);
             tokio::select! {
@@ -108,7 +116,25 @@ pub async fn poll_shard(
         {
             Ok(b) => {
                 error_delay = Duration::from_millis(50);
+                if std::mem::take(&mut full) {
+                    info!(shard, "Redis takes writes again: claiming resumed");
+                    exec.redis_full(false);
+                }
                 b
+            }
+            Err(e) if crate::store::is_full(&e) => {
+                // Redis refused the whole claim: nothing changed, no attempt was used. Claims
+                // wait for memory; runs already claimed go on and record their outcomes.
+                drop(res);
+                if !std::mem::replace(&mut full, true) {
+                    warn!(
+                        shard,
+                        "Redis is out of memory (maxmemory reached): no task starts here until memory is freed: {e:#}"
+                    );
+                    exec.redis_full(true);
+                }
+                tokio::select! { _ = tokio::time::sleep(FULL_RETRY) => {}, _ = stop.changed() => return }
+                continue;
             }
             Err(e) => {
                 drop(res);

@@ -27,6 +27,8 @@ pub struct RunnerOptions {
     pub exec: ExecutorOptions,
     pub poller: PollerOptions,
     pub membership: MembershipOptions,
+    /// How long dead tasks are kept (None: for good).
+    pub keep_dead: Option<Duration>,
 }
 
 impl Default for RunnerOptions {
@@ -38,6 +40,7 @@ impl Default for RunnerOptions {
                 lease: std::time::Duration::from_secs(5),
                 address: None,
             },
+            keep_dead: None,
         }
     }
 }
@@ -131,6 +134,12 @@ impl Runner {
             "wake-up listener",
             poller::listen(store.clone(), Arc::clone(&shards), stop_rx.clone()),
         );
+        if let Some(keep) = opts.keep_dead {
+            work.start(
+                "dead-letter expiry",
+                expire_dead(store.clone(), keep, stop_rx.clone()),
+            );
+        }
         work.start(
             "recurring schedules' driver",
             crate::recurring::driver::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
@@ -209,6 +218,25 @@ async fn keep_metrics(metrics: Arc<Metrics>, store: Store, mut stop: watch::Rece
         let bucket = crate::clock::now_ms().div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
         if let Err(e) = store.add_stats(bucket, &fields).await {
             debug!("adding to the dashboard's history failed (those counts are dropped): {e:#}");
+        }
+    }
+}
+
+/// Drops dead tasks older than `keep`, every tenth of it (between 1 s and a minute). Every runner
+/// does it for every shard: a sweep that finds nothing costs Redis one range read per shard.
+async fn expire_dead(store: Store, keep: Duration, mut stop: watch::Receiver<bool>) {
+    let every = (keep / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        let before = crate::clock::now_ms()
+            .saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX));
+        match store.expire_dead(before).await {
+            Ok(0) => {}
+            Ok(n) => info!(dropped = n, "dead tasks older than --keep-dead dropped"),
+            Err(e) => warn!("dropping old dead tasks failed (will try again): {e:#}"),
         }
     }
 }

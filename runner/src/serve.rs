@@ -110,6 +110,9 @@ async fn open_stores(
         match opened {
             Ok(stores) => return Ok(Some(stores)),
             // (a refusal, such as another shard count or data of an older build, is final)
+            Err(e) if crate::store::is_full(&e) => {
+                warn!("Redis is out of memory (maxmemory reached), retrying in {delay:?}: {e:#}")
+            }
             Err(e) if !crate::store::is_unreachable(&e) => return Err(e),
             Err(e) => warn!("Redis is not reachable yet, retrying in {delay:?}: {e:#}"),
         }
@@ -135,7 +138,8 @@ async fn serve(
         namespace: args.namespace.clone(),
         shards: args.shards,
         keep_done_ms: args.keep_done.as_millis().max(1) as u64,
-        ..StoreOptions::default()
+        stream_maxlen: args.events_max_len,
+        keep_versions: args.keep_versions,
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {
@@ -245,6 +249,7 @@ fn runner_options(args: &ServeArgs, addr: SocketAddr) -> RunnerOptions {
             lease: args.shard_lease,
             address: Some(format!("http://{addr}")),
         },
+        keep_dead: Some(args.keep_dead),
     }
 }
 

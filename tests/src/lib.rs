@@ -450,6 +450,21 @@ pub async fn wait_state(base: &str, id: &str, state: &str, limit: Duration) -> s
     .await
 }
 
+/// The same component with a custom section appended: another digest, so another version.
+pub fn variant(wasm: &[u8], n: usize) -> Vec<u8> {
+    let name = b"eggtimer-test-variant";
+    let payload = n.to_le_bytes();
+    let mut out = wasm.to_vec();
+    out.push(0); // custom section
+    let size = 1 + name.len() + payload.len();
+    assert!(size < 128);
+    out.push(size as u8);
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.extend_from_slice(&payload);
+    out
+}
+
 /// The current time in ms.
 pub fn now_ms() -> i64 {
     eggtimer::clock::now_ms()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
     RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
-    read_stream_timed, rss_bytes, runner_fast_retry as start, upload, wait_state,
+    read_stream_timed, rss_bytes, runner_fast_retry as start, upload, variant, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -349,21 +349,6 @@ async fn a_plugin_cancels_only_its_own_plugins_tasks() {
     assert_eq!((s, &t["state"]), (200, &json!("scheduled")), "{t}");
     let (s, _) = call("GET", &format!("{}/v1/tasks/own", r.url), None).await;
     assert_eq!(s, 404, "the plugin's own task was cancelled");
-}
-
-/// The same component with a custom section appended: another digest, so another version.
-fn variant(wasm: &[u8], n: usize) -> Vec<u8> {
-    let name = b"eggtimer-test-variant";
-    let payload = n.to_le_bytes();
-    let mut out = wasm.to_vec();
-    out.push(0); // custom section
-    let size = 1 + name.len() + payload.len();
-    assert!(size < 128);
-    out.push(size as u8);
-    out.push(name.len() as u8);
-    out.extend_from_slice(name);
-    out.extend_from_slice(&payload);
-    out
 }
 
 #[tokio::test]

@@ -19,7 +19,8 @@ pub struct ErrorBody {
 
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// snake_case, e.g. `bad_request`, `not_found`, `conflict`, `redis_unavailable`.
+    /// snake_case, e.g. `bad_request`, `not_found`, `conflict`, `redis_unavailable`,
+    /// `redis_full`.
     pub code: String,
     /// What is wrong, for a person.
     pub message: String,
@@ -42,7 +43,14 @@ impl IntoResponses for Errors {
             ("415", "wrong content type"),
             ("422", "well-formed but impossible, e.g. an unknown plugin"),
             ("500", "an internal error (details in the runner's log)"),
-            ("503", "Redis unreachable"),
+            (
+                "503",
+                "Redis unreachable (readyz: also Redis out of memory)",
+            ),
+            (
+                "507",
+                "Redis out of memory (`redis_full`): nothing was written",
+            ),
         ] {
             b = b.response(
                 code,

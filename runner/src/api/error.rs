@@ -59,12 +59,21 @@ impl From<OutOfBounds> for ApiError {
     }
 }
 
+/// What a request refused because Redis is out of memory is told.
+pub const FULL_MESSAGE: &str = "Redis is out of memory (maxmemory reached): nothing was written. \
+     Tasks already scheduled are kept and run once memory is freed (delete data or raise maxmemory); \
+     until then runners start no new tasks";
+
 /// A store failure: Redis unreachable is 503 (the runner stays up and recovers on its own);
-/// anything else (a script error, an answer this runner does not know) is 500 `internal`, with
+/// Redis out of memory is 507 (nothing was written; the same request succeeds once memory is
+/// freed); anything else (a script error, an answer this runner does not know) is 500 `internal`, with
 /// the details in the log.
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
-        if crate::store::is_unreachable(&e) {
+        if crate::store::is_full(&e) {
+            tracing::warn!("redis is out of memory: {e:#}");
+            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "redis_full", FULL_MESSAGE)
+        } else if crate::store::is_unreachable(&e) {
             tracing::warn!("redis unreachable: {e:#}");
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

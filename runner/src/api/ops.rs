@@ -1,13 +1,14 @@
 //! Operations routes: live runners, readiness, Prometheus metrics.
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::body::ApiResult;
 use super::doc;
+use super::error::{ApiError, FULL_MESSAGE};
 use crate::metrics::Gauges;
 
 /// `GET /v1/runners`: the live runners of the namespace.
@@ -18,11 +19,21 @@ pub async fn runners(State(st): State<AppState>) -> ApiResult<Response> {
     Ok(axum::Json((st.runners)().await?).into_response())
 }
 
-/// `GET /readyz`: 200 when Redis answers.
+/// `GET /readyz`: 200 when Redis answers and takes writes; 503 `redis_unavailable` or
+/// `redis_full` (out of memory: no task starts and none can be scheduled) saying why.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, description = "ready", body = doc::Ok), doc::Errors))]
 pub async fn readyz(State(st): State<AppState>) -> ApiResult<Response> {
     st.store.ping().await?;
+    let full = st.store.full_shards().await?;
+    if !full.is_empty() {
+        let shards: Vec<String> = full.iter().map(u32::to_string).collect();
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_full",
+            format!("{FULL_MESSAGE} (shards {})", shards.join(", ")),
+        ));
+    }
     Ok(axum::Json(json!({"ok": true})).into_response())
 }
 

@@ -9,6 +9,9 @@ use super::{Effects, Executor};
 use crate::store::{Claimed, Committed, ScheduleMode};
 use crate::trace;
 
+/// How often follow-ups are tried again while Redis is out of memory.
+const FULL_RETRY: Duration = Duration::from_millis(250);
+
 /// Why a run's effects were not committed.
 pub(super) enum NotCommitted {
     /// A kv entry the run read changed: run it again.
@@ -80,10 +83,20 @@ impl Executor {
             }
         }
         if !fx.schedule.is_empty() {
-            self.store
+            // While Redis is out of memory it refuses new tasks: the follow-ups wait for memory
+            // (the claim's lease is kept meanwhile) rather than the run being done again on a
+            // new attempt. Scheduling them again is safe: only those not yet written are.
+            while let Err(e) = self
+                .store
                 .schedule(&fx.schedule, ScheduleMode::IfAbsent)
                 .await
-                .map_err(NotCommitted::Failed)?;
+            {
+                if !crate::store::is_full(&e) || self.held.leased_from(task).is_none() {
+                    return Err(NotCommitted::Failed(e));
+                }
+                debug!(id = %task.id, "follow-ups wait for Redis to have memory");
+                tokio::time::sleep(FULL_RETRY).await;
+            }
             for t in &fx.schedule {
                 self.metrics.observe_scheduled(&t.plugin, 1);
             }

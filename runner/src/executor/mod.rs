@@ -246,6 +246,11 @@ impl Executor {
         workers + self.opts.prefetch + headroom(workers)
     }
 
+    /// A shard's claims are refused because Redis is out of memory (`full`), or taken again.
+    pub fn redis_full(&self, full: bool) {
+        self.metrics.redis_full(full);
+    }
+
     /// Tasks that waited for their plugin's share: set aside by a claim, or held here while a
     /// worker was free for other plugins (for the metrics).
     pub fn observe_share_waits(&self, n: u64) {

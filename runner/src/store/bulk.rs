@@ -88,6 +88,11 @@ impl Store {
         self.bulk(op, "", plugin).await
     }
 
+    /// Deletes the dead tasks that died before `before` (ms); returns how many.
+    pub async fn expire_dead(&self, before: i64) -> Result<u64> {
+        self.bulk("expire_dead", &before.to_string(), None).await
+    }
+
     async fn bulk(&self, op: &str, owner: &str, plugin: Option<&str>) -> Result<u64> {
         let channel = self.keys().wake_channel();
         self.chunked(op, &self.inner.scripts.bulk, |shard, cursor| {

@@ -186,7 +186,15 @@ pub fn is_unreachable(e: &anyhow::Error) -> bool {
         })
 }
 
-/// A Redis URL (or list) without its passwords, for logs and messages.
+/// Whether a store failure is Redis refusing a write because it is out of memory (`maxmemory`
+/// reached under `noeviction`): nothing was written, and the same call succeeds once memory is
+/// freed.
+pub fn is_full(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<redis::RedisError>())
+        .any(|r| r.code() == Some("OOM"))
+}
+
 /// A node's `maxmemory-policy` (`CONFIG GET`), on a connection of its own.
 pub(super) async fn maxmemory_policy(url: &str) -> Result<String> {
     let client = redis::Client::open(url)?;
@@ -207,6 +215,7 @@ pub(super) async fn maxmemory_policy(url: &str) -> Result<String> {
         .context("CONFIG GET maxmemory-policy answered no value")
 }
 
+/// A Redis URL (or list) without its passwords, for logs and messages.
 pub fn redact(url: &str) -> String {
     url.split(',')
         .map(|u| match (u.find("://"), u.rfind('@')) {

@@ -139,7 +139,12 @@ impl Keys {
 
     /// LIST of a plugin's versions (JSON), newest first.
     pub fn plugin_history(&self, name: &str) -> String {
-        format!("{{{}}}:plugin:history:{}", self.ns, name)
+        format!("{}{name}", self.plugin_history_prefix())
+    }
+
+    /// What every plugin's history key starts with (the scripts that drop blobs read them all).
+    pub fn plugin_history_prefix(&self) -> String {
+        format!("{{{}}}:plugin:history:", self.ns)
     }
 
     /// HASH plugin name -> last version number given.
@@ -149,7 +154,12 @@ impl Keys {
 
     /// A plugin binary by content digest.
     pub fn plugin_blob(&self, digest: &str) -> String {
-        format!("{{{}}}:plugin:blob:{}", self.ns, digest)
+        format!("{}{digest}", self.plugin_blob_prefix())
+    }
+
+    /// What every blob key starts with.
+    pub fn plugin_blob_prefix(&self) -> String {
+        format!("{{{}}}:plugin:blob:", self.ns)
     }
 
     /// HASH plugin name -> its settings (JSON: paused, max_concurrency), kept apart from its

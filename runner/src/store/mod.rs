@@ -34,7 +34,7 @@ use anyhow::{Result, bail};
 
 pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
-pub use connection::{RedisTarget, is_unreachable, redact};
+pub use connection::{RedisTarget, is_full, is_unreachable, redact};
 pub use effects::MARKER_GRACE_MS;
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};

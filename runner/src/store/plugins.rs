@@ -65,13 +65,17 @@ impl Store {
             .arg(uploaded_at)
             .arg(wasm)
             .arg(k.plugins_channel())
+            .arg(self.inner.opts.keep_versions.max(1))
+            .arg(k.plugin_history_prefix())
+            .arg(k.plugin_blob_prefix())
             .invoke_async(&mut self.conn())
             .await
             .context("storing a plugin")?;
         Ok((version, created == 1))
     }
 
-    /// Runs a registry script that takes (plugins, history) and (name, channel).
+    /// Runs a registry script that takes (plugins, history) and (name, channel, history key
+    /// prefix, blob key prefix).
     async fn plugin_script<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
@@ -83,6 +87,8 @@ impl Store {
             .key(k.plugin_history(name))
             .arg(name)
             .arg(k.plugins_channel())
+            .arg(k.plugin_history_prefix())
+            .arg(k.plugin_blob_prefix())
             .invoke_async(&mut self.conn())
             .await?;
         Ok(v)

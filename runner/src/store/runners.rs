@@ -109,6 +109,28 @@ impl Store {
         Ok(())
     }
 
+    /// The shards whose Redis refuses writes because it is out of memory (`maxmemory` reached),
+    /// asked of each shard's node with a script that writes nothing but may write: Redis
+    /// refuses those whole while it is full.
+    pub async fn full_shards(&self) -> Result<Vec<u32>> {
+        let asks = (0..self.shards()).map(|shard| async move {
+            let r: redis::RedisResult<i64> = self
+                .inner
+                .scripts
+                .writable
+                .key(self.keys().shard_lease(shard))
+                .invoke_async(&mut self.conn())
+                .await;
+            match r {
+                Ok(_) => Ok(None),
+                Err(e) if e.code() == Some("OOM") => Ok(Some(shard)),
+                Err(e) => Err(anyhow::Error::new(e).context("asking whether Redis takes writes")),
+            }
+        });
+        let full = futures::future::try_join_all(asks).await?;
+        Ok(full.into_iter().flatten().collect())
+    }
+
     /// Redis's clock, ms since the Unix epoch (`TIME`).
     pub async fn redis_time_ms(&self) -> Result<i64> {
         let (s, us): (i64, i64) = redis::cmd("TIME")

@@ -1,6 +1,13 @@
 //! The Lua scripts. Each is its own file under `lua/`, preceded at load time by the parts of
 //! `lua/lib/` it names on its first line (`--! needs indexes walk`) and the parts those need, in
 //! the order of `PARTS`: a script carries only what it calls.
+//!
+//! Each script's first line tells Redis how it treats a Redis out of memory (`maxmemory` reached
+//! under `noeviction`), and Redis decides before the script runs, so no script stops half done:
+//! - `#!lua`: refused whole with `OOM` (what adds data: schedule, claim, firings, uploads);
+//! - `#!lua flags=allow-oom`: runs anyway (what keeps claimed runs alive and records their
+//!   outcomes, and what changes data in place or deletes it: cancel, pause, move, drop dead);
+//! - `#!lua flags=no-writes`: reads only.
 
 use std::collections::HashMap;
 
@@ -72,6 +79,7 @@ scripts! {
     plugin_setting: "plugin_setting",
     shard_lease: "shard_lease",
     heartbeat: "heartbeat",
+    writable: "writable",
 }
 
 impl Scripts {
@@ -91,8 +99,10 @@ fn needs(text: &str) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// A script's text: the parts it needs (and theirs), in `PARTS` order, then its own.
-fn assemble(body: &str) -> String {
+/// A script's text: its first line (the `#!lua` line), the parts it needs (and theirs), in
+/// `PARTS` order, then the rest of its own.
+fn assemble(script: &str) -> String {
+    let (shebang, body) = script.split_once('\n').unwrap_or((script, ""));
     let mut want = vec![false; PARTS.len()];
     let mut todo = needs(body);
     while let Some(name) = todo.pop() {
@@ -105,7 +115,7 @@ fn assemble(body: &str) -> String {
             todo.extend(needs(PARTS[i].1));
         }
     }
-    let mut out = String::new();
+    let mut out = format!("{shebang}\n");
     for (i, (_, text)) in PARTS.iter().enumerate() {
         if want[i] {
             out.push_str(text);
@@ -135,6 +145,18 @@ mod tests {
             let before = text[..at].chars().next_back();
             !before.is_some_and(|c| c.is_alphanumeric() || "_.:".contains(c))
         })
+    }
+
+    #[test]
+    fn every_script_says_first_how_it_treats_a_full_redis() {
+        for (file, text) in sources() {
+            let first = text.lines().next().unwrap();
+            assert!(
+                ["#!lua", "#!lua flags=allow-oom", "#!lua flags=no-writes"].contains(&first),
+                "{file}.lua starts with {first:?}"
+            );
+            assert_eq!(text.matches("#!lua").count(), 1, "{file}.lua");
+        }
     }
 
     #[test]

@@ -229,6 +229,8 @@ pub struct StoreOptions {
     pub keep_done_ms: u64,
     /// Cap of each event stream (XADD MAXLEN ~).
     pub stream_maxlen: u64,
+    /// Versions of a plugin kept (its history); older ones and their bytes are dropped.
+    pub keep_versions: u32,
 }
 
 impl Default for StoreOptions {
@@ -238,6 +240,7 @@ impl Default for StoreOptions {
             shards: 16,
             keep_done_ms: 600_000,
             stream_maxlen: 1_000_000,
+            keep_versions: 10,
         }
     }
 }

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs indexes walk
 -- Acts on many tasks of one shard in chunks: each run handles at most `limit` index entries, so
 -- Redis is held only briefly; the caller runs it again with the returned cursor until it is ''.
@@ -7,6 +8,8 @@
 --                   after `cursor` (running tasks are left alone).
 --   'retry_dead':   puts dead tasks (of `plugin`) back: due now, attempts reset.
 --   'drop_dead':    deletes dead tasks (of `plugin`).
+--   'expire_dead':  deletes dead tasks that died before `owner` (ms: the argument carries the
+--                   bound for this op).
 -- Returns {count, next cursor}.
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -40,6 +43,8 @@ if plugin ~= '' then
   members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, '[' .. plugin .. '\0x\0', '(' .. plugin .. '\0x\1',
     'LIMIT', 0, limit)
   for i, m in ipairs(members) do ids[i] = string.match(m, '^[^%z]*%z.%z[^%z]*%z(.*)$') end
+elseif op == 'expire_dead' then
+  ids = redis.call('ZRANGEBYSCORE', K_DEAD, '-inf', '(' .. owner, 'LIMIT', 0, limit)
 else
   ids = redis.call('ZRANGE', K_DEAD, 0, limit - 1)
 end

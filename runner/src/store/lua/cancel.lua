@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs indexes
 -- Cancels one task: a scheduled or dead task is deleted.
 -- KEYS: the shard's keys (the `shard` part).

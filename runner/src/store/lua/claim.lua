@@ -1,3 +1,4 @@
+#!lua
 --! needs claims share
 -- Claims up to ARGV[1] due tasks of one shard: due -> running, under one lease of ARGV[2] ms,
 -- attempts + 1, and a fresh claim token (the shard's claim counter, kept at or above Redis's

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --! needs buckets
 -- Counts the shard's scheduled tasks in its due buckets per range of due times: the ranges are
 -- [e1, e2), [e2, e3), ... for the edges ARGV[3..] (ms, ascending; the first may be '-inf', the

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --! needs buckets walk
 -- One page of the shard's due buckets in due order (the scheduled tasks, ascending), after a
 -- cursor, in O(log n + page): the cursor's bucket is found by its bound and the place in it by

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Commits the kv writes and events of one handler run, all together or not at all, at most once
 -- per marker, and only if none of the kv entries the run read has changed since it read them
 -- (optimistic concurrency: two runs that race on one key behave as if one ran after the other).

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs claims finished
 -- Records the outcomes of a batch of claimed tasks of one shard.
 -- KEYS: the shard's keys (the `shard` part).

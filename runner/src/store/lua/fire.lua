@@ -1,3 +1,4 @@
+#!lua
 --! needs indexes
 -- Creates one firing of a recurring schedule as an ordinary scheduled task, at most once.
 -- KEYS: the shard's keys (the `shard` part), then KEYS[K_FIRST]: fired (ZSET firing id ->

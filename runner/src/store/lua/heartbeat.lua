@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- A runner's heartbeat, in Redis time. KEYS: runners (ZSET id -> last beat), the runner's info key.
 -- ARGV: runner id, info (JSON), ttl ms, window ms.
 -- Returns {Redis's clock (ms), {the ids of the runners heard from within `window` ms (this one

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs indexes
 -- Moves one scheduled task. KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs indexes walk
 -- Pauses or resumes one plugin in this shard.
 -- KEYS: the shard's keys (the `shard` part).

@@ -1,8 +1,14 @@
--- Stores an uploaded plugin version and makes it current; announces it.
+#!lua
+-- Stores an uploaded plugin version and makes it current; announces it. The plugin keeps its
+-- newest `keep` versions: older ones leave its history, and their bytes leave Redis unless a
+-- version still kept (of any plugin) has the same bytes.
 -- KEYS: plugins (HASH name -> current JSON), history (LIST, newest first), blob, seq (HASH).
--- ARGV: name, digest, size, uploaded_at, bytes, channel.
+-- (The other plugins' histories and the blobs to drop are named from ARGV's prefixes, under the
+-- same hash tag.)
+-- ARGV: name, digest, size, uploaded_at, bytes, channel, keep, history key prefix, blob key prefix.
 -- Returns {version, created (1) or 0 when these bytes are already the current version}.
 local name, digest, size, at, bytes, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local keep, history_prefix, blob_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local cur = redis.call('HGET', KEYS[1], name)
 if cur then
   local v = cjson.decode(cur)
@@ -14,5 +20,18 @@ local entry = cjson.encode({ name = name, version = version, digest = digest, si
   uploaded_at = tonumber(at) })
 redis.call('LPUSH', KEYS[2], entry)
 redis.call('HSET', KEYS[1], name, entry)
+local dropped, any = {}, false
+while redis.call('LLEN', KEYS[2]) > keep do
+  dropped[cjson.decode(redis.call('RPOP', KEYS[2])).digest] = true
+  any = true
+end
+if any then
+  for _, p in ipairs(redis.call('HKEYS', KEYS[1])) do
+    for _, e in ipairs(redis.call('LRANGE', history_prefix .. p, 0, -1)) do
+      dropped[cjson.decode(e).digest] = nil
+    end
+  end
+  for d in pairs(dropped) do redis.call('DEL', blob_prefix .. d) end
+end
 redis.call('PUBLISH', channel, name)
 return { version, 1 }

@@ -1,5 +1,6 @@
+#!lua flags=allow-oom
 -- Makes the version before the current one current again; announces it.
--- KEYS: plugins, history. ARGV: name, channel.
+-- KEYS: plugins, history. ARGV: name, channel (then two key prefixes it does not need).
 -- Returns the entry (JSON) now current, or 'missing' / 'no_previous'.
 local name, channel = ARGV[1], ARGV[2]
 local cur = redis.call('HGET', KEYS[1], name)

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Changes one setting of a plugin, atomically (two changes of different settings never undo each
 -- other), and announces it. Pausing and resuming also count the plugin's pause epoch: the shards
 -- apply a pause or resume only if no later one was asked for (`pause.lua`).

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --! needs walk
 -- One page of a score-ordered index of one shard (parked, dead), after a
 -- cursor, in O(log n + page): the cursor's place is found by rank (`rank_of`), never by walking

@@ -1,3 +1,4 @@
+#!lua
 -- A recurring schedule's definition and state, on its home shard (the shard of its id).
 -- KEYS[1] schedules (HASH: 'd:<id>' -> definition JSON, 'l:<id>' -> its latest firing's task id,
 --         'p:<id>' -> '1' while paused)

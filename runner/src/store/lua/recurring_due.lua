@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- The recurring schedules of one shard that are due, by Redis's clock (one clock for every
 -- runner, whatever their own clocks say).
 -- KEYS[1]: the shard's `sched` (ZSET schedule id -> next fire time, ms).

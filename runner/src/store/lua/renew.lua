@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs record
 -- Renews the leases of claimed tasks of one shard that this runner still holds (a lease is per
 -- claim batch: renewing one task of a batch renews the batch).

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs indexes
 -- Puts one dead task back: due now, attempts reset.
 -- KEYS: the shard's keys (the `shard` part). ARGV: channel, shard, id.

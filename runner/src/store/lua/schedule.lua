@@ -1,3 +1,4 @@
+#!lua
 --! needs indexes
 -- Schedules a batch of tasks of one shard.
 -- KEYS: the shard's keys (the `shard` part).

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- A shard lease: which runner polls the shard (not a claim's lease).
 -- KEYS[1]: the shard's lease key. ARGV: op, runner id, ttl ms. Returns, per op:
 --   'acquire' -> 1 when this runner holds it now (taken, or already its own and renewed)

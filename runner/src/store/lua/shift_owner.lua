@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --! needs indexes walk
 -- Shifts up to ARGV[7] scheduled tasks of one owner in this shard (optionally only one plugin's)
 -- by ±ms, continuing after a cursor, so a large owner is shifted in chunks that each hold Redis

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- The concurrency slots of one plugin across all runners of the namespace: a lease per run.
 -- KEYS[1]: the plugin's slots (ZSET holder -> lease expiry ms). A dead runner's slots leave on
 -- their own when their leases expire.

@@ -1,0 +1,303 @@
+//! Durability under Redis failures: a Redis out of memory. A real runner process, real plugins
+//! and a real redis-server filled up with `maxmemory` under `noeviction`.
+
+use std::time::Duration;
+
+use eggtimer_tests::{
+    RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
+    runner_fast_retry as start, upload, variant, wait_state,
+};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(60);
+
+/// A gauge's value in the runner's /metrics.
+async fn gauge(base: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// Redis's `used_memory`.
+fn used_memory(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn set_maxmemory(c: &mut redis::Connection, bytes: u64) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query(c)
+        .unwrap();
+}
+
+/// Fills Redis up: `maxmemory` 8 MiB above what it uses, then 64 KiB values until it refuses
+/// one. A Redis just at its limit takes the next small write and refuses the one after, so
+/// `maxmemory` is then set 1 MiB below what it uses: full for every write until memory is
+/// freed. Returns how many filler keys it wrote.
+fn fill(c: &mut redis::Connection) -> usize {
+    let used = used_memory(c);
+    set_maxmemory(c, used + 8 * 1024 * 1024);
+    let value = vec![b'x'; 64 * 1024];
+    for i in 0.. {
+        let r: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&value)
+            .query(c);
+        match r {
+            Ok(()) => {}
+            Err(e) if e.code() == Some("OOM") => {
+                let used = used_memory(c);
+                set_maxmemory(c, used - 1024 * 1024);
+                return i;
+            }
+            Err(e) => panic!("filling Redis: {e}"),
+        }
+    }
+    unreachable!()
+}
+
+#[tokio::test]
+async fn a_full_redis_refuses_new_tasks_and_loses_or_buries_none_of_those_due() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--lease", "2s"]);
+    // 2,000 coupon reminders falling due 3 s from now
+    let t0 = now_ms() + 3_000;
+    for chunk in 0..2 {
+        let specs: Vec<Value> = (chunk * 1000..(chunk + 1) * 1000)
+            .map(|i| {
+                json!({"plugin": "coupon-expiry", "id": format!("c{i}"), "run_at": t0, "max_attempts": 2,
+                       "payload": {"coupon_id": format!("c{i}"), "user_id": "u1", "expires_at": t0 + 7_200_000}})
+            })
+            .collect();
+        schedule(&r.url, json!(specs)).await;
+    }
+    let mut c = redis.conn();
+    let filler = fill(&mut c);
+    assert!(filler > 0);
+
+    // a new task is refused, saying why; readiness says why
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/tasks", r.url),
+        Some(json!({"plugin": "coupon-expiry", "id": "late", "payload": {"coupon_id": "x", "user_id": "u1", "expires_at": t0}})),
+    )
+    .await;
+    assert_eq!((s, &b["error"]["code"]), (507, &json!("redis_full")), "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("out of memory"),
+        "{b}"
+    );
+    let (s, b) = call("GET", &format!("{}/readyz", r.url), None).await;
+    assert_eq!((s, &b["error"]["code"]), (503, &json!("redis_full")), "{b}");
+
+    // the reminders fall due while Redis is full: none starts, none uses an attempt, the
+    // metric says why; this lasts well past a lease (2 s), so a claim that got through with
+    // its renewals and outcomes refused would show as attempts used or dead letters
+    eventually(T, "the redis_full gauge", || async {
+        (gauge(&r.url, "eggtimer_redis_full").await >= 1.0).then_some(())
+    })
+    .await;
+    while now_ms() < t0 + 6_000 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(read_stream(&mut c, "{eggtimer}:events:push").len(), 0);
+    for i in [0, 999, 1999] {
+        let (s, t) = call("GET", &format!("{}/v1/tasks/c{i}", r.url), None).await;
+        assert_eq!(
+            (s, &t["state"], &t["attempts"]),
+            (200, &json!("scheduled"), &json!(0)),
+            "{t}"
+        );
+    }
+    r.log_text()
+        .contains("Redis is out of memory")
+        .then_some(())
+        .expect("the log says why no task starts");
+
+    // memory is back: every reminder runs, once, on its first attempt
+    for i in 0..filler {
+        let _: () = redis::cmd("DEL")
+            .arg(format!("filler:{i}"))
+            .query(&mut c)
+            .unwrap();
+    }
+    let pushed = eventually(T, "2,000 reminders", || async {
+        let p = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+        (p.len() >= 2000).then_some(p)
+    })
+    .await;
+    let mut ids: Vec<&str> = pushed.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (pushed.len(), ids.len()),
+        (2000, 2000),
+        "each reminder once"
+    );
+    eventually(T, "the runner ready again", || async {
+        let (s, _) = call("GET", &format!("{}/readyz", r.url), None).await;
+        (s == 200).then_some(())
+    })
+    .await;
+    assert_eq!(gauge(&r.url, "eggtimer_redis_full").await, 0.0);
+    let (_, dead) = call("GET", &format!("{}/v1/dead", r.url), None).await;
+    assert_eq!(dead["tasks"], json!([]), "tasks were dead-lettered");
+    for i in [0, 999, 1999] {
+        let (_, t) = call("GET", &format!("{}/v1/tasks/c{i}", r.url), None).await;
+        assert_eq!(t["attempts"], json!(1), "{t}");
+    }
+    // and new tasks are taken again
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/tasks", r.url),
+        Some(json!({"plugin": "coupon-expiry", "id": "late", "payload": {"coupon_id": "x", "user_id": "u1", "expires_at": t0}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+}
+
+#[tokio::test]
+async fn an_event_stream_keeps_at_most_events_max_len_entries() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--events-max-len", "100"]);
+    let t0 = now_ms() + 500;
+    let specs: Vec<Value> = (0..1000)
+        .map(|i| {
+            json!({"plugin": "coupon-expiry", "id": format!("c{i}"), "run_at": t0,
+                   "payload": {"coupon_id": format!("c{i}"), "user_id": "u1", "expires_at": t0}})
+        })
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    eventually(T, "1,000 reminders done", || async {
+        let (_, s) = call("GET", &format!("{}/v1/stats", r.url), None).await;
+        (s["scheduled"] == 0 && s["running"] == 0).then_some(())
+    })
+    .await;
+    let len: usize = redis::cmd("XLEN")
+        .arg("{eggtimer}:events:push")
+        .query(&mut redis.conn())
+        .unwrap();
+    // trimmed by whole stream nodes (`XADD MAXLEN ~`: 100 entries a node by default)
+    assert!((100..200).contains(&len), "the stream holds {len} entries");
+}
+
+#[tokio::test]
+async fn dead_tasks_older_than_keep_dead_are_dropped() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--keep-dead", "3s"]);
+    let dead_ids = || async {
+        let (_, d) = call("GET", &format!("{}/v1/dead", r.url), None).await;
+        let mut ids: Vec<String> = d["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let specs: Vec<Value> = (0..20)
+        .map(|i| json!({"plugin": "test-panic", "id": format!("old-{i}"), "max_attempts": 1}))
+        .collect();
+    let scheduled = now_ms();
+    schedule(&r.url, json!(specs)).await;
+    eventually(T, "20 dead tasks", || async {
+        (dead_ids().await.len() == 20).then_some(())
+    })
+    .await;
+    let died = now_ms();
+    // two seconds later, 5 more die: when the first 20 are dropped, these are kept
+    while now_ms() < died + 2_000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // none died before `scheduled`: while younger than 3 s they are all kept
+    let (young, ids) = (now_ms() < scheduled + 2_900, dead_ids().await);
+    assert!(
+        !young || ids.len() == 20,
+        "dropped before --keep-dead: {ids:?}"
+    );
+    let specs: Vec<Value> = (0..5)
+        .map(|i| json!({"plugin": "test-panic", "id": format!("new-{i}"), "max_attempts": 1}))
+        .collect();
+    schedule(&r.url, json!(specs)).await;
+    let kept = eventually(T, "the old dead tasks dropped", || async {
+        let ids = dead_ids().await;
+        (ids.len() == 5 && ids.iter().all(|id| id.starts_with("new-"))).then_some(ids)
+    })
+    .await;
+    assert_eq!(kept.len(), 5, "{kept:?}");
+    let (s, _) = call("GET", &format!("{}/v1/tasks/old-0", r.url), None).await;
+    assert_eq!(s, 404, "the dropped task's record is gone");
+    let (_, stats) = call("GET", &format!("{}/v1/stats", r.url), None).await;
+    assert_eq!(stats["dead"], 5, "{stats}");
+}
+
+/// How many plugin binaries Redis holds.
+fn blobs(c: &mut redis::Connection) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("{eggtimer}:plugin:blob:*")
+        .query(c)
+        .unwrap();
+    keys.len()
+}
+
+#[tokio::test]
+async fn a_plugin_keeps_its_newest_versions_and_a_deleted_one_leaves_no_bytes() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--keep-versions", "3"]);
+    let mut c = redis.conn();
+    let before = blobs(&mut c);
+    let wasm = plugin_wasm("noop");
+    for n in 0..13 {
+        let (s, b) = upload(&r.url, "versioned", variant(&wasm, n)).await;
+        assert_eq!(s, 201, "{b}");
+    }
+    let (_, p) = call("GET", &format!("{}/v1/plugins/versioned", r.url), None).await;
+    let kept: Vec<u64> = p["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(kept, [13, 12, 11], "{p}");
+    assert_eq!(
+        blobs(&mut c),
+        before + 3,
+        "the dropped versions' bytes are gone"
+    );
+    // rollback reaches the kept ones
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/plugins/versioned/rollback", r.url),
+        None,
+    )
+    .await;
+    assert_eq!((s, &b["version"]), (200, &json!(12)), "{b}");
+    // the same bytes under another name: deleting the first plugin keeps them for the second
+    let (s, b) = upload(&r.url, "twin", variant(&wasm, 11)).await;
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(blobs(&mut c), before + 3);
+    let (s, _) = call("DELETE", &format!("{}/v1/plugins/versioned", r.url), None).await;
+    assert_eq!(s, 204);
+    assert_eq!(blobs(&mut c), before + 1, "only the twin's bytes are left");
+    schedule(&r.url, json!({"plugin": "twin", "id": "t1"})).await;
+    wait_state(&r.url, "t1", "done", T).await;
+}
