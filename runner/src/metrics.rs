@@ -27,8 +27,11 @@ const LATENESS_MS: [f64; 13] = [
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 60000.0,
 ];
 /// The lateness quantile (ms) of merged bucket counts (`counts[i]` for `LATENESS_MS[i]`, then
-/// one for everything later), interpolated within its bucket; None without samples.
-pub fn lateness_quantile(counts: &[u64], q: f64) -> Option<f64> {
+/// one for everything later), interpolated within its bucket; None without samples. With the
+/// buckets' sums of lateness (`sums`, 0 where unknown), the estimate is kept where the samples
+/// of its bucket can be: none above `sum − (n−1)·low`, none below `sum − (n−1)·high`. So a
+/// single task 1.02 s late is 1,020 ms, not a point interpolated inside the 1–5 s bucket.
+pub fn lateness_quantile(counts: &[u64], sums: &[u64], q: f64) -> Option<f64> {
     let total: u64 = counts.iter().sum();
     if total == 0 {
         return None;
@@ -43,7 +46,17 @@ pub fn lateness_quantile(counts: &[u64], q: f64) -> Option<f64> {
                 .get(i)
                 .copied()
                 .unwrap_or(LATENESS_MS[LATENESS_MS.len() - 1]);
-            return Some(lo + (hi - lo) * ((want - seen) / c));
+            let mut q = lo + (hi - lo) * ((want - seen) / c);
+            if let Some(sum) = sums.get(i).map(|s| *s as f64).filter(|s| *s > 0.0) {
+                let most = sum - (c - 1.0) * lo;
+                let least = if i < LATENESS_MS.len() {
+                    sum - (c - 1.0) * hi
+                } else {
+                    0.0 // the open bucket past the last bound
+                };
+                q = q.min(most).max(least);
+            }
+            return Some(q);
         }
         seen += c;
     }
@@ -206,6 +219,8 @@ pub struct Metrics {
     share_waits: Counter,
     /// Lateness bucket counts since the last [`Metrics::take_recent`] (all plugins).
     recent_lateness: [AtomicU64; LATENESS_BUCKETS],
+    /// The sum of those tasks' lateness (ms) per bucket.
+    recent_lateness_sum: [AtomicU64; LATENESS_BUCKETS],
 }
 
 impl Default for Metrics {
@@ -262,6 +277,7 @@ impl Metrics {
             redis_full,
             share_waits,
             recent_lateness: Default::default(),
+            recent_lateness_sum: Default::default(),
         }
     }
 
@@ -330,11 +346,12 @@ impl Metrics {
             .position(|b| lateness_ms as f64 <= *b)
             .unwrap_or(LATENESS_MS.len());
         self.recent_lateness[b].fetch_add(1, Ordering::Relaxed);
+        self.recent_lateness_sum[b].fetch_add(lateness_ms.max(0) as u64, Ordering::Relaxed);
     }
 
     /// The counts since the last call, as history fields (`f|`, `s|`, `r|`, `d|` + plugin:
-    /// fired, succeeded, retried, dead; `t|` + plugin: handler µs; `l|<i>`: lateness bucket i),
-    /// zeros left out. The counters restart from zero.
+    /// fired, succeeded, retried, dead; `t|` + plugin: handler µs; `l|<i>`: lateness bucket i;
+    /// `L|<i>`: the sum of its lateness in ms), zeros left out. The counters restart from zero.
     pub fn take_recent(&self) -> Vec<(String, i64)> {
         let mut out = Vec::new();
         let take = |a: &AtomicU64| a.swap(0, Ordering::Relaxed) as i64;
@@ -361,6 +378,10 @@ impl Metrics {
             let n = take(a);
             if n != 0 {
                 out.push((format!("l|{i}"), n));
+            }
+            let sum = take(&self.recent_lateness_sum[i]);
+            if sum != 0 {
+                out.push((format!("L|{i}"), sum));
             }
         }
         out
@@ -539,6 +560,8 @@ mod tests {
         let mut recent = m.take_recent();
         recent.sort();
         let want: Vec<(String, i64)> = vec![
+            ("L|3".into(), 3),
+            ("L|6".into(), 40),
             ("f|noop".into(), 2),
             ("l|3".into(), 1),
             ("l|6".into(), 1),
@@ -552,10 +575,37 @@ mod tests {
     #[test]
     fn lateness_quantiles_interpolate_within_a_bucket() {
         let mut counts = [0u64; LATENESS_BUCKETS];
-        assert_eq!(lateness_quantile(&counts, 0.5), None);
+        assert_eq!(lateness_quantile(&counts, &[], 0.5), None);
         counts[3] = 100; // (2, 5] ms
-        assert_eq!(lateness_quantile(&counts, 0.5), Some(3.5));
+        assert_eq!(lateness_quantile(&counts, &[], 0.5), Some(3.5));
         counts[LATENESS_BUCKETS - 1] = 100; // beyond the last bound
-        assert_eq!(lateness_quantile(&counts, 0.99), Some(60000.0));
+        assert_eq!(lateness_quantile(&counts, &[], 0.99), Some(60000.0));
+    }
+
+    #[test]
+    fn lateness_quantiles_stay_where_the_samples_can_be() {
+        // one task 1.02 s late: not 4,960 ms interpolated inside (1 s, 5 s]
+        let mut counts = [0u64; LATENESS_BUCKETS];
+        let mut sums = [0u64; LATENESS_BUCKETS];
+        counts[11] = 1;
+        sums[11] = 1020;
+        assert_eq!(lateness_quantile(&counts, &sums, 0.99), Some(1020.0));
+        assert_eq!(lateness_quantile(&counts, &sums, 0.5), Some(1020.0));
+        // two, at 1.02 and 1.03 s: at most 2,050 − 1,000
+        counts[11] = 2;
+        sums[11] = 2050;
+        assert_eq!(lateness_quantile(&counts, &sums, 0.99), Some(1050.0));
+        // many spread over the bucket: the interpolation stands
+        counts[3] = 100;
+        sums[3] = 350;
+        counts[11] = 0;
+        sums[11] = 0;
+        assert_eq!(lateness_quantile(&counts, &sums, 0.5), Some(3.5));
+        // all near the top of the bucket: not below what their sum allows
+        sums[3] = 498;
+        assert_eq!(
+            lateness_quantile(&counts, &sums, 0.01),
+            Some(498.0 - 99.0 * 5.0)
+        );
     }
 }

@@ -204,7 +204,7 @@ async fn a_killed_runners_tasks_run_again_within_about_one_lease_with_the_defaul
 async fn a_plugin_that_floods_effects_fails_alone_with_none_of_them_applied() {
     let redis = RedisServer::start();
     let r = start(&redis, &["--plugin-timeout", "5s"]);
-    let kinds = ["kv", "events", "logs", "follow-ups", "cancels"];
+    let kinds = ["kv", "kv-reads", "events", "logs", "follow-ups", "cancels"];
     let specs: Vec<Value> = kinds
         .iter()
         .map(|k| json!({"plugin": "test-flood", "id": format!("flood-{k}"), "max_attempts": 1, "payload": {"what": k}}))

@@ -1,5 +1,5 @@
-//! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `events`,
-//! `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
+//! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `kv-reads`
+//! (one key read again and again), `events`, `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
 //! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or
 //! returns an outcome out of bounds (`retry-never`, `run-again-never`) or a 32 MiB error
@@ -23,6 +23,11 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
         "kv" => {
             for i in 0.. {
                 kv::set(&format!("k{i}"), &big, None)?;
+            }
+        }
+        "kv-reads" => {
+            for _ in 0.. {
+                kv::get::<String>("same")?;
             }
         }
         "events" => {

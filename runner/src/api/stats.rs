@@ -178,6 +178,7 @@ pub async fn history(
     for b in &buckets {
         let (mut fired, mut ok, mut failed) = (0, 0, 0);
         let mut lateness = [0u64; LATENESS_BUCKETS];
+        let mut lateness_sum = [0u64; LATENESS_BUCKETS];
         for (field, n) in &b.fields {
             let Some((tag, rest)) = field.split_once('|') else {
                 continue;
@@ -188,8 +189,13 @@ pub async fn history(
                 "r" => 2,
                 "d" => 3,
                 "t" => 4,
-                "l" => {
-                    if let Some(c) = rest.parse::<usize>().ok().and_then(|i| lateness.get_mut(i)) {
+                "l" | "L" => {
+                    let into = if tag == "l" {
+                        &mut lateness
+                    } else {
+                        &mut lateness_sum
+                    };
+                    if let Some(c) = rest.parse::<usize>().ok().and_then(|i| into.get_mut(i)) {
                         *c += (*n).max(0) as u64;
                     }
                     continue;
@@ -209,8 +215,8 @@ pub async fn history(
             fired_per_s: fired as f64 / secs,
             succeeded_per_s: ok as f64 / secs,
             failed_per_s: failed as f64 / secs,
-            lateness_p50_ms: lateness_quantile(&lateness, 0.5),
-            lateness_p99_ms: lateness_quantile(&lateness, 0.99),
+            lateness_p50_ms: lateness_quantile(&lateness, &lateness_sum, 0.5),
+            lateness_p99_ms: lateness_quantile(&lateness, &lateness_sum, 0.99),
         });
     }
     Ok(axum::Json(History {

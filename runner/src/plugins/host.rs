@@ -43,7 +43,8 @@ pub struct Budget {
     pub follow_ups: usize,
     /// Cancels.
     pub cancels: usize,
-    /// kv reads (each is a Redis round trip).
+    /// kv reads, every one counted (a key read again is answered from the run's first read of
+    /// it, without a Redis round trip).
     pub kv_reads: usize,
 }
 
@@ -76,8 +77,11 @@ pub struct CallCtx {
     pub bytes: usize,
     /// This run's kv writes, so the plugin reads its own writes.
     pub kv_overlay: HashMap<String, Option<String>>,
-    /// Keys read from Redis (the first read of each is checked at commit).
-    pub kv_seen: std::collections::HashSet<String>,
+    /// Values read from Redis, by key (the first read of each is checked at commit, and answers
+    /// the key's later reads).
+    pub kv_read: HashMap<String, Option<String>>,
+    /// kv reads asked for, re-reads and reads of the run's own writes included.
+    pub kv_reads: usize,
     pub max_payload_bytes: usize,
     pub default_max_attempts: u32,
 }
@@ -255,18 +259,22 @@ impl bindings::eggtimer::plugin::host::Host for State {
 
     async fn kv_get(&mut self, key: String) -> wasmtime::Result<Result<Option<String>, String>> {
         let c = &mut self.call;
-        if let Some(v) = c.kv_overlay.get(&key) {
-            return Ok(Ok(v.clone()));
-        }
-        if let Err(e) = check_key(&key) {
-            return Ok(Err(e));
-        }
-        if c.kv_seen.len() >= c.budget.kv_reads {
+        c.kv_reads += 1;
+        if c.kv_reads > c.budget.kv_reads {
             return Err(OverBudget(format!(
                 "more than {} kv reads in one run",
                 c.budget.kv_reads
             ))
             .into());
+        }
+        if let Some(v) = c.kv_overlay.get(&key) {
+            return Ok(Ok(v.clone()));
+        }
+        if let Some(v) = c.kv_read.get(&key) {
+            return Ok(Ok(v.clone()));
+        }
+        if let Err(e) = check_key(&key) {
+            return Ok(Err(e));
         }
         let Some(host) = c.host.clone() else {
             return Ok(Err("no host".into()));
@@ -276,14 +284,13 @@ impl bindings::eggtimer::plugin::host::Host for State {
             Err(e) => return Ok(Err(e)),
         };
         // Remember the first read of each key: the commit checks it is unchanged.
-        if c.kv_seen.insert(key.clone()) {
-            c.effects.ns.reads.push(KvRead {
-                key,
-                sha1: value
-                    .as_ref()
-                    .map(|v| hex::encode(Sha1::digest(v.as_bytes()))),
-            });
-        }
+        c.effects.ns.reads.push(KvRead {
+            key: key.clone(),
+            sha1: value
+                .as_ref()
+                .map(|v| hex::encode(Sha1::digest(v.as_bytes()))),
+        });
+        c.kv_read.insert(key, value.clone());
         Ok(Ok(value))
     }
 
