@@ -307,6 +307,14 @@ pub struct ServeArgs {
     /// How long done tasks stay readable.
     #[arg(long, env = "EGGTIMER_KEEP_DONE", default_value = "10m", value_parser = parse_duration)]
     pub keep_done: Duration,
+    /// Replicas that must have every write the API acknowledges before it answers (Redis
+    /// `WAIT`); when fewer confirm within --replica-ack-timeout the answer is 503 `not_replicated`.
+    /// 0: answer once the master has it. (Not on Redis Cluster yet.)
+    #[arg(long, env = "EGGTIMER_MIN_REPLICAS_ACKED", default_value_t = 0)]
+    pub min_replicas_acked: u32,
+    /// How long the API waits for --min-replicas-acked replicas.
+    #[arg(long, env = "EGGTIMER_REPLICA_ACK_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub replica_ack_timeout: Duration,
     /// How long dead tasks are kept; older ones are dropped.
     #[arg(long, env = "EGGTIMER_KEEP_DEAD", default_value = "30d", value_parser = parse_duration)]
     pub keep_dead: Duration,

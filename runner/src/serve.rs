@@ -134,12 +134,19 @@ async fn serve(
         let _ = stop_tx.send(true);
     });
     let target = RedisTarget::parse(&url)?;
+    if args.min_replicas_acked > 0 && matches!(target, RedisTarget::Cluster(_)) {
+        anyhow::bail!(
+            "--min-replicas-acked is not supported on Redis Cluster yet (the wait must go to the node that took each write)"
+        );
+    }
     let store_opts = StoreOptions {
         namespace: args.namespace.clone(),
         shards: args.shards,
         keep_done_ms: args.keep_done.as_millis().max(1) as u64,
         stream_maxlen: args.events_max_len,
         keep_versions: args.keep_versions,
+        min_replicas_acked: args.min_replicas_acked,
+        replica_ack_timeout_ms: args.replica_ack_timeout.as_millis().max(1) as u64,
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {

@@ -128,6 +128,14 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the process (SIGSTOP: it answers nothing, its connections stay open) or lets it go
+    /// on (SIGCONT).
+    pub fn freeze(&self, frozen: bool) {
+        let c = self.child.as_ref().expect("running");
+        let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        unsafe { libc::kill(c.id() as i32, sig) };
+    }
+
     /// A clean stop (SIGTERM: redis flushes its append-only file).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -301,3 +301,67 @@ async fn a_plugin_keeps_its_newest_versions_and_a_deleted_one_leaves_no_bytes() 
     schedule(&r.url, json!({"plugin": "twin", "id": "t1"})).await;
     wait_state(&r.url, "t1", "done", T).await;
 }
+
+#[tokio::test]
+async fn with_min_replicas_acked_a_write_is_acknowledged_only_once_a_replica_has_it() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    eventually(T, "the replica in sync", || async {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut master.conn())
+            .unwrap();
+        info.contains("connected_slaves:1").then_some(())
+    })
+    .await;
+    let r = start(
+        &master,
+        &[
+            "--min-replicas-acked",
+            "1",
+            "--replica-ack-timeout",
+            "500ms",
+        ],
+    );
+    let spec = |id: &str| json!({"plugin": "noop", "id": id, "delay_ms": 3_600_000});
+    let (s, b) = call("POST", &format!("{}/v1/tasks", r.url), Some(spec("a"))).await;
+    assert_eq!(s, 201, "{b}");
+    // the replica hears nothing: the write is made on the master, but not acknowledged
+    replica.freeze(true);
+    let sent = std::time::Instant::now();
+    let (s, b) = call("POST", &format!("{}/v1/tasks", r.url), Some(spec("b"))).await;
+    let waited = sent.elapsed();
+    replica.freeze(false);
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (503, &json!("not_replicated")),
+        "{b}"
+    );
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 of the 1 replicas"),
+        "{b}"
+    );
+    assert!(
+        waited >= Duration::from_millis(500),
+        "answered after {waited:?}"
+    );
+    // reads are not held up, and the write may be there: sending it again is safe
+    let (s, t) = call("GET", &format!("{}/v1/tasks/b", r.url), None).await;
+    assert_eq!((s, &t["state"]), (200, &json!("scheduled")), "{t}");
+    let (s, b) = call("POST", &format!("{}/v1/tasks", r.url), Some(spec("b"))).await;
+    assert_eq!(s, 201, "{b}");
+    // and what was acknowledged is on the replica
+    let mut rc = replica.conn();
+    let on_replica: usize = (0..16)
+        .map(|s| {
+            redis::cmd("HLEN")
+                .arg(format!("{{eggtimer:{s}}}:tasks"))
+                .query::<usize>(&mut rc)
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(on_replica, 2);
+}

@@ -45,7 +45,7 @@ impl IntoResponses for Errors {
             ("500", "an internal error (details in the runner's log)"),
             (
                 "503",
-                "Redis unreachable (readyz: also Redis out of memory)",
+                "Redis unreachable; readyz: also Redis out of memory; with --min-replicas-acked, a write its replicas did not confirm in time (`not_replicated`)",
             ),
             (
                 "507",

@@ -118,6 +118,7 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(stats::stats))
         .routes(routes!(stats::history))
         .routes(routes!(stats::events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), replicated))
         .route_layer(middleware::from_fn_with_state(state, auth));
     OpenApiRouter::with_openapi(doc::ApiDoc::openapi())
         .merge(v1)
@@ -125,6 +126,31 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
+}
+
+/// With `--min-replicas-acked N`, a write this API acknowledges (a request other than GET that
+/// succeeded) is on N replicas before the answer, else the answer is 503 `not_replicated` (the
+/// write is on the master and may be lost in a failover; sending it again is safe).
+async fn replicated(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let writes = req.method() != axum::http::Method::GET;
+    let res = next.run(req).await;
+    if !writes || !res.status().is_success() {
+        return res;
+    }
+    match st.store.wait_replicas().await {
+        Ok(None) => res,
+        Ok(Some(acked)) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_replicated",
+            format!(
+                "the write is on the Redis master, but {acked} of the {} replicas asked for confirmed it in time: \
+                 a failover now could lose it. Sending the same request again is safe",
+                st.store.options().min_replicas_acked
+            ),
+        )
+        .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {

@@ -131,6 +131,23 @@ impl Store {
         Ok(full.into_iter().flatten().collect())
     }
 
+    /// With `min_replicas_acked` N > 0: waits until N replicas have every write this store's
+    /// connection made so far (`WAIT`, up to the timeout). Returns how many confirmed when that
+    /// is fewer than N (None: enough, or nothing asked).
+    pub async fn wait_replicas(&self) -> Result<Option<u32>> {
+        let want = self.inner.opts.min_replicas_acked;
+        if want == 0 {
+            return Ok(None);
+        }
+        let acked: u32 = redis::cmd("WAIT")
+            .arg(want)
+            .arg(self.inner.opts.replica_ack_timeout_ms.max(1))
+            .query_async(&mut self.conn())
+            .await
+            .context("WAIT for replicas")?;
+        Ok((acked < want).then_some(acked))
+    }
+
     /// Redis's clock, ms since the Unix epoch (`TIME`).
     pub async fn redis_time_ms(&self) -> Result<i64> {
         let (s, us): (i64, i64) = redis::cmd("TIME")

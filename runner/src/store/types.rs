@@ -231,6 +231,10 @@ pub struct StoreOptions {
     pub stream_maxlen: u64,
     /// Versions of a plugin kept (its history); older ones and their bytes are dropped.
     pub keep_versions: u32,
+    /// Replicas that must confirm the writes the API acknowledges (`WAIT`), and how long they
+    /// are waited for (ms).
+    pub min_replicas_acked: u32,
+    pub replica_ack_timeout_ms: u64,
 }
 
 impl Default for StoreOptions {
@@ -241,6 +245,8 @@ impl Default for StoreOptions {
             keep_done_ms: 600_000,
             stream_maxlen: 1_000_000,
             keep_versions: 10,
+            min_replicas_acked: 0,
+            replica_ack_timeout_ms: 1000,
         }
     }
 }
