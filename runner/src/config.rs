@@ -282,8 +282,9 @@ pub struct ServeArgs {
     /// Address of the HTTP API.
     #[arg(long, env = "EGGTIMER_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Redis URL (redis://host:port, or redis+cluster://host:port,host:port). None: start a
-    /// private redis-server with append-only persistence under --data-dir.
+    /// Redis URL: redis://host:port, redis+sentinel://[:password@]host:port[,host:port...]/<master>
+    /// (Sentinels, followed through failovers), or redis+cluster://host:port,host:port. None:
+    /// start a private redis-server with append-only persistence under --data-dir.
     #[arg(long, env = "EGGTIMER_REDIS")]
     pub redis: Option<String>,
     /// Data directory of the private redis-server.

@@ -16,10 +16,12 @@ pub use eggtimer;
 mod cluster;
 mod redis_server;
 mod released;
+mod sentinel;
 mod store;
 pub use cluster::RedisCluster;
 pub use redis_server::RedisServer;
 pub use released::released_eggtimer;
+pub use sentinel::Sentinels;
 pub use store::{
     claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, store_keeping_done,
     store_on,

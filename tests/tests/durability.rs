@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
-    runner_fast_retry as start, upload, variant, wait_state,
+    RedisServer, RunnerProcess, Sentinels, call, eventually, now_ms, plugin_wasm, plugins_dir,
+    post_tasks as schedule, read_stream, runner_fast_retry as start, upload, variant, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -311,17 +311,13 @@ async fn with_min_replicas_acked_a_write_is_acknowledged_only_once_a_replica_has
             .arg("replication")
             .query(&mut master.conn())
             .unwrap();
-        info.contains("connected_slaves:1").then_some(())
+        // online: the initial sync done, so WAIT counts it
+        info.contains("state=online").then_some(())
     })
     .await;
     let r = start(
         &master,
-        &[
-            "--min-replicas-acked",
-            "1",
-            "--replica-ack-timeout",
-            "500ms",
-        ],
+        &["--min-replicas-acked", "1", "--replica-ack-timeout", "1s"],
     );
     let spec = |id: &str| json!({"plugin": "noop", "id": id, "delay_ms": 3_600_000});
     let (s, b) = call("POST", &format!("{}/v1/tasks", r.url), Some(spec("a"))).await;
@@ -345,7 +341,7 @@ async fn with_min_replicas_acked_a_write_is_acknowledged_only_once_a_replica_has
         "{b}"
     );
     assert!(
-        waited >= Duration::from_millis(500),
+        waited >= Duration::from_secs(1),
         "answered after {waited:?}"
     );
     // reads are not held up, and the write may be there: sending it again is safe
@@ -364,4 +360,103 @@ async fn with_min_replicas_acked_a_write_is_acknowledged_only_once_a_replica_has
         })
         .sum();
     assert_eq!(on_replica, 2);
+}
+
+#[tokio::test]
+async fn behind_sentinel_a_runner_follows_a_failover_and_every_acknowledged_task_runs() {
+    let mut master = RedisServer::start();
+    let of = ["--replicaof", "127.0.0.1", &master.port.to_string()];
+    let replicas = [RedisServer::start_with(&of), RedisServer::start_with(&of)];
+    for r in &replicas {
+        eventually(T, "the replicas in sync", || async {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut r.conn())
+                .unwrap();
+            info.contains("master_link_status:up").then_some(())
+        })
+        .await;
+    }
+    let sentinels = Sentinels::start(master.port, "tasks", 3);
+    let dir = plugins_dir();
+    let r = RunnerProcess::start(
+        &sentinels.url(),
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--min-replicas-acked",
+            "1",
+            "--lease",
+            "2s",
+        ],
+    );
+    // a client schedules reminders, 10 a request, due 2-12 s ahead, while the master dies;
+    // it notes when each acknowledged request was answered
+    let client = {
+        let url = r.url.clone();
+        tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            for batch in 0..80 {
+                let due = now_ms() + 2_000 + batch * 125;
+                let specs: Vec<Value> = (0..10)
+                    .map(|i| {
+                        json!({"plugin": "coupon-expiry", "id": format!("c{batch}-{i}"), "run_at": due,
+                               "payload": {"coupon_id": "x", "user_id": "u1", "expires_at": due}})
+                    })
+                    .collect();
+                let (s, _) = call("POST", &format!("{url}/v1/tasks"), Some(json!(specs))).await;
+                if s == 201 {
+                    let at = std::time::Instant::now();
+                    acknowledged.extend((0..10).map(|i| (format!("c{batch}-{i}"), at)));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            acknowledged
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    master.kill();
+    let killed = std::time::Instant::now();
+    let new_master = eventually(T, "the Sentinels' failover", || async {
+        sentinels
+            .master_port()
+            .filter(|p| *p != master.port)
+            .and_then(|p| replicas.iter().find(|r| r.port == p))
+    })
+    .await;
+    let failed_over = std::time::Instant::now();
+    eprintln!("failover done {:?} after the kill", failed_over - killed);
+    let acknowledged = client.await.unwrap();
+    let after = acknowledged
+        .iter()
+        .filter(|(_, at)| *at > failed_over)
+        .count();
+    eprintln!(
+        "{} tasks acknowledged, {after} of them after the failover",
+        acknowledged.len()
+    );
+    assert!(after > 0, "nothing was acknowledged after the failover");
+    // every acknowledged reminder runs (on the new master), or the deadline passes
+    let deadline = std::time::Instant::now() + T;
+    let lost = loop {
+        let ran: std::collections::HashSet<String> =
+            read_stream(&mut new_master.conn(), "{eggtimer}:events:push")
+                .into_iter()
+                .map(|(id, _, _)| id)
+                .collect();
+        let lost = acknowledged
+            .iter()
+            .filter(|(id, _)| !ran.contains(id))
+            .count();
+        if lost == 0 || std::time::Instant::now() > deadline {
+            break lost;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} acknowledged reminders never ran",
+        acknowledged.len()
+    );
 }

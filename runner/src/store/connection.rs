@@ -1,26 +1,62 @@
-//! Where Redis is and the connection to it: one self-reconnecting multiplexed connection, or a
-//! Redis Cluster client.
+//! Where Redis is and the connection to it: one self-reconnecting multiplexed connection, one
+//! that follows the master its Sentinels name, or a Redis Cluster client.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Arg, Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
 
-/// Where Redis is: one server, or the seed nodes of a Redis Cluster.
+/// Where Redis is: one server, the master a set of Sentinels names, or the seed nodes of a
+/// Redis Cluster.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RedisTarget {
     Single(String),
+    Sentinel {
+        /// The Sentinels, `redis://host:port`.
+        sentinels: Vec<String>,
+        /// The master's name in the Sentinels' configuration.
+        master: String,
+        /// The password of the master (and its replicas), if any.
+        password: Option<String>,
+    },
     Cluster(Vec<String>),
 }
 
 impl RedisTarget {
-    /// Parses `redis://host:port` or `redis+cluster://host:port,host:port`.
+    /// Parses `redis://host:port`, `redis+sentinel://[:password@]host:port[,host:port...]/<master>`
+    /// or `redis+cluster://host:port,host:port`.
     pub fn parse(url: &str) -> Result<RedisTarget> {
-        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (nodes, master) = rest.rsplit_once('/').unwrap_or((rest, ""));
+            let (password, nodes) = match nodes.rsplit_once('@') {
+                Some((auth, nodes)) => {
+                    let pw = auth.rsplit_once(':').map_or(auth, |(_, p)| p);
+                    (Some(pw.to_owned()).filter(|p| !p.is_empty()), nodes)
+                }
+                None => (None, nodes),
+            };
+            let sentinels: Vec<String> = nodes
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if sentinels.is_empty() || master.is_empty() {
+                bail!(
+                    "{}: a Sentinel URL is redis+sentinel://host:port[,host:port...]/<master name>",
+                    redact(url)
+                );
+            }
+            Ok(RedisTarget::Sentinel {
+                sentinels,
+                master: master.to_owned(),
+                password,
+            })
+        } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
             let nodes: Vec<String> = rest
                 .split(',')
                 .filter(|n| !n.is_empty())
@@ -40,35 +76,168 @@ impl RedisTarget {
             Ok(RedisTarget::Single(url.to_owned()))
         } else {
             bail!(
-                "{}: expected redis://host:port or redis+cluster://host:port,host:port",
+                "{}: expected redis://host:port, redis+sentinel://host:port,host:port/<master> or \
+                 redis+cluster://host:port,host:port",
                 redact(url)
             )
         }
     }
 
-    /// The URL of every node the target names (a cluster's seed nodes).
-    pub fn node_urls(&self) -> &[String] {
+    /// A client of every node the target names now (a cluster's seed nodes; the master the
+    /// Sentinels name), with its address for messages.
+    pub(super) async fn node_clients(&self) -> Result<Vec<(String, redis::Client)>> {
         match self {
-            RedisTarget::Single(u) => std::slice::from_ref(u),
-            RedisTarget::Cluster(nodes) => nodes,
+            RedisTarget::Sentinel { .. } => {
+                let c = self.sentinel_client()?.async_get_client().await?;
+                Ok(vec![(c.get_connection_info().addr().to_string(), c)])
+            }
+            RedisTarget::Single(u) => Ok(vec![(redact(u), redis::Client::open(u.as_str())?)]),
+            RedisTarget::Cluster(nodes) => nodes
+                .iter()
+                .map(|u| Ok((redact(u), redis::Client::open(u.as_str())?)))
+                .collect(),
         }
     }
 
-    /// A URL of one node for pub/sub (a cluster broadcasts PUBLISH to every node); `attempt`
-    /// rotates through a cluster's nodes, so a subscriber whose node died moves to another.
-    pub fn pubsub_url(&self, attempt: usize) -> &str {
-        match self {
-            RedisTarget::Single(u) => u,
-            RedisTarget::Cluster(nodes) => &nodes[attempt % nodes.len()],
+    /// A client of one node for pub/sub (a cluster broadcasts PUBLISH to every node; Sentinel:
+    /// the master now); `attempt` rotates through a cluster's nodes, so a subscriber whose node
+    /// died moves to another.
+    pub(super) async fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
+        Ok(match self {
+            RedisTarget::Single(u) => redis::Client::open(u.as_str())?,
+            RedisTarget::Sentinel { .. } => self.sentinel_client()?.async_get_client().await?,
+            RedisTarget::Cluster(nodes) => {
+                redis::Client::open(nodes[attempt % nodes.len()].as_str())?
+            }
+        })
+    }
+
+    fn sentinel_client(&self) -> Result<SentinelClient> {
+        let RedisTarget::Sentinel {
+            sentinels,
+            master,
+            password,
+        } = self
+        else {
+            bail!("not a Sentinel target");
+        };
+        let mut redis = RedisConnectionInfo::default();
+        if let Some(pw) = password {
+            redis = redis.set_password(pw);
+        }
+        let info = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+        SentinelClient::build(
+            sentinels.iter().map(String::as_str).collect(),
+            master.clone(),
+            Some(info),
+            SentinelServerType::Master,
+        )
+        .context("bad Sentinel addresses")
+    }
+}
+
+/// A Redis connection: one multiplexed, self-reconnecting connection, one that follows the
+/// Sentinels' master, or a cluster client.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Sentinel(Arc<Following>),
+    Cluster(ClusterConnection),
+}
+
+/// A connection to the master the Sentinels name: when a call fails as a failover makes calls
+/// fail (the old master gone, or demoted: `READONLY`), it asks the Sentinels again and moves to
+/// the new master. The failed call fails; its caller tries again, as for any outage.
+pub(crate) struct Following {
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// The master's address and the connection to it.
+    current: RwLock<(String, ConnectionManager)>,
+    /// When the Sentinels were last asked (at most every 100 ms).
+    asked: std::sync::Mutex<Instant>,
+}
+
+impl Following {
+    async fn connect(mut sentinels: SentinelClient) -> Result<Following> {
+        let client = sentinels
+            .async_get_client()
+            .await
+            .context("asking the Sentinels for the master")?;
+        let addr = client.get_connection_info().addr().to_string();
+        let conn = ConnectionManager::new_with_config(client, manager_config())
+            .await
+            .with_context(|| format!("connecting to the master at {addr}"))?;
+        Ok(Following {
+            sentinels: tokio::sync::Mutex::new(sentinels),
+            current: RwLock::new((addr, conn)),
+            asked: std::sync::Mutex::new(Instant::now()),
+        })
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Asks the Sentinels which node is the master, and moves there if it moved.
+    async fn follow(&self) {
+        {
+            let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+            if asked.elapsed() < Duration::from_millis(100) {
+                return;
+            }
+            *asked = Instant::now();
+        }
+        let mut sentinels = self.sentinels.lock().await;
+        let client = match sentinels.async_get_client().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("asking the Sentinels for the master failed: {e}");
+                return;
+            }
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        let was = self
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone();
+        if addr == was {
+            return;
+        }
+        match ConnectionManager::new_with_config(client, manager_config()).await {
+            Ok(conn) => {
+                tracing::warn!("the Sentinels name a new master: {addr} (was {was}); following it");
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = (addr, conn);
+            }
+            Err(e) => tracing::warn!("connecting to the new master at {addr} failed: {e}"),
         }
     }
 }
 
-/// A Redis connection: one multiplexed, self-reconnecting connection, or a cluster client.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
+/// Whether a failed call may mean the master moved.
+fn master_may_have_moved(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+            )
+        )
+}
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
 }
 
 /// Names of the scripts by their SHA1 (filled once by `Scripts::load`), for the round-trip metric.
@@ -103,6 +272,18 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let call = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(f) => {
+                let f = Arc::clone(f);
+                Box::pin(async move {
+                    let r = f.conn().req_packed_command(cmd).await;
+                    if let Err(e) = &r
+                        && master_may_have_moved(e)
+                    {
+                        f.follow().await;
+                    }
+                    r
+                })
+            }
             Conn::Cluster(c) => c.req_packed_command(cmd),
         };
         Box::pin(timed(command_label(cmd), call))
@@ -116,6 +297,18 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let call = match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(f) => {
+                let f = Arc::clone(f);
+                Box::pin(async move {
+                    let r = f.conn().req_packed_commands(pipeline, offset, count).await;
+                    if let Err(e) = &r
+                        && master_may_have_moved(e)
+                    {
+                        f.follow().await;
+                    }
+                    r
+                })
+            }
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         };
         Box::pin(timed("pipeline", call))
@@ -124,6 +317,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            Conn::Sentinel(f) => f.conn().get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -135,16 +329,14 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<Conn> {
         RedisTarget::Single(url) => {
             let client = redis::Client::open(url.as_str())
                 .with_context(|| format!("bad Redis URL {}", redact(url)))?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_secs(2)))
-                .set_response_timeout(Some(Duration::from_secs(5)))
-                .set_number_of_retries(2)
-                .set_max_delay(Duration::from_millis(500));
-            let conn = ConnectionManager::new_with_config(client, config)
+            let conn = ConnectionManager::new_with_config(client, manager_config())
                 .await
                 .with_context(|| format!("connecting to Redis at {}", redact(url)))?;
             Ok(Conn::Single(conn))
         }
+        RedisTarget::Sentinel { .. } => Ok(Conn::Sentinel(Arc::new(
+            Following::connect(target.sentinel_client()?).await?,
+        ))),
         RedisTarget::Cluster(nodes) => {
             let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
                 .connection_timeout(Duration::from_secs(2))
@@ -178,6 +370,7 @@ pub fn is_unreachable(e: &anyhow::Error) -> bool {
                     redis::ErrorKind::ClusterConnectionNotFound
                         | redis::ErrorKind::Server(
                             redis::ServerErrorKind::BusyLoading
+                                | redis::ServerErrorKind::ReadOnly
                                 | redis::ServerErrorKind::TryAgain
                                 | redis::ServerErrorKind::ClusterDown
                                 | redis::ServerErrorKind::MasterDown
@@ -196,8 +389,7 @@ pub fn is_full(e: &anyhow::Error) -> bool {
 }
 
 /// A node's `maxmemory-policy` (`CONFIG GET`), on a connection of its own.
-pub(super) async fn maxmemory_policy(url: &str) -> Result<String> {
-    let client = redis::Client::open(url)?;
+pub(super) async fn maxmemory_policy(client: &redis::Client) -> Result<String> {
     let mut c = tokio::time::timeout(
         Duration::from_secs(5),
         client.get_multiplexed_async_connection(),

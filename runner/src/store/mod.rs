@@ -90,22 +90,20 @@ impl Store {
     /// the keys with a TTL) without a word. Every node the target names is asked; a Redis that
     /// does not answer `CONFIG GET` (a managed one may rename it) is let through with a warning.
     async fn check_eviction(&self) -> Result<()> {
-        for url in self.inner.target.node_urls() {
-            let policy = match connection::maxmemory_policy(url).await {
+        for (addr, client) in self.inner.target.node_clients().await? {
+            let policy = match connection::maxmemory_policy(&client).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(
-                        "could not read maxmemory-policy from {} ({e:#}); eggtimer needs `noeviction`: an evicting Redis drops tasks",
-                        connection::redact(url)
+                        "could not read maxmemory-policy from {addr} ({e:#}); eggtimer needs `noeviction`: an evicting Redis drops tasks"
                     );
                     continue;
                 }
             };
             if policy != "noeviction" {
                 bail!(
-                    "Redis at {} has maxmemory-policy {policy}: it may evict eggtimer's keys (tasks, leases, effect markers) \
-                     without a word; set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy noeviction, and in redis.conf)",
-                    connection::redact(url)
+                    "Redis at {addr} has maxmemory-policy {policy}: it may evict eggtimer's keys (tasks, leases, effect markers) \
+                     without a word; set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy noeviction, and in redis.conf)"
                 );
             }
         }
@@ -238,6 +236,18 @@ mod tests {
         assert_eq!(
             RedisTarget::parse("redis+cluster://a:1,b:2").unwrap(),
             RedisTarget::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+        );
+        assert_eq!(
+            RedisTarget::parse("redis+sentinel://:pw@a:1,b:2/tasks").unwrap(),
+            RedisTarget::Sentinel {
+                sentinels: vec!["redis://a:1".into(), "redis://b:2".into()],
+                master: "tasks".into(),
+                password: Some("pw".into()),
+            }
+        );
+        assert!(
+            RedisTarget::parse("redis+sentinel://a:1").is_err(),
+            "no master name"
         );
         assert!(RedisTarget::parse("http://x").is_err());
     }

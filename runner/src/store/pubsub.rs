@@ -25,7 +25,7 @@ pub struct Subscription {
     channel: String,
     /// What it is for, in its log lines ("wake-ups").
     what: &'static str,
-    /// Subscriptions made so far: a reconnect may try another node (`RedisTarget::pubsub_url`).
+    /// Subscriptions made so far: a reconnect may try another node (`RedisTarget::pubsub_client`).
     attempt: usize,
     messages: Option<redis::aio::PubSubStream>,
 }
@@ -80,7 +80,8 @@ impl Subscription {
         self.attempt += 1;
         let mut ps = self
             .store
-            .pubsub_client(attempt)?
+            .pubsub_client(attempt)
+            .await?
             .get_async_pubsub()
             .await?;
         ps.subscribe(&self.channel).await?;

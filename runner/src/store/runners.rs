@@ -165,8 +165,9 @@ impl Store {
         Ok(())
     }
 
-    /// A plain client for pub/sub subscriptions (`attempt`: see [`super::RedisTarget::pubsub_url`]).
-    pub(super) fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
-        Ok(redis::Client::open(self.target().pubsub_url(attempt))?)
+    /// A plain client for pub/sub subscriptions (`attempt`: see
+    /// [`super::RedisTarget::pubsub_client`]).
+    pub(super) async fn pubsub_client(&self, attempt: usize) -> Result<redis::Client> {
+        self.target().pubsub_client(attempt).await
     }
 }
