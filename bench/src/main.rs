@@ -10,6 +10,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod nodes;
 mod recorder;
 mod report;
+mod w4;
 mod w5;
 mod w6;
 mod workloads;

@@ -1,6 +1,6 @@
-//! The workloads W0–W4: the runner in this process (W1–W3 with the recording handler in front of
-//! the real plugin host). W5 is in `w5.rs`, W6 in `w6.rs`. Every wait is on a condition with a
-//! deadline.
+//! The workloads W0–W3: the runner in this process (W1–W3 with the recording handler in front of
+//! the real plugin host). W4 is in `w4.rs`, W5 in `w5.rs`, W6 in `w6.rs`. Every wait is on a
+//! condition with a deadline.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,20 +8,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eggtimer::clock::now_ms;
-use eggtimer::executor::TaskHost;
 use eggtimer::metrics::Metrics;
 use eggtimer::plugins::{Plugins, Registry};
 use eggtimer::runner::{Runner, RunnerOptions};
-use eggtimer::store::{Claimed, Finish, Finished, NewTask, ScheduleMode, Store};
+use eggtimer::store::{Finish, Finished, NewTask, ScheduleMode, Store};
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::Args;
 use crate::nodes::{Nodes, info_field};
 use crate::recorder::{Recorder, count};
-use crate::report::{self, PluginCost, lateness, median, per_task, round};
+use crate::report::{self, lateness, per_task, round};
 
 /// W1 lists what held Redis's thread this long or longer (ms; see `report::W1::redis_stalls_ms`).
 const STALL_MS: u32 = 2;
@@ -517,91 +515,6 @@ impl Bench {
             waited_for_aof_rewrite_s: round(waited),
             w1_on_top: w1,
             p99_ratio_vs_w1_alone: ratio,
-        })
-    }
-
-    /// W4: one plugin call, warm (an idle instance reused, as the executor does) and with a fresh
-    /// instance per task; no Redis.
-    pub async fn w4(&self) -> Result<report::W4> {
-        struct NoKv;
-        impl TaskHost for NoKv {
-            fn kv_get<'a>(
-                &'a self,
-                _: &'a str,
-                _: &'a str,
-            ) -> BoxFuture<'a, Result<Option<String>, String>> {
-                Box::pin(std::future::ready(Ok(None)))
-            }
-        }
-        let host: Arc<dyn TaskHost> = Arc::new(NoKv);
-        let mut per_task = BTreeMap::new();
-        let order = r#"{"order_id":"o1","user_id":"u1"}"#;
-        let prints = r#"{"what":"print"}"#;
-        // (name in the report, plugin, payload, warm calls, fresh instances) per round; the
-        // TypeScript and Python builds of order-cancel when they were built (a Python instance
-        // takes milliseconds); and a plugin that prints a line to stdout and one to stderr per
-        // call (what the host does with a guest's output, on one instance for 10,000 calls)
-        for (name, plugin, payload, warm_n, fresh_n) in [
-            ("noop", "noop", "null", 20_000, 2000),
-            ("order-cancel", "order-cancel", order, 20_000, 2000),
-            ("order-cancel-ts", "order-cancel-ts", order, 5000, 200),
-            ("order-cancel-py", "order-cancel-py", order, 2000, 20),
-            ("test-flood (prints)", "test-flood", prints, 20_000, 2000),
-        ] {
-            if self.plugins.get(plugin).is_none() {
-                eprintln!(
-                    "W4: {plugin} is not built (cargo xtask plugins; the TypeScript and Python builds need node / python3): left out"
-                );
-                continue;
-            }
-            let task = Claimed {
-                id: "w4".into(),
-                shard: 0,
-                token: 1,
-                effects_claim: 1,
-                attempt: 1,
-                due: 0,
-                max_attempts: 5,
-                plugin: plugin.into(),
-                owner: None,
-                payload: payload.into(),
-                created: 0,
-                traceparent: None,
-            };
-            let rounds = |iters: usize, fresh: bool| {
-                let (plugins, host, task) = (&self.plugins, &host, &task);
-                async move {
-                    let mut out = Vec::new();
-                    for _ in 0..5 {
-                        let t = Instant::now();
-                        for _ in 0..iters {
-                            if fresh {
-                                plugins.forget_warm();
-                            }
-                            let r = plugins.call(task, Arc::clone(host)).await;
-                            if let Err(e) = r.outcome {
-                                bail!("W4 {}: {e}", task.plugin);
-                            }
-                        }
-                        out.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
-                    }
-                    Ok(median(out))
-                }
-            };
-            let warm = rounds(warm_n, false).await?;
-            let fresh = rounds(fresh_n, true).await?;
-            per_task.insert(
-                name.to_owned(),
-                PluginCost {
-                    warm_us_per_task: warm,
-                    fresh_instance_us_per_task: fresh,
-                },
-            );
-        }
-        Ok(report::W4 {
-            workload: "W4",
-            per_task,
-            note: "instantiate (fresh) or reuse (warm) + call + effects collected; no Redis",
         })
     }
 }
