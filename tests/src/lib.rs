@@ -467,6 +467,18 @@ pub fn variant(wasm: &[u8], n: usize) -> Vec<u8> {
     out
 }
 
+/// The `id`s of a JSON array of tasks, sorted.
+pub fn sorted_ids(tasks: &serde_json::Value) -> Vec<String> {
+    let mut ids: Vec<String> = tasks
+        .as_array()
+        .expect("an array of tasks")
+        .iter()
+        .map(|t| t["id"].as_str().expect("a task id").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// The current time in ms.
 pub fn now_ms() -> i64 {
     eggtimer::clock::now_ms()

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use eggtimer_tests::{
     RedisServer, RunnerProcess, Sentinels, call, eventually, now_ms, plugin_wasm, plugins_dir,
-    post_tasks as schedule, read_stream, runner_fast_retry as start, upload, variant, wait_state,
+    post_tasks as schedule, read_stream, runner_fast_retry as start, sorted_ids, upload, variant,
+    wait_state,
 };
 use serde_json::{Value, json};
 
@@ -205,14 +206,7 @@ async fn dead_tasks_older_than_keep_dead_are_dropped() {
     let r = start(&redis, &["--keep-dead", "3s"]);
     let dead_ids = || async {
         let (_, d) = call("GET", &format!("{}/v1/dead", r.url), None).await;
-        let mut ids: Vec<String> = d["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["id"].as_str().unwrap().to_owned())
-            .collect();
-        ids.sort();
-        ids
+        sorted_ids(&d["tasks"])
     };
     let specs: Vec<Value> = (0..20)
         .map(|i| json!({"plugin": "test-panic", "id": format!("old-{i}"), "max_attempts": 1}))

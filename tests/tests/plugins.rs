@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_stream, upload,
-    wait_state,
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_stream, sorted_ids,
+    upload, wait_state,
 };
 use serde_json::json;
 
@@ -240,13 +240,7 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
         2
     );
     let (_, list) = call("GET", &format!("{}/v1/owners/u7/tasks", r.url), None).await;
-    let mut ids: Vec<String> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
+    let ids = sorted_ids(&list);
     let mut want: Vec<String> = created
         .iter()
         .map(|c| eggtimer_sdk::testing::derive_id("meal-x", *c, 0))

@@ -11,10 +11,10 @@ use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use crate::plugins::valid_plugin_name;
+use crate::store::{PluginEntry, PluginSettings, Rollback};
 
 /// The largest weight a plugin may have (the smallest is 1, every plugin's default).
 pub const MAX_WEIGHT: i64 = 1000;
-use crate::store::{PluginEntry, PluginSettings, Rollback};
 
 /// A plugin name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]

@@ -50,7 +50,7 @@ use share::{Shares, StartQueue};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Finish, Share, Store};
+use crate::store::{Claimed, Finish, Store};
 use crate::trace;
 
 /// A panic's message (its payload when that is a string).
@@ -86,10 +86,6 @@ const PREFETCH_HORIZON_US: u64 = 20_000;
 fn headroom(workers: usize) -> usize {
     (workers / 4).max(2)
 }
-
-/// How many due tasks beyond its size a claim walks, when a plugin has used up its share of this
-/// runner, to find other plugins' tasks behind that plugin's backlog (see [`Share`]).
-const SHARE_WALK: usize = 512;
 
 /// Settings of the executor.
 #[derive(Clone, Debug)]
@@ -251,14 +247,6 @@ impl Executor {
         self.metrics.redis_full(full);
     }
 
-    /// Tasks that waited for their plugin's share: set aside by a claim, or held here while a
-    /// worker was free for other plugins (for the metrics).
-    pub fn observe_share_waits(&self, n: u64) {
-        if n > 0 {
-            self.metrics.observe_share_waits(n);
-        }
-    }
-
     /// The lease a claim should ask for (ms).
     pub fn lease_ms(&self) -> u64 {
         self.opts.lease_ms
@@ -271,37 +259,6 @@ impl Executor {
         let run_us = self.run_us.load(Ordering::Relaxed).max(1);
         let prefetch = (workers as u64 * PREFETCH_HORIZON_US / run_us) as usize;
         workers + prefetch.min(self.opts.prefetch)
-    }
-
-    /// What a claim with the room `res` should keep of the fair share between plugins: how
-    /// many tasks this runner holds of each plugin; whether to look past a backlog for other
-    /// plugins' tasks (when one plugin is crowding the runner); the reservation's headroom,
-    /// for plugins under their part.
-    pub fn share(&self, res: &Reservation) -> Share {
-        let held = self.shares.lock();
-        let crowded = held.values().any(|&n| n > self.part(held.len()));
-        Share {
-            held: held
-                .iter()
-                .map(|(p, &n)| (p.clone(), n, self.handler.weight(p).max(1)))
-                .collect(),
-            extra: if crowded { SHARE_WALK } else { 0 },
-            headroom: res.headroom,
-            // headroom goes to plugins not crowding the runner
-            part: self.part(held.len()),
-        }
-    }
-
-    /// A plugin's part of [`Self::target_held`] were one plugin more to come to the `n` this
-    /// runner holds tasks of. A plugin holding more is crowding the runner.
-    fn part(&self, n: usize) -> usize {
-        self.target_held() / (n + 1)
-    }
-
-    fn crowded(&self) -> bool {
-        let held = self.shares.lock();
-        let part = self.part(held.len());
-        held.values().any(|&n| n > part)
     }
 
     /// Waits for room and takes up to `max` slots: as many as bring the tasks held up to
@@ -370,32 +327,6 @@ impl Executor {
         }
         drop(queue);
         self.start_waiting();
-    }
-
-    /// Starts waiting tasks while workers are free. Called after tasks are queued and after
-    /// every run ends, each check and take under the queue's lock, so no free worker is missed.
-    fn start_waiting(self: &Arc<Self>) {
-        let rt = self
-            .handler
-            .runtime()
-            .unwrap_or_else(tokio::runtime::Handle::current);
-        loop {
-            let mut queue = self.queue.lock();
-            if queue.is_empty() {
-                return;
-            }
-            let Ok(worker) = Arc::clone(&self.running).try_acquire_owned() else {
-                return;
-            };
-            let next = queue.pop(|p| self.handler.weight(p));
-            let waits = std::mem::take(&mut queue.share_waits);
-            drop(queue);
-            self.observe_share_waits(waits);
-            let Some((task, slot)) = next else {
-                return;
-            };
-            self.start(&rt, task, slot, worker);
-        }
     }
 
     /// Runs one task on `rt` with its worker; its outcome goes to the finisher.

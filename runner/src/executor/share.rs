@@ -2,7 +2,7 @@
 //! (each place of a claim goes to the plugin holding the fewest, see [`Share`]), and which
 //! claimed task a free worker starts: one of the plugin with the fewest runs going, the earliest
 //! claimed of it, and only while that plugin has fewer runs going than its share of the workers.
-//! The workers are shared equally among the active plugins: those with tasks claimed here or
+//! The workers are shared by weight among the active plugins: those with tasks claimed here or
 //! runs going, or whose last run ended within [`ACTIVE`]. A plugin alone uses every worker; a
 //! plugin whose tasks come one at a time keeps its share between them. So one plugin's backlog
 //! of slow runs waits behind its own runs only.
@@ -15,7 +15,79 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::store::Claimed;
+use super::{Executor, Reservation};
+use crate::store::{Claimed, Share};
+
+/// How many due tasks beyond its size a claim walks, when a plugin has used up its share of this
+/// runner, to find other plugins' tasks behind that plugin's backlog (see [`Share`]).
+const SHARE_WALK: usize = 512;
+
+impl Executor {
+    /// Tasks that waited for their plugin's share: set aside by a claim, or held here while a
+    /// worker was free for other plugins (for the metrics).
+    pub fn observe_share_waits(&self, n: u64) {
+        if n > 0 {
+            self.metrics.observe_share_waits(n);
+        }
+    }
+
+    /// What a claim with the room `res` should keep of the fair share between plugins: how
+    /// many tasks this runner holds of each plugin; whether to look past a backlog for other
+    /// plugins' tasks (when one plugin is crowding the runner); the reservation's headroom,
+    /// for plugins under their part.
+    pub fn share(&self, res: &Reservation) -> Share {
+        let held = self.shares.lock();
+        let (part, crowded) = self.part_and_crowded(&held);
+        Share {
+            held: held
+                .iter()
+                .map(|(p, &n)| (p.clone(), n, self.handler.weight(p).max(1)))
+                .collect(),
+            extra: if crowded { SHARE_WALK } else { 0 },
+            headroom: res.headroom,
+            // headroom goes to plugins not crowding the runner
+            part,
+        }
+    }
+
+    /// A plugin's part of [`Self::target_held`] were one plugin more to come to those `held`
+    /// counts, and whether a plugin holds more than that (crowds the runner).
+    fn part_and_crowded(&self, held: &HashMap<String, usize>) -> (usize, bool) {
+        let part = self.target_held() / (held.len() + 1);
+        (part, held.values().any(|&n| n > part))
+    }
+
+    /// Whether a plugin holds more than its part (crowds the runner).
+    pub(super) fn crowded(&self) -> bool {
+        self.part_and_crowded(&self.shares.lock()).1
+    }
+
+    /// Starts waiting tasks while workers are free. Called after tasks are queued and after
+    /// every run ends, each check and take under the queue's lock, so no free worker is missed.
+    pub(super) fn start_waiting(self: &Arc<Self>) {
+        let rt = self
+            .handler
+            .runtime()
+            .unwrap_or_else(tokio::runtime::Handle::current);
+        loop {
+            let mut queue = self.queue.lock();
+            if queue.is_empty() {
+                return;
+            }
+            let Ok(worker) = Arc::clone(&self.running).try_acquire_owned() else {
+                return;
+            };
+            let next = queue.pop(|p| self.handler.weight(p));
+            let waits = std::mem::take(&mut queue.share_waits);
+            drop(queue);
+            self.observe_share_waits(waits);
+            let Some((task, slot)) = next else {
+                return;
+            };
+            self.start(&rt, task, slot, worker);
+        }
+    }
+}
 
 /// How many claimed tasks (not yet recorded) this runner holds of each plugin.
 #[derive(Default)]
@@ -114,7 +186,7 @@ impl Queues {
     }
 
     /// The sum of the active plugins' weights.
-    fn active_weight(&mut self, weight: &impl Fn(&str) -> u32) -> u64 {
+    fn active_weight(&mut self, weight: &impl Fn(&str) -> u64) -> u64 {
         let now = Instant::now();
         self.ended.retain(|_, at| now.duration_since(*at) < ACTIVE);
         let waiting = self.waiting.keys();
@@ -123,11 +195,7 @@ impl Queues {
             .ended
             .keys()
             .filter(|p| !self.waiting.contains_key(*p) && !self.going.contains_key(*p));
-        waiting
-            .chain(going)
-            .chain(ended)
-            .map(|p| u64::from(weight(p).max(1)))
-            .sum()
+        waiting.chain(going).chain(ended).map(|p| weight(p)).sum()
     }
 
     /// The task a free worker starts: of the plugin with the fewest runs going for its weight
@@ -135,6 +203,7 @@ impl Queues {
     /// workers × its weight / the active plugins' weights, at least one), counted as going from
     /// now. None: the worker stays free for the other active plugins.
     pub(super) fn pop(&mut self, weight: impl Fn(&str) -> u32) -> Option<(Claimed, Slot)> {
+        let weight = |p: &str| u64::from(weight(p).max(1));
         if self.waiting.len() == 1 && self.going.len() <= 1 && self.ended.is_empty() {
             // one plugin active (the common case): its share is every worker
             let plugin = self.waiting.keys().next()?.clone();
@@ -144,7 +213,7 @@ impl Queues {
         }
         let total = self.active_weight(&weight).max(1);
         let workers = self.workers as u64;
-        let share = |p: &str| (workers * u64::from(weight(p).max(1)) / total).max(1) as usize;
+        let share = |p: &str| (workers * weight(p) / total).max(1) as usize;
         // a worker is free: the first task of a plugin at its share waits for it (counted once)
         for (p, q) in self.waiting.iter_mut() {
             if self.going.get(p).copied().unwrap_or(0) >= share(p)
@@ -167,9 +236,7 @@ impl Queues {
                 )
             })
             .filter(|(going, _, p)| *going < share(p))
-            .min_by_key(|(going, seq, p)| {
-                (*going as u64 * 1000 / u64::from(weight(p).max(1)), *seq)
-            })
+            .min_by_key(|(going, seq, p)| (*going as u64 * 1000 / weight(p), *seq))
             .map(|(_, _, p)| p.clone())?;
         self.take(plugin)
     }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 8] = [
+const PARTS: [(&str, &str); 9] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
@@ -23,6 +23,7 @@ const PARTS: [(&str, &str); 8] = [
     ("share", include_str!("lua/lib/share.lua")),
     ("finished", include_str!("lua/lib/finished.lua")),
     ("walk", include_str!("lua/lib/walk.lua")),
+    ("blobs", include_str!("lua/lib/blobs.lua")),
 ];
 
 /// Declares every script once: its field, its file and its name in metrics.

@@ -1,4 +1,5 @@
 #!lua flags=allow-oom
+--! needs blobs
 -- Deletes a plugin (current version and history); announces it. The bytes of its versions
 -- leave Redis unless a version of another plugin has the same bytes.
 -- KEYS: plugins, history. ARGV: name, channel, history key prefix, blob key prefix.
@@ -8,11 +9,6 @@ if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 local dropped = {}
 for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do dropped[cjson.decode(e).digest] = true end
 redis.call('DEL', KEYS[2])
-for _, p in ipairs(redis.call('HKEYS', KEYS[1])) do
-  for _, e in ipairs(redis.call('LRANGE', history_prefix .. p, 0, -1)) do
-    dropped[cjson.decode(e).digest] = nil
-  end
-end
-for d in pairs(dropped) do redis.call('DEL', blob_prefix .. d) end
+drop_unkept_blobs(dropped, KEYS[1], history_prefix, blob_prefix)
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return 1

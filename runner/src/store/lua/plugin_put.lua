@@ -1,4 +1,5 @@
 #!lua
+--! needs blobs
 -- Stores an uploaded plugin version and makes it current; announces it. The plugin keeps its
 -- newest `keep` versions: older ones leave its history, and their bytes leave Redis unless a
 -- version still kept (of any plugin) has the same bytes.
@@ -20,18 +21,10 @@ local entry = cjson.encode({ name = name, version = version, digest = digest, si
   uploaded_at = tonumber(at) })
 redis.call('LPUSH', KEYS[2], entry)
 redis.call('HSET', KEYS[1], name, entry)
-local dropped, any = {}, false
+local dropped = {}
 while redis.call('LLEN', KEYS[2]) > keep do
   dropped[cjson.decode(redis.call('RPOP', KEYS[2])).digest] = true
-  any = true
 end
-if any then
-  for _, p in ipairs(redis.call('HKEYS', KEYS[1])) do
-    for _, e in ipairs(redis.call('LRANGE', history_prefix .. p, 0, -1)) do
-      dropped[cjson.decode(e).digest] = nil
-    end
-  end
-  for d in pairs(dropped) do redis.call('DEL', blob_prefix .. d) end
-end
+drop_unkept_blobs(dropped, KEYS[1], history_prefix, blob_prefix)
 redis.call('PUBLISH', channel, name)
 return { version, 1 }
