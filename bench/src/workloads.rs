@@ -175,10 +175,11 @@ impl Bench {
             .await??;
         let registry = Registry::new(store.clone(), Arc::clone(&self.plugins), 16 << 20);
         let state = eggtimer::api::AppState {
+            access: Arc::new(eggtimer::api::Access::new(store.clone(), None, None)),
+            scrape: Default::default(),
             store,
             registry,
             metrics: Arc::new(Metrics::default()),
-            token: None,
             max_payload_bytes: 64 << 10,
             max_plugin_bytes: 16 << 20,
             max_body_bytes: 32 << 20,

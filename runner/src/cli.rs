@@ -6,8 +6,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::config::{
-    Command, DeadCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, TaskCmd, parse_duration,
-    parse_signed_ms,
+    Command, DeadCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, TaskCmd,
+    parse_duration, parse_signed_ms,
 };
 
 struct Remote {
@@ -88,6 +88,8 @@ enum View {
     Runners,
     Schedules,
     Schedule,
+    Keys,
+    Audit,
 }
 
 /// What a command sends.
@@ -144,6 +146,20 @@ pub async fn run(cmd: Command) -> Result<()> {
         Command::Owner { remote, cmd } => (remote, owner_call(cmd)?),
         Command::Dead { remote, cmd } => (remote, dead_call(cmd)),
         Command::Schedule { remote, cmd } => (remote, schedule_call(cmd)?),
+        Command::Key { remote, cmd } => (remote, key_call(cmd)),
+        Command::Audit {
+            remote,
+            key,
+            plugin,
+            limit,
+        } => {
+            let q: Vec<String> = [("key", key), ("plugin", plugin)]
+                .into_iter()
+                .filter_map(|(k, v)| Some(format!("&{k}={}", enc(&v?))))
+                .collect();
+            let path = format!("/v1/audit?limit={limit}{}", q.concat());
+            (remote, Call::get(path).view(View::Audit))
+        }
     };
     let r = Remote::new(&remote)?;
     let out = match (call.pages, call.body) {
@@ -178,6 +194,8 @@ fn show(out: &Value, view: View) -> Result<()> {
         View::Runners => Some(crate::table::runners(out)),
         View::Schedules => Some(crate::table::schedules(out)),
         View::Schedule => Some(crate::table::schedule(out)),
+        View::Keys => Some(crate::table::keys(out)),
+        View::Audit => Some(crate::table::audit(out)),
     };
     match text {
         Some(t) => print!("{t}"),
@@ -199,12 +217,29 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::Delete { name } => Call::new(Method::DELETE, path(&name, "")),
         PluginCmd::Pause { name } => Call::new(Method::POST, path(&name, "/pause")),
         PluginCmd::Resume { name } => Call::new(Method::POST, path(&name, "/resume")),
+        PluginCmd::MaySchedule { name, patterns } => {
+            let patterns = (!patterns.is_empty()).then_some(patterns);
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"may_schedule": patterns}))
+        }
         PluginCmd::Weight { name, weight } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"weight": weight}))
         }
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }
+    }
+}
+
+fn key_call(cmd: KeyCmd) -> Call {
+    match cmd {
+        KeyCmd::Create {
+            name,
+            role,
+            plugins,
+        } => Call::new(Method::POST, "/v1/keys")
+            .json(json!({"name": name, "role": role, "plugins": plugins})),
+        KeyCmd::List => Call::get("/v1/keys").view(View::Keys),
+        KeyCmd::Revoke { id } => Call::new(Method::DELETE, format!("/v1/keys/{}", enc(&id))),
     }
 }
 

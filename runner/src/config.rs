@@ -66,6 +66,45 @@ pub enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// API keys for teams (admin only): each with a role and the plugins it may act on.
+    Key {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: KeyCmd,
+    },
+    /// The audit: who changed what, and what was refused, newest first.
+    Audit {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        /// Only this key's entries (its name or id).
+        #[arg(long)]
+        key: Option<String>,
+        /// Only entries concerning this plugin.
+        #[arg(long)]
+        plugin: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeyCmd {
+    /// Make a key; its secret is printed once (Redis keeps only a hash of it).
+    Create {
+        /// Who holds it: a team, a service.
+        name: String,
+        /// reader | operator | developer | admin.
+        #[arg(long)]
+        role: String,
+        /// Plugin patterns, comma-separated: names, prefixes ending in `*`, or `*` for all.
+        #[arg(long, value_delimiter = ',', required = true)]
+        plugins: Vec<String>,
+    },
+    /// List the keys (without secrets), with when each was last used.
+    List,
+    /// Revoke a key: every runner refuses it within a second.
+    Revoke { id: String },
 }
 
 /// Where the runner's API is.
@@ -125,6 +164,13 @@ pub enum PluginCmd {
     Pause { name: String },
     /// Resume a paused plugin: its overdue tasks run at once.
     Resume { name: String },
+    /// Let a plugin schedule and cancel tasks of other plugins (patterns, comma-separated;
+    /// none: its own tasks only).
+    MaySchedule {
+        name: String,
+        #[arg(value_delimiter = ',')]
+        patterns: Vec<String>,
+    },
     /// Set a plugin's weight in the fair share between plugins (1 to 1000; every plugin's is 1
     /// unless set): its share of workers when plugins compete, against the others' weights.
     Weight { name: String, weight: u32 },
@@ -302,9 +348,16 @@ pub struct ServeArgs {
     /// Load every *.wasm in this directory at start (file stem = plugin name).
     #[arg(long, env = "EGGTIMER_PLUGINS_DIR")]
     pub plugins_dir: Option<PathBuf>,
-    /// Bearer token required by every /v1 route.
+    /// The admin key: a bearer token that opens every /v1 route (and makes keys for teams).
+    /// Without it the API is open, to requests for its own address or localhost only.
     #[arg(long, env = "EGGTIMER_TOKEN")]
     pub token: Option<String>,
+    /// How long the audit of the API's changes and refusals is kept.
+    #[arg(long, env = "EGGTIMER_AUDIT_RETENTION", default_value = "90d", value_parser = parse_duration)]
+    pub audit_retention: Duration,
+    /// A bearer token /metrics asks for (none: /metrics is open).
+    #[arg(long, env = "EGGTIMER_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
     /// How long done tasks stay readable.
     #[arg(long, env = "EGGTIMER_KEEP_DONE", default_value = "10m", value_parser = parse_duration)]
     pub keep_done: Duration,

@@ -1,6 +1,7 @@
 //! eggtimer: a durable, millisecond-precise delayed-task runner on Redis, running tasks through
 //! WebAssembly plugins. See ARCHITECTURE.md for the map of the modules.
 
+pub mod access;
 pub mod api;
 pub mod cli;
 pub mod clock;

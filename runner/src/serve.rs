@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::api::{self, AppState, HttpLimits};
+use crate::api::{self, Access, AppState, HttpLimits};
 use crate::config::ServeArgs;
 use crate::executor::ExecutorOptions;
 use crate::local_redis::LocalRedis;
@@ -281,11 +281,15 @@ fn app_state(
 ) -> AppState {
     let member = Arc::clone(&runner.membership);
     let runners_store = api_store.clone();
+    let mut access = Access::new(api_store.clone(), args.token.clone(), Some(args.listen));
+    access.audit_keep_ms = args.audit_retention.as_millis() as i64;
+    access.metrics_token = args.metrics_token.clone();
     AppState {
         store: api_store,
         registry,
         metrics,
-        token: args.token.clone(),
+        access: Arc::new(access),
+        scrape: Default::default(),
         max_payload_bytes: args.max_payload_bytes,
         max_plugin_bytes: args.max_plugin_bytes,
         max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),

@@ -101,6 +101,61 @@ pub fn plugins(v: &Value) -> String {
     )
 }
 
+/// `key list`: one key a line (never a secret: the API has none to give).
+pub fn keys(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = items(v)
+        .iter()
+        .map(|k| {
+            let plugins: Vec<&str> = k["plugins"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            vec![
+                f(k, "id"),
+                f(k, "name"),
+                f(k, "role"),
+                plugins.join(","),
+                time(k, "created_at"),
+                time(k, "last_used_at"),
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "ID",
+            "NAME",
+            "ROLE",
+            "PLUGINS",
+            "CREATED (UTC)",
+            "LAST USED (UTC)",
+        ],
+        &rows,
+    )
+}
+
+/// `audit`: one request a line, newest first.
+pub fn audit(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["entries"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|e| {
+            vec![
+                time(e, "at"),
+                f(e, "key"),
+                f(e, "method"),
+                short(&f(e, "path"), 60),
+                f(e, "plugin"),
+                f(e, "status"),
+            ]
+        })
+        .collect();
+    render(
+        &["AT (UTC)", "KEY", "METHOD", "PATH", "PLUGIN", "STATUS"],
+        &rows,
+    )
+}
+
 /// `task find`, `owner list`, `dead list`: one task a line, and the next page's cursor.
 pub fn tasks(v: &Value) -> String {
     let rows: Vec<Vec<String>> = items(v)

@@ -1,6 +1,7 @@
 // The eggtimer dashboard: one page per hash route (#/overview, #/tasks, ...), each a render
 // function that builds its layout once and a refresh function the timer calls every 2 s. It
-// speaks the /v1 API only; with a token it asks once and keeps it in sessionStorage.
+// speaks the /v1 API only; with a token it asks once for a key (or the admin token) and keeps it
+// in sessionStorage: the API shows only what that key's plugins cover.
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -53,7 +54,7 @@ $("#token-form").addEventListener("submit", async (ev) => {
   sessionStorage.setItem("eggtimer-token", token);
   try {
     const r = await fetch("/v1/runners", { headers: { Authorization: "Bearer " + token } });
-    if (r.status === 401) throw new Error("That token is not the runner's. Try again.");
+    if (r.status === 401) throw new Error("That key or token is not one this runner knows (or it was revoked). Try again.");
     $("#token-error").hidden = true;
     $("#token-dialog").hidden = true;
     route();

@@ -416,7 +416,7 @@ async fn with_a_token_the_dashboard_asks_for_it_once() {
     b.type_into("#token-input", "wrong").await;
     b.click("#token-go").await;
     b.text_until("#token-error", "the refusal", |t| {
-        t.contains("not the runner's")
+        t.contains("not one this runner knows")
     })
     .await;
     b.type_into("#token-input", "s3cret-token").await;

@@ -130,7 +130,7 @@ async fn out_of_range_times_shifts_ids_and_owners_are_400_naming_the_field_and_c
     assert_eq!((s, code(&b)), (404, "not_found"), "{b}");
     let (s, b) = raw_http(
         r.port,
-        "GET /v1/tasks/%FF%FE HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /v1/tasks/%FF%FE HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     );
     assert_eq!((s, code(&b)), (400, "bad_request"), "{b}");
 }
@@ -252,7 +252,7 @@ async fn sigterm_stops_claiming_at_once_even_while_a_client_holds_a_request_open
     let mut r = start(&redis, &[]);
     // a request whose body never arrives holds its connection
     let mut held = TcpStream::connect(("127.0.0.1", r.port)).unwrap();
-    held.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{").unwrap();
+    held.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{").unwrap();
     let (s, _) = call(
         "POST",
         &format!("{}/v1/tasks", r.url),

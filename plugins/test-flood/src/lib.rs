@@ -1,7 +1,9 @@
 //! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `kv-reads`
 //! (one key read again and again), `events`, `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
-//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or
+//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or,
+//! with `what: "schedule"`, schedules a task of the plugin `id` (the host refuses one of another
+//! plugin unless this one's `may_schedule` covers it), or
 //! returns an outcome out of bounds (`retry-never`, `run-again-never`) or a 32 MiB error
 //! (`long-error`, `long-fail`), or prints one line naming
 //! the task to stdout and one to stderr (`print`), or prints to stdout until the host stops it
@@ -40,9 +42,16 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
                 log(Level::Debug, &big);
             }
         }
+        "schedule" => {
+            let id = eggtimer_sdk::schedule(FollowUp::new(
+                &task.payload.id,
+                &serde_json::json!({"order_id": "o-from-test-flood"}),
+            )?)?;
+            log(Level::Info, &format!("scheduled {id}"));
+        }
         "follow-ups" => {
             for i in 0.. {
-                eggtimer_sdk::schedule(FollowUp::new("noop", &i)?)?;
+                eggtimer_sdk::schedule(FollowUp::new("test-flood", &i)?)?;
             }
         }
         "cancels" => {

@@ -7,13 +7,15 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
+use super::auth::plugins_for;
 use super::body::ApiResult;
 use super::doc;
 use super::error::ApiError;
 use super::params::{
     PageQuery, PluginFilter, TaskId, check_id, page_cursor, page_limit, plugin_filter,
 };
-use super::tasks::refused;
+use super::tasks::{refused, task_in_scope};
+use crate::access::Caller;
 use crate::store::DeadAction;
 
 /// `GET /v1/dead?limit=&cursor=`.
@@ -22,10 +24,15 @@ use crate::store::DeadAction;
     security((), ("bearer" = [])))]
 pub async fn dead_list(
     State(st): State<AppState>,
+    caller: Caller,
     Query(q): Query<PageQuery>,
 ) -> ApiResult<Response> {
     let limit = page_limit(&q, 100)?;
     let (tasks, next) = st.store.dead(limit, page_cursor(&q)?).await?;
+    let tasks: Vec<_> = tasks
+        .into_iter()
+        .filter(|t| caller.sees(&t.plugin))
+        .collect();
     let next = next.map(|(t, id)| format!("{t}:{id}"));
     Ok(axum::Json(json!({"tasks": tasks, "next_cursor": next})).into_response())
 }
@@ -34,8 +41,13 @@ pub async fn dead_list(
 #[utoipa::path(post, path = "/v1/dead/{id}/retry", tag = "dead letters", params(TaskId),
     responses((status = 200, description = "due now", body = doc::ScheduledTask), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn dead_retry(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     check_id(&id)?;
+    task_in_scope(&st, &caller, &id).await?;
     let at = st.store.revive(&id).await?.map_err(|r| refused(&id, r))?;
     Ok(axum::Json(json!({"id": id, "run_at": at})).into_response())
 }
@@ -44,8 +56,13 @@ pub async fn dead_retry(State(st): State<AppState>, Path(id): Path<String>) -> A
 #[utoipa::path(delete, path = "/v1/dead/{id}", tag = "dead letters", params(TaskId),
     responses((status = 204, description = "dropped"), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn dead_drop(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn dead_drop(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     check_id(&id)?;
+    task_in_scope(&st, &caller, &id).await?;
     st.store
         .drop_dead(&id)
         .await?
@@ -68,6 +85,7 @@ struct RetryAll {
     security((), ("bearer" = [])))]
 pub async fn dead_retry_all(
     State(st): State<AppState>,
+    caller: Caller,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
     let bytes = super::body::read(body, 64 << 10).await?;
@@ -78,10 +96,7 @@ pub async fn dead_retry_all(
     }
     let b: RetryAll = super::body::object(super::body::raw(&bytes)?, "", "the body")?;
     let plugin = plugin_filter(b.plugin)?;
-    let n = st
-        .store
-        .dead_all(DeadAction::Retry, plugin.as_deref())
-        .await?;
+    let n = dead_all(&st, &caller, DeadAction::Retry, plugin).await?;
     Ok(axum::Json(json!({"retried": n})).into_response())
 }
 
@@ -91,12 +106,29 @@ pub async fn dead_retry_all(
     security((), ("bearer" = [])))]
 pub async fn dead_drop_all(
     State(st): State<AppState>,
+    caller: Caller,
     Query(f): Query<PluginFilter>,
 ) -> ApiResult<Response> {
     let plugin = plugin_filter(f.plugin)?;
-    let n = st
-        .store
-        .dead_all(DeadAction::Drop, plugin.as_deref())
-        .await?;
+    let n = dead_all(&st, &caller, DeadAction::Drop, plugin).await?;
     Ok(axum::Json(json!({"dropped": n})).into_response())
+}
+
+/// Retries or drops the dead tasks of the plugins the caller may touch.
+async fn dead_all(
+    st: &AppState,
+    caller: &Caller,
+    action: DeadAction,
+    plugin: Option<String>,
+) -> ApiResult<u64> {
+    match plugins_for(st, caller, plugin).await? {
+        None => Ok(st.store.dead_all(action, None).await?),
+        Some(ps) => {
+            let mut n = 0;
+            for p in &ps {
+                n += st.store.dead_all(action, Some(p)).await?;
+            }
+            Ok(n)
+        }
+    }
 }

@@ -34,7 +34,11 @@ impl IntoResponses for Errors {
         let mut b = ResponsesBuilder::new();
         for (code, what) in [
             ("400", "malformed input; the message names the field"),
-            ("401", "missing or wrong bearer token"),
+            ("401", "missing, unknown or revoked bearer token or key"),
+            (
+                "403",
+                "the key's role or plugins do not allow it (the message names the plugin), a Host that is not this runner's without --token, or a cross-site browser request (`forbidden`)",
+            ),
             ("404", "no such task, plugin or route"),
             ("405", "the route does not take this method"),
             ("408", "the request took too long"),
@@ -262,7 +266,18 @@ pub struct PluginInfo {
     pub max_concurrency: Option<u32>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
+    /// Plugins whose tasks it may schedule and cancel besides its own (default none).
+    pub may_schedule: Vec<PluginPattern>,
 }
+
+/// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(
+    value_type = String,
+    pattern = "^(\\*|[a-z0-9][a-z0-9-]{0,62}\\*|[a-z0-9][a-z0-9-]{0,63})$"
+)]
+#[allow(dead_code)]
+pub struct PluginPattern(String);
 
 /// A plugin's settings to change (those given; none: nothing changes).
 #[derive(ToSchema, serde::Deserialize)]
@@ -275,6 +290,10 @@ pub struct PluginPatch {
     /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
     #[schema(minimum = 1, maximum = 1000)]
     pub weight: Option<u32>,
+    /// Plugins whose tasks it may schedule and cancel besides its own; null or []: its own
+    /// only. An admin, or a developer whose own patterns cover each one.
+    #[schema(max_items = 100)]
+    pub may_schedule: Option<Vec<PluginPattern>>,
 }
 
 /// A page of found tasks.

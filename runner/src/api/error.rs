@@ -12,7 +12,13 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The plugin the refusal concerns (for the audit).
+    pub concerns: Option<String>,
 }
+
+/// The plugin a reply concerns, in its extensions: the audit records it.
+#[derive(Clone, Debug)]
+pub struct Concerns(pub String);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -20,7 +26,16 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            concerns: None,
         }
+    }
+    /// The same error, recorded in the audit as concerning `plugin`.
+    pub fn concerning(mut self, plugin: &str) -> Self {
+        self.concerns = Some(plugin.to_owned());
+        self
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
     pub fn bad(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
@@ -45,11 +60,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut res = (
             self.status,
             axum::Json(json!({"error": {"code": self.code, "message": self.message}})),
         )
-            .into_response()
+            .into_response();
+        if let Some(p) = self.concerns {
+            res.extensions_mut().insert(Concerns(p));
+        }
+        res
     }
 }
 

@@ -1,6 +1,7 @@
 //! The admin HTTP API (API.md): the only code that imports axum.
 //!
-//! Files: `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
+//! Files: `auth` (who asks, their role, Host and Origin, the audit), `keys` (API keys and the
+//! audit's routes), `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
 //! `find` (filters), `owners`, `dead`, `plugins`, `schedules`, `ops`, `stats` (the routes), `ui`
 //! (the dashboard's files), `params`
 //! (ids, owners, filters and pages several routes take), `server` (the listener: connection cap, timeouts, shutdown).
@@ -8,11 +9,13 @@
 //! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
 //! is a 503; any other failure is a 500 `internal` with the details in the log.
 
+mod auth;
 mod body;
 mod dead;
 mod doc;
 mod error;
 mod find;
+mod keys;
 mod ops;
 mod owners;
 mod params;
@@ -32,12 +35,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::Value;
-use subtle::ConstantTimeEq;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use auth::{Access, KEY_CACHE};
 pub use error::ApiError;
+pub use ops::ScrapeCache;
 pub use server::{HttpLimits, serve};
 pub use tasks::MAX_BATCH;
 
@@ -51,7 +55,10 @@ pub struct AppState {
     pub store: Store,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
-    pub token: Option<String>,
+    /// Keys, roles, Host and Origin checks, the audit.
+    pub access: Arc<Access>,
+    /// What `/metrics` read of Redis, for at most a second.
+    pub scrape: Arc<ops::ScrapeCache>,
     pub max_payload_bytes: usize,
     pub max_plugin_bytes: usize,
     pub max_body_bytes: usize,
@@ -118,8 +125,11 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(stats::stats))
         .routes(routes!(stats::history))
         .routes(routes!(stats::events))
+        .routes(routes!(keys::key_create, keys::key_list))
+        .routes(routes!(keys::key_delete))
+        .routes(routes!(keys::audit))
         .route_layer(middleware::from_fn_with_state(state.clone(), replicated))
-        .route_layer(middleware::from_fn_with_state(state, auth));
+        .route_layer(middleware::from_fn_with_state(state, auth::guard));
     OpenApiRouter::with_openapi(doc::ApiDoc::openapi())
         .merge(v1)
         .routes(routes!(ops::healthz))
@@ -151,26 +161,6 @@ async fn replicated(State(st): State<AppState>, req: Request, next: Next) -> Res
         .into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
-}
-
-async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &st.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token",
-            )
-            .into_response();
-        }
-    }
-    next.run(req).await
 }
 
 /// Makes every error answer the JSON error body, whoever produced it (axum's own 405, a path or

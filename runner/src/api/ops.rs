@@ -1,5 +1,7 @@
 //! Operations routes: live runners, readiness, Prometheus metrics.
 
+use std::time::{Duration, Instant};
+
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -10,6 +12,7 @@ use super::body::ApiResult;
 use super::doc;
 use super::error::{ApiError, FULL_MESSAGE};
 use crate::metrics::Gauges;
+use crate::store::ShardCounts;
 
 /// `GET /v1/runners`: the live runners of the namespace.
 #[utoipa::path(get, path = "/v1/runners", tag = "operations",
@@ -40,12 +43,26 @@ pub async fn readyz(State(st): State<AppState>) -> ApiResult<Response> {
 /// `GET /metrics`: Prometheus text.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"), doc::Errors))]
-pub async fn metrics(State(st): State<AppState>) -> Response {
-    let shards = st.store.shard_counts().await.unwrap_or_default();
-    let runners = match (st.runners)().await {
-        Ok(Value::Array(a)) => a.len(),
-        _ => 0,
-    };
+pub async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(t) = &st.access.metrics_token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            given.as_bytes(),
+            t.as_bytes(),
+        )) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "/metrics wants the bearer token given with --metrics-token",
+            )
+            .into_response();
+        }
+    }
+    let (shards, runners) = st.scrape.read(&st).await;
     let g = Gauges {
         shards,
         plugins: st.registry.plugins().loaded(),
@@ -58,6 +75,31 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
         st.metrics.render(&g),
     )
         .into_response()
+}
+
+/// What a scrape reads of Redis (every shard's counts, the live runners), kept for a second:
+/// scrapes, however many, cost Redis at most one read a second.
+#[derive(Default)]
+pub struct ScrapeCache(tokio::sync::Mutex<Option<(Instant, Vec<ShardCounts>, usize)>>);
+
+impl ScrapeCache {
+    const FRESH: Duration = Duration::from_secs(1);
+
+    async fn read(&self, st: &AppState) -> (Vec<ShardCounts>, usize) {
+        let mut cached = self.0.lock().await;
+        if let Some((at, shards, runners)) = cached.as_ref()
+            && at.elapsed() < Self::FRESH
+        {
+            return (shards.clone(), *runners);
+        }
+        let shards = st.store.shard_counts().await.unwrap_or_default();
+        let runners = match (st.runners)().await {
+            Ok(Value::Array(a)) => a.len(),
+            _ => 0,
+        };
+        *cached = Some((Instant::now(), shards.clone(), runners));
+        (shards, runners)
+    }
 }
 
 /// `GET /healthz`: 200 while the process runs.

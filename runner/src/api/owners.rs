@@ -9,6 +9,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::AppState;
+use super::auth::plugins_for;
 use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
@@ -17,6 +18,7 @@ use super::params::{
     plugin_filter,
 };
 use super::tasks::SMALL_BODY;
+use crate::access::Caller;
 use crate::limits;
 
 /// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
@@ -29,6 +31,7 @@ use crate::limits;
     security((), ("bearer" = [])))]
 pub async fn owner_tasks(
     State(st): State<AppState>,
+    caller: Caller,
     Path(owner): Path<String>,
     Query(q): Query<PageQuery>,
 ) -> ApiResult<Response> {
@@ -38,6 +41,10 @@ pub async fn owner_tasks(
         .store
         .owner_tasks(&owner, limit, page_cursor(&q)?)
         .await?;
+    let tasks: Vec<_> = tasks
+        .into_iter()
+        .filter(|t| caller.sees(&t.plugin))
+        .collect();
     let mut resp = axum::Json(tasks).into_response();
     if let Some((t, id)) = next
         && let Ok(v) = HeaderValue::from_str(&format!("{t}:{id}"))
@@ -63,6 +70,7 @@ struct ShiftBody<'a> {
     security((), ("bearer" = [])))]
 pub async fn owner_shift(
     State(st): State<AppState>,
+    caller: Caller,
     Path(owner): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -78,15 +86,24 @@ pub async fn owner_shift(
     if let Some(p) = &plugin {
         body::plugin_name("", p)?;
     }
-    let n = st
-        .store
-        .shift_owner(&owner, shift, plugin.as_deref())
-        .await?
-        .map_err(|r| {
-            ApiError::bad(format!(
-                "shift_ms {shift}: a task of owner {owner:?} would leave the time range ({r}); nothing moved"
-            ))
-        })?;
+    // A key that sees some plugins only shifts each of them in turn: one shift per plugin.
+    let plugins = match plugins_for(&st, &caller, plugin).await? {
+        None => vec![None],
+        Some(ps) => ps.into_iter().map(Some).collect(),
+    };
+    let mut n = 0;
+    for p in &plugins {
+        n += st
+            .store
+            .shift_owner(&owner, shift, p.as_deref())
+            .await?
+            .map_err(|r| {
+                ApiError::bad(format!(
+                    "shift_ms {shift}: a task of owner {owner:?} would leave the time range ({r}); \
+                     {n} tasks of the plugins before it moved, no others"
+                ))
+            })?;
+    }
     Ok(axum::Json(json!({"shifted": n})).into_response())
 }
 
@@ -97,11 +114,21 @@ pub async fn owner_shift(
     security((), ("bearer" = [])))]
 pub async fn owner_cancel(
     State(st): State<AppState>,
+    caller: Caller,
     Path(owner): Path<String>,
     Query(f): Query<PluginFilter>,
 ) -> ApiResult<Response> {
     check_owner(&owner)?;
     let plugin = plugin_filter(f.plugin)?;
-    let n = st.store.cancel_owner(&owner, plugin.as_deref()).await?;
+    let n = match plugins_for(&st, &caller, plugin).await? {
+        None => st.store.cancel_owner(&owner, None).await?,
+        Some(ps) => {
+            let mut n = 0;
+            for p in &ps {
+                n += st.store.cancel_owner(&owner, Some(p)).await?;
+            }
+            n
+        }
+    };
     Ok(axum::Json(json!({"cancelled": n})).into_response())
 }

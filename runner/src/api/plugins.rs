@@ -7,9 +7,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::AppState;
+use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
+use crate::access::{Caller, MAX_PATTERNS, Role, covers, valid_pattern};
 use crate::plugins::valid_plugin_name;
 use crate::store::{PluginEntry, PluginSettings, Rollback};
 
@@ -25,9 +27,10 @@ pub struct PluginName {
     name: String,
 }
 
-fn check_name(name: &str) -> ApiResult<()> {
+/// A plugin name in the caller's scope (403 naming it outside).
+fn check_name(caller: &Caller, name: &str) -> ApiResult<()> {
     if valid_plugin_name(name) {
-        Ok(())
+        plugin_in_scope(caller, name)
     } else {
         Err(ApiError::bad(format!(
             "{name:?} is not a plugin name: use [a-z0-9][a-z0-9-]{{0,63}}"
@@ -45,12 +48,13 @@ fn check_name(name: &str) -> ApiResult<()> {
     security((), ("bearer" = [])))]
 pub async fn plugin_upload(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     body::require_content_type(&headers, "application/wasm")?;
-    check_name(&name)?;
+    check_name(&caller, &name)?;
     let wasm = body::read(body, st.max_plugin_bytes).await?;
     use crate::plugins::UploadError as U;
     match st.registry.upload(&name, wasm.to_vec()).await {
@@ -85,13 +89,14 @@ pub async fn plugin_upload(
 #[utoipa::path(get, path = "/v1/plugins", tag = "plugins",
     responses((status = 200, description = "the current version of every plugin", body = Vec<crate::store::PluginEntry>), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn plugin_list(State(st): State<AppState>) -> ApiResult<Response> {
+pub async fn plugin_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
     let settings = st.store.plugin_settings_all().await?;
     let list: Vec<serde_json::Value> = st
         .store
         .plugin_list()
         .await?
         .iter()
+        .filter(|e| caller.sees(&e.name))
         .map(|e| with_settings(e, &settings.get(&e.name).cloned().unwrap_or_default()))
         .collect();
     Ok(axum::Json(list).into_response())
@@ -103,7 +108,43 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     v["paused"] = json!(s.paused);
     v["max_concurrency"] = json!(s.max_concurrency);
     v["weight"] = json!(s.weight.unwrap_or(1));
+    v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
     v
+}
+
+/// A `may_schedule` setting: patterns (null: the plugin's own tasks only), each covered by
+/// the caller's own patterns unless it is an admin.
+fn may_schedule(
+    caller: &Caller,
+    raw: &serde_json::value::RawValue,
+) -> ApiResult<Option<Vec<String>>> {
+    let list: Option<Vec<String>> = serde_json::from_str(raw.get()).map_err(|_| {
+        ApiError::bad(
+            "may_schedule must be a list of plugin patterns (`order-*`, `pet-feed`), or null",
+        )
+    })?;
+    let Some(list) = list else { return Ok(None) };
+    if list.len() > MAX_PATTERNS {
+        return Err(ApiError::bad(format!(
+            "may_schedule lists at most {MAX_PATTERNS} patterns"
+        )));
+    }
+    for p in &list {
+        if !valid_pattern(p) {
+            return Err(ApiError::bad(format!(
+                "may_schedule: {p:?} is not a pattern (a plugin name, a prefix ending in `*`, or `*`)"
+            )));
+        }
+        if caller.role < Role::Admin && !covers(&caller.plugins, p) {
+            return Err(ApiError::forbidden(format!(
+                "may_schedule: key {:?} may not let a plugin schedule {p:?}: its own plugins ({}) do not cover it",
+                caller.name,
+                caller.plugins.join(", ")
+            )));
+        }
+    }
+    // an empty list is the default (cjson would also store it as an object)
+    Ok(Some(list).filter(|l| !l.is_empty()))
 }
 
 /// An optional integer setting from `lo` to `hi`: `Ok(None)` for null (its default).
@@ -132,7 +173,6 @@ async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
 /// Pauses or resumes a plugin: the setting first (what runners and the API show), then every
 /// shard (what claims obey). Both are idempotent, so a failed call is made good by repeating it.
 async fn set_paused(st: &AppState, name: &str, paused: bool) -> ApiResult<Response> {
-    check_name(name)?;
     let cur = current(st, name).await?;
     st.store.set_paused(name, paused).await?;
     let s = st.store.plugin_settings(name).await?;
@@ -146,8 +186,10 @@ async fn set_paused(st: &AppState, name: &str, paused: bool) -> ApiResult<Respon
     security((), ("bearer" = [])))]
 pub async fn plugin_pause(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
+    check_name(&caller, &name)?;
     set_paused(&st, &name, true).await
 }
 
@@ -157,8 +199,10 @@ pub async fn plugin_pause(
     security((), ("bearer" = [])))]
 pub async fn plugin_resume(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
+    check_name(&caller, &name)?;
     set_paused(&st, &name, false).await
 }
 
@@ -171,11 +215,12 @@ pub async fn plugin_resume(
     security((), ("bearer" = [])))]
 pub async fn plugin_patch(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    check_name(&name)?;
+    check_name(&caller, &name)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, 64 << 10).await?;
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
@@ -183,10 +228,10 @@ pub async fn plugin_patch(
         body::object(body::raw(&bytes)?, "", "the body")?;
     if let Some(other) = b
         .keys()
-        .find(|k| !["max_concurrency", "weight"].contains(&k.as_str()))
+        .find(|k| !["max_concurrency", "weight", "may_schedule"].contains(&k.as_str()))
     {
         return Err(ApiError::bad(format!(
-            "unknown field `{other}`, expected `max_concurrency` or `weight`"
+            "unknown field `{other}`, expected `max_concurrency`, `weight` or `may_schedule`"
         )));
     }
     let max = b
@@ -197,7 +242,14 @@ pub async fn plugin_patch(
         .get("weight")
         .map(|raw| setting(raw, "weight", 1, MAX_WEIGHT))
         .transpose()?;
+    let may = b
+        .get("may_schedule")
+        .map(|raw| may_schedule(&caller, raw))
+        .transpose()?;
     let cur = current(&st, &name).await?;
+    if let Some(may) = may {
+        st.store.set_may_schedule(&name, may).await?;
+    }
     if let Some(max) = max {
         st.store.set_max_concurrency(&name, max).await?;
     }
@@ -215,9 +267,10 @@ pub async fn plugin_patch(
     security((), ("bearer" = [])))]
 pub async fn plugin_get(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
-    check_name(&name)?;
+    check_name(&caller, &name)?;
     let cur = st
         .store
         .plugin_current(&name)
@@ -235,9 +288,10 @@ pub async fn plugin_get(
     security((), ("bearer" = [])))]
 pub async fn plugin_rollback(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
-    check_name(&name)?;
+    check_name(&caller, &name)?;
     match st.registry.rollback(&name).await? {
         Rollback::Done(e) => Ok(axum::Json(e).into_response()),
         Rollback::Missing => Err(ApiError::not_found(format!("no plugin {name:?}"))),
@@ -253,9 +307,10 @@ pub async fn plugin_rollback(
     security((), ("bearer" = [])))]
 pub async fn plugin_delete(
     State(st): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
-    check_name(&name)?;
+    check_name(&caller, &name)?;
     if st.registry.delete(&name).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {

@@ -10,9 +10,11 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
+use crate::access::Caller;
 use crate::clock::now_ms;
 use crate::limits;
 use crate::recurring::{Overlap, ScheduleDef};
@@ -170,11 +172,30 @@ fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<doc::ScheduleInfo> {
     })
 }
 
-async fn existing(st: &AppState, id: &str) -> ApiResult<ScheduleRow> {
+/// The schedule, as this caller may see it: 404 for one of a plugin outside its key's scope.
+async fn existing(st: &AppState, caller: &Caller, id: &str) -> ApiResult<ScheduleRow> {
     st.store
         .schedule_get(id)
         .await?
+        .filter(|r| caller.sees(&plugin_of(r)))
         .ok_or_else(|| ApiError::not_found(format!("no schedule {id:?}")))
+}
+
+/// The plugin a stored schedule fires.
+fn plugin_of(row: &ScheduleRow) -> String {
+    serde_json::from_str::<Value>(&row.def)
+        .ok()
+        .and_then(|v| v["plugin"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// 404 unless the schedule exists and is in the caller's scope (nothing read for a key that
+/// sees every plugin).
+async fn in_scope(st: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
+    if caller.sees_all() {
+        return Ok(());
+    }
+    existing(st, caller, id).await.map(|_| ())
 }
 
 /// `PUT /v1/schedules/{id}`: create (201) or replace (200); the same definition again changes
@@ -186,6 +207,7 @@ async fn existing(st: &AppState, id: &str) -> ApiResult<ScheduleRow> {
     security((), ("bearer" = [])))]
 pub async fn schedule_put(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -194,6 +216,16 @@ pub async fn schedule_put(
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, st.max_payload_bytes + (64 << 10)).await?;
     let def = parse_schedule(&bytes, st.max_payload_bytes)?;
+    plugin_in_scope(&caller, &def.plugin)?;
+    if !caller.sees_all()
+        && let Some(row) = st.store.schedule_get(&id).await?
+        && !caller.sees(&plugin_of(&row))
+    {
+        return Err(ApiError::forbidden(format!(
+            "schedule {id:?} fires a plugin outside key {:?}'s scope: it can't be replaced with this key",
+            caller.name
+        )));
+    }
     if st.registry.plugins().get(&def.plugin).is_none()
         && st.store.plugin_current(&def.plugin).await?.is_none()
     {
@@ -209,7 +241,7 @@ pub async fn schedule_put(
     let json = serde_json::to_string(&def).map_err(anyhow::Error::from)?;
     let next = def.next_after(now_ms());
     let put = st.store.schedule_put(&id, &json, next).await?;
-    let row = existing(&st, &id).await?;
+    let row = existing(&st, &caller, &id).await?;
     let status = if put == SchedulePut::Created {
         StatusCode::CREATED
     } else {
@@ -226,10 +258,11 @@ pub async fn schedule_put(
 #[utoipa::path(get, path = "/v1/schedules", tag = "schedules",
     responses((status = 200, description = "every schedule, by id", body = Vec<doc::ScheduleInfo>), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn schedule_list(State(st): State<AppState>) -> ApiResult<Response> {
+pub async fn schedule_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
     let rows = st.store.schedule_list().await?;
     let list = rows
         .iter()
+        .filter(|r| caller.sees(&plugin_of(r)))
         .map(|r| view(r, 0))
         .collect::<ApiResult<Vec<_>>>()?;
     Ok(axum::Json(list).into_response())
@@ -241,10 +274,11 @@ pub async fn schedule_list(State(st): State<AppState>) -> ApiResult<Response> {
     security((), ("bearer" = [])))]
 pub async fn schedule_get(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
-    let row = existing(&st, &id).await?;
+    let row = existing(&st, &caller, &id).await?;
     Ok(axum::Json(view(&row, 5)?).into_response())
 }
 
@@ -254,9 +288,11 @@ pub async fn schedule_get(
     security((), ("bearer" = [])))]
 pub async fn schedule_delete(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
+    in_scope(&st, &caller, &id).await?;
     if st.store.schedule_op(&id, ScheduleOp::Delete).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
@@ -270,13 +306,15 @@ pub async fn schedule_delete(
     security((), ("bearer" = [])))]
 pub async fn schedule_pause(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
+    in_scope(&st, &caller, &id).await?;
     if !st.store.schedule_op(&id, ScheduleOp::Pause).await? {
         return Err(ApiError::not_found(format!("no schedule {id:?}")));
     }
-    Ok(axum::Json(view(&existing(&st, &id).await?, 5)?).into_response())
+    Ok(axum::Json(view(&existing(&st, &caller, &id).await?, 5)?).into_response())
 }
 
 /// `POST /v1/schedules/{id}/resume`: fires next at its first fire time after now (firings
@@ -286,15 +324,16 @@ pub async fn schedule_pause(
     security((), ("bearer" = [])))]
 pub async fn schedule_resume(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
-    let row = existing(&st, &id).await?;
+    let row = existing(&st, &caller, &id).await?;
     let def: ScheduleDef = serde_json::from_str(&row.def)
         .map_err(|e| anyhow::anyhow!("schedule {id:?} can't be read: {e}"))?;
     let next = def.next_after(now_ms());
     if !st.store.schedule_op(&id, ScheduleOp::Resume(next)).await? {
         return Err(ApiError::not_found(format!("no schedule {id:?}")));
     }
-    Ok(axum::Json(view(&existing(&st, &id).await?, 5)?).into_response())
+    Ok(axum::Json(view(&existing(&st, &caller, &id).await?, 5)?).into_response())
 }

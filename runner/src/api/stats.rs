@@ -13,6 +13,7 @@ use super::AppState;
 use super::body::ApiResult;
 use super::doc;
 use super::error::ApiError;
+use crate::access::Caller;
 use crate::clock::now_ms;
 use crate::metrics::{LATENESS_BUCKETS, lateness_quantile};
 use crate::store::STATS_BUCKET_MS;
@@ -63,7 +64,7 @@ pub struct Stats {
 #[utoipa::path(get, path = "/v1/stats", tag = "operations",
     responses((status = 200, description = "counts now", body = Stats), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn stats(State(st): State<AppState>) -> ApiResult<axum::Json<Stats>> {
+pub async fn stats(State(st): State<AppState>, caller: Caller) -> ApiResult<axum::Json<Stats>> {
     let now = now_ms();
     let counts = st.store.shard_counts().await?;
     let mut names: Vec<String> = st
@@ -72,6 +73,7 @@ pub async fn stats(State(st): State<AppState>) -> ApiResult<axum::Json<Stats>> {
         .await?
         .into_iter()
         .map(|p| p.name)
+        .filter(|n| caller.sees(n))
         .collect();
     names.sort();
     let plugins = st.store.plugin_counts(&names).await?;
@@ -161,6 +163,7 @@ pub struct History {
     security((), ("bearer" = [])))]
 pub async fn history(
     State(st): State<AppState>,
+    caller: Caller,
     Query(q): Query<HistoryParams>,
 ) -> ApiResult<axum::Json<History>> {
     let minutes = match q.minutes.as_deref() {
@@ -224,6 +227,7 @@ pub async fn history(
         points,
         plugins: plugins
             .into_iter()
+            .filter(|(plugin, _)| caller.sees(plugin))
             .map(|(plugin, [f, s, r, d, us])| PluginHistory {
                 plugin,
                 fired: f,
@@ -266,6 +270,7 @@ pub struct Event {
     security((), ("bearer" = [])))]
 pub async fn events(
     State(st): State<AppState>,
+    caller: Caller,
     Path(topic): Path<String>,
     Query(q): Query<EventParams>,
 ) -> ApiResult<axum::Json<Vec<Event>>> {
@@ -304,6 +309,7 @@ pub async fn events(
                 }
                 e
             })
+            .filter(|e| caller.sees_all() || e.plugin.as_deref().is_some_and(|p| caller.sees(p)))
             .collect(),
     ))
 }

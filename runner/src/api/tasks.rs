@@ -10,10 +10,12 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use super::params::{TaskId, check_id};
+use crate::access::Caller;
 use crate::clock::now_ms;
 use crate::limits;
 use crate::store::{Move, NewTask, Refused, Scheduled, TaskRecord};
@@ -142,6 +144,7 @@ async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
     security((), ("bearer" = [])))]
 pub async fn schedule(
     State(st): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -157,10 +160,17 @@ pub async fn schedule(
             format!("[{i}] ")
         }
     };
-    // an unknown plugin, named with the first spec that uses it
+    // a plugin out of the key's scope, or unknown, named with the first spec that uses it
     let mut seen = std::collections::HashSet::new();
     for (i, t) in specs.iter().enumerate() {
-        if seen.insert(t.plugin.as_str()) && !plugin_exists(&st, &t.plugin).await? {
+        if !seen.insert(t.plugin.as_str()) {
+            continue;
+        }
+        plugin_in_scope(&caller, &t.plugin).map_err(|mut e| {
+            e.message = format!("{}{}; nothing was scheduled", at(i), e.message);
+            e
+        })?;
+        if !plugin_exists(&st, &t.plugin).await? {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unknown_plugin",
@@ -262,20 +272,35 @@ pub(super) fn refused(id: &str, r: Refused) -> ApiError {
     }
 }
 
-async fn task_reply(st: &AppState, id: &str) -> ApiResult<TaskRecord> {
+/// The task, as this caller may see it: 404 for a task of a plugin outside its key's scope.
+async fn task_reply(st: &AppState, caller: &Caller, id: &str) -> ApiResult<TaskRecord> {
     st.store
         .get(id)
         .await?
+        .filter(|t| caller.sees(&t.plugin))
         .ok_or_else(|| ApiError::not_found(format!("no task {id:?}")))
+}
+
+/// 404 unless the task exists and its plugin is in the caller's scope (nothing read for a key
+/// that sees every plugin).
+pub(super) async fn task_in_scope(st: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
+    if caller.sees_all() {
+        return Ok(());
+    }
+    task_reply(st, caller, id).await.map(|_| ())
 }
 
 /// `GET /v1/tasks/{id}`.
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
     responses((status = 200, description = "the task", body = crate::store::TaskRecord), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn get_task(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn get_task(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     check_id(&id)?;
-    Ok(axum::Json(task_reply(&st, &id).await?).into_response())
+    Ok(axum::Json(task_reply(&st, &caller, &id).await?).into_response())
 }
 
 /// The fields of a PATCH or shift body.
@@ -295,11 +320,13 @@ struct MoveBody<'a> {
     security((), ("bearer" = [])))]
 pub async fn move_task(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     check_id(&id)?;
+    task_in_scope(&st, &caller, &id).await?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, SMALL_BODY).await?;
     let b: MoveBody = body::object(body::raw(&bytes)?, "", "the body")?;
@@ -315,7 +342,7 @@ pub async fn move_task(
         .move_task(&id, how)
         .await?
         .map_err(|r| refused(&id, r))?;
-    Ok(axum::Json(task_reply(&st, &id).await?).into_response())
+    Ok(axum::Json(task_reply(&st, &caller, &id).await?).into_response())
 }
 
 /// `DELETE /v1/tasks/{id}`.
@@ -324,9 +351,11 @@ pub async fn move_task(
     security((), ("bearer" = [])))]
 pub async fn cancel_task(
     State(st): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_id(&id)?;
+    task_in_scope(&st, &caller, &id).await?;
     st.store.cancel(&id).await?.map_err(|r| refused(&id, r))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -335,8 +364,13 @@ pub async fn cancel_task(
 #[utoipa::path(post, path = "/v1/tasks/{id}/run", tag = "tasks", params(TaskId),
     responses((status = 202, description = "due now", body = doc::ScheduledTask), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn run_now(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn run_now(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     check_id(&id)?;
+    task_in_scope(&st, &caller, &id).await?;
     let at = st
         .store
         .move_task(&id, Move::Now)

@@ -71,6 +71,8 @@ pub struct CallCtx {
     /// The occurrence of the task (its `created`): follow-up ids derive from it.
     pub occurrence: i64,
     pub plugin: String,
+    /// The plugins it may schedule and cancel besides its own (its `may_schedule` setting).
+    pub may_schedule: Option<Arc<[String]>>,
     pub host: Option<Arc<dyn TaskHost>>,
     pub effects: Effects,
     pub budget: Budget,
@@ -87,6 +89,16 @@ pub struct CallCtx {
 }
 
 impl CallCtx {
+    /// Whether this run may schedule or cancel tasks of `plugin`: its own, or one its
+    /// `may_schedule` covers.
+    pub fn may_touch(&self, plugin: &str) -> bool {
+        plugin == self.plugin
+            || self
+                .may_schedule
+                .as_deref()
+                .is_some_and(|ps| ps.iter().any(|p| crate::access::matches(p, plugin)))
+    }
+
     fn spend(&mut self, bytes: usize, what: &str) -> wasmtime::Result<()> {
         self.bytes = self.bytes.saturating_add(bytes);
         if self.bytes > self.budget.effect_bytes {
@@ -188,6 +200,13 @@ impl bindings::eggtimer::plugin::host::Host for State {
         c.spend(t.payload.len() + t.plugin.len(), "follow-up")?;
         if !valid_plugin_name(&t.plugin) {
             return Ok(Err(format!("{:?} is not a plugin name", t.plugin)));
+        }
+        if !c.may_touch(&t.plugin) {
+            return Ok(Err(format!(
+                "plugin {:?} may not schedule tasks of plugin {:?}: a plugin schedules its own \
+                 tasks only, unless its may_schedule setting covers the other",
+                c.plugin, t.plugin
+            )));
         }
         if t.payload.len() > c.max_payload_bytes {
             return Ok(Err(format!(

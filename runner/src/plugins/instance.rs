@@ -111,6 +111,7 @@ pub(super) async fn call(
     loaded: &Loaded,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
+    may_schedule: Option<Arc<[String]>>,
 ) -> Run {
     let mut warm = match warm_instance(engine, pool, opts, loaded).await {
         Ok(w) => w,
@@ -125,6 +126,7 @@ pub(super) async fn call(
             task_id: task.id.clone(),
             occurrence: task.created,
             plugin: task.plugin.clone(),
+            may_schedule,
             host: Some(host),
             budget: opts.budget.clone(),
             max_payload_bytes: opts.max_payload_bytes,

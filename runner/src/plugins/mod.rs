@@ -111,6 +111,8 @@ pub struct Plugins {
     limits: RwLock<HashMap<String, u32>>,
     /// Each plugin's weight in the fair share, where it is not 1.
     weights: RwLock<HashMap<String, u32>>,
+    /// The plugins each plugin may schedule besides its own (its `may_schedule`), where set.
+    may_schedule: RwLock<HashMap<String, Arc<[String]>>>,
     pool: instance::Pool,
     opts: PluginOptions,
     rt: CallRuntime,
@@ -132,16 +134,23 @@ impl Plugins {
             current: RwLock::new(HashMap::new()),
             limits: RwLock::new(HashMap::new()),
             weights: RwLock::new(HashMap::new()),
+            may_schedule: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
         }))
     }
 
-    /// Replaces every plugin's max_concurrency and weight.
-    pub fn set_limits(&self, limits: HashMap<String, u32>, weights: HashMap<String, u32>) {
+    /// Replaces every plugin's max_concurrency, weight and may_schedule.
+    pub fn set_limits(
+        &self,
+        limits: HashMap<String, u32>,
+        weights: HashMap<String, u32>,
+        may_schedule: HashMap<String, Arc<[String]>>,
+    ) {
         *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
         *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
+        *self.may_schedule.write().unwrap_or_else(|e| e.into_inner()) = may_schedule;
     }
 
     /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
@@ -220,6 +229,12 @@ impl Plugins {
                 task.plugin, task.plugin
             ));
         };
+        let may_schedule = self
+            .may_schedule
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&task.plugin)
+            .cloned();
         instance::call(
             &self.engine.engine,
             &self.pool,
@@ -227,6 +242,7 @@ impl Plugins {
             &loaded,
             task,
             host,
+            may_schedule,
         )
         .await
     }

@@ -166,7 +166,7 @@ impl Registry {
         Ok(())
     }
 
-    /// Loads every plugin's settings (max_concurrency, weight) from the registry.
+    /// Loads every plugin's settings (max_concurrency, weight, may_schedule) from the registry.
     pub async fn sync_settings(&self) -> Result<()> {
         let all = self.store.plugin_settings_all().await?;
         let limits = all
@@ -174,10 +174,14 @@ impl Registry {
             .filter_map(|(name, s)| Some((name.clone(), s.max_concurrency?)))
             .collect();
         let weights = all
-            .into_iter()
-            .filter_map(|(name, s)| Some((name, s.weight.filter(|w| *w != 1)?)))
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.weight.filter(|w| *w != 1)?)))
             .collect();
-        self.plugins.set_limits(limits, weights);
+        let may_schedule = all
+            .into_iter()
+            .filter_map(|(name, s)| Some((name, s.may_schedule?.into())))
+            .collect();
+        self.plugins.set_limits(limits, weights, may_schedule);
         Ok(())
     }
 

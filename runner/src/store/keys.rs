@@ -193,6 +193,26 @@ impl Keys {
         format!("{{{}}}:stats:{bucket_ms}", self.ns)
     }
 
+    /// HASH key id -> the API key's record (JSON, with its secret's SHA-256; never the secret).
+    pub fn api_keys(&self) -> String {
+        format!("{{{}}}:apikeys", self.ns)
+    }
+
+    /// HASH SHA-256 of a key's secret -> the key's id.
+    pub fn api_key_hashes(&self) -> String {
+        format!("{{{}}}:apikey:hashes", self.ns)
+    }
+
+    /// HASH key id -> when it was last used (ms).
+    pub fn api_key_used(&self) -> String {
+        format!("{{{}}}:apikey:used", self.ns)
+    }
+
+    /// STREAM of the API's changes and refusals (API.md: `{<ns>}:audit`).
+    pub fn audit(&self) -> String {
+        format!("{{{}}}:audit", self.ns)
+    }
+
     /// The event stream of a topic (API.md: `{<ns>}:events:<topic>`).
     pub fn events(&self, topic: &str) -> String {
         format!("{{{}}}:events:{}", self.ns, topic)

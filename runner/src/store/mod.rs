@@ -6,11 +6,12 @@
 //! keys passed in KEYS (see `lua/`). Files by concern: `connection` (where Redis is), `layout`
 //! (which data it reads), `types` (what callers pass and get), `tasks` (a task's life),
 //! `inspect` (reads), `effects` (a run's kv and events), `runners` (heartbeats, shard leases),
-//! `plugins` (the registry's data), `pubsub` (subscriptions that reconnect).
+//! `plugins` (the registry's data), `access` (API keys, the audit), `pubsub` (subscriptions that reconnect).
 //!
 //! Architecture invariant: no other module builds a key name or sends a Redis command; a reply
 //! this runner does not know is an error, never a default answer.
 
+mod access;
 mod bulk;
 mod connection;
 mod effects;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 
+pub use access::AuditEntry;
 pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_full, is_unreachable, redact};

@@ -30,6 +30,10 @@ pub struct PluginSettings {
     /// The plugin's share of workers when plugins compete, against the others' (None: 1).
     #[serde(default)]
     pub weight: Option<u32>,
+    /// Plugin patterns whose tasks this plugin may schedule and cancel besides its own (None:
+    /// its own only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_schedule: Option<Vec<String>>,
 }
 
 /// Outcome of a rollback.
@@ -235,6 +239,14 @@ impl Store {
     /// Sets (or resets to 1, None) a plugin's weight in the fair share, and announces it.
     pub async fn set_weight(&self, name: &str, weight: Option<u32>) -> Result<()> {
         self.set_plugin_setting(name, "weight", &serde_json::json!(weight))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sets (or resets to its own tasks only, None) what else a plugin may schedule, and
+    /// announces it.
+    pub async fn set_may_schedule(&self, name: &str, patterns: Option<Vec<String>>) -> Result<()> {
+        self.set_plugin_setting(name, "may_schedule", &serde_json::json!(patterns))
             .await
             .map(|_| ())
     }

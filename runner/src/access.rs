@@ -1,0 +1,204 @@
+//! Who may do what: API keys with a role and plugin patterns, and the caller of one request.
+//!
+//! A key's secret is `et_<id>_<64 hex>`; Redis keeps only its SHA-256 (the secret carries 256
+//! random bits, so a fast hash is enough: there is nothing to guess). The runner's `--token` is
+//! the admin key. Patterns: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every
+//! plugin.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A key's role; each has the rights of the ones before it.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Every GET.
+    Reader,
+    /// Schedule, move, cancel, run now, owner-wide actions, dead letters, recurring schedules,
+    /// pause and resume.
+    Operator,
+    /// Upload, roll back and delete plugins; their settings.
+    Developer,
+    /// Everything: keys, any setting, the audit of everyone.
+    Admin,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Operator => "operator",
+            Role::Developer => "developer",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Most patterns on one key or one `may_schedule` setting.
+pub const MAX_PATTERNS: usize = 100;
+
+/// Whether `p` is a plugin pattern: a plugin name, or a name's prefix followed by `*`.
+pub fn valid_pattern(p: &str) -> bool {
+    match p.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) => {
+            prefix.len() < 64
+                && prefix
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !prefix.starts_with('-')
+        }
+        None => crate::plugins::valid_plugin_name(p),
+    }
+}
+
+/// Whether `pattern` covers the plugin `name`.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+/// Whether every plugin `inner` covers is covered by one of `outer`.
+pub fn covers(outer: &[String], inner: &str) -> bool {
+    let inner_prefix = inner.strip_suffix('*');
+    outer
+        .iter()
+        .any(|o| match (o.strip_suffix('*'), inner_prefix) {
+            (Some(op), Some(ip)) => ip.starts_with(op),
+            (Some(op), None) => inner.starts_with(op),
+            (None, Some(_)) => false,
+            (None, None) => o == inner,
+        })
+}
+
+/// A key as Redis keeps it (never its secret).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub plugins: Vec<String>,
+    pub created_at: i64,
+}
+
+/// A new key's id and secret.
+pub fn new_secret() -> (String, String) {
+    let id = format!("{:016x}", rand::random::<u64>());
+    let secret: [u8; 32] = rand::random();
+    let key = format!("et_{id}_{}", hex::encode(secret));
+    (id, key)
+}
+
+/// What Redis keeps to recognise a secret.
+pub fn secret_hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Who sent a request: the admin (the runner's token, or no token at all) or a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The key's id (`admin` for the runner's token).
+    pub key_id: String,
+    /// The key's name (`admin` for the runner's token).
+    pub name: String,
+    pub role: Role,
+    pub plugins: Vec<String>,
+}
+
+impl Caller {
+    /// The runner's own token (or anyone, when it has none).
+    pub fn admin() -> Caller {
+        Caller {
+            key_id: "admin".into(),
+            name: "admin".into(),
+            role: Role::Admin,
+            plugins: vec!["*".into()],
+        }
+    }
+
+    pub fn of_key(k: &KeyRecord) -> Caller {
+        Caller {
+            key_id: k.id.clone(),
+            name: k.name.clone(),
+            role: k.role,
+            plugins: k.plugins.clone(),
+        }
+    }
+
+    /// Whether the key's patterns cover the plugin `name`.
+    pub fn sees(&self, name: &str) -> bool {
+        self.plugins.iter().any(|p| matches(p, name))
+    }
+
+    /// Whether the key sees every plugin.
+    pub fn sees_all(&self) -> bool {
+        self.plugins.iter().any(|p| p == "*")
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    /// Why this key may not act on plugin `name` (None: it may).
+    pub fn refuses(&self, name: &str) -> Option<String> {
+        (!self.sees(name)).then(|| {
+            format!(
+                "key {:?} may not act on plugin {name:?} (its plugins: {})",
+                self.name,
+                self.plugins.join(", ")
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        for ok in ["*", "order-*", "order-cancel", "a*", "a"] {
+            assert!(valid_pattern(ok), "{ok}");
+        }
+        for bad in ["", "**", "Order-*", "order-*-x", "-*", "a b", "x*y"] {
+            assert!(!valid_pattern(bad), "{bad}");
+        }
+        assert!(matches("*", "anything"));
+        assert!(matches("order-*", "order-cancel"));
+        assert!(!matches("order-*", "orders"));
+        assert!(matches("order-cancel", "order-cancel"));
+        assert!(!matches("order-cancel", "order-cancel-2"));
+    }
+
+    #[test]
+    fn covering() {
+        let outer = vec!["order-*".to_owned(), "pet-feed".to_owned()];
+        assert!(covers(&outer, "order-cancel"));
+        assert!(covers(&outer, "order-x*"));
+        assert!(covers(&outer, "pet-feed"));
+        assert!(!covers(&outer, "pet-*"));
+        assert!(!covers(&outer, "*"));
+        assert!(covers(&["*".to_owned()], "*"));
+    }
+
+    #[test]
+    fn secrets_are_hashed_and_unique() {
+        let (id, key) = new_secret();
+        assert!(key.starts_with(&format!("et_{id}_")));
+        assert_eq!(key.len(), 3 + 16 + 1 + 64);
+        assert_ne!(new_secret().1, key);
+        assert_eq!(secret_hash(&key).len(), 64);
+        assert!(!secret_hash(&key).contains(&key[20..]));
+        assert_eq!(Role::parse("developer"), Some(Role::Developer));
+        assert!(Role::Reader < Role::Operator && Role::Developer < Role::Admin);
+        assert_eq!(Role::parse("root"), None);
+    }
+}

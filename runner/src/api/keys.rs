@@ -1,0 +1,237 @@
+//! API keys (admin only) and the audit: `POST/GET /v1/keys`, `DELETE /v1/keys/{id}`,
+//! `GET /v1/audit`.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::body::{self, ApiResult};
+use super::doc;
+use super::error::ApiError;
+use super::params::page_limit_of;
+use crate::access::{
+    Caller, KeyRecord, MAX_PATTERNS, Role, new_secret, secret_hash, valid_pattern,
+};
+use crate::clock::now_ms;
+use crate::limits;
+use crate::store::AuditEntry;
+
+/// A new key.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewKey {
+    /// Who holds it (a team, a service), 1 to 200 bytes.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    name: String,
+    role: Role,
+    /// Plugin patterns: a name, a prefix ending in `*`, or `*` for every plugin.
+    #[schema(min_items = 1, max_items = 100, value_type = Vec<doc::PluginPattern>)]
+    plugins: Vec<String>,
+}
+
+/// A key, without its secret.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyInfo {
+    id: String,
+    name: String,
+    role: Role,
+    plugins: Vec<String>,
+    created_at: i64,
+    /// When a runner last took it (to the second), null if never.
+    last_used_at: Option<i64>,
+}
+
+/// A key just made, with its secret: shown in this reply only.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyCreated {
+    id: String,
+    name: String,
+    role: Role,
+    plugins: Vec<String>,
+    created_at: i64,
+    /// The bearer secret. Redis keeps only its hash: it can't be shown again.
+    key: String,
+}
+
+#[utoipa::path(post, path = "/v1/keys", tag = "keys",
+    request_body(content = NewKey, content_type = "application/json"),
+    responses((status = 201, description = "the key, with its secret", body = KeyCreated), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn key_create(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, 64 << 10).await?;
+    let k: NewKey = body::object(body::raw(&bytes)?, "", "the body")?;
+    limits::id("name", &k.name)?;
+    if k.plugins.is_empty() || k.plugins.len() > MAX_PATTERNS {
+        return Err(ApiError::bad(format!(
+            "plugins must list 1 to {MAX_PATTERNS} patterns (`*` for every plugin)"
+        )));
+    }
+    if let Some(p) = k.plugins.iter().find(|p| !valid_pattern(p)) {
+        return Err(ApiError::bad(format!(
+            "plugins: {p:?} is not a pattern (a plugin name, a prefix ending in `*`, or `*`)"
+        )));
+    }
+    let (id, secret) = new_secret();
+    let record = KeyRecord {
+        id,
+        name: k.name,
+        role: k.role,
+        plugins: k.plugins,
+        created_at: now_ms(),
+    };
+    st.store.key_put(&record, &secret_hash(&secret)).await?;
+    let created = KeyCreated {
+        id: record.id,
+        name: record.name,
+        role: record.role,
+        plugins: record.plugins,
+        created_at: record.created_at,
+        key: secret,
+    };
+    Ok((StatusCode::CREATED, axum::Json(created)).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/keys", tag = "keys",
+    responses((status = 200, description = "every key, oldest first, without secrets", body = Vec<KeyInfo>), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn key_list(State(st): State<AppState>) -> ApiResult<Response> {
+    let keys: Vec<KeyInfo> = st
+        .store
+        .key_list()
+        .await?
+        .into_iter()
+        .map(|(k, used)| KeyInfo {
+            id: k.id,
+            name: k.name,
+            role: k.role,
+            plugins: k.plugins,
+            created_at: k.created_at,
+            last_used_at: used,
+        })
+        .collect();
+    Ok(axum::Json(keys).into_response())
+}
+
+/// A key's id in the path.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct KeyId {
+    /// As `POST /v1/keys` gave it.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    id: String,
+}
+
+#[utoipa::path(delete, path = "/v1/keys/{id}", tag = "keys", params(KeyId),
+    responses((status = 204, description = "revoked: every runner refuses it within a second"), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn key_delete(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    limits::id("the key id", &id)?;
+    if !st.store.key_delete(&id).await? {
+        return Err(ApiError::not_found(format!("no key {id:?}")));
+    }
+    st.access.forget_keys();
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Which audit entries.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AuditParams {
+    /// 1 to 1000 (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    limit: Option<String>,
+    /// The `next_cursor` of the previous page.
+    #[param(pattern = "^([0-9]{1,19}-[0-9]{1,19})?$")]
+    cursor: Option<String>,
+    /// Only this key's entries (its name or id).
+    key: Option<String>,
+    /// Only entries concerning this plugin.
+    plugin: Option<String>,
+}
+
+/// A page of the audit.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AuditPage {
+    /// Newest first.
+    entries: Vec<AuditEntry>,
+    /// Where the next page starts; null at the end.
+    next_cursor: Option<String>,
+}
+
+/// Most entries one page reads through while its filters skip them.
+const AUDIT_SCAN: usize = 10_000;
+
+#[utoipa::path(get, path = "/v1/audit", tag = "keys", params(AuditParams),
+    responses((status = 200, description = "a page of the audit, newest first: an admin sees every entry, another key its own",
+        body = AuditPage), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn audit(
+    State(st): State<AppState>,
+    caller: Caller,
+    Query(q): Query<AuditParams>,
+) -> ApiResult<Response> {
+    let limit = page_limit_of(q.limit.as_deref(), 100)?;
+    let mut cursor = match q.cursor.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) if stream_id(c) => Some(c.to_owned()),
+        Some(_) => return Err(ApiError::bad("cursor is not one this route returned")),
+        None => None,
+    };
+    let wanted = |e: &AuditEntry| {
+        (caller.is_admin() || e.key_id == caller.key_id)
+            && q.key.as_ref().is_none_or(|k| *k == e.key || *k == e.key_id)
+            && q.plugin.as_ref().is_none_or(|p| *p == e.plugin)
+    };
+    let (mut entries, mut scanned) = (Vec::new(), 0);
+    loop {
+        let page = st.store.audit_page(cursor.as_deref(), 500).await?;
+        let end = page.len() < 500;
+        for e in page {
+            scanned += 1;
+            cursor = Some(e.id.clone());
+            if wanted(&e) {
+                entries.push(e);
+                if entries.len() == limit {
+                    break;
+                }
+            }
+        }
+        if end && entries.len() < limit {
+            cursor = None;
+            break;
+        }
+        if entries.len() == limit || scanned >= AUDIT_SCAN {
+            break;
+        }
+    }
+    Ok(axum::Json(AuditPage {
+        entries,
+        next_cursor: cursor,
+    })
+    .into_response())
+}
+
+/// A Redis Stream entry id (`<ms>-<seq>`).
+fn stream_id(s: &str) -> bool {
+    s.split_once('-').is_some_and(|(a, b)| {
+        (1..=19).contains(&a.len())
+            && (1..=19).contains(&b.len())
+            && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit())
+    })
+}

@@ -1,0 +1,541 @@
+//! Teams: API keys with roles and plugin scopes, the audit, plugins kept in their lane, and the
+//! Host and Origin checks of a runner without a token. Real runner processes (two, to see a
+//! revocation spread), real plugins, a real redis-server.
+
+use std::time::{Duration, Instant};
+
+use eggtimer_tests::{RedisServer, RunnerProcess, eventually, plugin_wasm};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(60);
+const ADMIN: &str = "admin-s3cret-token";
+
+/// A request with a bearer (None: without one), a JSON body when given.
+async fn req(method: &str, url: &str, bearer: Option<&str>, body: Option<Value>) -> (u16, Value) {
+    let mut r = reqwest::Client::new().request(method.parse().unwrap(), url);
+    if let Some(b) = bearer {
+        r = r.bearer_auth(b);
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.expect("the runner answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn upload_as(base: &str, bearer: &str, name: &str, wasm: Vec<u8>) -> (u16, Value) {
+    let resp = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+        .put(format!("{base}/v1/plugins/{name}"))
+        .bearer_auth(bearer)
+        .header("content-type", "application/wasm")
+        .body(wasm)
+        .send()
+        .await
+        .expect("the runner answers");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits until a task reaches `state`, asking as the admin.
+async fn wait_state(base: &str, id: &str, state: &str) -> Value {
+    eventually(T, &format!("task {id} to be {state}"), || async {
+        let (s, t) = req("GET", &format!("{base}/v1/tasks/{id}"), Some(ADMIN), None).await;
+        (s == 200 && t["state"] == state).then_some(t)
+    })
+    .await
+}
+
+/// Makes a key as the admin; returns (id, secret).
+async fn make_key(base: &str, name: &str, role: &str, plugins: &[&str]) -> (String, String) {
+    let (s, k) = req(
+        "POST",
+        &format!("{base}/v1/keys"),
+        Some(ADMIN),
+        Some(json!({"name": name, "role": role, "plugins": plugins})),
+    )
+    .await;
+    assert_eq!(s, 201, "{k}");
+    (
+        k["id"].as_str().unwrap().to_owned(),
+        k["key"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Every string Redis holds, whatever the key's type.
+fn everything_in_redis(redis: &RedisServer) -> String {
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    let mut all = String::new();
+    for k in keys {
+        all.push_str(&k);
+        let ty: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
+        let v: redis::Value = match ty.as_str() {
+            "string" => redis::cmd("GET").arg(&k).query(&mut c).unwrap(),
+            "hash" => redis::cmd("HGETALL").arg(&k).query(&mut c).unwrap(),
+            "list" => redis::cmd("LRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap(),
+            "set" => redis::cmd("SMEMBERS").arg(&k).query(&mut c).unwrap(),
+            "zset" => redis::cmd("ZRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap(),
+            "stream" => redis::cmd("XRANGE")
+                .arg(&k)
+                .arg("-")
+                .arg("+")
+                .query(&mut c)
+                .unwrap(),
+            _ => redis::Value::Nil,
+        };
+        all.push_str(&format!("{v:?}"));
+    }
+    all
+}
+
+#[tokio::test]
+async fn two_teams_deploy_schedule_and_read_only_their_own() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let base = r.url.as_str();
+    let (_, orders) = make_key(base, "team-orders", "developer", &["order-*"]).await;
+    let (_, coupons) = make_key(base, "team-coupons", "developer", &["coupon-*"]).await;
+    let (_, reader) = make_key(base, "orders-dashboard", "reader", &["order-*"]).await;
+
+    // each team deploys its own plugin; a deploy into the other's is refused, naming it
+    let (s, _) = upload_as(base, &orders, "order-cancel", plugin_wasm("order-cancel")).await;
+    assert_eq!(s, 201);
+    let (s, e) = upload_as(base, &orders, "coupon-expiry", plugin_wasm("coupon-expiry")).await;
+    assert_eq!(s, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"coupon-expiry\""),
+        "{e}"
+    );
+    let (s, _) = upload_as(
+        base,
+        &coupons,
+        "coupon-expiry",
+        plugin_wasm("coupon-expiry"),
+    )
+    .await;
+    assert_eq!(s, 201);
+
+    // each schedules its own, for one owner with tasks of both
+    let far = eggtimer_tests::now_ms() + 3_600_000;
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(&orders),
+        Some(json!({"plugin": "order-cancel", "id": "o-1", "owner": "u1", "run_at": far, "payload": {"order_id": "1"}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(&coupons),
+        Some(json!({"plugin": "coupon-expiry", "id": "c-1", "owner": "u1", "run_at": far, "payload": {"coupon_id": "1", "user_id": "u1"}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    // a batch with one spec of the other team's plugin: 403 naming it, nothing scheduled
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(&orders),
+        Some(json!([
+            {"plugin": "order-cancel", "id": "o-2", "run_at": far},
+            {"plugin": "coupon-expiry", "id": "c-2", "run_at": far}
+        ])),
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("[1] ") && msg.contains("\"coupon-expiry\""),
+        "{msg}"
+    );
+    let (s, _) = req("GET", &format!("{base}/v1/tasks/o-2"), Some(ADMIN), None).await;
+    assert_eq!(s, 404, "all or nothing");
+
+    // the other team's task is 404, as if it did not exist; their own is there
+    for (key, mine, theirs) in [(&orders, "o-1", "c-1"), (&coupons, "c-1", "o-1")] {
+        let (s, _) = req("GET", &format!("{base}/v1/tasks/{mine}"), Some(key), None).await;
+        assert_eq!(s, 200);
+        for (m, path) in [
+            ("GET", format!("/v1/tasks/{theirs}")),
+            ("DELETE", format!("/v1/tasks/{theirs}")),
+            ("POST", format!("/v1/tasks/{theirs}/run")),
+        ] {
+            let (s, e) = req(m, &format!("{base}{path}"), Some(key), None).await;
+            assert_eq!(s, 404, "{m} {path}: {e}");
+        }
+    }
+    // lists show only the team's own
+    let (_, list) = req("GET", &format!("{base}/v1/plugins"), Some(&orders), None).await;
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["order-cancel"]);
+    let (_, page) = req(
+        "GET",
+        &format!("{base}/v1/owners/u1/tasks"),
+        Some(&coupons),
+        None,
+    )
+    .await;
+    let ids: Vec<&str> = page
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c-1"]);
+    let (_, found) = req(
+        "GET",
+        &format!("{base}/v1/tasks?state=scheduled"),
+        Some(&orders),
+        None,
+    )
+    .await;
+    let ids: Vec<&str> = found["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["o-1"]);
+    let (s, _) = req(
+        "GET",
+        &format!("{base}/v1/tasks?plugin=coupon-expiry"),
+        Some(&orders),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (_, stats) = req("GET", &format!("{base}/v1/stats"), Some(&orders), None).await;
+    let names: Vec<&str> = stats["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["plugin"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["order-cancel"]);
+
+    // a reader reads but does not change
+    let (s, _) = req("GET", &format!("{base}/v1/tasks/o-1"), Some(&reader), None).await;
+    assert_eq!(s, 200);
+    let (s, e) = req(
+        "DELETE",
+        &format!("{base}/v1/tasks/o-1"),
+        Some(&reader),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs operator"),
+        "{e}"
+    );
+
+    // an owner-wide cancel touches only the team's tasks
+    let (s, n) = req(
+        "DELETE",
+        &format!("{base}/v1/owners/u1/tasks"),
+        Some(&orders),
+        None,
+    )
+    .await;
+    assert_eq!((s, &n["cancelled"]), (200, &json!(1)), "{n}");
+    let (s, _) = req("GET", &format!("{base}/v1/tasks/c-1"), Some(ADMIN), None).await;
+    assert_eq!(s, 200, "the other team's task of the same owner stays");
+
+    // keys are the admin's: a developer can't make one; unknown keys are 401
+    let (s, _) = req(
+        "POST",
+        &format!("{base}/v1/keys"),
+        Some(&orders),
+        Some(json!({"name": "x", "role": "admin", "plugins": ["*"]})),
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (s, _) = req(
+        "GET",
+        &format!("{base}/v1/plugins"),
+        Some("et_0000000000000000_00"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 401);
+    let (s, _) = req("GET", &format!("{base}/v1/plugins"), None, None).await;
+    assert_eq!(s, 401);
+
+    // the audit names the refused deploy; a team sees its own entries only
+    let (s, audit) = req(
+        "GET",
+        &format!("{base}/v1/audit?key=team-orders"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let refused_deploy = audit["entries"].as_array().unwrap().iter().find(|e| {
+        e["method"] == "PUT" && e["path"] == "/v1/plugins/coupon-expiry" && e["status"] == 403
+    });
+    let entry = refused_deploy.unwrap_or_else(|| panic!("no refused deploy in {audit}"));
+    assert_eq!(entry["plugin"], "coupon-expiry");
+    let (_, own) = req("GET", &format!("{base}/v1/audit"), Some(&coupons), None).await;
+    let own = own["entries"].as_array().unwrap();
+    assert!(!own.is_empty());
+    assert!(own.iter().all(|e| e["key"] == "team-coupons"), "{own:?}");
+    let (_, all) = req(
+        "GET",
+        &format!("{base}/v1/audit?limit=1000"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert!(
+        all["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["status"] == 401)
+    );
+
+    // no key secret anywhere in Redis, in clear
+    let stored = everything_in_redis(&redis);
+    for secret in [&orders, &coupons, &reader] {
+        assert!(
+            !stored.contains(secret.as_str()),
+            "a key's secret is in Redis"
+        );
+        assert!(
+            !stored.contains(&secret[20..]),
+            "a key's secret is in Redis"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_by_every_runner_within_a_second() {
+    let redis = RedisServer::start();
+    let a = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let b = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let (id, key) = make_key(&a.url, "team-pets", "operator", &["pet-*", "auto-feed"]).await;
+    let (s, _) = req("GET", &format!("{}/v1/plugins", b.url), Some(&key), None).await;
+    assert_eq!(s, 200, "the other runner takes the new key");
+    let keys = eventually(T, "last_used_at to be recorded", || async {
+        let (_, keys) = req("GET", &format!("{}/v1/keys", a.url), Some(ADMIN), None).await;
+        keys[0]["last_used_at"].is_i64().then_some(keys)
+    })
+    .await;
+    assert_eq!(keys[0]["name"], "team-pets");
+    assert!(keys[0].get("key").is_none(), "a listed key shows no secret");
+
+    let (s, _) = req(
+        "DELETE",
+        &format!("{}/v1/keys/{id}", a.url),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let revoked = Instant::now();
+    let (s, _) = req("GET", &format!("{}/v1/plugins", a.url), Some(&key), None).await;
+    assert_eq!(s, 401, "the runner that revoked it refuses it at once");
+    loop {
+        let (s, _) = req("GET", &format!("{}/v1/plugins", b.url), Some(&key), None).await;
+        if s == 401 {
+            break;
+        }
+        assert_eq!(s, 200);
+        assert!(
+            revoked.elapsed() < Duration::from_secs(1),
+            "the other runner still takes the revoked key after {:?}",
+            revoked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = revoked.elapsed();
+    assert!(took < Duration::from_secs(1), "refused after {took:?}");
+}
+
+#[tokio::test]
+async fn a_plugin_schedules_only_its_own_tasks_unless_may_schedule_says_more() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN, "--retry-base", "10ms"]);
+    let base = r.url.as_str();
+    for name in ["test-flood", "order-cancel"] {
+        let (s, _) = upload_as(base, ADMIN, name, plugin_wasm(name)).await;
+        assert_eq!(s, 201);
+    }
+    // another team's plugin schedules `order-cancel` for an order it names: refused
+    let (s, _) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(ADMIN),
+        Some(
+            json!({"plugin": "test-flood", "id": "f-1", "max_attempts": 1,
+            "payload": {"what": "schedule", "id": "order-cancel"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let t = wait_state(base, "f-1", "dead").await;
+    let err = t["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("may not schedule tasks of plugin \"order-cancel\""),
+        "{err}"
+    );
+    assert_eq!(order_cancel_tasks(base).await, 0, "no order was cancelled");
+
+    // a developer of other plugins may not widen it; the admin may
+    let (_, dev) = make_key(base, "team-flood", "developer", &["test-*"]).await;
+    let (s, e) = req(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-flood"),
+        Some(&dev),
+        Some(json!({"may_schedule": ["order-*"]})),
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    let (s, p) = req(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-flood"),
+        Some(ADMIN),
+        Some(json!({"may_schedule": ["order-*"]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(p["may_schedule"], json!(["order-*"]));
+    let (s, _) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(ADMIN),
+        Some(
+            json!({"plugin": "test-flood", "id": "f-2", "max_attempts": 1,
+            "payload": {"what": "schedule", "id": "order-cancel"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201);
+    wait_state(base, "f-2", "done").await;
+    assert_eq!(order_cancel_tasks(base).await, 1, "the follow-up is in");
+}
+
+/// How many tasks of `order-cancel` there are, in any state (every page of the find).
+async fn order_cancel_tasks(base: &str) -> usize {
+    let (mut n, mut cursor) = (0, String::new());
+    loop {
+        let url = format!("{base}/v1/tasks?plugin=order-cancel&cursor={cursor}");
+        let (s, page) = req("GET", &url, Some(ADMIN), None).await;
+        assert_eq!(s, 200, "{page}");
+        n += page["tasks"].as_array().unwrap().len();
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_owned(),
+            None => return n,
+        }
+    }
+}
+
+#[tokio::test]
+async fn without_a_token_other_hosts_and_other_sites_are_refused() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &[]);
+    let base = r.url.as_str();
+    let http = reqwest::Client::new();
+    let port = r.port;
+    // DNS rebinding: a name that resolves here, but is not this runner's
+    let s = http
+        .get(format!("{base}/v1/plugins"))
+        .header("host", format!("attacker.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(s.status().as_u16(), 403);
+    assert!(s.text().await.unwrap().contains("attacker.example"));
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let s = http
+            .get(format!("{base}/v1/plugins"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(s.status().as_u16(), 200);
+    }
+    // a page on another site posting a bodyless "simple" request, as a browser sends it
+    let s = http
+        .post(format!("{base}/v1/dead/retry"))
+        .header("origin", "https://attacker.example")
+        .header("sec-fetch-site", "cross-site")
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(s.status().as_u16(), 403);
+    let s = http
+        .post(format!("{base}/v1/dead/retry"))
+        .header("origin", "https://attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(s.status().as_u16(), 403);
+    // the dashboard's own requests (same origin) pass
+    let s = http
+        .post(format!("{base}/v1/dead/retry"))
+        .header("origin", format!("http://127.0.0.1:{port}"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(s.status().as_u16(), 200);
+    let (_, audit) = req("GET", &format!("{base}/v1/audit"), None, None).await;
+    let refused = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["status"] == 403)
+        .count();
+    assert_eq!(refused, 3, "{audit}");
+}
+
+#[tokio::test]
+async fn metrics_can_ask_for_a_token() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--metrics-token", "scrape-me"]);
+    let (s, _) = req("GET", &format!("{}/metrics", r.url), None, None).await;
+    assert_eq!(s, 401);
+    let (s, text) = req(
+        "GET",
+        &format!("{}/metrics", r.url),
+        Some("scrape-me"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert!(text.as_str().unwrap().contains("eggtimer_"), "{text}");
+}
