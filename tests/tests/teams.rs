@@ -69,6 +69,12 @@ async fn make_key(base: &str, name: &str, role: &str, plugins: &[&str]) -> (Stri
     )
 }
 
+/// The `key` field of each element of an array.
+fn strings<'a>(v: &'a Value, key: &str) -> Vec<&'a str> {
+    let items = v.as_array().unwrap_or_else(|| panic!("not an array: {v}"));
+    items.iter().map(|e| e[key].as_str().unwrap()).collect()
+}
+
 /// Every string Redis holds, whatever the key's type.
 fn everything_in_redis(redis: &RedisServer) -> String {
     let mut c = redis.conn();
@@ -189,12 +195,7 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
     }
     // lists show only the team's own
     let (_, list) = req("GET", &format!("{base}/v1/plugins"), Some(&orders), None).await;
-    let names: Vec<&str> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
+    let names = strings(&list, "name");
     assert_eq!(names, ["order-cancel"]);
     let (_, page) = req(
         "GET",
@@ -203,12 +204,7 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
         None,
     )
     .await;
-    let ids: Vec<&str> = page
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap())
-        .collect();
+    let ids = strings(&page, "id");
     assert_eq!(ids, ["c-1"]);
     let (_, found) = req(
         "GET",
@@ -217,12 +213,7 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
         None,
     )
     .await;
-    let ids: Vec<&str> = found["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap())
-        .collect();
+    let ids = strings(&found["tasks"], "id");
     assert_eq!(ids, ["o-1"]);
     let (s, _) = req(
         "GET",
@@ -233,12 +224,7 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
     .await;
     assert_eq!(s, 403);
     let (_, stats) = req("GET", &format!("{base}/v1/stats"), Some(&orders), None).await;
-    let names: Vec<&str> = stats["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["plugin"].as_str().unwrap())
-        .collect();
+    let names = strings(&stats["plugins"], "plugin");
     assert_eq!(names, ["order-cancel"]);
 
     // a reader reads but does not change
@@ -392,25 +378,23 @@ async fn a_plugin_schedules_only_its_own_tasks_unless_may_schedule_says_more() {
         let (s, _) = upload_as(base, ADMIN, name, plugin_wasm(name)).await;
         assert_eq!(s, 201);
     }
-    // another team's plugin schedules `order-cancel` for an order it names: refused
-    let (s, _) = req(
-        "POST",
-        &format!("{base}/v1/tasks"),
-        Some(ADMIN),
-        Some(
-            json!({"plugin": "test-flood", "id": "f-1", "max_attempts": 1,
-            "payload": {"what": "schedule", "id": "order-cancel"}}),
-        ),
-    )
-    .await;
+    let later = eggtimer_tests::now_ms() + 3_600_000;
+    let spec = json!({"plugin": "order-cancel", "id": "o-later", "run_at": later});
+    let (s, _) = req("POST", &format!("{base}/v1/tasks"), Some(ADMIN), Some(spec)).await;
     assert_eq!(s, 201);
+    // another team's plugin schedules `order-cancel` for an order it names: refused
+    flood(base, "f-1", "schedule", "order-cancel").await;
     let t = wait_state(base, "f-1", "dead").await;
     let err = t["last_error"].as_str().unwrap();
     assert!(
         err.contains("may not schedule tasks of plugin \"order-cancel\""),
         "{err}"
     );
-    assert_eq!(order_cancel_tasks(base).await, 0, "no order was cancelled");
+    assert_eq!(order_cancel_tasks(base).await, 1, "no order was cancelled");
+    // nor can it cancel one
+    flood(base, "fc-1", "cancel", "o-later").await;
+    wait_state(base, "fc-1", "done").await;
+    wait_state(base, "o-later", "scheduled").await;
 
     // a developer of other plugins may not widen it; the admin may
     let (_, dev) = make_key(base, "team-flood", "developer", &["test-*"]).await;
@@ -431,19 +415,28 @@ async fn a_plugin_schedules_only_its_own_tasks_unless_may_schedule_says_more() {
     .await;
     assert_eq!(s, 200, "{p}");
     assert_eq!(p["may_schedule"], json!(["order-*"]));
+    flood(base, "f-2", "schedule", "order-cancel").await;
+    wait_state(base, "f-2", "done").await;
+    assert_eq!(order_cancel_tasks(base).await, 2, "the follow-up is in");
+    flood(base, "fc-2", "cancel", "o-later").await;
+    wait_state(base, "fc-2", "done").await;
     let (s, _) = req(
-        "POST",
-        &format!("{base}/v1/tasks"),
+        "GET",
+        &format!("{base}/v1/tasks/o-later"),
         Some(ADMIN),
-        Some(
-            json!({"plugin": "test-flood", "id": "f-2", "max_attempts": 1,
-            "payload": {"what": "schedule", "id": "order-cancel"}}),
-        ),
+        None,
     )
     .await;
-    assert_eq!(s, 201);
-    wait_state(base, "f-2", "done").await;
-    assert_eq!(order_cancel_tasks(base).await, 1, "the follow-up is in");
+    assert_eq!(s, 404, "cancelled");
+}
+
+/// Schedules a `test-flood` task (one attempt) that does `what` (`schedule`: a task of the
+/// plugin `id`; `cancel`: the task `id`).
+async fn flood(base: &str, task: &str, what: &str, id: &str) {
+    let spec = json!({"plugin": "test-flood", "id": task, "max_attempts": 1,
+        "payload": {"what": what, "id": id}});
+    let (s, e) = req("POST", &format!("{base}/v1/tasks"), Some(ADMIN), Some(spec)).await;
+    assert_eq!(s, 201, "{e}");
 }
 
 /// How many tasks of `order-cancel` there are, in any state (every page of the find).

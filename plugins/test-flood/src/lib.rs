@@ -1,7 +1,8 @@
 //! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `kv-reads`
 //! (one key read again and again), `events`, `logs`, `follow-ups`, `cancels`), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
-//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin), or,
+//! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin, or of one its
+//! `may_schedule` covers), or,
 //! with `what: "schedule"`, schedules a task of the plugin `id` (the host refuses one of another
 //! plugin unless this one's `may_schedule` covers it), or
 //! returns an outcome out of bounds (`retry-never`, `run-again-never`) or a 32 MiB error

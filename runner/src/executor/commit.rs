@@ -101,8 +101,9 @@ impl Executor {
                 self.metrics.observe_scheduled(&t.plugin, 1);
             }
         }
+        let also = fx.cancel_also.as_deref().unwrap_or_default();
         for id in &fx.cancel {
-            match self.store.cancel_for_plugin(id, &task.plugin).await {
+            match self.store.cancel_for_plugin(id, &task.plugin, also).await {
                 Ok(Ok(())) => debug!(%id, "cancelled"),
                 Ok(Err(why)) => debug!(%id, "not cancelled: {why}"),
                 Err(e) => return Err(NotCommitted::Failed(e)),

@@ -24,8 +24,11 @@ pub enum Outcome {
 pub struct Effects {
     /// Follow-up tasks, created only if their (derived) id does not exist yet.
     pub schedule: Vec<NewTask>,
-    /// Ids of tasks to cancel (only tasks of the same plugin are cancelled).
+    /// Ids of tasks to cancel (only tasks of the same plugin, or of one `cancel_also` covers,
+    /// are cancelled).
     pub cancel: Vec<String>,
+    /// Plugin patterns whose tasks the cancels may also touch (the plugin's `may_schedule`).
+    pub cancel_also: Option<std::sync::Arc<[String]>>,
     /// kv reads (checked at commit), kv writes and events.
     pub ns: NsEffects,
 }

@@ -126,6 +126,10 @@ pub(super) async fn call(
             task_id: task.id.clone(),
             occurrence: task.created,
             plugin: task.plugin.clone(),
+            effects: crate::executor::Effects {
+                cancel_also: may_schedule.clone(),
+                ..Default::default()
+            },
             may_schedule,
             host: Some(host),
             budget: opts.budget.clone(),

@@ -305,25 +305,38 @@ impl Store {
 
     /// Cancels a scheduled (or dead) task.
     pub async fn cancel(&self, id: &str) -> Result<Result<(), Refused>> {
-        self.delete(id, false, "").await
+        self.delete(id, false, "", &[]).await
     }
 
-    /// Cancels a scheduled (or dead) task only if it belongs to `plugin` (a plugin's cancel).
-    pub async fn cancel_for_plugin(&self, id: &str, plugin: &str) -> Result<Result<(), Refused>> {
-        self.delete(id, false, plugin).await
+    /// Cancels a scheduled (or dead) task only if it belongs to `plugin` or to a plugin one of
+    /// the patterns `also` covers (a plugin's cancel).
+    pub async fn cancel_for_plugin(
+        &self,
+        id: &str,
+        plugin: &str,
+        also: &[String],
+    ) -> Result<Result<(), Refused>> {
+        self.delete(id, false, plugin, also).await
     }
 
     /// Drops a dead task.
     pub async fn drop_dead(&self, id: &str) -> Result<Result<(), Refused>> {
-        self.delete(id, true, "").await
+        self.delete(id, true, "", &[]).await
     }
 
-    async fn delete(&self, id: &str, only_dead: bool, plugin: &str) -> Result<Result<(), Refused>> {
+    async fn delete(
+        &self,
+        id: &str,
+        only_dead: bool,
+        plugin: &str,
+        also: &[String],
+    ) -> Result<Result<(), Refused>> {
         let shard = self.shard_of(id);
         let mut inv = self.shard_script(&self.inner.scripts.cancel, shard);
         inv.arg(id)
             .arg(if only_dead { "1" } else { "0" })
-            .arg(plugin);
+            .arg(plugin)
+            .arg(also);
         let w: String = inv
             .invoke_async(&mut self.conn())
             .await
