@@ -519,6 +519,34 @@ pages.events = (params) => {
   return { root, refresh, errorEl: () => err };
 };
 
+pages.audit = (params) => {
+  const err = h("p", { class: "error", id: "audit-error", hidden: true });
+  const form = h("form", { class: "inline" },
+    h("label", {}, "key", h("input", { id: "au-key", value: params.get("key") || "", placeholder: "any" })),
+    h("label", {}, "plugin", h("input", { id: "au-plugin", value: params.get("plugin") || "", placeholder: "any" })),
+    h("button", { id: "au-go", type: "submit" }, "Show"));
+  const root = h("div", {}, h("h1", {}, "Audit"),
+    h("div", { class: "card" }, h("p", { class: "hint" }, "Every change made through the API and every refused request, newest first. An admin sees everyone's; another key its own."), form, err),
+    h("div", { class: "card" }, h("div", { id: "audit-rows" }, h("div", { class: "empty" }, "Loading…"))));
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); refresh().catch((e) => showError(err, e)); });
+  async function refresh() {
+    const q = new URLSearchParams({ limit: "200" });
+    const key = $("#au-key").value.trim(), plugin = $("#au-plugin").value.trim();
+    if (key) q.set("key", key);
+    if (plugin) q.set("plugin", plugin);
+    const page = await get(`/v1/audit?${q}`);
+    showError(err, null);
+    replace($("#audit-rows"), table([
+      { label: "at", get: (e) => fmtTime(e.at) },
+      { label: "key", get: (e) => e.key || "—" },
+      { label: "request", get: (e) => h("span", { class: "mono" }, `${e.method} ${e.path}`) },
+      { label: "plugin", get: (e) => e.plugin || "—" },
+      { label: "status", get: (e) => e.status >= 400 ? h("span", { class: "pill dead" }, String(e.status)) : String(e.status) },
+    ], page.entries, { empty: "Nothing in the audit yet." }));
+  }
+  return { root, refresh, errorEl: () => err };
+};
+
 // ---- routing and the refresh loop ----------------------------------------------------------
 
 function route() {

@@ -439,3 +439,69 @@ async fn with_a_token_the_dashboard_asks_for_it_once() {
         .unwrap();
     assert!(hidden.is_some(), "the token dialog came back");
 }
+
+#[tokio::test]
+async fn each_teams_key_shows_its_own_plugins_and_audit() {
+    let redis = RedisServer::start();
+    let admin = "s3cret-admin";
+    let runner = RunnerProcess::with_plugins(&redis, &["--token", admin]);
+    let mut keys = Vec::new();
+    for (team, plugins) in [("team-orders", "order-*"), ("team-coupons", "coupon-*")] {
+        let k: Value = eggtimer_tests::http()
+            .post(format!("{}/v1/keys", runner.url))
+            .bearer_auth(admin)
+            .json(&json!({"name": team, "role": "developer", "plugins": [plugins]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        keys.push(k["key"].as_str().unwrap().to_owned());
+    }
+    let b = Browser::start().await;
+    for (key, mine, theirs, team) in [
+        (&keys[0], "order-cancel", "coupon-expiry", "team-orders"),
+        (&keys[1], "coupon-expiry", "order-cancel", "team-coupons"),
+    ] {
+        // a fresh session: sign in with this team's key
+        b.open(&runner.url, "plugins").await;
+        b.client
+            .execute("sessionStorage.clear(); location.reload();", vec![])
+            .await
+            .unwrap();
+        b.element("#token-dialog:not([hidden])").await;
+        b.type_into("#token-input", key).await;
+        b.click("#token-go").await;
+        let rows = b
+            .text_until("#plugin-rows", "the team's plugins", |t| t.contains(mine))
+            .await;
+        assert!(!rows.contains(theirs), "{team} sees {theirs}: {rows}");
+        assert!(!rows.contains("auto-feed"), "{team} sees auto-feed: {rows}");
+        // the team deletes the other team's plugin by hand: refused, and the audit page says so
+        let s = eggtimer_tests::http()
+            .delete(format!("{}/v1/plugins/{theirs}", runner.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(s, 403);
+        b.open(&runner.url, "audit").await;
+        let audit = b
+            .text_until("#audit-rows", "the team's audit", |t| {
+                t.contains(&format!("DELETE /v1/plugins/{theirs}"))
+            })
+            .await;
+        assert!(audit.contains("403") && audit.contains(team), "{audit}");
+        let other = if team == "team-orders" {
+            "team-coupons"
+        } else {
+            "team-orders"
+        };
+        assert!(
+            !audit.contains(other),
+            "{team} sees {other}'s audit: {audit}"
+        );
+    }
+}
