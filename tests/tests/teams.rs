@@ -517,18 +517,49 @@ async fn without_a_token_other_hosts_and_other_sites_are_refused() {
 }
 
 #[tokio::test]
-async fn metrics_can_ask_for_a_token() {
+async fn metrics_read_redis_at_most_once_a_second_and_can_ask_for_a_token() {
     let redis = RedisServer::start();
-    let r = RunnerProcess::start(&redis.url(), &["--metrics-token", "scrape-me"]);
+    let shards = 4;
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--metrics-token",
+            "scrape-me",
+            "--shards",
+            &shards.to_string(),
+        ],
+    );
     let (s, _) = req("GET", &format!("{}/metrics", r.url), None, None).await;
     assert_eq!(s, 401);
-    let (s, text) = req(
-        "GET",
-        &format!("{}/metrics", r.url),
-        Some("scrape-me"),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
-    assert!(text.as_str().unwrap().contains("eggtimer_"), "{text}");
+    // every shard's counts are read with one HVALS (nothing else sends it): count them over a
+    // burst of scrapes
+    let mut c = redis.conn();
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
+    let started = Instant::now();
+    let scrapes = 30;
+    for _ in 0..scrapes {
+        let (s, text) = req(
+            "GET",
+            &format!("{}/metrics", r.url),
+            Some("scrape-me"),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200);
+        assert!(text.as_str().unwrap().contains("eggtimer_"), "{text}");
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
+    let hvals: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hvals:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        hvals <= shards * (seconds + 1),
+        "{scrapes} scrapes in {seconds} s read every shard {hvals} times ({shards} shards)"
+    );
 }
