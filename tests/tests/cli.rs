@@ -117,3 +117,67 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0));
     assert!(out.contains("\"tasks\": []"), "{out}");
 }
+
+#[tokio::test]
+async fn an_admin_makes_lists_and_revokes_keys_and_reads_the_audit_from_the_cli() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--token", "cli-admin"]);
+    let token_file = eggtimer_tests::temp_dir("cli-token").join("token");
+    std::fs::write(&token_file, "cli-admin\n").unwrap();
+    let cli = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(eggtimer_bin())
+            .args(args)
+            .args(["--url", &r.url])
+            .env_remove("EGGTIMER_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let admin = [("EGGTIMER_TOKEN_FILE", token_file.to_str().unwrap())];
+    let (c, out, err) = cli(
+        &[
+            "key",
+            "create",
+            "team-pets",
+            "--role",
+            "operator",
+            "--plugins",
+            "auto-feed,pet-*",
+        ],
+        &admin,
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let made: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(made["plugins"], serde_json::json!(["auto-feed", "pet-*"]));
+    let (id, key) = (made["id"].as_str().unwrap(), made["key"].as_str().unwrap());
+    // the team's key from the environment: its plugins only, no keys
+    let team = [("EGGTIMER_TOKEN", key)];
+    let (c, _, err) = cli(&["plugin", "get", "noop"], &team);
+    assert_eq!(c, Some(1));
+    assert!(err.contains("403") && err.contains("\"noop\""), "{err}");
+    let (c, _, err) = cli(&["key", "list"], &team);
+    assert!(c == Some(1) && err.contains("needs admin"), "{err}");
+    // the list is a table without the secret
+    let (c, out, _) = cli(&["key", "list"], &admin);
+    assert_eq!(c, Some(0));
+    assert!(
+        out.starts_with("ID ") && out.contains("team-pets") && out.contains("operator"),
+        "{out}"
+    );
+    assert!(!out.contains(key), "{out}");
+    let (c, out, _) = cli(&["audit", "--key", "team-pets"], &admin);
+    assert_eq!(c, Some(0));
+    assert!(
+        out.contains("GET") && out.contains("/v1/plugins/noop") && out.contains("403"),
+        "{out}"
+    );
+    let (c, _, err) = cli(&["key", "revoke", id], &admin);
+    assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "list"], &team);
+    assert!(c == Some(1) && err.contains("401"), "{err}");
+}
