@@ -283,6 +283,7 @@ fn app_state(
     let runners_store = api_store.clone();
     let mut access = Access::new(api_store.clone(), args.token.clone(), Some(args.listen));
     access.audit_keep_ms = args.audit_retention.as_millis() as i64;
+    access.audit_max_len = args.audit_max_len;
     access.metrics_token = args.metrics_token.clone();
     AppState {
         store: api_store,

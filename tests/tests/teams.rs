@@ -563,3 +563,37 @@ async fn metrics_read_redis_at_most_once_a_second_and_can_ask_for_a_token() {
         "{scrapes} scrapes in {seconds} s read every shard {hvals} times ({shards} shards)"
     );
 }
+
+#[tokio::test]
+async fn a_flood_of_refused_requests_does_not_grow_the_audit_past_its_cap() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN, "--audit-max-len", "100"]);
+    let flood = 1_000;
+    for i in 0..flood {
+        let (s, _) = req(
+            "GET",
+            &format!("{}/v1/plugins", r.url),
+            Some(&format!("et_{i}")),
+            None,
+        )
+        .await;
+        assert_eq!(s, 401);
+    }
+    let len: u64 = redis::cmd("XLEN")
+        .arg("{eggtimer}:audit")
+        .query(&mut redis.conn())
+        .unwrap();
+    // `MAXLEN ~` trims whole stream nodes (100 entries each): a little over the cap, never the flood
+    assert!(
+        len <= 200,
+        "the audit holds {len} entries after {flood} refusals"
+    );
+    let (_, page) = req(
+        "GET",
+        &format!("{}/v1/audit?limit=5", r.url),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(page["entries"][0]["status"], 401, "{page}");
+}

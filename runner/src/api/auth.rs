@@ -42,6 +42,8 @@ pub struct Access {
     pub listen: Option<SocketAddr>,
     /// How long audit entries are kept (ms).
     pub audit_keep_ms: i64,
+    /// The most audit entries kept.
+    pub audit_max_len: u64,
     /// `/metrics` wants this bearer when set.
     pub metrics_token: Option<String>,
     store: Store,
@@ -55,6 +57,7 @@ impl Access {
             token,
             listen,
             audit_keep_ms: 90 * 86_400_000,
+            audit_max_len: 1_000_000,
             metrics_token: None,
             store,
             cache: Mutex::new(HashMap::new()),
@@ -281,7 +284,11 @@ fn entry(caller: Option<&Caller>, method: &Method, path: &str, res: &Response) -
 
 /// Appends one request to the audit (a failure to is logged: the change itself is done).
 async fn audit(st: &AppState, e: AuditEntry) {
-    if let Err(err) = st.store.audit_add(&e, st.access.audit_keep_ms).await {
+    if let Err(err) = st
+        .store
+        .audit_add(&e, st.access.audit_keep_ms, st.access.audit_max_len)
+        .await
+    {
         warn!(method = %e.method, path = %e.path, status = e.status, "appending to the audit: {err:#}");
     }
 }

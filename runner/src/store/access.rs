@@ -3,7 +3,7 @@
 //! A key is the JSON record under its id in `apikeys`, found by its secret's hash through
 //! `apikey:hashes`. Revoking deletes the record first: from that command on, a lookup of the key
 //! finds nothing, whatever is left of its index. The audit is the Redis Stream `audit`, trimmed
-//! by age on every append.
+//! by age and length on every append.
 
 use std::collections::HashMap;
 
@@ -149,13 +149,15 @@ impl Store {
             .context("recording a key's use")
     }
 
-    /// Appends to the audit, dropping entries older than `keep_ms`.
-    pub async fn audit_add(&self, e: &AuditEntry, keep_ms: i64) -> Result<()> {
-        redis::cmd("XADD")
-            .arg(self.keys().audit())
-            .arg("MINID")
+    /// Appends to the audit, keeping at most `max_len` entries and none older than `keep_ms`.
+    pub async fn audit_add(&self, e: &AuditEntry, keep_ms: i64, max_len: u64) -> Result<()> {
+        let key = self.keys().audit();
+        redis::pipe()
+            .cmd("XADD")
+            .arg(&key)
+            .arg("MAXLEN")
             .arg("~")
-            .arg(e.at.saturating_sub(keep_ms).max(0))
+            .arg(max_len)
             .arg("*")
             .arg("at")
             .arg(e.at)
@@ -171,10 +173,16 @@ impl Store {
             .arg(&e.plugin)
             .arg("status")
             .arg(e.status)
-            .query_async::<String>(&mut self.conn())
+            .ignore()
+            .cmd("XTRIM")
+            .arg(&key)
+            .arg("MINID")
+            .arg("~")
+            .arg(e.at.saturating_sub(keep_ms).max(0))
+            .ignore()
+            .query_async::<()>(&mut self.conn())
             .await
             .context("appending to the audit")
-            .map(|_| ())
     }
 
     /// Up to `count` audit entries, newest first, before the entry `before` (None: from the
