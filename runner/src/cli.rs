@@ -197,11 +197,16 @@ fn show(out: &Value, view: View) -> Result<()> {
         View::Keys => Some(crate::table::keys(out)),
         View::Audit => Some(crate::table::audit(out)),
     };
-    match text {
-        Some(t) => print!("{t}"),
-        None => println!("{}", serde_json::to_string_pretty(out)?),
+    let text = match text {
+        Some(t) => t,
+        None => serde_json::to_string_pretty(out)? + "\n",
+    };
+    // a reader that stopped early (`| head`) is not an error
+    use std::io::Write;
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn plugin_call(cmd: PluginCmd) -> Call {
@@ -236,8 +241,11 @@ fn key_call(cmd: KeyCmd) -> Call {
             name,
             role,
             plugins,
-        } => Call::new(Method::POST, "/v1/keys")
-            .json(json!({"name": name, "role": role, "plugins": plugins})),
+        } => {
+            eprintln!("the key's secret (\"key\") is shown this once: Redis keeps only its hash");
+            Call::new(Method::POST, "/v1/keys")
+                .json(json!({"name": name, "role": role, "plugins": plugins}))
+        }
         KeyCmd::List => Call::get("/v1/keys").view(View::Keys),
         KeyCmd::Revoke { id } => Call::new(Method::DELETE, format!("/v1/keys/{}", enc(&id))),
     }

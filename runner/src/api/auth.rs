@@ -234,7 +234,7 @@ pub async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> 
     let role = needed(&method, &route);
     if caller.role < role {
         let res = ApiError::forbidden(format!(
-            "key {:?} is a {} key; {method} {route} needs {}",
+            "key {:?} has the {} role; {method} {route} needs {}",
             caller.name,
             caller.role.name(),
             role.name()
