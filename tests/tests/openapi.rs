@@ -124,6 +124,9 @@ async fn schemathesis_with_a_teams_key_finds_nothing() {
 /// Runs schemathesis with every check against `r` (with `extra` arguments) and asserts it found
 /// nothing, generated enough requests, and that the runner did not panic.
 fn schemathesis_finds_nothing(r: &RunnerProcess, extra: &[&str]) {
+    // one run at a time: each loads the machine (and its runner) fully
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let bin = schemathesis();
     let conf = workspace().join("tests/schemathesis");
     let out = Command::new(&bin)
