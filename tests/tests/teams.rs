@@ -292,6 +292,13 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
     });
     let entry = refused_deploy.unwrap_or_else(|| panic!("no refused deploy in {audit}"));
     assert_eq!(entry["plugin"], "coupon-expiry");
+    let scheduled = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["method"] == "POST" && e["path"] == "/v1/tasks" && e["status"] == 201);
+    let entry = scheduled.unwrap_or_else(|| panic!("no schedule in {audit}"));
+    assert_eq!(entry["plugin"], "order-cancel", "the plugin it concerned");
     let (_, own) = req("GET", &format!("{base}/v1/audit"), Some(&coupons), None).await;
     let own = own["entries"].as_array().unwrap();
     assert!(!own.is_empty());

@@ -13,7 +13,7 @@ use super::AppState;
 use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult};
 use super::doc;
-use super::error::ApiError;
+use super::error::{ApiError, Concerns};
 use crate::access::Caller;
 use crate::clock::now_ms;
 use crate::limits;
@@ -247,11 +247,13 @@ pub async fn schedule_put(
     } else {
         StatusCode::OK
     };
-    Ok((
+    let mut res = (
         status,
         axum::Json(json!({"id": id, "next_run_at": row.next})),
     )
-        .into_response())
+        .into_response();
+    res.extensions_mut().insert(Concerns(def.plugin.clone()));
+    Ok(res)
 }
 
 /// `GET /v1/schedules`.

@@ -13,7 +13,7 @@ use super::AppState;
 use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult};
 use super::doc;
-use super::error::ApiError;
+use super::error::{ApiError, Concerns};
 use super::params::{TaskId, check_id};
 use crate::access::Caller;
 use crate::clock::now_ms;
@@ -200,7 +200,13 @@ pub async fn schedule(
     } else {
         Value::Array(replies)
     };
-    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+    let mut res = (StatusCode::CREATED, axum::Json(body)).into_response();
+    if specs.iter().all(|t| t.plugin == specs[0].plugin) {
+        // the audit names the plugin a request concerns, when it is one
+        res.extensions_mut()
+            .insert(Concerns(specs[0].plugin.clone()));
+    }
+    Ok(res)
 }
 
 /// The `traceparent` header, checked (an empty header is no header, as proxies and curl's
