@@ -182,6 +182,7 @@ impl Bench {
             metrics: Arc::new(Metrics::default()),
             max_payload_bytes: 64 << 10,
             max_plugin_bytes: 16 << 20,
+            max_plugin_timeout_ms: 60_000,
             max_body_bytes: 32 << 20,
             runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
             owned_shards: Arc::new(|| 0),

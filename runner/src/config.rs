@@ -429,6 +429,9 @@ pub struct ServeArgs {
     /// Time limit of one plugin call.
     #[arg(long, env = "EGGTIMER_PLUGIN_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub plugin_timeout: Duration,
+    /// The most a plugin's own `time_limit_ms` may be, unless an admin sets it.
+    #[arg(long, env = "EGGTIMER_MAX_PLUGIN_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub max_plugin_timeout: Duration,
     /// Memory cap of one plugin instance (bytes).
     #[arg(long, env = "EGGTIMER_PLUGIN_MEMORY", default_value_t = 64 * 1024 * 1024)]
     pub plugin_memory: usize,

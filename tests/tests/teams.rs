@@ -604,3 +604,79 @@ async fn a_flood_of_refused_requests_does_not_grow_the_audit_past_its_cap() {
     .await;
     assert_eq!(page["entries"][0]["status"], 401, "{page}");
 }
+
+#[tokio::test]
+async fn a_plugins_own_time_limit_stays_within_the_operators_cap_unless_an_admin_sets_it() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--token",
+            ADMIN,
+            "--plugin-timeout",
+            "1s",
+            "--max-plugin-timeout",
+            "5s",
+        ],
+    );
+    let base = r.url.as_str();
+    let (s, _) = upload_as(base, ADMIN, "test-sleep", plugin_wasm("test-sleep")).await;
+    assert_eq!(s, 201);
+    let (_, dev) = make_key(base, "team-sleep", "developer", &["test-*"]).await;
+    let patch = |key: String, ms: Value| async move {
+        req(
+            "PATCH",
+            &format!("{base}/v1/plugins/test-sleep"),
+            Some(&key),
+            Some(json!({"time_limit_ms": ms})),
+        )
+        .await
+    };
+    // past the operator's cap: 400 naming the field for a developer, allowed for an admin
+    let (s, e) = patch(dev.clone(), json!(6_000)).await;
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("time_limit_ms 6000 is past"),
+        "{e}"
+    );
+    let (s, p) = patch(ADMIN.to_owned(), json!(6_000)).await;
+    assert_eq!((s, &p["time_limit_ms"]), (200, &json!(6_000)), "{p}");
+    // within it, a developer's own: a run of 300 ms fails under 200 ms, one of 1.5 s (over the
+    // runner's 1 s) passes under 3 s
+    let (s, _) = patch(dev.clone(), json!(200)).await;
+    assert_eq!(s, 200);
+    let sleep = |id: &str, ms: u64| json!({"plugin": "test-sleep", "id": id, "max_attempts": 1, "payload": {"ms": ms, "tag": id}});
+    let (s, _) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(&dev),
+        Some(sleep("short", 300)),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let t = wait_state(base, "short", "dead").await;
+    assert!(
+        t["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("time limit of 200ms"),
+        "{t}"
+    );
+    let (s, _) = patch(dev.clone(), json!(3_000)).await;
+    assert_eq!(s, 200);
+    let (s, _) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(&dev),
+        Some(sleep("long", 1_500)),
+    )
+    .await;
+    assert_eq!(s, 201);
+    wait_state(base, "long", "done").await;
+    // null: the runner's own limit again
+    let (s, p) = patch(dev, Value::Null).await;
+    assert_eq!((s, &p["time_limit_ms"]), (200, &Value::Null), "{p}");
+}

@@ -268,6 +268,8 @@ pub struct PluginInfo {
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).
     pub may_schedule: Vec<PluginPattern>,
+    /// Its own time limit per run (ms); null: the runner's `--plugin-timeout`.
+    pub time_limit_ms: Option<u64>,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
@@ -294,6 +296,10 @@ pub struct PluginPatch {
     /// only. An admin, or a developer whose own patterns cover each one.
     #[schema(max_items = 100)]
     pub may_schedule: Option<Vec<PluginPattern>>,
+    /// Its own time limit per run (ms); null: the runner's `--plugin-timeout`. Past the
+    /// operator's cap (`--max-plugin-timeout`) only an admin may set it (else 400).
+    #[schema(minimum = 1, maximum = 3600000)]
+    pub time_limit_ms: Option<u64>,
 }
 
 /// A page of found tasks.
@@ -478,3 +484,4 @@ pub struct ApiDoc;
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
 const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);
+const _: () = assert!(super::plugins::MAX_TIME_LIMIT_MS == 3600000);

@@ -61,6 +61,8 @@ pub struct AppState {
     pub scrape: Arc<ops::ScrapeCache>,
     pub max_payload_bytes: usize,
     pub max_plugin_bytes: usize,
+    /// The most a plugin's `time_limit_ms` may be unless an admin sets it.
+    pub max_plugin_timeout_ms: u64,
     pub max_body_bytes: usize,
     /// Live-runner listing, filled in by the membership module.
     pub runners:

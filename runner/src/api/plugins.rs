@@ -109,6 +109,7 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     v["max_concurrency"] = json!(s.max_concurrency);
     v["weight"] = json!(s.weight.unwrap_or(1));
     v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
+    v["time_limit_ms"] = json!(s.time_limit_ms);
     v
 }
 
@@ -145,6 +146,25 @@ fn may_schedule(
     }
     // an empty list is the default (cjson would also store it as an object)
     Ok(Some(list).filter(|l| !l.is_empty()))
+}
+
+/// The longest time limit per run an admin may give a plugin (ms).
+pub const MAX_TIME_LIMIT_MS: i64 = 3_600_000;
+
+/// A `time_limit_ms` setting: 1 ms to an hour, at most the operator's cap (`cap_ms`,
+/// `--max-plugin-timeout`) unless the caller is an admin; null: the runner's `--plugin-timeout`.
+fn time_limit(
+    caller: &Caller,
+    raw: &serde_json::value::RawValue,
+    cap_ms: u64,
+) -> ApiResult<Option<u64>> {
+    let ms = setting(raw, "time_limit_ms", 1, MAX_TIME_LIMIT_MS)?.map(u64::from);
+    match ms {
+        Some(ms) if ms > cap_ms && caller.role < Role::Admin => Err(ApiError::bad(format!(
+            "time_limit_ms {ms} is past the operator's cap of {cap_ms} ms (--max-plugin-timeout): only an admin can set more"
+        ))),
+        _ => Ok(ms),
+    }
 }
 
 /// An optional integer setting from `lo` to `hi`: `Ok(None)` for null (its default).
@@ -226,12 +246,11 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    if let Some(other) = b
-        .keys()
-        .find(|k| !["max_concurrency", "weight", "may_schedule"].contains(&k.as_str()))
-    {
+    if let Some(other) = b.keys().find(|k| {
+        !["max_concurrency", "weight", "may_schedule", "time_limit_ms"].contains(&k.as_str())
+    }) {
         return Err(ApiError::bad(format!(
-            "unknown field `{other}`, expected `max_concurrency`, `weight` or `may_schedule`"
+            "unknown field `{other}`, expected `max_concurrency`, `weight`, `may_schedule` or `time_limit_ms`"
         )));
     }
     let max = b
@@ -246,7 +265,14 @@ pub async fn plugin_patch(
         .get("may_schedule")
         .map(|raw| may_schedule(&caller, raw))
         .transpose()?;
+    let time_limit = b
+        .get("time_limit_ms")
+        .map(|raw| time_limit(&caller, raw, st.max_plugin_timeout_ms))
+        .transpose()?;
     let cur = current(&st, &name).await?;
+    if let Some(ms) = time_limit {
+        st.store.set_time_limit(&name, ms).await?;
+    }
     if let Some(may) = may {
         st.store.set_may_schedule(&name, may).await?;
     }

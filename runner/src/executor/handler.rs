@@ -119,7 +119,7 @@ pub trait Handler: Send + Sync + 'static {
 
     /// How long a concurrency slot lasts without being taken again: longer than one call can run,
     /// so only a dead runner's slots expire.
-    fn slot_lease_ms(&self) -> u64 {
+    fn slot_lease_ms(&self, _plugin: &str) -> u64 {
         60_000
     }
 }

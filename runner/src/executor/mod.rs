@@ -428,7 +428,7 @@ impl Executor {
 
     /// Takes (or renews) a concurrency slot of the task's plugin.
     async fn take_slot(&self, task: &Claimed, holder: &str, max: u32) -> bool {
-        let lease = self.handler.slot_lease_ms();
+        let lease = self.handler.slot_lease_ms(&task.plugin);
         match self.store.slot_take(&task.plugin, holder, max, lease).await {
             Ok(taken) => taken,
             Err(e) => {

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 use wasmtime::component::ResourceTable;
@@ -103,6 +103,14 @@ impl Pool {
     }
 }
 
+/// What a plugin's settings make of one of its runs.
+pub(super) struct RunSettings {
+    /// The plugins it may schedule and cancel besides its own.
+    pub may_schedule: Option<Arc<[String]>>,
+    /// Its time limit.
+    pub timeout: Duration,
+}
+
 /// Runs one task on `loaded` (the current version of its plugin).
 pub(super) async fn call(
     engine: &wasmtime::Engine,
@@ -111,13 +119,17 @@ pub(super) async fn call(
     loaded: &Loaded,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
-    may_schedule: Option<Arc<[String]>>,
+    settings: RunSettings,
 ) -> Run {
+    let RunSettings {
+        may_schedule,
+        timeout,
+    } = settings;
     let mut warm = match warm_instance(engine, pool, opts, loaded).await {
         Ok(w) => w,
         Err(e) => return Run::failed(e),
     };
-    let deadline = Instant::now() + opts.timeout;
+    let deadline = Instant::now() + timeout;
     {
         let data = warm.store.data_mut();
         data.started_at.store(now_ms(), Ordering::Relaxed);
@@ -163,7 +175,7 @@ pub(super) async fn call(
         Err(_) => {
             let mut msg = format!(
                 "the plugin ran longer than its time limit of {:?} (it was waiting in a host or WASI call)",
-                opts.timeout
+                timeout
             );
             if !stderr_tail.is_empty() {
                 msg.push_str(&format!(" (stderr: {stderr_tail})"));
@@ -179,7 +191,7 @@ pub(super) async fn call(
         // The handler returned an error: a failed attempt; effects are dropped.
         Ok(Err(e)) => Run::failed(format!("the handler returned an error: {e}")),
         // A trap (or over budget): the instance can't be re-entered, drop it.
-        Err(e) => return Run::failed(explain_trap(&e, opts.timeout, opts.memory, &stderr_tail)),
+        Err(e) => return Run::failed(explain_trap(&e, timeout, opts.memory, &stderr_tail)),
     };
     let full = warm.stdout.written() > OUTPUT_CAP / 2 || warm.stderr.written() > OUTPUT_CAP / 2;
     if warm.calls < MAX_REUSE && !full {

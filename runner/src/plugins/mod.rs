@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::store::PluginSettings;
+
 use anyhow::{Context, Result, anyhow};
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
@@ -113,6 +115,8 @@ pub struct Plugins {
     weights: RwLock<HashMap<String, u32>>,
     /// The plugins each plugin may schedule besides its own (its `may_schedule`), where set.
     may_schedule: RwLock<HashMap<String, Arc<[String]>>>,
+    /// Each plugin's time limit per run, where it has its own (`time_limit_ms`).
+    time_limits: RwLock<HashMap<String, Duration>>,
     pool: instance::Pool,
     opts: PluginOptions,
     rt: CallRuntime,
@@ -135,22 +139,44 @@ impl Plugins {
             limits: RwLock::new(HashMap::new()),
             weights: RwLock::new(HashMap::new()),
             may_schedule: RwLock::new(HashMap::new()),
+            time_limits: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
         }))
     }
 
-    /// Replaces every plugin's max_concurrency, weight and may_schedule.
-    pub fn set_limits(
-        &self,
-        limits: HashMap<String, u32>,
-        weights: HashMap<String, u32>,
-        may_schedule: HashMap<String, Arc<[String]>>,
-    ) {
+    /// Takes every plugin's settings: max_concurrency, weight, may_schedule, time limit.
+    pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
+        let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
+            all.iter()
+                .filter_map(|(name, s)| Some((name.clone(), f(s)?)))
+                .collect()
+        };
+        let limits = pick(&|s| s.max_concurrency);
+        let weights = pick(&|s| s.weight.filter(|w| *w != 1));
+        let may_schedule = all
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.may_schedule.clone()?.into())))
+            .collect();
+        let time_limits = all
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), Duration::from_millis(s.time_limit_ms?))))
+            .collect();
         *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
         *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
         *self.may_schedule.write().unwrap_or_else(|e| e.into_inner()) = may_schedule;
+        *self.time_limits.write().unwrap_or_else(|e| e.into_inner()) = time_limits;
+    }
+
+    /// A plugin's time limit per run: its own, else the runner's.
+    fn time_limit(&self, plugin: &str) -> Duration {
+        self.time_limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin)
+            .copied()
+            .unwrap_or(self.opts.timeout)
     }
 
     /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
@@ -242,7 +268,10 @@ impl Plugins {
             &loaded,
             task,
             host,
-            may_schedule,
+            instance::RunSettings {
+                may_schedule,
+                timeout: self.time_limit(&task.plugin),
+            },
         )
         .await
     }
@@ -276,8 +305,8 @@ impl Handler for Plugins {
             .unwrap_or(1)
     }
 
-    fn slot_lease_ms(&self) -> u64 {
-        (self.opts.timeout + std::time::Duration::from_secs(5)).as_millis() as u64
+    fn slot_lease_ms(&self, plugin: &str) -> u64 {
+        (self.time_limit(plugin) + Duration::from_secs(5)).as_millis() as u64
     }
 }
 

@@ -166,22 +166,11 @@ impl Registry {
         Ok(())
     }
 
-    /// Loads every plugin's settings (max_concurrency, weight, may_schedule) from the registry.
+    /// Loads every plugin's settings (max_concurrency, weight, may_schedule, time limit) from
+    /// the registry.
     pub async fn sync_settings(&self) -> Result<()> {
         let all = self.store.plugin_settings_all().await?;
-        let limits = all
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.max_concurrency?)))
-            .collect();
-        let weights = all
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.weight.filter(|w| *w != 1)?)))
-            .collect();
-        let may_schedule = all
-            .into_iter()
-            .filter_map(|(name, s)| Some((name, s.may_schedule?.into())))
-            .collect();
-        self.plugins.set_limits(limits, weights, may_schedule);
+        self.plugins.set_settings(&all);
         Ok(())
     }
 

@@ -34,6 +34,9 @@ pub struct PluginSettings {
     /// its own only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub may_schedule: Option<Vec<String>>,
+    /// The time limit of one of its runs, ms (None: the runner's `--plugin-timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_ms: Option<u64>,
 }
 
 /// Outcome of a rollback.
@@ -247,6 +250,13 @@ impl Store {
     /// announces it.
     pub async fn set_may_schedule(&self, name: &str, patterns: Option<Vec<String>>) -> Result<()> {
         self.set_plugin_setting(name, "may_schedule", &serde_json::json!(patterns))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sets (or resets to the runner's, None) a plugin's time limit per run, and announces it.
+    pub async fn set_time_limit(&self, name: &str, ms: Option<u64>) -> Result<()> {
+        self.set_plugin_setting(name, "time_limit_ms", &serde_json::json!(ms))
             .await
             .map(|_| ())
     }
