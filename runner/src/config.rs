@@ -174,6 +174,24 @@ pub enum PluginCmd {
     /// Set a plugin's weight in the fair share between plugins (1 to 1000; every plugin's is 1
     /// unless set): its share of workers when plugins compete, against the others' weights.
     Weight { name: String, weight: u32 },
+    /// Set a plugin's own time limit per run (`30s`, `5m`), or --default for the runner's
+    /// `--plugin-timeout`.
+    TimeLimit {
+        name: String,
+        #[arg(value_parser = parse_duration, conflicts_with = "default", required_unless_present = "default")]
+        limit: Option<Duration>,
+        #[arg(long)]
+        default: bool,
+    },
+    /// Set a plugin's own memory cap per instance in bytes, or --default for the runner's
+    /// `--plugin-memory`.
+    Memory {
+        name: String,
+        #[arg(value_parser = parse_memory, conflicts_with = "default", required_unless_present = "default")]
+        bytes: Option<usize>,
+        #[arg(long)]
+        default: bool,
+    },
     /// Limit a plugin's runs at once across all runners (--max N, or --none for no limit).
     Limit {
         name: String,
@@ -432,9 +450,13 @@ pub struct ServeArgs {
     /// The most a plugin's own `time_limit_ms` may be, unless an admin sets it.
     #[arg(long, env = "EGGTIMER_MAX_PLUGIN_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub max_plugin_timeout: Duration,
-    /// Memory cap of one plugin instance (bytes).
-    #[arg(long, env = "EGGTIMER_PLUGIN_MEMORY", default_value_t = 64 * 1024 * 1024)]
+    /// Memory cap of one plugin instance, all its memories together (bytes); a plugin's own
+    /// `memory_bytes` replaces it for that plugin.
+    #[arg(long, env = "EGGTIMER_PLUGIN_MEMORY", default_value_t = 64 * 1024 * 1024, value_parser = parse_memory)]
     pub plugin_memory: usize,
+    /// The most a plugin's own `memory_bytes` may be, unless an admin sets it (bytes).
+    #[arg(long, env = "EGGTIMER_MAX_PLUGIN_MEMORY", default_value_t = 512 * 1024 * 1024, value_parser = parse_memory)]
+    pub max_plugin_memory: usize,
     /// Budget of one run: bytes of kv writes, events, log lines and follow-up payloads together.
     #[arg(long, env = "EGGTIMER_MAX_EFFECT_BYTES", default_value_t = 1024 * 1024)]
     pub max_effect_bytes: usize,
@@ -492,6 +514,17 @@ pub struct ServeArgs {
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration like 250ms, 30s, 10m or 2h: {e}"))
+}
+
+/// Parses a plugin memory cap in bytes: 1 MiB to 4 GiB (a 32-bit wasm memory's whole space).
+pub fn parse_memory(s: &str) -> Result<usize, String> {
+    let max = crate::plugins::MAX_MEMORY_BYTES;
+    match s.parse::<usize>() {
+        Ok(n) if ((1 << 20)..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of bytes from 1048576 (1 MiB) to {max} (4 GiB)"
+        )),
+    }
 }
 
 /// Parses a signed duration: `-2h`, `+30m`, `90s` → ms.

@@ -270,6 +270,9 @@ pub struct PluginInfo {
     pub may_schedule: Vec<PluginPattern>,
     /// Its own time limit per run (ms); null: the runner's `--plugin-timeout`.
     pub time_limit_ms: Option<u64>,
+    /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
+    /// `--plugin-memory`.
+    pub memory_bytes: Option<u64>,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
@@ -300,6 +303,11 @@ pub struct PluginPatch {
     /// operator's cap (`--max-plugin-timeout`) only an admin may set it (else 400).
     #[schema(minimum = 1, maximum = 3600000)]
     pub time_limit_ms: Option<u64>,
+    /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
+    /// `--plugin-memory`. Past the operator's cap (`--max-plugin-memory`) only an admin may set
+    /// it (else 400).
+    #[schema(minimum = 1048576, maximum = 4294967296_u64)]
+    pub memory_bytes: Option<u64>,
 }
 
 /// A page of found tasks.
@@ -485,3 +493,7 @@ pub struct ApiDoc;
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
 const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);
 const _: () = assert!(super::plugins::MAX_TIME_LIMIT_MS == 3600000);
+const _: () = assert!(
+    super::plugins::MIN_MEMORY_BYTES == 1048576
+        && crate::plugins::MAX_MEMORY_BYTES == 4294967296_usize
+);

@@ -110,6 +110,7 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     v["weight"] = json!(s.weight.unwrap_or(1));
     v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
     v["time_limit_ms"] = json!(s.time_limit_ms);
+    v["memory_bytes"] = json!(s.memory_bytes);
     v
 }
 
@@ -150,33 +151,47 @@ fn may_schedule(
 
 /// The longest time limit per run an admin may give a plugin (ms).
 pub const MAX_TIME_LIMIT_MS: i64 = 3_600_000;
+/// The smallest memory cap a plugin may have (bytes).
+pub const MIN_MEMORY_BYTES: i64 = 1 << 20;
 
-/// A `time_limit_ms` setting: 1 ms to an hour, at most the operator's cap (`cap_ms`,
-/// `--max-plugin-timeout`) unless the caller is an admin; null: the runner's `--plugin-timeout`.
-fn time_limit(
+/// A setting the operator caps (`time_limit_ms`, `memory_bytes`): from `lo` to `hi`, at most
+/// `cap` (the runner's `flag`) unless the caller is an admin; null: the runner's default.
+fn capped(
     caller: &Caller,
     raw: &serde_json::value::RawValue,
-    cap_ms: u64,
+    name: &str,
+    (lo, hi): (i64, i64),
+    (cap, flag): (u64, &str),
 ) -> ApiResult<Option<u64>> {
-    let ms = setting(raw, "time_limit_ms", 1, MAX_TIME_LIMIT_MS)?.map(u64::from);
-    match ms {
-        Some(ms) if ms > cap_ms && caller.role < Role::Admin => Err(ApiError::bad(format!(
-            "time_limit_ms {ms} is past the operator's cap of {cap_ms} ms (--max-plugin-timeout): only an admin can set more"
+    match int_setting(raw, name, lo, hi)?.map(|n| n as u64) {
+        Some(n) if n > cap && caller.role < Role::Admin => Err(ApiError::bad(format!(
+            "{name} {n} is past the operator's cap of {cap} ({flag}): only an admin can set more"
         ))),
-        _ => Ok(ms),
+        n => Ok(n),
     }
 }
 
-/// An optional integer setting from `lo` to `hi`: `Ok(None)` for null (its default).
+/// An optional integer setting from `lo` to `hi` (at most u32): `Ok(None)` for null (its
+/// default).
 fn setting(
     raw: &serde_json::value::RawValue,
     name: &str,
     lo: i64,
     hi: i64,
 ) -> ApiResult<Option<u32>> {
+    Ok(int_setting(raw, name, lo, hi)?.map(|n| n as u32))
+}
+
+/// An optional integer setting from `lo` to `hi`: `Ok(None)` for null (its default).
+fn int_setting(
+    raw: &serde_json::value::RawValue,
+    name: &str,
+    lo: i64,
+    hi: i64,
+) -> ApiResult<Option<i64>> {
     match body::int(Some(raw), "", name)? {
         None => Ok(None),
-        Some(n) if (lo..=hi).contains(&n) => Ok(Some(n as u32)),
+        Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
         Some(n) => Err(ApiError::bad(format!(
             "{name} must be an integer from {lo} to {hi}, or null; got {n}"
         ))),
@@ -246,11 +261,17 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    if let Some(other) = b.keys().find(|k| {
-        !["max_concurrency", "weight", "may_schedule", "time_limit_ms"].contains(&k.as_str())
-    }) {
+    const FIELDS: [&str; 5] = [
+        "max_concurrency",
+        "weight",
+        "may_schedule",
+        "time_limit_ms",
+        "memory_bytes",
+    ];
+    if let Some(other) = b.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad(format!(
-            "unknown field `{other}`, expected `max_concurrency`, `weight`, `may_schedule` or `time_limit_ms`"
+            "unknown field `{other}`, expected one of `{}`",
+            FIELDS.join("`, `")
         )));
     }
     let max = b
@@ -267,11 +288,25 @@ pub async fn plugin_patch(
         .transpose()?;
     let time_limit = b
         .get("time_limit_ms")
-        .map(|raw| time_limit(&caller, raw, st.max_plugin_timeout_ms))
+        .map(|raw| {
+            let cap = (st.max_plugin_timeout_ms, "--max-plugin-timeout");
+            capped(&caller, raw, "time_limit_ms", (1, MAX_TIME_LIMIT_MS), cap)
+        })
+        .transpose()?;
+    let memory = b
+        .get("memory_bytes")
+        .map(|raw| {
+            let cap = (st.max_plugin_memory, "--max-plugin-memory");
+            let hi = crate::plugins::MAX_MEMORY_BYTES as i64;
+            capped(&caller, raw, "memory_bytes", (MIN_MEMORY_BYTES, hi), cap)
+        })
         .transpose()?;
     let cur = current(&st, &name).await?;
     if let Some(ms) = time_limit {
         st.store.set_time_limit(&name, ms).await?;
+    }
+    if let Some(bytes) = memory {
+        st.store.set_memory_bytes(&name, bytes).await?;
     }
     if let Some(may) = may {
         st.store.set_may_schedule(&name, may).await?;

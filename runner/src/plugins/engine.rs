@@ -19,6 +19,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::{Plugin, PluginPre};
 use super::host::State;
+use super::limiter;
 use super::{Loaded, PluginOptions, digest};
 
 /// How long one epoch tick is: a running guest yields (and its time limit is checked) this often.
@@ -140,14 +141,20 @@ impl WasmEngine {
         let slots = pool_slots(opts);
         let mut pool = PoolingAllocationConfig::default();
         // A component built by a non-Rust toolchain may hold several core instances, memories
-        // and tables: room for a few of each per instance.
-        pool.max_memory_size(opts.memory)
+        // and tables: each instance may hold the limiter's number of each, and the pool has room
+        // for every instance at those caps, so no plugin can take another's slots. A memory may
+        // be as large as a plugin's memory_bytes allows: the limiter caps all of an instance's
+        // memories together.
+        pool.max_memory_size(limiter::MAX_MEMORY_BYTES)
+            .table_elements(limiter::TABLE_ELEMENTS)
             .total_component_instances(slots)
-            .total_core_instances(slots * 8)
-            .total_memories(slots * 2)
-            .total_tables(slots * 8)
+            .total_core_instances(slots * limiter::CORE_INSTANCES)
+            .total_memories(slots * limiter::MEMORIES)
+            .total_tables(slots * limiter::TABLES)
             .total_stacks(slots)
-            .max_memories_per_component(4);
+            .max_core_instances_per_component(limiter::CORE_INSTANCES)
+            .max_memories_per_component(limiter::MEMORIES)
+            .max_tables_per_component(limiter::TABLES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine =
             Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e:#}"))?;

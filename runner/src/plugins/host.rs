@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use sha1::{Digest, Sha1};
 use tracing::{debug, info, warn};
+use wasmtime::Trap;
 use wasmtime::component::ResourceTable;
-use wasmtime::{StoreLimits, Trap};
 use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
@@ -116,7 +116,7 @@ impl CallCtx {
 pub struct State {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
-    pub limits: StoreLimits,
+    pub limits: super::limiter::Limiter,
     pub call: CallCtx,
     /// The guest's wall clock, frozen at the call's start.
     pub started_at: Arc<AtomicI64>,
@@ -359,12 +359,7 @@ fn check_key(key: &str) -> Result<(), String> {
 }
 
 /// A readable reason for a failed call.
-pub fn explain_trap(
-    e: &wasmtime::Error,
-    timeout: Duration,
-    memory: usize,
-    stderr_tail: &str,
-) -> String {
+pub fn explain_trap(e: &wasmtime::Error, timeout: Duration, stderr_tail: &str) -> String {
     let text = format!("{e:#}");
     let mut msg = if let Some(b) = e.downcast_ref::<OverBudget>() {
         b.to_string()
@@ -373,12 +368,8 @@ pub fn explain_trap(
             Some(Trap::Interrupt) => {
                 format!("the plugin ran longer than its time limit of {timeout:?}")
             }
-            _ if text.contains("forcing trap when growing memory") => {
-                format!(
-                    "the plugin needed more than its memory limit of {} MiB",
-                    memory >> 20
-                )
-            }
+            // the limiter's own words: its cap and what the instance held
+            _ if text.contains(super::limiter::OVER_MEMORY) => e.root_cause().to_string(),
             // the cause, not the outer "error while executing at wasm backtrace:"
             _ => format!("the plugin trapped: {}", e.root_cause()),
         }

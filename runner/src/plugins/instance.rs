@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 use wasmtime::component::ResourceTable;
-use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
 use super::bindings::Plugin;
 use super::bindings::eggtimer::plugin::types as wit;
 use super::host::{CallCtx, FrozenClock, State, explain_trap};
+use super::limiter::Limiter;
 use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
 use crate::clock::now_ms;
@@ -104,11 +105,14 @@ impl Pool {
 }
 
 /// What a plugin's settings make of one of its runs.
+#[derive(Clone)]
 pub(super) struct RunSettings {
     /// The plugins it may schedule and cancel besides its own.
     pub may_schedule: Option<Arc<[String]>>,
     /// Its time limit.
     pub timeout: Duration,
+    /// Its memory cap, all of an instance's memories together (bytes).
+    pub memory: usize,
 }
 
 /// Runs one task on `loaded` (the current version of its plugin).
@@ -124,8 +128,9 @@ pub(super) async fn call(
     let RunSettings {
         may_schedule,
         timeout,
+        memory,
     } = settings;
-    let mut warm = match warm_instance(engine, pool, opts, loaded).await {
+    let mut warm = match warm_instance(engine, pool, loaded, timeout, memory).await {
         Ok(w) => w,
         Err(e) => return Run::failed(e),
     };
@@ -191,7 +196,7 @@ pub(super) async fn call(
         // The handler returned an error: a failed attempt; effects are dropped.
         Ok(Err(e)) => Run::failed(format!("the handler returned an error: {e}")),
         // A trap (or over budget): the instance can't be re-entered, drop it.
-        Err(e) => return Run::failed(explain_trap(&e, timeout, opts.memory, &stderr_tail)),
+        Err(e) => return Run::failed(explain_trap(&e, timeout, &stderr_tail)),
     };
     let full = warm.stdout.written() > OUTPUT_CAP / 2 || warm.stderr.written() > OUTPUT_CAP / 2;
     if warm.calls < MAX_REUSE && !full {
@@ -201,21 +206,24 @@ pub(super) async fn call(
 }
 
 /// A warm instance of `loaded` from the pool, or a new one (instantiating runs the component's
-/// start code: bounded like a call).
+/// start code: bounded like a call). A warm instance takes the plugin's memory cap of now; one
+/// that already holds more is dropped.
 async fn warm_instance(
     engine: &wasmtime::Engine,
     pool: &Pool,
-    opts: &PluginOptions,
     loaded: &Loaded,
+    timeout: Duration,
+    memory: usize,
 ) -> Result<Warm, String> {
-    if let Some(w) = pool.take(&loaded.digest) {
-        return Ok(w);
+    while let Some(mut w) = pool.take(&loaded.digest) {
+        if w.store.data_mut().limits.set_cap(memory) {
+            return Ok(w);
+        }
     }
-    match tokio::time::timeout(opts.timeout, instantiate(engine, opts, loaded)).await {
+    match tokio::time::timeout(timeout, instantiate(engine, loaded, timeout, memory)).await {
         Ok(r) => r,
         Err(_) => Err(format!(
-            "instantiating the plugin took longer than its time limit of {:?}",
-            opts.timeout
+            "instantiating the plugin took longer than its time limit of {timeout:?}"
         )),
     }
 }
@@ -231,8 +239,9 @@ fn outcome_of(outcome: wit::Outcome) -> Outcome {
 
 async fn instantiate(
     engine: &wasmtime::Engine,
-    opts: &PluginOptions,
     loaded: &Loaded,
+    timeout: Duration,
+    memory: usize,
 ) -> Result<Warm, String> {
     let stdout = GuestOutput::new(OUTPUT_CAP);
     let stderr = GuestOutput::new(OUTPUT_CAP);
@@ -243,17 +252,13 @@ async fn instantiate(
         .stderr(stderr.clone())
         .wall_clock(FrozenClock(Arc::clone(&started_at)))
         .build();
-    let limits = StoreLimitsBuilder::new()
-        .memory_size(opts.memory)
-        .trap_on_grow_failure(true)
-        .build();
     let state = State {
         wasi,
         table: ResourceTable::new(),
-        limits,
+        limits: Limiter::new(memory),
         call: CallCtx::default(),
         started_at,
-        deadline: Instant::now() + opts.timeout,
+        deadline: Instant::now() + timeout,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limits);

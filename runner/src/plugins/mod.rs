@@ -18,6 +18,7 @@
 mod engine;
 mod host;
 mod instance;
+mod limiter;
 mod output;
 mod registry;
 
@@ -34,6 +35,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 pub use host::{Budget, derive_id, valid_topic};
+pub use limiter::MAX_MEMORY_BYTES;
 pub use registry::{PluginVersion, Registry, UploadError, valid_plugin_name};
 
 use crate::executor::{Handler, Run, TaskHost};
@@ -55,7 +57,8 @@ use bindings::PluginPre;
 pub struct PluginOptions {
     /// Wall-clock time limit of one call.
     pub timeout: Duration,
-    /// Memory cap of one instance (bytes).
+    /// Memory cap of one instance, all its memories together (bytes), where a plugin has no
+    /// `memory_bytes` of its own.
     pub memory: usize,
     /// Where compiled code is cached (by wasm digest, wasmtime version and engine settings).
     pub cache_dir: Option<PathBuf>,
@@ -113,10 +116,9 @@ pub struct Plugins {
     limits: RwLock<HashMap<String, u32>>,
     /// Each plugin's weight in the fair share, where it is not 1.
     weights: RwLock<HashMap<String, u32>>,
-    /// The plugins each plugin may schedule besides its own (its `may_schedule`), where set.
-    may_schedule: RwLock<HashMap<String, Arc<[String]>>>,
-    /// Each plugin's time limit per run, where it has its own (`time_limit_ms`).
-    time_limits: RwLock<HashMap<String, Duration>>,
+    /// What each plugin's own settings make of its runs (`may_schedule`, `time_limit_ms`,
+    /// `memory_bytes`), where it has any.
+    runs: RwLock<HashMap<String, instance::RunSettings>>,
     pool: instance::Pool,
     opts: PluginOptions,
     rt: CallRuntime,
@@ -138,15 +140,15 @@ impl Plugins {
             current: RwLock::new(HashMap::new()),
             limits: RwLock::new(HashMap::new()),
             weights: RwLock::new(HashMap::new()),
-            may_schedule: RwLock::new(HashMap::new()),
-            time_limits: RwLock::new(HashMap::new()),
+            runs: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
         }))
     }
 
-    /// Takes every plugin's settings: max_concurrency, weight, may_schedule, time limit.
+    /// Takes every plugin's settings: max_concurrency, weight, may_schedule, time limit,
+    /// memory cap.
     pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
         let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
             all.iter()
@@ -155,28 +157,39 @@ impl Plugins {
         };
         let limits = pick(&|s| s.max_concurrency);
         let weights = pick(&|s| s.weight.filter(|w| *w != 1));
-        let may_schedule = all
+        let runs = all
             .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.may_schedule.clone()?.into())))
-            .collect();
-        let time_limits = all
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), Duration::from_millis(s.time_limit_ms?))))
+            .filter(|(_, s)| {
+                s.may_schedule.is_some() || s.time_limit_ms.is_some() || s.memory_bytes.is_some()
+            })
+            .map(|(name, s)| {
+                let run = instance::RunSettings {
+                    may_schedule: s.may_schedule.clone().map(Into::into),
+                    timeout: s
+                        .time_limit_ms
+                        .map_or(self.opts.timeout, Duration::from_millis),
+                    memory: s.memory_bytes.map_or(self.opts.memory, |b| b as usize),
+                };
+                (name.clone(), run)
+            })
             .collect();
         *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
         *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
-        *self.may_schedule.write().unwrap_or_else(|e| e.into_inner()) = may_schedule;
-        *self.time_limits.write().unwrap_or_else(|e| e.into_inner()) = time_limits;
+        *self.runs.write().unwrap_or_else(|e| e.into_inner()) = runs;
     }
 
-    /// A plugin's time limit per run: its own, else the runner's.
-    fn time_limit(&self, plugin: &str) -> Duration {
-        self.time_limits
+    /// What a plugin's settings make of its runs: its own, else the runner's.
+    fn run_settings(&self, plugin: &str) -> instance::RunSettings {
+        self.runs
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(plugin)
-            .copied()
-            .unwrap_or(self.opts.timeout)
+            .cloned()
+            .unwrap_or(instance::RunSettings {
+                may_schedule: None,
+                timeout: self.opts.timeout,
+                memory: self.opts.memory,
+            })
     }
 
     /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
@@ -255,12 +268,6 @@ impl Plugins {
                 task.plugin, task.plugin
             ));
         };
-        let may_schedule = self
-            .may_schedule
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&task.plugin)
-            .cloned();
         instance::call(
             &self.engine.engine,
             &self.pool,
@@ -268,10 +275,7 @@ impl Plugins {
             &loaded,
             task,
             host,
-            instance::RunSettings {
-                may_schedule,
-                timeout: self.time_limit(&task.plugin),
-            },
+            self.run_settings(&task.plugin),
         )
         .await
     }
@@ -306,7 +310,7 @@ impl Handler for Plugins {
     }
 
     fn slot_lease_ms(&self, plugin: &str) -> u64 {
-        (self.time_limit(plugin) + Duration::from_secs(5)).as_millis() as u64
+        (self.run_settings(plugin).timeout + Duration::from_secs(5)).as_millis() as u64
     }
 }
 

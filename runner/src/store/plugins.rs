@@ -37,6 +37,9 @@ pub struct PluginSettings {
     /// The time limit of one of its runs, ms (None: the runner's `--plugin-timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_ms: Option<u64>,
+    /// The memory cap of one of its instances, bytes (None: the runner's `--plugin-memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 /// Outcome of a rollback.
@@ -257,6 +260,13 @@ impl Store {
     /// Sets (or resets to the runner's, None) a plugin's time limit per run, and announces it.
     pub async fn set_time_limit(&self, name: &str, ms: Option<u64>) -> Result<()> {
         self.set_plugin_setting(name, "time_limit_ms", &serde_json::json!(ms))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sets (or resets to the runner's, None) a plugin's memory cap, and announces it.
+    pub async fn set_memory_bytes(&self, name: &str, bytes: Option<u64>) -> Result<()> {
+        self.set_plugin_setting(name, "memory_bytes", &serde_json::json!(bytes))
             .await
             .map(|_| ())
     }
