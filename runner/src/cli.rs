@@ -229,6 +229,13 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::Weight { name, weight } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"weight": weight}))
         }
+        PluginCmd::TimeLimit { name, limit, .. } => {
+            let ms = limit.map(|d| d.as_millis() as u64);
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"time_limit_ms": ms}))
+        }
+        PluginCmd::Memory { name, bytes, .. } => {
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"memory_bytes": bytes}))
+        }
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }

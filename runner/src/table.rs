@@ -83,6 +83,12 @@ pub fn plugins(v: &Value) -> String {
                 .into(),
                 f(p, "max_concurrency"),
                 f(p, "weight"),
+                p["time_limit_ms"]
+                    .as_u64()
+                    .map_or("-".into(), |ms| format!("{ms} ms")),
+                p["memory_bytes"]
+                    .as_u64()
+                    .map_or("-".into(), |b| format!("{} MiB", b >> 20)),
             ]
         })
         .collect();
@@ -96,6 +102,8 @@ pub fn plugins(v: &Value) -> String {
             "STATE",
             "MAX",
             "WEIGHT",
+            "TIME LIMIT",
+            "MEMORY",
         ],
         &rows,
     )

@@ -449,7 +449,9 @@ pages.plugins = () => {
         h("dt", {}, "current"), h("dd", {}, `version ${p.version}`),
         h("dt", {}, "digest"), h("dd", { class: "mono" }, p.digest),
         h("dt", {}, "max at once"), h("dd", {}, p.max_concurrency ?? "no limit"),
-        h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1))),
+        h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1)),
+        h("dt", {}, "time limit"), h("dd", { id: "pl-time-limit" }, p.time_limit_ms == null ? "the runner's" : `${fmtNum(p.time_limit_ms)} ms`),
+        h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`)),
       h("div", { class: "actions" },
         p.paused
           ? action("Resume", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/resume`); await done("Resumed"); }, { id: "pl-resume", errorEl: e })
@@ -464,6 +466,16 @@ pages.plugins = () => {
           const v = $("#w-value").value;
           await api("PATCH", `/v1/plugins/${enc(p.name)}`, { weight: v === "" ? null : Number(v) }); await done("Weight set");
         }, { id: "w-set", ghost: true, errorEl: e }),
+        h("label", {}, "time limit (ms)", h("input", { id: "tl-value", type: "number", min: "1", placeholder: "runner's", value: p.time_limit_ms ?? "" })),
+        action("Set", async () => {
+          const v = $("#tl-value").value;
+          await api("PATCH", `/v1/plugins/${enc(p.name)}`, { time_limit_ms: v === "" ? null : Number(v) }); await done("Time limit set");
+        }, { id: "tl-set", ghost: true, errorEl: e }),
+        h("label", {}, "memory cap (MiB)", h("input", { id: "mem-value", type: "number", min: "1", max: "4096", placeholder: "runner's", value: p.memory_bytes == null ? "" : p.memory_bytes / 1048576 })),
+        action("Set", async () => {
+          const v = $("#mem-value").value;
+          await api("PATCH", `/v1/plugins/${enc(p.name)}`, { memory_bytes: v === "" ? null : Math.round(Number(v) * 1048576) }); await done("Memory cap set");
+        }, { id: "mem-set", ghost: true, errorEl: e }),
         action("Roll back", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/rollback`); await done("Rolled back"); }, { id: "pl-rollback", ghost: true, errorEl: e }),
         action("Delete", async () => { await api("DELETE", `/v1/plugins/${enc(p.name)}`); selected = null; await done("Deleted"); replace(box, h("div", { class: "empty" }, "Deleted.")); }, { id: "pl-delete", danger: true, errorEl: e })),
       e,

@@ -389,6 +389,22 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     .await;
     b.text_until("#pl-weight", "the weight shown", |t| t.trim() == "4")
         .await;
+    // its own time limit and memory cap (the dashboard signs in with the admin token)
+    b.type_into("#tl-value", "5000").await;
+    b.click("#tl-set").await;
+    b.text_until("#pl-time-limit", "the time limit shown", |t| {
+        t.trim() == "5,000 ms"
+    })
+    .await;
+    b.type_into("#mem-value", "128").await;
+    b.click("#mem-set").await;
+    b.text_until("#pl-memory", "the memory cap shown", |t| {
+        t.trim() == "128 MiB"
+    })
+    .await;
+    let (_, p) = call("GET", &format!("{base}/v1/plugins/uploaded-noop"), None).await;
+    assert_eq!(p["time_limit_ms"], 5000, "{p}");
+    assert_eq!(p["memory_bytes"], 128 << 20, "{p}");
     b.shot("plugins").await;
 
     // Schedules and events
