@@ -63,6 +63,34 @@ async fn the_cli_speaks_the_api() {
             .any(|p| p["name"] == "cli-noop"),
         "{out}"
     );
+    // a plugin's own time limit and memory cap, shown in the list
+    let (c, _, err) = cli(&["plugin", "time-limit", "cli-noop", "2500ms"]);
+    assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "memory", "cli-noop", "134217728"]);
+    assert_eq!(c, Some(0), "{err}");
+    let (_, out, _) = cli(&["plugin", "list"]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("cli-noop "))
+        .expect(&out);
+    assert!(
+        row.contains(" 2500 ms ") && row.trim_end().ends_with(" 128 MiB"),
+        "{out}"
+    );
+    let (c, _, err) = cli(&["plugin", "memory", "cli-noop", "1000"]);
+    assert_eq!(c, Some(2), "refused before a request: {err}");
+    assert!(err.contains("1048576 (1 MiB)"), "{err}");
+    for cmd in ["time-limit", "memory"] {
+        let (c, _, err) = cli(&["plugin", cmd, "cli-noop", "--default"]);
+        assert_eq!(c, Some(0), "{err}");
+    }
+    let (_, out, _) = cli(&["plugin", "get", "cli-noop"]);
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&p["time_limit_ms"], &p["memory_bytes"]),
+        (&Value::Null, &Value::Null),
+        "{out}"
+    );
     let (c, out, _) = cli(&["runners"]);
     assert_eq!(c, Some(0));
     assert!(out.starts_with("ID"), "{out}");
