@@ -236,6 +236,9 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::Memory { name, bytes, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"memory_bytes": bytes}))
         }
+        PluginCmd::MaxPending { name, max, .. } => {
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"max_pending": max}))
+        }
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }

@@ -192,6 +192,15 @@ pub enum PluginCmd {
         #[arg(long)]
         default: bool,
     },
+    /// Set how many of a plugin's tasks may be scheduled at once (past it scheduling is
+    /// refused), or --default for 1,000,000.
+    MaxPending {
+        name: String,
+        #[arg(conflicts_with = "default", required_unless_present = "default")]
+        max: Option<u64>,
+        #[arg(long)]
+        default: bool,
+    },
     /// Limit a plugin's runs at once across all runners (--max N, or --none for no limit).
     Limit {
         name: String,

@@ -89,6 +89,7 @@ pub fn plugins(v: &Value) -> String {
                 p["memory_bytes"]
                     .as_u64()
                     .map_or("-".into(), |b| format!("{} MiB", b >> 20)),
+                f(p, "max_pending"),
             ]
         })
         .collect();
@@ -104,6 +105,7 @@ pub fn plugins(v: &Value) -> String {
             "WEIGHT",
             "TIME LIMIT",
             "MEMORY",
+            "MAX PENDING",
         ],
         &rows,
     )

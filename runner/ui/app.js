@@ -451,7 +451,8 @@ pages.plugins = () => {
         h("dt", {}, "max at once"), h("dd", {}, p.max_concurrency ?? "no limit"),
         h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1)),
         h("dt", {}, "time limit"), h("dd", { id: "pl-time-limit" }, p.time_limit_ms == null ? "the runner's" : `${fmtNum(p.time_limit_ms)} ms`),
-        h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`)),
+        h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`),
+        h("dt", {}, "max pending"), h("dd", { id: "pl-max-pending" }, fmtNum(p.max_pending))),
       h("div", { class: "actions" },
         p.paused
           ? action("Resume", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/resume`); await done("Resumed"); }, { id: "pl-resume", errorEl: e })
@@ -476,6 +477,11 @@ pages.plugins = () => {
           const v = $("#mem-value").value;
           await api("PATCH", `/v1/plugins/${enc(p.name)}`, { memory_bytes: v === "" ? null : Math.round(Number(v) * 1048576) }); await done("Memory cap set");
         }, { id: "mem-set", ghost: true, errorEl: e }),
+        h("label", {}, "max pending", h("input", { id: "mp-value", type: "number", min: "1", placeholder: "1000000", value: p.max_pending ?? "" })),
+        action("Set", async () => {
+          const v = $("#mp-value").value;
+          await api("PATCH", `/v1/plugins/${enc(p.name)}`, { max_pending: v === "" ? null : Number(v) }); await done("Max pending set");
+        }, { id: "mp-set", ghost: true, errorEl: e }),
         action("Roll back", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/rollback`); await done("Rolled back"); }, { id: "pl-rollback", ghost: true, errorEl: e }),
         action("Delete", async () => { await api("DELETE", `/v1/plugins/${enc(p.name)}`); selected = null; await done("Deleted"); replace(box, h("div", { class: "empty" }, "Deleted.")); }, { id: "pl-delete", danger: true, errorEl: e })),
       e,

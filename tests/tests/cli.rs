@@ -68,19 +68,21 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "memory", "cli-noop", "134217728"]);
     assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "max-pending", "cli-noop", "5000"]);
+    assert_eq!(c, Some(0), "{err}");
     let (_, out, _) = cli(&["plugin", "list"]);
     let row = out
         .lines()
         .find(|l| l.starts_with("cli-noop "))
         .expect(&out);
     assert!(
-        row.contains(" 2500 ms ") && row.trim_end().ends_with(" 128 MiB"),
+        row.contains(" 2500 ms ") && row.contains(" 128 MiB ") && row.trim_end().ends_with(" 5000"),
         "{out}"
     );
     let (c, _, err) = cli(&["plugin", "memory", "cli-noop", "1000"]);
     assert_eq!(c, Some(2), "refused before a request: {err}");
     assert!(err.contains("1048576 (1 MiB)"), "{err}");
-    for cmd in ["time-limit", "memory"] {
+    for cmd in ["time-limit", "memory", "max-pending"] {
         let (c, _, err) = cli(&["plugin", cmd, "cli-noop", "--default"]);
         assert_eq!(c, Some(0), "{err}");
     }

@@ -149,3 +149,137 @@ async fn workers_are_shared_by_weight_between_plugins_that_compete() {
         "test-sleep {a}, sleep-b {b}: not 3 to 1"
     );
 }
+
+/// A plugin's scheduled tasks, as /v1/stats counts them.
+async fn scheduled_of(base: &str, plugin: &str) -> u64 {
+    let (s, stats) = call("GET", &format!("{base}/v1/stats"), None).await;
+    assert_eq!(s, 200, "{stats}");
+    stats["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["plugin"] == plugin)
+        .map_or(0, |p| p["scheduled"].as_u64().unwrap())
+}
+
+#[tokio::test]
+async fn max_pending_holds_against_a_plugin_that_forks_while_other_plugins_schedule() {
+    let redis = RedisServer::start();
+    let workers = 4;
+    let r = start(&redis, &["--workers", &workers.to_string()]);
+    let base = r.url.as_str();
+    let max = 300;
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-flood"),
+        Some(json!({"max_pending": max})),
+    )
+    .await;
+    assert_eq!((s, &p["max_pending"]), (200, &json!(max)), "{p}");
+    // each run schedules 50 runs of itself: without the quota 50^k tasks in k rounds
+    schedule(
+        base,
+        json!({"plugin": "test-flood", "id": "fork-0", "payload": {"what": "fork"}}),
+    )
+    .await;
+    // runs fail their attempt once their follow-ups would pass the quota
+    let refused = eventually(T, "a run refused by the quota", || async {
+        let (_, page) = call("GET", &format!("{base}/v1/dead?limit=1"), None).await;
+        let t = page["tasks"].as_array()?.first()?.clone();
+        Some(t)
+    })
+    .await;
+    let err = refused["last_error"].as_str().unwrap();
+    assert!(
+        err.starts_with("quota_exceeded: plugin \"test-flood\" has")
+            && err.contains("its max_pending is 300"),
+        "{refused}"
+    );
+    // while it forks on, its scheduled tasks stay under the quota, give or take the follow-ups
+    // of runs in flight (each worker's 50) and the tasks those runs go back to retry
+    let bound = max + workers * 51;
+    let mut most = 0;
+    for _ in 0..30 {
+        most = most.max(scheduled_of(base, "test-flood").await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("test-flood's most scheduled tasks: {most} (max_pending {max})");
+    assert!(most <= bound, "{most} scheduled, max_pending {max}");
+    assert!(most >= max / 2, "the forks reach the quota: {most}");
+    // the API refuses it more, naming the quota; another plugin schedules as ever
+    let (s, e) = call(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(json!((0..max).map(|i| json!({"plugin": "test-flood", "id": format!("more-{i}"), "payload": {"what": "print"}})).collect::<Vec<_>>())),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (429, Some("quota_exceeded")),
+        "{e}"
+    );
+    let reminders: Vec<Value> = (0..50)
+        .map(|i| json!({"plugin": "noop", "id": format!("n{i}")}))
+        .collect();
+    schedule(base, json!(reminders)).await;
+    for i in (0..50).step_by(7) {
+        wait_state(base, &format!("n{i}"), "done", T).await;
+    }
+    // a quota of its own; null gives back the default
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-flood"),
+        Some(json!({"max_pending": null})),
+    )
+    .await;
+    assert_eq!((s, &p["max_pending"]), (200, &json!(1_000_000)), "{p}");
+}
+
+#[tokio::test]
+async fn a_firing_past_max_pending_is_skipped_and_the_api_answers_429() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    let base = r.url.as_str();
+    let plugin = format!("{base}/v1/plugins/coupon-expiry");
+    let (s, _) = call("PATCH", &plugin, Some(json!({"max_pending": 2}))).await;
+    assert_eq!(s, 200);
+    // paused: its tasks stay scheduled
+    let (s, _) = call("POST", &format!("{plugin}/pause"), None).await;
+    assert_eq!(s, 200);
+    let coupon = |id: &str| json!({"plugin": "coupon-expiry", "id": id, "payload": {"coupon_id": id, "user_id": "u1", "expires_at": 0}});
+    schedule(base, json!([coupon("c1"), coupon("c2")])).await;
+    let (s, e) = call("POST", &format!("{base}/v1/tasks"), Some(coupon("c3"))).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (429, Some("quota_exceeded")),
+        "{e}"
+    );
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("has 2 scheduled tasks and its max_pending is 2"),
+        "{e}"
+    );
+    // a schedule firing every second: its firings are skipped while the quota is full
+    let tick = format!("{base}/v1/schedules/tick");
+    let body = json!({"plugin": "coupon-expiry", "every_ms": 1000, "overlap": "allow",
+                      "payload": {"coupon_id": "tick", "user_id": "u1", "expires_at": 0}});
+    let (s, first) = call("PUT", &tick, Some(body)).await;
+    assert_eq!(s, 201, "{first}");
+    let first = first["next_run_at"].as_i64().unwrap();
+    let sched = eventually(T, "two firings passed", || async {
+        let (_, g) = call("GET", &tick, None).await;
+        (g["next_run_at"].as_i64()? >= first + 2_000).then_some(g)
+    })
+    .await;
+    assert_eq!(sched["last_task_id"], Value::Null, "{sched}");
+    assert_eq!(scheduled_of(base, "coupon-expiry").await, 2);
+    // room again: the next firing is made
+    let (s, _) = call("PATCH", &plugin, Some(json!({"max_pending": null}))).await;
+    assert_eq!(s, 200);
+    eventually(T, "a firing made", || async {
+        let (_, g) = call("GET", &tick, None).await;
+        g["last_task_id"].as_str().map(str::to_owned)
+    })
+    .await;
+    assert!(scheduled_of(base, "coupon-expiry").await >= 3);
+}

@@ -752,4 +752,18 @@ async fn a_plugins_own_memory_cap_counts_and_stays_within_the_operators_cap_unle
     assert_eq!((s, &p["memory_bytes"]), (200, &Value::Null), "{p}");
     let err = run("back-to-runners").await;
     assert!(err.contains("memory limit of 32 MiB"), "{err}");
+    // max_pending: a developer may lower it, only an admin raise it past the default
+    let pending = |key: String, max: Value| async move {
+        let body = json!({"max_pending": max});
+        let url = format!("{base}/v1/plugins/test-alloc");
+        req("PATCH", &url, Some(&key), Some(body)).await
+    };
+    let (s, p) = pending(dev.clone(), json!(500)).await;
+    assert_eq!((s, &p["max_pending"]), (200, &json!(500)), "{p}");
+    let (s, e) = pending(dev.clone(), json!(2_000_000)).await;
+    assert_eq!(s, 400, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("max_pending 2000000 is past"), "{e}");
+    let (s, p) = pending(ADMIN.to_owned(), json!(2_000_000)).await;
+    assert_eq!((s, &p["max_pending"]), (200, &json!(2_000_000)), "{p}");
 }

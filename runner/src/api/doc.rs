@@ -46,6 +46,10 @@ impl IntoResponses for Errors {
             ("413", "body, payload or batch too large"),
             ("415", "wrong content type"),
             ("422", "well-formed but impossible, e.g. an unknown plugin"),
+            (
+                "429",
+                "the tasks would pass their plugin's max_pending (`quota_exceeded`): nothing was scheduled",
+            ),
             ("500", "an internal error (details in the runner's log)"),
             (
                 "503",
@@ -273,6 +277,8 @@ pub struct PluginInfo {
     /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
     /// `--plugin-memory`.
     pub memory_bytes: Option<u64>,
+    /// At most this many of its tasks scheduled (default 1,000,000).
+    pub max_pending: u64,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
@@ -308,6 +314,11 @@ pub struct PluginPatch {
     /// it (else 400).
     #[schema(minimum = 1048576, maximum = 4294967296_u64)]
     pub memory_bytes: Option<u64>,
+    /// At most this many of its tasks scheduled; past it, scheduling is 429 `quota_exceeded`,
+    /// a run whose follow-ups would pass it fails its attempt, a firing is skipped. Null: the
+    /// default, 1,000,000; past it only an admin may set it (else 400).
+    #[schema(minimum = 1, maximum = 1000000000)]
+    pub max_pending: Option<u64>,
 }
 
 /// A page of found tasks.
@@ -493,6 +504,9 @@ pub struct ApiDoc;
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
 const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);
 const _: () = assert!(super::plugins::MAX_TIME_LIMIT_MS == 3600000);
+const _: () = assert!(
+    crate::store::MAX_MAX_PENDING == 1000000000 && crate::store::DEFAULT_MAX_PENDING == 1000000
+);
 const _: () = assert!(
     super::plugins::MIN_MEMORY_BYTES == 1048576
         && crate::plugins::MAX_MEMORY_BYTES == 4294967296_usize

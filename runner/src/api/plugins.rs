@@ -13,7 +13,7 @@ use super::doc;
 use super::error::ApiError;
 use crate::access::{Caller, MAX_PATTERNS, Role, covers, valid_pattern};
 use crate::plugins::valid_plugin_name;
-use crate::store::{PluginEntry, PluginSettings, Rollback};
+use crate::store::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, PluginEntry, PluginSettings, Rollback};
 
 /// The largest weight a plugin may have (the smallest is 1, every plugin's default).
 pub const MAX_WEIGHT: i64 = 1000;
@@ -111,6 +111,7 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
     v["time_limit_ms"] = json!(s.time_limit_ms);
     v["memory_bytes"] = json!(s.memory_bytes);
+    v["max_pending"] = json!(s.max_pending.unwrap_or(DEFAULT_MAX_PENDING));
     v
 }
 
@@ -261,12 +262,13 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    const FIELDS: [&str; 5] = [
+    const FIELDS: [&str; 6] = [
         "max_concurrency",
         "weight",
         "may_schedule",
         "time_limit_ms",
         "memory_bytes",
+        "max_pending",
     ];
     if let Some(other) = b.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad(format!(
@@ -301,7 +303,23 @@ pub async fn plugin_patch(
             capped(&caller, raw, "memory_bytes", (MIN_MEMORY_BYTES, hi), cap)
         })
         .transpose()?;
+    let max_pending = b
+        .get("max_pending")
+        .map(|raw| {
+            let cap = (DEFAULT_MAX_PENDING, "the default");
+            capped(
+                &caller,
+                raw,
+                "max_pending",
+                (1, MAX_MAX_PENDING as i64),
+                cap,
+            )
+        })
+        .transpose()?;
     let cur = current(&st, &name).await?;
+    if let Some(max) = max_pending {
+        st.store.set_max_pending(&name, max).await?;
+    }
     if let Some(ms) = time_limit {
         st.store.set_time_limit(&name, ms).await?;
     }

@@ -183,6 +183,15 @@ pub async fn schedule(
             ));
         }
     }
+    if let Err(q) = st.store.admit(&specs).await? {
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exceeded",
+            q.to_string(),
+        );
+        e.concerns = Some(q.plugin);
+        return Err(e);
+    }
     match st.store.schedule_all_or_none(&specs).await? {
         Err((i, Scheduled::Duplicate)) => return Err(duplicate(&at(i), &specs[i].id)),
         Err((i, _)) => return Err(running_conflict(&at(i), &specs[i].id)),

@@ -20,6 +20,8 @@ pub(super) enum NotCommitted {
     Lost,
     /// Redis failed: let the lease expire, the task runs again.
     Failed(anyhow::Error),
+    /// Its follow-ups would pass their plugin's max_pending: a failed attempt, nothing written.
+    OverQuota(String),
 }
 
 impl Executor {
@@ -72,6 +74,14 @@ impl Executor {
                 .map_err(NotCommitted::Failed)?;
             if current != [true] {
                 return Err(NotCommitted::Lost);
+            }
+        }
+        // before anything is written: a run whose follow-ups would pass a quota writes nothing
+        if !fx.schedule.is_empty() {
+            match self.store.admit(&fx.schedule).await {
+                Ok(Ok(())) => {}
+                Ok(Err(q)) => return Err(NotCommitted::OverQuota(q.to_string())),
+                Err(e) => return Err(NotCommitted::Failed(e)),
             }
         }
         let ns = &fx.ns;

@@ -493,6 +493,10 @@ impl Executor {
                         warn!(id = %task.id, "committing effects failed, the task will run again: {e:#}");
                         return None;
                     }
+                    Err(NotCommitted::OverQuota(error)) => {
+                        warn!(id = %task.id, plugin = %task.plugin, %error, "the task failed");
+                        return Some(self.retry(task, error));
+                    }
                 }
             }
             return Some(self.finish_of(task, outcome));

@@ -166,11 +166,15 @@ impl Registry {
         Ok(())
     }
 
-    /// Loads every plugin's settings (max_concurrency, weight, may_schedule, time limit) from
-    /// the registry.
+    /// Loads every plugin's settings (max_concurrency, weight, may_schedule, time limit, memory
+    /// cap, max_pending) from the registry.
     pub async fn sync_settings(&self) -> Result<()> {
         let all = self.store.plugin_settings_all().await?;
         self.plugins.set_settings(&all);
+        let quotas = all
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.max_pending?)));
+        self.store.use_quotas(quotas.collect());
         Ok(())
     }
 

@@ -95,7 +95,7 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
     } else {
         at
     };
-    let skip = def.overlap == Overlap::Skip
+    let mut skip = def.overlap == Overlap::Skip
         && match &row.last {
             Some(last) => store.get(last).await?.is_some_and(|r| {
                 r.state == TaskState::Running
@@ -104,22 +104,23 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
             None => false,
         };
     let task_id = format!("{id}@{fire_at}");
+    let task = NewTask {
+        id: task_id.clone(),
+        plugin: def.plugin.clone(),
+        payload: def.payload.clone(),
+        run_at: fire_at,
+        owner: def.owner.clone(),
+        max_attempts: def.max_attempts,
+        unique_for_ms: 0,
+        traceparent: None,
+    };
     if skip {
         debug!(schedule = %id, at = fire_at, "skipped: the previous firing has not finished");
+    } else if let Err(q) = store.admit(std::slice::from_ref(&task)).await? {
+        warn!(schedule = %id, at = fire_at, "a firing is skipped: {q}");
+        skip = true;
     } else {
-        let created = store
-            .fire(&NewTask {
-                id: task_id.clone(),
-                plugin: def.plugin.clone(),
-                payload: def.payload.clone(),
-                run_at: fire_at,
-                owner: def.owner.clone(),
-                max_attempts: def.max_attempts,
-                unique_for_ms: 0,
-                traceparent: None,
-            })
-            .await
-            .context("creating a firing")?;
+        let created = store.fire(&task).await.context("creating a firing")?;
         debug!(schedule = %id, at = fire_at, created, "fired");
     }
     let next = def.next_after(fire_at.max(at));

@@ -21,6 +21,7 @@ mod keys;
 mod layout;
 mod plugins;
 mod pubsub;
+mod quota;
 mod record;
 mod recurring;
 mod runners;
@@ -42,6 +43,7 @@ pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
 pub use plugins::{PluginEntry, PluginSettings, Rollback};
 pub use pubsub::{Heard, Subscription};
+pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
 pub use record::{TaskRecord, TaskState, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
@@ -62,6 +64,8 @@ struct Inner {
     opts: StoreOptions,
     /// Built once per `Store::open`, shared with the stores `own_connection` opens from it.
     scripts: Arc<Scripts>,
+    /// Each plugin's max_pending and pending count, shared the same way.
+    quotas: Arc<quota::Quotas>,
 }
 
 impl Store {
@@ -79,6 +83,7 @@ impl Store {
                 keys: Keys::new(&opts.namespace),
                 opts,
                 scripts: Arc::new(Scripts::load()),
+                quotas: Default::default(),
             }),
         };
         store.check_shards().await?;
@@ -124,6 +129,7 @@ impl Store {
                 keys: i.keys.clone(),
                 opts: i.opts.clone(),
                 scripts: Arc::clone(&i.scripts),
+                quotas: Arc::clone(&i.quotas),
             }),
         })
     }

@@ -40,6 +40,9 @@ pub struct PluginSettings {
     /// The memory cap of one of its instances, bytes (None: the runner's `--plugin-memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// At most this many of its tasks scheduled (None: `DEFAULT_MAX_PENDING`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending: Option<u64>,
 }
 
 /// Outcome of a rollback.
@@ -267,6 +270,13 @@ impl Store {
     /// Sets (or resets to the runner's, None) a plugin's memory cap, and announces it.
     pub async fn set_memory_bytes(&self, name: &str, bytes: Option<u64>) -> Result<()> {
         self.set_plugin_setting(name, "memory_bytes", &serde_json::json!(bytes))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sets (or resets to the default, None) a plugin's max_pending, and announces it.
+    pub async fn set_max_pending(&self, name: &str, max: Option<u64>) -> Result<()> {
+        self.set_plugin_setting(name, "max_pending", &serde_json::json!(max))
             .await
             .map(|_| ())
     }
