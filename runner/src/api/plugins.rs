@@ -155,8 +155,8 @@ pub const MAX_TIME_LIMIT_MS: i64 = 3_600_000;
 /// The smallest memory cap a plugin may have (bytes).
 pub const MIN_MEMORY_BYTES: i64 = 1 << 20;
 
-/// A setting the operator caps (`time_limit_ms`, `memory_bytes`): from `lo` to `hi`, at most
-/// `cap` (the runner's `flag`) unless the caller is an admin; null: the runner's default.
+/// A setting the operator caps (`time_limit_ms`, `memory_bytes`, `max_pending`): from `lo` to
+/// `hi`, at most `cap` (the runner's `flag`) unless the caller is an admin; null: the default.
 fn capped(
     caller: &Caller,
     raw: &serde_json::value::RawValue,
