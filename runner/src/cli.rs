@@ -239,6 +239,8 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::MaxPending { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_pending": max}))
         }
+        PluginCmd::OwnerLimit { name, max, .. } => Call::new(Method::PATCH, path(&name, ""))
+            .json(json!({"max_concurrency_per_owner": max})),
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }

@@ -201,6 +201,15 @@ pub enum PluginCmd {
         #[arg(long)]
         default: bool,
     },
+    /// Limit the runs of one owner's tasks of a plugin at once across all runners (--max N, or
+    /// --none for no limit).
+    OwnerLimit {
+        name: String,
+        #[arg(long, conflicts_with = "none", required_unless_present = "none")]
+        max: Option<u32>,
+        #[arg(long)]
+        none: bool,
+    },
     /// Limit a plugin's runs at once across all runners (--max N, or --none for no limit).
     Limit {
         name: String,

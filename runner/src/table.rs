@@ -82,6 +82,7 @@ pub fn plugins(v: &Value) -> String {
                 }
                 .into(),
                 f(p, "max_concurrency"),
+                f(p, "max_concurrency_per_owner"),
                 f(p, "weight"),
                 p["time_limit_ms"]
                     .as_u64()
@@ -102,6 +103,7 @@ pub fn plugins(v: &Value) -> String {
             "UPLOADED (UTC)",
             "STATE",
             "MAX",
+            "PER OWNER",
             "WEIGHT",
             "TIME LIMIT",
             "MEMORY",

@@ -449,6 +449,7 @@ pages.plugins = () => {
         h("dt", {}, "current"), h("dd", {}, `version ${p.version}`),
         h("dt", {}, "digest"), h("dd", { class: "mono" }, p.digest),
         h("dt", {}, "max at once"), h("dd", {}, p.max_concurrency ?? "no limit"),
+        h("dt", {}, "max at once per owner"), h("dd", { id: "pl-per-owner" }, p.max_concurrency_per_owner ?? "no limit"),
         h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1)),
         h("dt", {}, "time limit"), h("dd", { id: "pl-time-limit" }, p.time_limit_ms == null ? "the runner's" : `${fmtNum(p.time_limit_ms)} ms`),
         h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`),
@@ -462,6 +463,11 @@ pages.plugins = () => {
           const v = $("#mc-value").value;
           await api("PATCH", `/v1/plugins/${enc(p.name)}`, { max_concurrency: v === "" ? null : Number(v) }); await done("Limit set");
         }, { id: "mc-set", ghost: true, errorEl: e }),
+        h("label", {}, "per owner", h("input", { id: "po-value", type: "number", min: "1", placeholder: "none", value: p.max_concurrency_per_owner ?? "" })),
+        action("Set", async () => {
+          const v = $("#po-value").value;
+          await api("PATCH", `/v1/plugins/${enc(p.name)}`, { max_concurrency_per_owner: v === "" ? null : Number(v) }); await done("Per-owner limit set");
+        }, { id: "po-set", ghost: true, errorEl: e }),
         h("label", {}, "weight", h("input", { id: "w-value", type: "number", min: "1", max: "1000", placeholder: "1", value: p.weight ?? "" })),
         action("Set", async () => {
           const v = $("#w-value").value;

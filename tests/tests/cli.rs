@@ -70,6 +70,8 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "max-pending", "cli-noop", "5000"]);
     assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "owner-limit", "cli-noop", "--max", "2"]);
+    assert_eq!(c, Some(0), "{err}");
     let (_, out, _) = cli(&["plugin", "list"]);
     let row = out
         .lines()
@@ -93,6 +95,10 @@ async fn the_cli_speaks_the_api() {
         (&Value::Null, &Value::Null),
         "{out}"
     );
+    assert_eq!(p["max_pending"], 1_000_000, "{out}");
+    assert_eq!(p["max_concurrency_per_owner"], 2, "{out}");
+    let (c, _, err) = cli(&["plugin", "owner-limit", "cli-noop", "--none"]);
+    assert_eq!(c, Some(0), "{err}");
     let (c, out, _) = cli(&["runners"]);
     assert_eq!(c, Some(0));
     assert!(out.starts_with("ID"), "{out}");

@@ -402,6 +402,12 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         t.trim() == "128 MiB"
     })
     .await;
+    b.type_into("#po-value", "3").await;
+    b.click("#po-set").await;
+    b.text_until("#pl-per-owner", "the per-owner limit shown", |t| {
+        t.trim() == "3"
+    })
+    .await;
     b.type_into("#mp-value", "2500").await;
     b.click("#mp-set").await;
     b.text_until("#pl-max-pending", "the max pending shown", |t| {
@@ -410,6 +416,7 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     .await;
     let (_, p) = call("GET", &format!("{base}/v1/plugins/uploaded-noop"), None).await;
     assert_eq!(p["max_pending"], 2500, "{p}");
+    assert_eq!(p["max_concurrency_per_owner"], 3, "{p}");
     assert_eq!(p["time_limit_ms"], 5000, "{p}");
     assert_eq!(p["memory_bytes"], 128 << 20, "{p}");
     b.shot("plugins").await;

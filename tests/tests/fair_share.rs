@@ -283,3 +283,74 @@ async fn a_firing_past_max_pending_is_skipped_and_the_api_answers_429() {
     .await;
     assert!(scheduled_of(base, "coupon-expiry").await >= 3);
 }
+
+#[tokio::test]
+async fn max_concurrency_per_owner_holds_each_owners_runs_across_two_runners() {
+    let redis = RedisServer::start();
+    let first = start(&redis, &["--workers", "8"]);
+    let base = first.url.as_str();
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-sleep"),
+        Some(json!({"max_concurrency_per_owner": 2})),
+    )
+    .await;
+    assert_eq!(
+        (s, &p["max_concurrency_per_owner"]),
+        (200, &json!(2)),
+        "{p}"
+    );
+    // a second runner, which reads the setting as it starts
+    let _second = start(&redis, &["--workers", "8"]);
+    // runs of 400 ms: 12 of owner a, 4 of owner b, 4 of no owner; 16 workers in all (without the
+    // limit a's runs went 5 and 6 at once)
+    let mut specs = Vec::new();
+    for (owner, n) in [("a", 12), ("b", 4)] {
+        for i in 0..n {
+            let tag = format!("{owner}{i}");
+            specs.push(json!({"plugin": "test-sleep", "id": tag, "owner": owner, "payload": {"ms": 400, "tag": tag}}));
+        }
+    }
+    for i in 0..4 {
+        let tag = format!("none{i}");
+        specs.push(json!({"plugin": "test-sleep", "id": tag, "payload": {"ms": 400, "tag": tag}}));
+    }
+    schedule(base, json!(specs)).await;
+    let runs = eventually(T, "20 runs", || async {
+        let runs = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:sleep");
+        (runs.len() >= 20).then_some(runs)
+    })
+    .await;
+    assert_eq!(runs.len(), 20, "each once");
+    // a run is [started_at, its event]; at each run's middle, how many of its owner's ran
+    let span = |owner: &str| -> Vec<(i64, i64)> {
+        runs.iter()
+            .filter(|(_, _, d)| d["tag"].as_str().unwrap().starts_with(owner))
+            .map(|(at, _, d)| (d["started_at"].as_i64().unwrap(), *at))
+            .collect()
+    };
+    let most_at_once = |runs: &[(i64, i64)]| {
+        runs.iter()
+            .map(|(s, e)| {
+                let mid = (s + e) / 2;
+                runs.iter().filter(|(s, e)| *s <= mid && mid < *e).count()
+            })
+            .max()
+            .unwrap()
+    };
+    let (a, b, none) = (span("a"), span("b"), span("none"));
+    eprintln!(
+        "most at once: a {}, b {}, no owner {}",
+        most_at_once(&a),
+        most_at_once(&b),
+        most_at_once(&none)
+    );
+    assert_eq!((a.len(), b.len(), none.len()), (12, 4, 4));
+    assert!(most_at_once(&a) <= 2, "owner a: {a:?}");
+    assert!(most_at_once(&b) <= 2, "owner b: {b:?}");
+    // waiting for an owner's slot uses no attempt
+    for id in ["a11", "b3"] {
+        let t = wait_state(base, id, "done", T).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+}

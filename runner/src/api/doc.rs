@@ -268,6 +268,8 @@ pub struct PluginInfo {
     pub uploaded_at: i64,
     pub paused: bool,
     pub max_concurrency: Option<u32>,
+    /// At most this many runs of one owner's tasks at once across all runners (null: no limit).
+    pub max_concurrency_per_owner: Option<u32>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).
@@ -298,6 +300,10 @@ pub struct PluginPatch {
     /// At most this many runs at once across all runners; null: no limit.
     #[schema(minimum = 1, maximum = 100000)]
     pub max_concurrency: Option<u32>,
+    /// At most this many runs of one owner's tasks at once across all runners (null: no limit).
+    /// A task without an owner is not limited by it.
+    #[schema(minimum = 1, maximum = 100000)]
+    pub max_concurrency_per_owner: Option<u32>,
     /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
     #[schema(minimum = 1, maximum = 1000)]
     pub weight: Option<u32>,

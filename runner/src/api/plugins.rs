@@ -107,6 +107,7 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     let mut v = serde_json::to_value(e).expect("serializes");
     v["paused"] = json!(s.paused);
     v["max_concurrency"] = json!(s.max_concurrency);
+    v["max_concurrency_per_owner"] = json!(s.max_concurrency_per_owner);
     v["weight"] = json!(s.weight.unwrap_or(1));
     v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
     v["time_limit_ms"] = json!(s.time_limit_ms);
@@ -262,8 +263,9 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    const FIELDS: [&str; 6] = [
+    const FIELDS: [&str; 7] = [
         "max_concurrency",
+        "max_concurrency_per_owner",
         "weight",
         "may_schedule",
         "time_limit_ms",
@@ -279,6 +281,10 @@ pub async fn plugin_patch(
     let max = b
         .get("max_concurrency")
         .map(|raw| setting(raw, "max_concurrency", 1, 100_000))
+        .transpose()?;
+    let per_owner = b
+        .get("max_concurrency_per_owner")
+        .map(|raw| setting(raw, "max_concurrency_per_owner", 1, 100_000))
         .transpose()?;
     let weight = b
         .get("weight")
@@ -319,6 +325,9 @@ pub async fn plugin_patch(
     let cur = current(&st, &name).await?;
     if let Some(max) = max_pending {
         st.store.set_max_pending(&name, max).await?;
+    }
+    if let Some(max) = per_owner {
+        st.store.set_max_per_owner(&name, max).await?;
     }
     if let Some(ms) = time_limit {
         st.store.set_time_limit(&name, ms).await?;

@@ -112,6 +112,12 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
+    /// At most this many runs of one owner's tasks of `plugin` at once across the namespace's
+    /// runners (None: no limit). The executor takes a slot in Redis before each such run.
+    fn max_concurrency_per_owner(&self, _plugin: &str) -> Option<u32> {
+        None
+    }
+
     /// The plugin's weight in the fair share between plugins (1 unless set).
     fn weight(&self, _plugin: &str) -> u32 {
         1

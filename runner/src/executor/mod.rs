@@ -50,7 +50,7 @@ use share::{Shares, StartQueue};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Finish, Store};
+use crate::store::{Claimed, Finish, SlotsOf, Store};
 use crate::trace;
 
 /// A panic's message (its payload when that is a string).
@@ -407,52 +407,96 @@ impl Executor {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
-        let Some(max) = self.handler.max_concurrency(&task.plugin) else {
+        let limits = self.slot_limits(task);
+        if limits.is_empty() {
             return self.run_rounds(task, None, traced, marked).await;
-        };
-        // a concurrency slot per run, across all runners; none free: back to scheduled shortly,
-        // the attempt given back, and the worker is free for other plugins' tasks at once
+        }
+        // a concurrency slot per limit per run, across all runners; one not free: back to
+        // scheduled shortly, the attempt given back, and the worker is free for other plugins'
+        // tasks at once
         let holder = format!("{}#{}", task.id, task.token);
-        if !self.take_slot(task, &holder, max).await {
+        if !self.take_slots(task, &holder, &limits).await {
             let after_ms = 100 + (rand::random::<f64>() * 200.0) as i64;
             return Some(Finish::Defer { after_ms });
         }
         let finish = self
-            .run_rounds(task, Some((&holder, max)), traced, marked)
+            .run_rounds(task, Some((&holder, &limits)), traced, marked)
             .await;
-        if let Err(e) = self.store.slot_give(&task.plugin, &holder).await {
-            warn!(plugin = %task.plugin, "giving a concurrency slot back failed (it expires on its own): {e:#}");
-        }
+        self.give_slots(&holder, &limits).await;
         finish
     }
 
-    /// Takes (or renews) a concurrency slot of the task's plugin.
-    async fn take_slot(&self, task: &Claimed, holder: &str, max: u32) -> bool {
+    /// The concurrency limits a task's run must fit: its plugin's `max_concurrency`, and its
+    /// owner's `max_concurrency_per_owner`.
+    fn slot_limits<'a>(&self, task: &'a Claimed) -> Vec<(SlotsOf<'a>, u32)> {
+        let mut limits = Vec::new();
+        if let Some(max) = self.handler.max_concurrency(&task.plugin) {
+            limits.push((SlotsOf::Plugin(&task.plugin), max));
+        }
+        if let (Some(max), Some(owner)) = (
+            self.handler.max_concurrency_per_owner(&task.plugin),
+            task.owner.as_deref(),
+        ) {
+            let plugin = &task.plugin;
+            limits.push((SlotsOf::Owner { plugin, owner }, max));
+        }
+        limits
+    }
+
+    /// Takes (or renews) a slot of each limit, in order; false, with those taken given back,
+    /// when one is full.
+    async fn take_slots(
+        &self,
+        task: &Claimed,
+        holder: &str,
+        limits: &[(SlotsOf<'_>, u32)],
+    ) -> bool {
         let lease = self.handler.slot_lease_ms(&task.plugin);
-        match self.store.slot_take(&task.plugin, holder, max, lease).await {
-            Ok(taken) => taken,
-            Err(e) => {
-                warn!(plugin = %task.plugin, "taking a concurrency slot failed: {e:#}");
-                false
+        for (i, &(of, max)) in limits.iter().enumerate() {
+            let taken = match self.store.slot_take(of, holder, max, lease).await {
+                Ok(taken) => taken,
+                Err(e) => {
+                    warn!(plugin = %task.plugin, "taking a concurrency slot failed: {e:#}");
+                    false
+                }
+            };
+            if !taken {
+                self.give_slots(holder, &limits[..i]).await;
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn give_slots(&self, holder: &str, limits: &[(SlotsOf<'_>, u32)]) {
+        for &(of, _) in limits {
+            if let Err(e) = self.store.slot_give(of, holder).await {
+                warn!("giving a concurrency slot back failed (it expires on its own): {e:#}");
             }
         }
     }
 
-    /// Runs the handler (again while the kv entries it read change), holding the slot if any.
+    /// Runs the handler (again while the kv entries it read change), holding the slots if any.
     async fn run_rounds(
         &self,
         task: &Claimed,
-        slot: Option<(&str, u32)>,
+        slots: Option<(&str, &[(SlotsOf<'_>, u32)])>,
         traced: &Span,
         marked: &mut bool,
     ) -> Option<Finish> {
         let lateness = now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
             if round > 0
-                && let Some((holder, max)) = slot
+                && let Some((holder, limits)) = slots
             {
-                // renew: a run after a conflict starts a new time limit
-                self.take_slot(task, holder, max).await;
+                // renew: a run after a conflict starts a new time limit (a holder that has a
+                // slot renews it even when the rest are taken)
+                let lease = self.handler.slot_lease_ms(&task.plugin);
+                for &(of, max) in limits {
+                    if let Err(e) = self.store.slot_take(of, holder, max, lease).await {
+                        warn!(plugin = %task.plugin, "renewing a concurrency slot failed: {e:#}");
+                    }
+                }
             }
             let t0 = Instant::now();
             let run = Arc::clone(&self.handler)

@@ -114,6 +114,8 @@ pub struct Plugins {
     current: RwLock<HashMap<String, Arc<Loaded>>>,
     /// Each plugin's max_concurrency (from the registry's settings).
     limits: RwLock<HashMap<String, u32>>,
+    /// Each plugin's max_concurrency_per_owner.
+    per_owner: RwLock<HashMap<String, u32>>,
     /// Each plugin's weight in the fair share, where it is not 1.
     weights: RwLock<HashMap<String, u32>>,
     /// What each plugin's own settings make of its runs (`may_schedule`, `time_limit_ms`,
@@ -139,6 +141,7 @@ impl Plugins {
             engine,
             current: RwLock::new(HashMap::new()),
             limits: RwLock::new(HashMap::new()),
+            per_owner: RwLock::new(HashMap::new()),
             weights: RwLock::new(HashMap::new()),
             runs: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
@@ -147,8 +150,8 @@ impl Plugins {
         }))
     }
 
-    /// Takes every plugin's settings: max_concurrency, weight, may_schedule, time limit,
-    /// memory cap.
+    /// Takes every plugin's settings: max_concurrency (also per owner), weight, may_schedule,
+    /// time limit, memory cap.
     pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
         let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
             all.iter()
@@ -156,6 +159,7 @@ impl Plugins {
                 .collect()
         };
         let limits = pick(&|s| s.max_concurrency);
+        let per_owner = pick(&|s| s.max_concurrency_per_owner);
         let weights = pick(&|s| s.weight.filter(|w| *w != 1));
         let runs = all
             .iter()
@@ -174,6 +178,7 @@ impl Plugins {
             })
             .collect();
         *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
+        *self.per_owner.write().unwrap_or_else(|e| e.into_inner()) = per_owner;
         *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
         *self.runs.write().unwrap_or_else(|e| e.into_inner()) = runs;
     }
@@ -294,6 +299,14 @@ impl Handler for Plugins {
 
     fn max_concurrency(&self, plugin: &str) -> Option<u32> {
         self.limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin)
+            .copied()
+    }
+
+    fn max_concurrency_per_owner(&self, plugin: &str) -> Option<u32> {
+        self.per_owner
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(plugin)

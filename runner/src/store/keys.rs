@@ -178,6 +178,11 @@ impl Keys {
         format!("{{{}}}:plugin:slots:{}", self.ns, name)
     }
 
+    /// The concurrency slots of one owner's runs of a plugin (a plugin name holds no `:`).
+    pub fn owner_slots(&self, plugin: &str, owner: &str) -> String {
+        format!("{{{}}}:plugin:owner-slots:{}:{}", self.ns, plugin, owner)
+    }
+
     /// Marks one handler run's effects as applied (`claim` names the claim of the task).
     pub fn effects_marker(&self, task_id: &str, claim: &str) -> String {
         format!("{{{}}}:fx:{}:{}", self.ns, task_id, claim)

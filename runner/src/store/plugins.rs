@@ -40,9 +40,20 @@ pub struct PluginSettings {
     /// The memory cap of one of its instances, bytes (None: the runner's `--plugin-memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// At most this many runs of one owner's tasks at once across all runners (None: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency_per_owner: Option<u32>,
     /// At most this many of its tasks scheduled (None: `DEFAULT_MAX_PENDING`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<u64>,
+}
+
+/// Whose concurrency slots: a plugin's (`max_concurrency`), or those of one owner's runs of a
+/// plugin (`max_concurrency_per_owner`).
+#[derive(Debug, Clone, Copy)]
+pub enum SlotsOf<'a> {
+    Plugin(&'a str),
+    Owner { plugin: &'a str, owner: &'a str },
 }
 
 /// Outcome of a rollback.
@@ -274,6 +285,20 @@ impl Store {
             .map(|_| ())
     }
 
+    fn slots_key(&self, of: SlotsOf<'_>) -> String {
+        match of {
+            SlotsOf::Plugin(plugin) => self.keys().plugin_slots(plugin),
+            SlotsOf::Owner { plugin, owner } => self.keys().owner_slots(plugin, owner),
+        }
+    }
+
+    /// Sets (or clears, None) a plugin's max_concurrency_per_owner, and announces it.
+    pub async fn set_max_per_owner(&self, name: &str, max: Option<u32>) -> Result<()> {
+        self.set_plugin_setting(name, "max_concurrency_per_owner", &serde_json::json!(max))
+            .await
+            .map(|_| ())
+    }
+
     /// Sets (or resets to the default, None) a plugin's max_pending, and announces it.
     pub async fn set_max_pending(&self, name: &str, max: Option<u64>) -> Result<()> {
         self.set_plugin_setting(name, "max_pending", &serde_json::json!(max))
@@ -281,11 +306,11 @@ impl Store {
             .map(|_| ())
     }
 
-    /// Takes (or renews) one of a plugin's `max` concurrency slots for `holder`, for `lease_ms`;
-    /// false when all are taken.
+    /// Takes (or renews) one of the `max` concurrency slots of `of` for `holder`, for
+    /// `lease_ms`; false when all are taken.
     pub async fn slot_take(
         &self,
-        plugin: &str,
+        of: SlotsOf<'_>,
         holder: &str,
         max: u32,
         lease_ms: u64,
@@ -294,7 +319,7 @@ impl Store {
             .inner
             .scripts
             .slots
-            .key(self.keys().plugin_slots(plugin))
+            .key(self.slots_key(of))
             .arg("take")
             .arg(holder)
             .arg(max)
@@ -306,12 +331,12 @@ impl Store {
     }
 
     /// Gives a concurrency slot back.
-    pub async fn slot_give(&self, plugin: &str, holder: &str) -> Result<()> {
+    pub async fn slot_give(&self, of: SlotsOf<'_>, holder: &str) -> Result<()> {
         let _: i64 = self
             .inner
             .scripts
             .slots
-            .key(self.keys().plugin_slots(plugin))
+            .key(self.slots_key(of))
             .arg("give")
             .arg(holder)
             .arg(0)
