@@ -239,6 +239,10 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::MaxPending { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_pending": max}))
         }
+        PluginCmd::RateLimit { name, rate, .. } => {
+            let rate = rate.map(|(max, per_ms)| json!({"max": max, "per_ms": per_ms}));
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"rate_limit": rate}))
+        }
         PluginCmd::OwnerLimit { name, max, .. } => Call::new(Method::PATCH, path(&name, ""))
             .json(json!({"max_concurrency_per_owner": max})),
         PluginCmd::Limit { name, max, .. } => {

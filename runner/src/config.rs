@@ -201,6 +201,15 @@ pub enum PluginCmd {
         #[arg(long)]
         default: bool,
     },
+    /// Limit a plugin's starts across all runners: `10/1s` (at most 10 starts in any second), or
+    /// --none for no limit. Runs over it wait, using no attempt.
+    RateLimit {
+        name: String,
+        #[arg(value_parser = parse_rate, conflicts_with = "none", required_unless_present = "none")]
+        rate: Option<(u32, u64)>,
+        #[arg(long)]
+        none: bool,
+    },
     /// Limit the runs of one owner's tasks of a plugin at once across all runners (--max N, or
     /// --none for no limit).
     OwnerLimit {
@@ -532,6 +541,18 @@ pub struct ServeArgs {
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration like 250ms, 30s, 10m or 2h: {e}"))
+}
+
+/// Parses a rate limit `N/DURATION` (`10/1s`, `600/1m`) → (N, ms).
+pub fn parse_rate(s: &str) -> Result<(u32, u64), String> {
+    let bad = || format!("{s:?} is not a rate like 10/1s (at most 10 starts in any second)");
+    let (n, per) = s.split_once('/').ok_or_else(bad)?;
+    let n: u32 = n.trim().parse().map_err(|_| bad())?;
+    let per = parse_duration(per.trim())?.as_millis() as u64;
+    if n == 0 || per == 0 {
+        return Err(bad());
+    }
+    Ok((n, per))
 }
 
 /// Parses a plugin memory cap in bytes: 1 MiB to 4 GiB (a 32-bit wasm memory's whole space).

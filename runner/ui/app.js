@@ -450,6 +450,7 @@ pages.plugins = () => {
         h("dt", {}, "digest"), h("dd", { class: "mono" }, p.digest),
         h("dt", {}, "max at once"), h("dd", {}, p.max_concurrency ?? "no limit"),
         h("dt", {}, "max at once per owner"), h("dd", { id: "pl-per-owner" }, p.max_concurrency_per_owner ?? "no limit"),
+        h("dt", {}, "rate limit"), h("dd", { id: "pl-rate" }, p.rate_limit ? `${fmtNum(p.rate_limit.max)} starts per ${fmtNum(p.rate_limit.per_ms)} ms` : "no limit"),
         h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1)),
         h("dt", {}, "time limit"), h("dd", { id: "pl-time-limit" }, p.time_limit_ms == null ? "the runner's" : `${fmtNum(p.time_limit_ms)} ms`),
         h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`),
@@ -468,6 +469,12 @@ pages.plugins = () => {
           const v = $("#po-value").value;
           await api("PATCH", `/v1/plugins/${enc(p.name)}`, { max_concurrency_per_owner: v === "" ? null : Number(v) }); await done("Per-owner limit set");
         }, { id: "po-set", ghost: true, errorEl: e }),
+        h("label", {}, "starts", h("input", { id: "rl-max", type: "number", min: "1", placeholder: "none", value: p.rate_limit?.max ?? "" })),
+        h("label", {}, "per ms", h("input", { id: "rl-per", type: "number", min: "1", placeholder: "1000", value: p.rate_limit?.per_ms ?? "" })),
+        action("Set", async () => {
+          const max = $("#rl-max").value, per = $("#rl-per").value;
+          await api("PATCH", `/v1/plugins/${enc(p.name)}`, { rate_limit: max === "" ? null : { max: Number(max), per_ms: Number(per || 1000) } }); await done("Rate limit set");
+        }, { id: "rl-set", ghost: true, errorEl: e }),
         h("label", {}, "weight", h("input", { id: "w-value", type: "number", min: "1", max: "1000", placeholder: "1", value: p.weight ?? "" })),
         action("Set", async () => {
           const v = $("#w-value").value;

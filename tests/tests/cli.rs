@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use eggtimer_tests::{RedisServer, RunnerProcess, eggtimer_bin, plugins_dir, wait_state};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -72,6 +72,8 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "owner-limit", "cli-noop", "--max", "2"]);
     assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "rate-limit", "cli-noop", "600/1m"]);
+    assert_eq!(c, Some(0), "{err}");
     let (_, out, _) = cli(&["plugin", "list"]);
     let row = out
         .lines()
@@ -97,6 +99,13 @@ async fn the_cli_speaks_the_api() {
     );
     assert_eq!(p["max_pending"], 1_000_000, "{out}");
     assert_eq!(p["max_concurrency_per_owner"], 2, "{out}");
+    assert_eq!(
+        p["rate_limit"],
+        json!({"max": 600, "per_ms": 60000}),
+        "{out}"
+    );
+    let (c, _, err) = cli(&["plugin", "rate-limit", "cli-noop", "--none"]);
+    assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "owner-limit", "cli-noop", "--none"]);
     assert_eq!(c, Some(0), "{err}");
     let (c, out, _) = cli(&["runners"]);

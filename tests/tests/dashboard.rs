@@ -408,6 +408,13 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         t.trim() == "3"
     })
     .await;
+    b.type_into("#rl-max", "20").await;
+    b.type_into("#rl-per", "2000").await;
+    b.click("#rl-set").await;
+    b.text_until("#pl-rate", "the rate limit shown", |t| {
+        t.trim() == "20 starts per 2,000 ms"
+    })
+    .await;
     b.type_into("#mp-value", "2500").await;
     b.click("#mp-set").await;
     b.text_until("#pl-max-pending", "the max pending shown", |t| {
@@ -417,6 +424,7 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     let (_, p) = call("GET", &format!("{base}/v1/plugins/uploaded-noop"), None).await;
     assert_eq!(p["max_pending"], 2500, "{p}");
     assert_eq!(p["max_concurrency_per_owner"], 3, "{p}");
+    assert_eq!(p["rate_limit"], json!({"max": 20, "per_ms": 2000}), "{p}");
     assert_eq!(p["time_limit_ms"], 5000, "{p}");
     assert_eq!(p["memory_bytes"], 128 << 20, "{p}");
     b.shot("plugins").await;

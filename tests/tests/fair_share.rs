@@ -354,3 +354,63 @@ async fn max_concurrency_per_owner_holds_each_owners_runs_across_two_runners() {
         assert_eq!(t["attempts"], 1, "{t}");
     }
 }
+
+#[tokio::test]
+async fn a_rate_limit_holds_across_two_runners_and_waiting_uses_no_attempt() {
+    let redis = RedisServer::start();
+    let first = start(&redis, &[]);
+    let base = first.url.as_str();
+    let rate = json!({"max": 5, "per_ms": 1000});
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-sleep"),
+        Some(json!({"rate_limit": rate})),
+    )
+    .await;
+    assert_eq!((s, &p["rate_limit"]), (200, &rate), "{p}");
+    // a second runner, which reads the setting as it starts
+    let _second = start(&redis, &[]);
+    // 20 quick runs due at once: without the limit all start within a few ms
+    let specs: Vec<Value> = (0..20)
+        .map(|i| json!({"plugin": "test-sleep", "id": format!("r{i}"), "payload": {"ms": 20, "tag": format!("r{i}")}}))
+        .collect();
+    schedule(base, json!(specs)).await;
+    let runs = eventually(T, "20 runs", || async {
+        let runs = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+        (runs.len() >= 20).then_some(runs)
+    })
+    .await;
+    assert_eq!(runs.len(), 20, "each once");
+    let mut starts: Vec<i64> = runs
+        .iter()
+        .map(|(_, _, d)| d["started_at"].as_i64().unwrap())
+        .collect();
+    starts.sort();
+    // the busiest window: the shortest time holding 6 starts must be about a second (a start is
+    // taken by Redis's clock, `started_at` read a moment later by the runner: 50 ms of slack)
+    let tightest = starts.windows(6).map(|w| w[5] - w[0]).min().unwrap();
+    eprintln!(
+        "6 starts took at least {tightest} ms; all 20 {} ms",
+        starts[19] - starts[0]
+    );
+    assert!(tightest >= 950, "6 starts within {tightest} ms: {starts:?}");
+    for i in [0, 19] {
+        let t = wait_state(base, &format!("r{i}"), "done", T).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+    // null lifts it
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-sleep"),
+        Some(json!({"rate_limit": null})),
+    )
+    .await;
+    assert_eq!((s, &p["rate_limit"]), (200, &Value::Null), "{p}");
+    let (s, e) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-sleep"),
+        Some(json!({"rate_limit": {"max": 0, "per_ms": 1000}})),
+    )
+    .await;
+    assert_eq!(s, 400, "{e}");
+}

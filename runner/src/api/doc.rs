@@ -270,6 +270,8 @@ pub struct PluginInfo {
     pub max_concurrency: Option<u32>,
     /// At most this many runs of one owner's tasks at once across all runners (null: no limit).
     pub max_concurrency_per_owner: Option<u32>,
+    /// At most `max` starts in any `per_ms` ms across all runners (null: no limit).
+    pub rate_limit: Option<RateLimitBody>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).
@@ -281,6 +283,17 @@ pub struct PluginInfo {
     pub memory_bytes: Option<u64>,
     /// At most this many of its tasks scheduled (default 1,000,000).
     pub max_pending: u64,
+}
+
+/// A rate limit: at most `max` starts in any `per_ms` ms.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitBody {
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub max: u32,
+    #[schema(minimum = 1, maximum = 86400000)]
+    pub per_ms: u64,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
@@ -304,6 +317,9 @@ pub struct PluginPatch {
     /// A task without an owner is not limited by it.
     #[schema(minimum = 1, maximum = 100000)]
     pub max_concurrency_per_owner: Option<u32>,
+    /// At most `max` starts in any `per_ms` ms across all runners; runs over it wait (no
+    /// attempt used) and start in the order they asked. Null: no limit.
+    pub rate_limit: Option<RateLimitBody>,
     /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
     #[schema(minimum = 1, maximum = 1000)]
     pub weight: Option<u32>,
@@ -509,6 +525,8 @@ pub struct ApiDoc;
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
 const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);
+const _: () =
+    assert!(super::plugins::MAX_RATE == 1000000 && super::plugins::MAX_RATE_WINDOW_MS == 86400000);
 const _: () = assert!(super::plugins::MAX_TIME_LIMIT_MS == 3600000);
 const _: () = assert!(
     crate::store::MAX_MAX_PENDING == 1000000000 && crate::store::DEFAULT_MAX_PENDING == 1000000

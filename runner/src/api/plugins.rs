@@ -13,7 +13,9 @@ use super::doc;
 use super::error::ApiError;
 use crate::access::{Caller, MAX_PATTERNS, Role, covers, valid_pattern};
 use crate::plugins::valid_plugin_name;
-use crate::store::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, PluginEntry, PluginSettings, Rollback};
+use crate::store::{
+    DEFAULT_MAX_PENDING, MAX_MAX_PENDING, PluginEntry, PluginSettings, RateLimit, Rollback,
+};
 
 /// The largest weight a plugin may have (the smallest is 1, every plugin's default).
 pub const MAX_WEIGHT: i64 = 1000;
@@ -108,6 +110,7 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     v["paused"] = json!(s.paused);
     v["max_concurrency"] = json!(s.max_concurrency);
     v["max_concurrency_per_owner"] = json!(s.max_concurrency_per_owner);
+    v["rate_limit"] = json!(s.rate_limit);
     v["weight"] = json!(s.weight.unwrap_or(1));
     v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
     v["time_limit_ms"] = json!(s.time_limit_ms);
@@ -149,6 +152,38 @@ fn may_schedule(
     }
     // an empty list is the default (cjson would also store it as an object)
     Ok(Some(list).filter(|l| !l.is_empty()))
+}
+
+/// The most starts a rate limit may allow in its window, and the longest window (a day, ms).
+pub const MAX_RATE: i64 = 1_000_000;
+pub const MAX_RATE_WINDOW_MS: i64 = 86_400_000;
+
+/// A `rate_limit` setting: `{"max": n, "per_ms": d}` (at most n starts in any d ms), or null.
+fn rate_limit(raw: &serde_json::value::RawValue) -> ApiResult<Option<RateLimit>> {
+    if raw.get().trim() == "null" {
+        return Ok(None);
+    }
+    let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
+        body::object(raw, "", "rate_limit")?;
+    if let Some(other) = b.keys().find(|k| !["max", "per_ms"].contains(&k.as_str())) {
+        return Err(ApiError::bad(format!(
+            "rate_limit: unknown field `{other}`, expected `max` and `per_ms`"
+        )));
+    }
+    let field = |name: &str, hi: i64| -> ApiResult<i64> {
+        let what = format!("rate_limit.{name}");
+        match body::int(b.get(name).copied(), "", &what)? {
+            Some(n) if (1..=hi).contains(&n) => Ok(n),
+            Some(n) => Err(ApiError::bad(format!(
+                "{what} must be an integer from 1 to {hi}; got {n}"
+            ))),
+            None => Err(ApiError::bad(format!("rate_limit needs `{name}`"))),
+        }
+    };
+    Ok(Some(RateLimit {
+        max: field("max", MAX_RATE)? as u32,
+        per_ms: field("per_ms", MAX_RATE_WINDOW_MS)? as u64,
+    }))
 }
 
 /// The longest time limit per run an admin may give a plugin (ms).
@@ -263,9 +298,10 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    const FIELDS: [&str; 7] = [
+    const FIELDS: [&str; 8] = [
         "max_concurrency",
         "max_concurrency_per_owner",
+        "rate_limit",
         "weight",
         "may_schedule",
         "time_limit_ms",
@@ -286,6 +322,7 @@ pub async fn plugin_patch(
         .get("max_concurrency_per_owner")
         .map(|raw| setting(raw, "max_concurrency_per_owner", 1, 100_000))
         .transpose()?;
+    let rate = b.get("rate_limit").map(|raw| rate_limit(raw)).transpose()?;
     let weight = b
         .get("weight")
         .map(|raw| setting(raw, "weight", 1, MAX_WEIGHT))
@@ -328,6 +365,9 @@ pub async fn plugin_patch(
     }
     if let Some(max) = per_owner {
         st.store.set_max_per_owner(&name, max).await?;
+    }
+    if let Some(rate) = rate {
+        st.store.set_rate_limit(&name, rate).await?;
     }
     if let Some(ms) = time_limit {
         st.store.set_time_limit(&name, ms).await?;

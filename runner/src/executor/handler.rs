@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::store::{Claimed, NewTask, NsEffects};
+use crate::store::{Claimed, NewTask, NsEffects, RateLimit};
 
 /// What a handler decided about its task.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,6 +115,12 @@ pub trait Handler: Send + Sync + 'static {
     /// At most this many runs of one owner's tasks of `plugin` at once across the namespace's
     /// runners (None: no limit). The executor takes a slot in Redis before each such run.
     fn max_concurrency_per_owner(&self, _plugin: &str) -> Option<u32> {
+        None
+    }
+
+    /// At most `max` starts of `plugin` in any `per_ms` ms across the namespace's runners (None:
+    /// no limit). The executor asks Redis before each run.
+    fn rate_limit(&self, _plugin: &str) -> Option<RateLimit> {
         None
     }
 

@@ -407,6 +407,27 @@ impl Executor {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
+        // over its plugin's rate: back to scheduled at the start reserved for it, the attempt
+        // given back (asked before the slots: a start it can't take is its rate's, not others')
+        if let Some(rate) = self.handler.rate_limit(&task.plugin) {
+            match self
+                .store
+                .rate_take(&task.plugin, (&task.id, task.attempt), rate)
+                .await
+            {
+                Ok(0) => {}
+                Ok(wait) => {
+                    let after_ms = i64::try_from(wait)
+                        .unwrap_or(i64::MAX)
+                        .min(crate::limits::MAX_DURATION_MS);
+                    return Some(Finish::Defer { after_ms });
+                }
+                Err(e) => {
+                    warn!(plugin = %task.plugin, "asking the rate limit failed: {e:#}");
+                    return Some(Finish::Defer { after_ms: 1_000 });
+                }
+            }
+        }
         let limits = self.slot_limits(task);
         if limits.is_empty() {
             return self.run_rounds(task, None, traced, marked).await;

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::store::PluginSettings;
+use crate::store::{PluginSettings, RateLimit};
 
 use anyhow::{Context, Result, anyhow};
 use futures::future::BoxFuture;
@@ -116,6 +116,8 @@ pub struct Plugins {
     limits: RwLock<HashMap<String, u32>>,
     /// Each plugin's max_concurrency_per_owner.
     per_owner: RwLock<HashMap<String, u32>>,
+    /// Each plugin's rate limit.
+    rates: RwLock<HashMap<String, RateLimit>>,
     /// Each plugin's weight in the fair share, where it is not 1.
     weights: RwLock<HashMap<String, u32>>,
     /// What each plugin's own settings make of its runs (`may_schedule`, `time_limit_ms`,
@@ -142,6 +144,7 @@ impl Plugins {
             current: RwLock::new(HashMap::new()),
             limits: RwLock::new(HashMap::new()),
             per_owner: RwLock::new(HashMap::new()),
+            rates: RwLock::new(HashMap::new()),
             weights: RwLock::new(HashMap::new()),
             runs: RwLock::new(HashMap::new()),
             pool: instance::Pool::new(opts.warm_instances),
@@ -150,8 +153,8 @@ impl Plugins {
         }))
     }
 
-    /// Takes every plugin's settings: max_concurrency (also per owner), weight, may_schedule,
-    /// time limit, memory cap.
+    /// Takes every plugin's settings: max_concurrency (also per owner), rate limit, weight,
+    /// may_schedule, time limit, memory cap.
     pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
         let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
             all.iter()
@@ -160,6 +163,10 @@ impl Plugins {
         };
         let limits = pick(&|s| s.max_concurrency);
         let per_owner = pick(&|s| s.max_concurrency_per_owner);
+        let rates = all
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.rate_limit?)))
+            .collect();
         let weights = pick(&|s| s.weight.filter(|w| *w != 1));
         let runs = all
             .iter()
@@ -179,6 +186,7 @@ impl Plugins {
             .collect();
         *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
         *self.per_owner.write().unwrap_or_else(|e| e.into_inner()) = per_owner;
+        *self.rates.write().unwrap_or_else(|e| e.into_inner()) = rates;
         *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
         *self.runs.write().unwrap_or_else(|e| e.into_inner()) = runs;
     }
@@ -307,6 +315,14 @@ impl Handler for Plugins {
 
     fn max_concurrency_per_owner(&self, plugin: &str) -> Option<u32> {
         self.per_owner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin)
+            .copied()
+    }
+
+    fn rate_limit(&self, plugin: &str) -> Option<RateLimit> {
+        self.rates
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(plugin)

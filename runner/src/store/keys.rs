@@ -178,6 +178,11 @@ impl Keys {
         format!("{{{}}}:plugin:slots:{}", self.ns, name)
     }
 
+    /// ZSET of a plugin's starts under its rate limit (run -> start time, made or reserved).
+    pub fn plugin_rate(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:rate:{}", self.ns, name)
+    }
+
     /// The concurrency slots of one owner's runs of a plugin (a plugin name holds no `:`).
     pub fn owner_slots(&self, plugin: &str, owner: &str) -> String {
         format!("{{{}}}:plugin:owner-slots:{}:{}", self.ns, plugin, owner)

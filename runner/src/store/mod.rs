@@ -41,7 +41,7 @@ pub use connection::{RedisTarget, is_full, is_unreachable, redact};
 pub use effects::MARKER_GRACE_MS;
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
-pub use plugins::{PluginEntry, PluginSettings, Rollback, SlotsOf};
+pub use plugins::{PluginEntry, PluginSettings, RateLimit, Rollback, SlotsOf};
 pub use pubsub::{Heard, Subscription};
 pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
 pub use record::{TaskRecord, TaskState, field_safe};

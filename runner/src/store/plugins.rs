@@ -43,9 +43,19 @@ pub struct PluginSettings {
     /// At most this many runs of one owner's tasks at once across all runners (None: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency_per_owner: Option<u32>,
+    /// At most `max` starts in any `per_ms` ms across all runners (None: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
     /// At most this many of its tasks scheduled (None: `DEFAULT_MAX_PENDING`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<u64>,
+}
+
+/// A plugin's rate limit: at most `max` starts in any `per_ms` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub max: u32,
+    pub per_ms: u64,
 }
 
 /// Whose concurrency slots: a plugin's (`max_concurrency`), or those of one owner's runs of a
@@ -290,6 +300,33 @@ impl Store {
             SlotsOf::Plugin(plugin) => self.keys().plugin_slots(plugin),
             SlotsOf::Owner { plugin, owner } => self.keys().owner_slots(plugin, owner),
         }
+    }
+
+    /// Sets (or lifts, None) a plugin's rate limit, and announces it.
+    pub async fn set_rate_limit(&self, name: &str, rate: Option<RateLimit>) -> Result<()> {
+        self.set_plugin_setting(name, "rate_limit", &serde_json::json!(rate))
+            .await
+            .map(|_| ())
+    }
+
+    /// Asks to start run `attempt` of task `id` under its plugin's rate limit: 0 when it may
+    /// start now, else the ms until the start reserved for it (see `lua/rate.lua`).
+    pub async fn rate_take(
+        &self,
+        plugin: &str,
+        (id, attempt): (&str, u32),
+        rate: RateLimit,
+    ) -> Result<u64> {
+        self.inner
+            .scripts
+            .rate
+            .key(self.keys().plugin_rate(plugin))
+            .arg(format!("{id}\t{attempt}"))
+            .arg(rate.max)
+            .arg(rate.per_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("asking the plugin's rate limit")
     }
 
     /// Sets (or clears, None) a plugin's max_concurrency_per_owner, and announces it.

@@ -73,6 +73,7 @@ scripts! {
     recurring: "recurring",
     recurring_due: "recurring_due",
     slots: "slots",
+    rate: "rate",
     effects: "effects",
     plugin_put: "plugin_put",
     plugin_rollback: "plugin_rollback",
