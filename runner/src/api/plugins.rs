@@ -314,75 +314,38 @@ pub async fn plugin_patch(
             FIELDS.join("`, `")
         )));
     }
-    let max = b
-        .get("max_concurrency")
-        .map(|raw| setting(raw, "max_concurrency", 1, 100_000))
-        .transpose()?;
-    let per_owner = b
-        .get("max_concurrency_per_owner")
-        .map(|raw| setting(raw, "max_concurrency_per_owner", 1, 100_000))
-        .transpose()?;
-    let rate = b.get("rate_limit").map(|raw| rate_limit(raw)).transpose()?;
-    let weight = b
-        .get("weight")
-        .map(|raw| setting(raw, "weight", 1, MAX_WEIGHT))
-        .transpose()?;
-    let may = b
-        .get("may_schedule")
-        .map(|raw| may_schedule(&caller, raw))
-        .transpose()?;
-    let time_limit = b
-        .get("time_limit_ms")
-        .map(|raw| {
-            let cap = (st.max_plugin_timeout_ms, "--max-plugin-timeout");
-            capped(&caller, raw, "time_limit_ms", (1, MAX_TIME_LIMIT_MS), cap)
-        })
-        .transpose()?;
-    let memory = b
-        .get("memory_bytes")
-        .map(|raw| {
-            let cap = (st.max_plugin_memory, "--max-plugin-memory");
-            let hi = crate::plugins::MAX_MEMORY_BYTES as i64;
-            capped(&caller, raw, "memory_bytes", (MIN_MEMORY_BYTES, hi), cap)
-        })
-        .transpose()?;
-    let max_pending = b
-        .get("max_pending")
-        .map(|raw| {
-            let cap = (DEFAULT_MAX_PENDING, "the default");
-            capped(
-                &caller,
-                raw,
-                "max_pending",
-                (1, MAX_MAX_PENDING as i64),
-                cap,
-            )
-        })
-        .transpose()?;
+    // every field is checked before any is written; then each is written alone
+    let mut changes = Vec::new();
+    for field in FIELDS {
+        let Some(raw) = b.get(field) else { continue };
+        let value = match field {
+            "max_concurrency" | "max_concurrency_per_owner" => {
+                json!(setting(raw, field, 1, 100_000)?)
+            }
+            "weight" => json!(setting(raw, field, 1, MAX_WEIGHT)?),
+            "rate_limit" => json!(rate_limit(raw)?),
+            "may_schedule" => json!(may_schedule(&caller, raw)?),
+            "time_limit_ms" => {
+                let cap = (st.max_plugin_timeout_ms, "--max-plugin-timeout");
+                json!(capped(&caller, raw, field, (1, MAX_TIME_LIMIT_MS), cap)?)
+            }
+            "memory_bytes" => {
+                let cap = (st.max_plugin_memory, "--max-plugin-memory");
+                let hi = crate::plugins::MAX_MEMORY_BYTES as i64;
+                json!(capped(&caller, raw, field, (MIN_MEMORY_BYTES, hi), cap)?)
+            }
+            "max_pending" => {
+                let cap = (DEFAULT_MAX_PENDING, "the default");
+                let range = (1, MAX_MAX_PENDING as i64);
+                json!(capped(&caller, raw, field, range, cap)?)
+            }
+            other => return Err(ApiError::bad(format!("unknown field `{other}`"))),
+        };
+        changes.push((field, value));
+    }
     let cur = current(&st, &name).await?;
-    if let Some(max) = max_pending {
-        st.store.set_max_pending(&name, max).await?;
-    }
-    if let Some(max) = per_owner {
-        st.store.set_max_per_owner(&name, max).await?;
-    }
-    if let Some(rate) = rate {
-        st.store.set_rate_limit(&name, rate).await?;
-    }
-    if let Some(ms) = time_limit {
-        st.store.set_time_limit(&name, ms).await?;
-    }
-    if let Some(bytes) = memory {
-        st.store.set_memory_bytes(&name, bytes).await?;
-    }
-    if let Some(may) = may {
-        st.store.set_may_schedule(&name, may).await?;
-    }
-    if let Some(max) = max {
-        st.store.set_max_concurrency(&name, max).await?;
-    }
-    if let Some(weight) = weight {
-        st.store.set_weight(&name, weight).await?;
+    for (field, value) in &changes {
+        st.store.set_setting(&name, field, value).await?;
     }
     st.registry.sync_settings().await?;
     let s = st.store.plugin_settings(&name).await?;

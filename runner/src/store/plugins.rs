@@ -259,38 +259,15 @@ impl Store {
             .context("changing a plugin's setting")
     }
 
-    /// Sets (or lifts, None) a plugin's limit of runs at once, and announces it.
-    pub async fn set_max_concurrency(&self, name: &str, max: Option<u32>) -> Result<()> {
-        self.set_plugin_setting(name, "max_concurrency", &serde_json::json!(max))
-            .await
-            .map(|_| ())
-    }
-
-    /// Sets (or resets to 1, None) a plugin's weight in the fair share, and announces it.
-    pub async fn set_weight(&self, name: &str, weight: Option<u32>) -> Result<()> {
-        self.set_plugin_setting(name, "weight", &serde_json::json!(weight))
-            .await
-            .map(|_| ())
-    }
-
-    /// Sets (or resets to its own tasks only, None) what else a plugin may schedule, and
-    /// announces it.
-    pub async fn set_may_schedule(&self, name: &str, patterns: Option<Vec<String>>) -> Result<()> {
-        self.set_plugin_setting(name, "may_schedule", &serde_json::json!(patterns))
-            .await
-            .map(|_| ())
-    }
-
-    /// Sets (or resets to the runner's, None) a plugin's time limit per run, and announces it.
-    pub async fn set_time_limit(&self, name: &str, ms: Option<u64>) -> Result<()> {
-        self.set_plugin_setting(name, "time_limit_ms", &serde_json::json!(ms))
-            .await
-            .map(|_| ())
-    }
-
-    /// Sets (or resets to the runner's, None) a plugin's memory cap, and announces it.
-    pub async fn set_memory_bytes(&self, name: &str, bytes: Option<u64>) -> Result<()> {
-        self.set_plugin_setting(name, "memory_bytes", &serde_json::json!(bytes))
+    /// Changes one of a plugin's settings (the field of `PluginSettings` named `field`; null
+    /// resets it to its default), and announces it. The caller has checked the value.
+    pub async fn set_setting(
+        &self,
+        name: &str,
+        field: &str,
+        value: &serde_json::Value,
+    ) -> Result<()> {
+        self.set_plugin_setting(name, field, value)
             .await
             .map(|_| ())
     }
@@ -300,13 +277,6 @@ impl Store {
             SlotsOf::Plugin(plugin) => self.keys().plugin_slots(plugin),
             SlotsOf::Owner { plugin, owner } => self.keys().owner_slots(plugin, owner),
         }
-    }
-
-    /// Sets (or lifts, None) a plugin's rate limit, and announces it.
-    pub async fn set_rate_limit(&self, name: &str, rate: Option<RateLimit>) -> Result<()> {
-        self.set_plugin_setting(name, "rate_limit", &serde_json::json!(rate))
-            .await
-            .map(|_| ())
     }
 
     /// Asks to start run `attempt` of task `id` under its plugin's rate limit: 0 when it may
@@ -327,20 +297,6 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("asking the plugin's rate limit")
-    }
-
-    /// Sets (or clears, None) a plugin's max_concurrency_per_owner, and announces it.
-    pub async fn set_max_per_owner(&self, name: &str, max: Option<u32>) -> Result<()> {
-        self.set_plugin_setting(name, "max_concurrency_per_owner", &serde_json::json!(max))
-            .await
-            .map(|_| ())
-    }
-
-    /// Sets (or resets to the default, None) a plugin's max_pending, and announces it.
-    pub async fn set_max_pending(&self, name: &str, max: Option<u64>) -> Result<()> {
-        self.set_plugin_setting(name, "max_pending", &serde_json::json!(max))
-            .await
-            .map(|_| ())
     }
 
     /// Takes (or renews) one of the `max` concurrency slots of `of` for `holder`, for
