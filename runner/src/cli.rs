@@ -6,7 +6,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::config::{
-    Command, DeadCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, TaskCmd,
+    Command, DeadCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, SecretCmd, TaskCmd,
     parse_duration, parse_signed_ms,
 };
 
@@ -141,7 +141,7 @@ pub async fn run(cmd: Command) -> Result<()> {
     let (remote, call) = match cmd {
         Command::Serve(_) => unreachable!("not a client command"),
         Command::Runners { remote } => (remote, Call::get("/v1/runners").view(View::Runners)),
-        Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)),
+        Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)?),
         Command::Task { remote, cmd } => (remote, task_call(cmd)?),
         Command::Owner { remote, cmd } => (remote, owner_call(cmd)?),
         Command::Dead { remote, cmd } => (remote, dead_call(cmd)),
@@ -209,9 +209,9 @@ fn show(out: &Value, view: View) -> Result<()> {
     }
 }
 
-fn plugin_call(cmd: PluginCmd) -> Call {
+fn plugin_call(cmd: PluginCmd) -> Result<Call> {
     let path = |name: &str, then: &str| format!("/v1/plugins/{}{then}", enc(name));
-    match cmd {
+    Ok(match cmd {
         PluginCmd::Push { name, file } => Call {
             body: Body::Wasm(file),
             ..Call::new(Method::PUT, path(&name, ""))
@@ -248,7 +248,46 @@ fn plugin_call(cmd: PluginCmd) -> Call {
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }
-    }
+        PluginCmd::AllowHosts { name, origins } => {
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"allowed_hosts": origins}))
+        }
+        PluginCmd::Config { name, entries } => {
+            let map: serde_json::Map<String, Value> = entries
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"config": map}))
+        }
+        PluginCmd::Secret(cmd) => secret_call(cmd)?,
+    })
+}
+
+fn secret_call(cmd: SecretCmd) -> Result<Call> {
+    let path = |name: &str, key: &str| {
+        let key = if key.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", enc(key))
+        };
+        format!("/v1/plugins/{}/secrets{key}", enc(name))
+    };
+    Ok(match cmd {
+        SecretCmd::Set { name, key, value } => {
+            let value = match value {
+                Some(v) => v,
+                None => {
+                    let mut line = String::new();
+                    std::io::stdin()
+                        .read_line(&mut line)
+                        .context("reading the secret from standard input")?;
+                    line.trim_end_matches(['\n', '\r']).to_owned()
+                }
+            };
+            Call::new(Method::PUT, path(&name, &key)).json(json!({"value": value}))
+        }
+        SecretCmd::Delete { name, key } => Call::new(Method::DELETE, path(&name, &key)),
+        SecretCmd::List { name } => Call::get(path(&name, "")),
+    })
 }
 
 fn key_call(cmd: KeyCmd) -> Call {

@@ -227,6 +227,41 @@ pub enum PluginCmd {
         #[arg(long)]
         none: bool,
     },
+    /// Let a plugin send HTTP requests to these origins (`https://api.example.com`,
+    /// `https://*.example.com`, `http://127.0.0.1:9000`); none: no network at all.
+    AllowHosts { name: String, origins: Vec<String> },
+    /// Set a plugin's config, read with `config(name)`: NAME=VALUE ... (replaces all of it;
+    /// none: clears it).
+    Config {
+        name: String,
+        #[arg(value_parser = parse_pair)]
+        entries: Vec<(String, String)>,
+    },
+    /// A plugin's secrets, read with `secret(name)`: set, delete, list (names only).
+    #[command(subcommand)]
+    Secret(SecretCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCmd {
+    /// Set a secret; its value is read from standard input (one line) unless --value is given.
+    Set {
+        name: String,
+        key: String,
+        #[arg(long)]
+        value: Option<String>,
+    },
+    /// Delete a secret.
+    Delete { name: String, key: String },
+    /// List the names of a plugin's secrets (values are never shown).
+    List { name: String },
+}
+
+/// `NAME=VALUE`.
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -493,6 +528,16 @@ pub struct ServeArgs {
     /// Budget of one run: cancels.
     #[arg(long, env = "EGGTIMER_MAX_CANCELS", default_value_t = 100)]
     pub max_cancels: usize,
+    /// Budget of one run: outbound HTTP requests.
+    #[arg(long, env = "EGGTIMER_MAX_HTTP_REQUESTS", default_value_t = 20)]
+    pub max_http_requests: usize,
+    /// Extra CA certificates (PEM) plugins' HTTPS requests trust besides the Web PKI roots.
+    #[arg(long, env = "EGGTIMER_HTTP_CA_FILE")]
+    pub http_ca_file: Option<PathBuf>,
+    /// The key plugins' secrets are sealed with: a file of 64 hex digits, mode 0600 (default,
+    /// with the private redis-server: <data-dir>/secrets.key, made when missing).
+    #[arg(long, env = "EGGTIMER_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
     /// Idle plugin instances kept for reuse, over all plugins (least recently used evicted).
     #[arg(long, env = "EGGTIMER_WARM_INSTANCES", default_value_t = 64)]
     pub warm_instances: usize,

@@ -147,6 +147,7 @@ async fn serve(
         keep_versions: args.keep_versions,
         min_replicas_acked: args.min_replicas_acked,
         replica_ack_timeout_ms: args.replica_ack_timeout.as_millis().max(1) as u64,
+        secrets_key: secrets_key(&args, private)?,
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {
@@ -154,7 +155,7 @@ async fn serve(
     };
     // this process's clock follows Redis's before anything reads it (membership keeps it so)
     store.follow_redis_clock().await?;
-    let plugins = Plugins::new(plugin_options(&args))?;
+    let plugins = Plugins::new(plugin_options(&args)?)?;
     let registry = Registry::new(
         api_store.clone(),
         Arc::clone(&plugins),
@@ -165,6 +166,15 @@ async fn serve(
         info!(dir = %dir.display(), ?seeded, "plugins directory loaded");
     }
     registry.sync_all().await?;
+    let names: Vec<String> = api_store
+        .plugin_list()
+        .await?
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    for problem in api_store.secrets_check(&names).await? {
+        tracing::error!("{problem}");
+    }
     let metrics = Arc::new(Metrics::new());
     metrics.install();
     let listener = bind(args.listen, &http_rt)?;
@@ -217,8 +227,19 @@ async fn serve(
     Ok(())
 }
 
-fn plugin_options(args: &ServeArgs) -> PluginOptions {
-    PluginOptions {
+/// The secrets key: `--secrets-key-file`, else (with the private redis-server) one in the data
+/// dir, made on first start; else none (secrets can't be set or read).
+fn secrets_key(args: &ServeArgs, private: bool) -> Result<Option<crate::store::SecretsKey>> {
+    use crate::store::SecretsKey;
+    match (&args.secrets_key_file, private) {
+        (Some(path), _) => SecretsKey::read(path).map(Some),
+        (None, true) => SecretsKey::read_or_create(&args.data_dir.join("secrets.key")).map(Some),
+        (None, false) => Ok(None),
+    }
+}
+
+fn plugin_options(args: &ServeArgs) -> Result<PluginOptions> {
+    Ok(PluginOptions {
         timeout: args.plugin_timeout,
         memory: args.plugin_memory,
         cache_dir: Some(
@@ -234,9 +255,11 @@ fn plugin_options(args: &ServeArgs) -> PluginOptions {
             effect_bytes: args.max_effect_bytes,
             follow_ups: args.max_follow_ups,
             cancels: args.max_cancels,
+            http_requests: args.max_http_requests,
             ..Budget::default()
         },
-    }
+        http_ca_file: args.http_ca_file.clone(),
+    })
 }
 
 fn runner_options(args: &ServeArgs, addr: SocketAddr) -> RunnerOptions {

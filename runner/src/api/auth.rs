@@ -196,7 +196,9 @@ fn needed(method: &Method, path: &str) -> Role {
     if method == Method::GET {
         return Role::Reader;
     }
-    let plugin_change = path == "/v1/plugins/{name}" || path == "/v1/plugins/{name}/rollback";
+    let plugin_change = path == "/v1/plugins/{name}"
+        || path == "/v1/plugins/{name}/rollback"
+        || path.starts_with("/v1/plugins/{name}/secrets");
     if plugin_change {
         Role::Developer
     } else {

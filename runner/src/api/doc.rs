@@ -283,6 +283,10 @@ pub struct PluginInfo {
     pub memory_bytes: Option<u64>,
     /// At most this many of its tasks scheduled (default 1,000,000).
     pub max_pending: u64,
+    /// Origins it may send HTTP requests to (default none).
+    pub allowed_hosts: Vec<String>,
+    /// Strings it reads with `config(name)`.
+    pub config: std::collections::HashMap<String, String>,
 }
 
 /// A rate limit: at most `max` starts in any `per_ms` ms.
@@ -341,7 +345,32 @@ pub struct PluginPatch {
     /// default, 1,000,000; past it only an admin may set it (else 400).
     #[schema(minimum = 1, maximum = 1000000000)]
     pub max_pending: Option<u64>,
+    /// Origins it may send HTTP requests to, `scheme://host[:port]` with a leading `*.` for
+    /// subdomains (`https://api.example.com`, `https://*.pay.example.com`,
+    /// `http://127.0.0.1:9000`); null or []: none. A loopback, private or link-local address is
+    /// reached only when an origin names the address itself.
+    #[schema(max_items = 64)]
+    pub allowed_hosts: Option<Vec<AllowedOrigin>>,
+    /// Strings it reads with `config(name)` (names of 1 to 128 bytes, values up to 4 KiB); null
+    /// or {}: none. Replaces the whole map.
+    pub config: Option<std::collections::HashMap<String, String>>,
 }
+
+/// A secret's value.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBody {
+    /// At most 64 KiB; never shown again.
+    #[schema(max_length = 65536)]
+    pub value: String,
+}
+
+/// An origin a plugin may call: `http(s)://host[:port]`.
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(value_type = String, pattern = "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#@]+$", max_length = 268)]
+#[allow(dead_code)]
+pub struct AllowedOrigin(String);
 
 /// A page of found tasks.
 #[derive(ToSchema)]

@@ -21,6 +21,7 @@ mod owners;
 mod params;
 mod plugins;
 mod schedules;
+mod secrets;
 mod server;
 mod stats;
 mod tasks;
@@ -115,6 +116,8 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
             plugins::plugin_delete
         ))
         .routes(routes!(plugins::plugin_rollback))
+        .routes(routes!(secrets::secret_list))
+        .routes(routes!(secrets::secret_put, secrets::secret_delete))
         .routes(routes!(plugins::plugin_pause))
         .routes(routes!(plugins::plugin_resume))
         .routes(routes!(schedules::schedule_list))

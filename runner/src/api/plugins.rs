@@ -30,7 +30,7 @@ pub struct PluginName {
 }
 
 /// A plugin name in the caller's scope (403 naming it outside).
-fn check_name(caller: &Caller, name: &str) -> ApiResult<()> {
+pub(super) fn check_name(caller: &Caller, name: &str) -> ApiResult<()> {
     if valid_plugin_name(name) {
         plugin_in_scope(caller, name)
     } else {
@@ -116,7 +116,60 @@ fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     v["time_limit_ms"] = json!(s.time_limit_ms);
     v["memory_bytes"] = json!(s.memory_bytes);
     v["max_pending"] = json!(s.max_pending.unwrap_or(DEFAULT_MAX_PENDING));
+    v["allowed_hosts"] = json!(s.allowed_hosts.clone().unwrap_or_default());
+    v["config"] = json!(s.config.clone().unwrap_or_default());
     v
+}
+
+/// An `allowed_hosts` setting: origins, each checked and kept in lower case (null or []: none).
+fn allowed_hosts(raw: &serde_json::value::RawValue) -> ApiResult<Option<Vec<String>>> {
+    let list: Option<Vec<String>> = serde_json::from_str(raw.get()).map_err(|_| {
+        ApiError::bad(
+            "allowed_hosts must be a list of origins (`https://api.example.com`), or null",
+        )
+    })?;
+    let Some(list) = list else { return Ok(None) };
+    if list.len() > crate::plugins::MAX_ALLOWED_HOSTS {
+        return Err(ApiError::bad(format!(
+            "allowed_hosts lists at most {} origins",
+            crate::plugins::MAX_ALLOWED_HOSTS
+        )));
+    }
+    let list = list
+        .iter()
+        .map(|o| crate::plugins::valid_origin(o).map_err(ApiError::bad))
+        .collect::<ApiResult<Vec<String>>>()?;
+    Ok(Some(list).filter(|l| !l.is_empty()))
+}
+
+/// The longest name and value of a `config` entry (bytes).
+const MAX_CONFIG_NAME: usize = 128;
+const MAX_CONFIG_VALUE: usize = 4096;
+
+/// A `config` setting: names to strings (null or {}: none).
+fn config(
+    raw: &serde_json::value::RawValue,
+) -> ApiResult<Option<std::collections::BTreeMap<String, String>>> {
+    let map: Option<std::collections::BTreeMap<String, String>> =
+        serde_json::from_str(raw.get())
+            .map_err(|_| ApiError::bad("config must be an object of names to strings, or null"))?;
+    let Some(map) = map else { return Ok(None) };
+    if map.len() > 64 {
+        return Err(ApiError::bad("config holds at most 64 names"));
+    }
+    for (k, v) in &map {
+        if k.is_empty() || k.len() > MAX_CONFIG_NAME || k.chars().any(char::is_control) {
+            return Err(ApiError::bad(format!(
+                "config: {k:?} is not a name (1 to {MAX_CONFIG_NAME} bytes, no control characters)"
+            )));
+        }
+        if v.len() > MAX_CONFIG_VALUE {
+            return Err(ApiError::bad(format!(
+                "config: the value of {k:?} is longer than {MAX_CONFIG_VALUE} bytes"
+            )));
+        }
+    }
+    Ok(Some(map).filter(|m| !m.is_empty()))
 }
 
 /// A `may_schedule` setting: patterns (null: the plugin's own tasks only), each covered by
@@ -298,7 +351,7 @@ pub async fn plugin_patch(
     // `null` (no limit) and a missing field differ here, so the fields are read as a map
     let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
         body::object(body::raw(&bytes)?, "", "the body")?;
-    const FIELDS: [&str; 8] = [
+    const FIELDS: [&str; 10] = [
         "max_concurrency",
         "max_concurrency_per_owner",
         "rate_limit",
@@ -307,6 +360,8 @@ pub async fn plugin_patch(
         "time_limit_ms",
         "memory_bytes",
         "max_pending",
+        "allowed_hosts",
+        "config",
     ];
     if let Some(other) = b.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad(format!(
@@ -339,6 +394,8 @@ pub async fn plugin_patch(
                 let range = (1, MAX_MAX_PENDING as i64);
                 json!(capped(&caller, raw, field, range, cap)?)
             }
+            "allowed_hosts" => json!(allowed_hosts(raw)?),
+            "config" => json!(config(raw)?),
             other => return Err(ApiError::bad(format!("unknown field `{other}`"))),
         };
         changes.push((field, value));

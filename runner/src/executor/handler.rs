@@ -94,6 +94,15 @@ pub trait TaskHost: Send + Sync {
         plugin: &'a str,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, String>>;
+
+    /// One of the plugin's secrets, opened (None: it has none of that name).
+    fn secret<'a>(
+        &'a self,
+        _plugin: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async { Err("this host keeps no secrets".to_owned()) })
+    }
 }
 
 /// Runs tasks. The future must end (the wasm host bounds every call by its time limit).

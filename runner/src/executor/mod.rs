@@ -183,6 +183,19 @@ impl TaskHost for StoreHost {
                 .map_err(|e| format!("{e:#}"))
         })
     }
+
+    fn secret<'a>(
+        &'a self,
+        plugin: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move {
+            self.store
+                .secret_get(plugin, name)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        })
+    }
 }
 
 impl Executor {

@@ -259,9 +259,11 @@ impl WasmEngine {
 }
 
 /// Why an import of the network is refused, and how to build without it.
-const NO_NETWORK: &str = "; eggtimer gives plugins no network: build without it (jco: `jco componentize \
-     --backend qjs --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; \
-     Rust: don't depend on wasi:http)";
+const NO_NETWORK: &str = "; eggtimer links no wasi:http (no network but the host's): send HTTP through the host's \
+     `http-send` (the Rust SDK's `eggtimer_sdk::http`), to the origins of the plugin's \
+     allowed_hosts, and build without wasi:http (jco: `jco componentize --backend qjs \
+     --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; Rust: don't depend \
+     on wasi:http)";
 
 /// The component's own imports (not those of the modules and components nested in it) of
 /// `wasi:http`, which the host does not link, read without compiling it. (`wasi:sockets` is

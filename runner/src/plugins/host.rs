@@ -46,6 +46,8 @@ pub struct Budget {
     /// kv reads, every one counted (a key read again is answered from the run's first read of
     /// it, without a Redis round trip).
     pub kv_reads: usize,
+    /// Outbound HTTP requests (their bodies, both ways, count in `effect_bytes`).
+    pub http_requests: usize,
 }
 
 impl Default for Budget {
@@ -55,6 +57,7 @@ impl Default for Budget {
             follow_ups: 100,
             cancels: 100,
             kv_reads: 1000,
+            http_requests: 20,
         }
     }
 }
@@ -86,6 +89,24 @@ pub struct CallCtx {
     pub kv_reads: usize,
     pub max_payload_bytes: usize,
     pub default_max_attempts: u32,
+    /// What outbound requests need (None: no network, as in a bare test).
+    pub http: Option<HttpCtx>,
+    /// Requests sent so far (the next one's place in the run, for its Idempotency-Key).
+    pub http_sent: usize,
+    /// The plugin's `config` setting.
+    pub config: Arc<std::collections::BTreeMap<String, String>>,
+    /// Secrets read in this run.
+    pub secrets: HashMap<String, Option<String>>,
+}
+
+/// What a run's outbound HTTP requests need.
+pub struct HttpCtx {
+    pub outbound: Arc<super::http::Outbound>,
+    pub allowed_hosts: Arc<[String]>,
+    /// The task's trace context, sent as `traceparent`.
+    pub traceparent: Option<String>,
+    /// The end of the run's time limit.
+    pub deadline: Instant,
 }
 
 impl CallCtx {
@@ -340,6 +361,37 @@ impl bindings::eggtimer::plugin::host::Host for State {
         Ok(Ok(()))
     }
 
+    async fn config(&mut self, name: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.call.config.get(&name).cloned())
+    }
+
+    async fn secret(&mut self, name: String) -> wasmtime::Result<Result<Option<String>, String>> {
+        let c = &mut self.call;
+        if let Some(v) = c.secrets.get(&name) {
+            return Ok(Ok(v.clone()));
+        }
+        if !crate::store::valid_secret_name(&name) {
+            return Ok(Err(format!("{name:?} is not a secret name")));
+        }
+        let Some(host) = c.host.clone() else {
+            return Ok(Err("no host".into()));
+        };
+        match host.secret(&c.plugin, &name).await {
+            Ok(v) => {
+                c.secrets.insert(name, v.clone());
+                Ok(Ok(v))
+            }
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    async fn http_send(
+        &mut self,
+        request: wit::HttpRequest,
+    ) -> wasmtime::Result<Result<wit::HttpResponse, String>> {
+        self.send(request).await
+    }
+
     async fn kv_delete(&mut self, key: String) -> wasmtime::Result<Result<(), String>> {
         self.call.spend(key.len(), "kv delete")?;
         if let Err(e) = check_key(&key) {
@@ -348,6 +400,84 @@ impl bindings::eggtimer::plugin::host::Host for State {
         self.call.kv_overlay.insert(key.clone(), None);
         self.call.effects.ns.kv.push(KvWrite::Delete { key });
         Ok(Ok(()))
+    }
+}
+
+impl State {
+    /// Sends one HTTP request of the guest (see `http.rs`), counting it in the run's budgets.
+    async fn send(
+        &mut self,
+        req: wit::HttpRequest,
+    ) -> wasmtime::Result<Result<wit::HttpResponse, String>> {
+        let c = &mut self.call;
+        let Some(http) = c.http.as_ref() else {
+            return Ok(Err("this host sends no HTTP requests".into()));
+        };
+        if c.http_sent >= http.outbound.max_requests {
+            return Err(OverBudget(format!(
+                "more than {} HTTP requests in one run (raise it with --max-http-requests)",
+                http.outbound.max_requests
+            ))
+            .into());
+        }
+        let index = c.http_sent;
+        c.http_sent += 1;
+        let (outbound, deadline, traceparent) = (
+            Arc::clone(&http.outbound),
+            http.deadline,
+            http.traceparent.clone(),
+        );
+        let checked = super::http::check(
+            &c.plugin,
+            &http.allowed_hosts,
+            &req.method,
+            &req.url,
+            req.headers,
+            req.body,
+        );
+        let mut checked = match checked {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(task = %c.task_id, plugin = %c.plugin, "plugin HTTP request refused: {e}");
+                metrics::counter!("eggtimer_http_requests_total", "plugin" => c.plugin.clone(), "host" => "refused", "status" => "refused").increment(1);
+                return Ok(Err(e));
+            }
+        };
+        c.spend(checked.body.len(), "HTTP request body")?;
+        let has = |name: &str, h: &[(String, String)]| {
+            h.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
+        };
+        if !has("idempotency-key", &checked.headers) {
+            let key = super::http::idempotency_key(&c.task_id, c.occurrence, index);
+            checked.headers.push(("Idempotency-Key".into(), key));
+        }
+        if let Some(tp) = traceparent
+            && !has("traceparent", &checked.headers)
+        {
+            checked.headers.push(("traceparent".into(), tp));
+        }
+        let (plugin, host) = (c.plugin.clone(), checked.host.clone());
+        let span = tracing::info_span!("plugin.http", %plugin, task = %c.task_id, origin = %checked.origin, method = %checked.method);
+        let started = Instant::now();
+        let result = tracing::Instrument::instrument(outbound.send(checked, deadline), span).await;
+        metrics::histogram!("eggtimer_http_request_seconds", "plugin" => plugin.clone())
+            .record(started.elapsed().as_secs_f64());
+        let status = match &result {
+            Ok(r) => r.status.to_string(),
+            Err(_) => "error".into(),
+        };
+        metrics::counter!("eggtimer_http_requests_total", "plugin" => plugin, "host" => host, "status" => status).increment(1);
+        match result {
+            Ok(r) => {
+                self.call.spend(r.body.len(), "HTTP response body")?;
+                Ok(Ok(wit::HttpResponse {
+                    status: r.status,
+                    headers: r.headers,
+                    body: r.body,
+                }))
+            }
+            Err(e) => Ok(Err(e)),
+        }
     }
 }
 

@@ -23,7 +23,8 @@ use wasmtime_wasi::WasiCtx;
 
 use super::bindings::Plugin;
 use super::bindings::eggtimer::plugin::types as wit;
-use super::host::{CallCtx, FrozenClock, State, explain_trap};
+use super::host::{CallCtx, FrozenClock, HttpCtx, State, explain_trap};
+use super::http::Outbound;
 use super::limiter::Limiter;
 use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
@@ -113,13 +114,23 @@ pub(super) struct RunSettings {
     pub timeout: Duration,
     /// Its memory cap, all of an instance's memories together (bytes).
     pub memory: usize,
+    /// The origins it may send HTTP requests to.
+    pub allowed_hosts: Arc<[String]>,
+    /// Its `config` setting.
+    pub config: Arc<std::collections::BTreeMap<String, String>>,
+}
+
+/// What every call shares: the engine, the warm pool, the host's options, the HTTP client.
+pub(super) struct CallEnv<'a> {
+    pub engine: &'a wasmtime::Engine,
+    pub pool: &'a Pool,
+    pub opts: &'a PluginOptions,
+    pub outbound: &'a Arc<Outbound>,
 }
 
 /// Runs one task on `loaded` (the current version of its plugin).
 pub(super) async fn call(
-    engine: &wasmtime::Engine,
-    pool: &Pool,
-    opts: &PluginOptions,
+    env: CallEnv<'_>,
     loaded: &Loaded,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
@@ -129,7 +140,15 @@ pub(super) async fn call(
         may_schedule,
         timeout,
         memory,
+        allowed_hosts,
+        config,
     } = settings;
+    let CallEnv {
+        engine,
+        pool,
+        opts,
+        outbound,
+    } = env;
     let mut warm = match warm_instance(engine, pool, loaded, timeout, memory).await {
         Ok(w) => w,
         Err(e) => return Run::failed(e),
@@ -152,6 +171,13 @@ pub(super) async fn call(
             budget: opts.budget.clone(),
             max_payload_bytes: opts.max_payload_bytes,
             default_max_attempts: opts.default_max_attempts,
+            http: Some(HttpCtx {
+                outbound: Arc::clone(outbound),
+                allowed_hosts,
+                traceparent: task.traceparent.clone(),
+                deadline,
+            }),
+            config,
             ..CallCtx::default()
         };
     }

@@ -17,6 +17,7 @@
 
 mod engine;
 mod host;
+mod http;
 mod instance;
 mod limiter;
 mod output;
@@ -35,6 +36,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 pub use host::{Budget, derive_id, valid_topic};
+pub use http::{MAX_ALLOWED_HOSTS, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
 pub use registry::{PluginVersion, Registry, UploadError, valid_plugin_name};
 
@@ -72,6 +74,8 @@ pub struct PluginOptions {
     pub warm_instances: usize,
     /// What one run may ask for.
     pub budget: Budget,
+    /// Extra CA certificates (PEM) for plugins' HTTPS requests.
+    pub http_ca_file: Option<PathBuf>,
 }
 
 impl Default for PluginOptions {
@@ -85,6 +89,7 @@ impl Default for PluginOptions {
             workers: 32,
             warm_instances: 64,
             budget: Budget::default(),
+            http_ca_file: None,
         }
     }
 }
@@ -124,6 +129,8 @@ pub struct Plugins {
     /// `memory_bytes`), where it has any.
     runs: RwLock<HashMap<String, instance::RunSettings>>,
     pool: instance::Pool,
+    /// The HTTP client of plugins' requests.
+    outbound: Arc<http::Outbound>,
     opts: PluginOptions,
     rt: CallRuntime,
 }
@@ -139,7 +146,10 @@ impl Plugins {
             .enable_all()
             .build()
             .context("starting the plugin runtime")?;
+        let outbound =
+            http::Outbound::new(opts.budget.http_requests, opts.http_ca_file.as_deref())?;
         Ok(Arc::new(Plugins {
+            outbound: Arc::new(outbound),
             engine,
             current: RwLock::new(HashMap::new()),
             limits: RwLock::new(HashMap::new()),
@@ -154,7 +164,7 @@ impl Plugins {
     }
 
     /// Takes every plugin's settings: max_concurrency (also per owner), rate limit, weight,
-    /// may_schedule, time limit, memory cap.
+    /// may_schedule, time limit, memory cap, allowed hosts, config.
     pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
         let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
             all.iter()
@@ -171,7 +181,11 @@ impl Plugins {
         let runs = all
             .iter()
             .filter(|(_, s)| {
-                s.may_schedule.is_some() || s.time_limit_ms.is_some() || s.memory_bytes.is_some()
+                s.may_schedule.is_some()
+                    || s.time_limit_ms.is_some()
+                    || s.memory_bytes.is_some()
+                    || s.allowed_hosts.is_some()
+                    || s.config.is_some()
             })
             .map(|(name, s)| {
                 let run = instance::RunSettings {
@@ -180,6 +194,8 @@ impl Plugins {
                         .time_limit_ms
                         .map_or(self.opts.timeout, Duration::from_millis),
                     memory: s.memory_bytes.map_or(self.opts.memory, |b| b as usize),
+                    allowed_hosts: s.allowed_hosts.clone().unwrap_or_default().into(),
+                    config: Arc::new(s.config.clone().unwrap_or_default()),
                 };
                 (name.clone(), run)
             })
@@ -198,10 +214,12 @@ impl Plugins {
             .unwrap_or_else(|e| e.into_inner())
             .get(plugin)
             .cloned()
-            .unwrap_or(instance::RunSettings {
+            .unwrap_or_else(|| instance::RunSettings {
                 may_schedule: None,
                 timeout: self.opts.timeout,
                 memory: self.opts.memory,
+                allowed_hosts: Arc::new([]),
+                config: Arc::default(),
             })
     }
 
@@ -281,10 +299,14 @@ impl Plugins {
                 task.plugin, task.plugin
             ));
         };
+        let env = instance::CallEnv {
+            engine: &self.engine.engine,
+            pool: &self.pool,
+            opts: &self.opts,
+            outbound: &self.outbound,
+        };
         instance::call(
-            &self.engine.engine,
-            &self.pool,
-            &self.opts,
+            env,
             &loaded,
             task,
             host,

@@ -183,6 +183,11 @@ impl Keys {
         format!("{{{}}}:plugin:rate:{}", self.ns, name)
     }
 
+    /// HASH secret name -> the sealed value of one plugin's secret (`secrets.rs`).
+    pub fn plugin_secrets(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:secrets:{}", self.ns, name)
+    }
+
     /// The concurrency slots of one owner's runs of a plugin (a plugin name holds no `:`).
     pub fn owner_slots(&self, plugin: &str, owner: &str) -> String {
         format!("{{{}}}:plugin:owner-slots:{}:{}", self.ns, plugin, owner)

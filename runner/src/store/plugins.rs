@@ -49,6 +49,12 @@ pub struct PluginSettings {
     /// At most this many of its tasks scheduled (None: `DEFAULT_MAX_PENDING`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<u64>,
+    /// Origins the plugin may send HTTP requests to (None: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Strings the plugin reads with `config(name)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// A plugin's rate limit: at most `max` starts in any `per_ms` ms.

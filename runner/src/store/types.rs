@@ -235,6 +235,8 @@ pub struct StoreOptions {
     /// are waited for (ms).
     pub min_replicas_acked: u32,
     pub replica_ack_timeout_ms: u64,
+    /// The key plugins' secrets are sealed with (None: secrets can't be set or read).
+    pub secrets_key: Option<super::secrets::SecretsKey>,
 }
 
 impl Default for StoreOptions {
@@ -247,6 +249,7 @@ impl Default for StoreOptions {
             keep_versions: 10,
             min_replicas_acked: 0,
             replica_ack_timeout_ms: 1000,
+            secrets_key: None,
         }
     }
 }
