@@ -287,6 +287,135 @@ pub mod kv {
     }
 }
 
+/// A value of the plugin's `config` setting (`PATCH /v1/plugins/{name}` `{"config": {...}}`).
+///
+/// ```
+/// let url = eggtimer_sdk::config("orders_url");
+/// # assert_eq!(url, None);
+/// ```
+pub fn config(name: &str) -> Option<String> {
+    sys::config(name)
+}
+
+/// One of the plugin's secrets (`eggtimer plugin secret set NAME KEY`); never log or emit it.
+///
+/// ```
+/// let key = eggtimer_sdk::secret("signing_key").unwrap();
+/// # assert_eq!(key, None);
+/// ```
+pub fn secret(name: &str) -> Result<Option<String>> {
+    sys::secret(name)
+}
+
+/// Outbound HTTP through the host: only to the origins of the plugin's `allowed_hosts`, within
+/// the run's budgets and time limit. Redirects are returned, not followed. Every request carries
+/// an `Idempotency-Key` that is the same on every attempt of this occurrence of the task (unless
+/// you set one), so a receiver that honours it acts once.
+///
+/// ```
+/// use eggtimer_sdk::http::Request;
+/// # eggtimer_sdk::testing::TestHost::new().run(|_: eggtimer_sdk::Task<()>| {
+/// let resp = Request::post("https://orders.example.com/v1/orders/42/cancel")
+///     .header("Authorization", "Bearer ...")
+///     .json(&serde_json::json!({"reason": "unpaid"}))?
+///     .send();
+/// # assert!(resp.is_err()); // the test host answers only what a test queued
+/// # Ok(eggtimer_sdk::Outcome::Done) }, eggtimer_sdk::testing::task(())).unwrap();
+/// ```
+pub mod http {
+    use super::*;
+
+    /// A request to send.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Request {
+        pub method: String,
+        pub url: String,
+        pub headers: Vec<(String, String)>,
+        pub body: Vec<u8>,
+    }
+
+    impl Request {
+        pub fn new(method: &str, url: &str) -> Request {
+            Request {
+                method: method.to_owned(),
+                url: url.to_owned(),
+                headers: Vec::new(),
+                body: Vec::new(),
+            }
+        }
+        pub fn get(url: &str) -> Request {
+            Request::new("GET", url)
+        }
+        pub fn post(url: &str) -> Request {
+            Request::new("POST", url)
+        }
+        pub fn put(url: &str) -> Request {
+            Request::new("PUT", url)
+        }
+        pub fn delete(url: &str) -> Request {
+            Request::new("DELETE", url)
+        }
+        /// Adds a header.
+        pub fn header(mut self, name: &str, value: &str) -> Request {
+            self.headers.push((name.to_owned(), value.to_owned()));
+            self
+        }
+        /// The body, as bytes.
+        pub fn body(mut self, body: impl Into<Vec<u8>>) -> Request {
+            self.body = body.into();
+            self
+        }
+        /// The body as JSON, with `Content-Type: application/json`.
+        pub fn json<T: Serialize>(self, value: &T) -> Result<Request> {
+            Ok(self
+                .header("Content-Type", "application/json")
+                .body(serde_json::to_vec(value)?))
+        }
+        /// Sends it and waits for the answer (any status: check it).
+        pub fn send(self) -> Result<Response> {
+            sys::http_send(self)
+        }
+    }
+
+    /// An answer.
+    #[derive(Debug, Clone, PartialEq, Eq, Default)]
+    pub struct Response {
+        pub status: u16,
+        pub headers: Vec<(String, String)>,
+        pub body: Vec<u8>,
+    }
+
+    impl Response {
+        /// A response with this status and body (for the test host).
+        pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Response {
+            Response {
+                status,
+                headers: Vec::new(),
+                body: body.into(),
+            }
+        }
+        /// The first header of this name (any case).
+        pub fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        }
+        /// 200 to 299.
+        pub fn is_success(&self) -> bool {
+            (200..300).contains(&self.status)
+        }
+        /// The body as text (invalid UTF-8 replaced).
+        pub fn text(&self) -> String {
+            String::from_utf8_lossy(&self.body).into_owned()
+        }
+        /// The body as JSON.
+        pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
+            Ok(serde_json::from_slice(&self.body)?)
+        }
+    }
+}
+
 /// Runs a typed handler over a raw task (what [`handler!`] expands to). A payload that does not
 /// decode fails the task at once: retrying would not help.
 #[doc(hidden)]

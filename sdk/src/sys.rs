@@ -50,6 +50,28 @@ mod imp {
     pub fn kv_delete(key: &str) -> Result<()> {
         Ok(host::kv_delete(key)?)
     }
+
+    pub fn config(name: &str) -> Option<String> {
+        host::config(name)
+    }
+
+    pub fn secret(name: &str) -> Result<Option<String>> {
+        Ok(host::secret(name)?)
+    }
+
+    pub fn http_send(r: crate::http::Request) -> Result<crate::http::Response> {
+        let resp = host::http_send(&types::HttpRequest {
+            method: r.method,
+            url: r.url,
+            headers: r.headers,
+            body: r.body,
+        })?;
+        Ok(crate::http::Response {
+            status: resp.status,
+            headers: resp.headers,
+            body: resp.body,
+        })
+    }
 }
 
 #[cfg(not(target_family = "wasm"))]
@@ -91,6 +113,18 @@ mod imp {
 
     pub fn kv_delete(key: &str) -> Result<()> {
         with_host(|h| h.kv_delete(key))
+    }
+
+    pub fn config(name: &str) -> Option<String> {
+        with_host(|h| h.config.get(name).cloned())
+    }
+
+    pub fn secret(name: &str) -> Result<Option<String>> {
+        with_host(|h| Ok(h.secrets.get(name).cloned()))
+    }
+
+    pub fn http_send(r: crate::http::Request) -> Result<crate::http::Response> {
+        with_host(|h| h.http_send(r))
     }
 }
 

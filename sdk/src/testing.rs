@@ -24,7 +24,34 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use crate::http::{Request, Response};
 use crate::{Error, FollowUp, Level, Outcome, Result, Task};
+
+/// The runner's default budget of one run: HTTP requests.
+pub const BUDGET_HTTP_REQUESTS: usize = 20;
+
+/// The `Idempotency-Key` the runner gives the `index`-th HTTP request of the occurrence of task
+/// `task` scheduled at `occurrence` (ms): the same on every attempt and rerun of it.
+///
+/// ```
+/// use eggtimer_sdk::testing::idempotency_key;
+/// assert_eq!(idempotency_key("a", 1, 0), idempotency_key("a", 1, 0));
+/// assert_ne!(idempotency_key("a", 1, 0), idempotency_key("a", 1, 1));
+/// ```
+pub fn idempotency_key(task: &str, occurrence: i64, index: usize) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"http\n");
+    h.update(task.as_bytes());
+    h.update(b"\n");
+    h.update(occurrence.to_string().as_bytes());
+    h.update(b"\n");
+    h.update(index.to_string().as_bytes());
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// The runner's default budget of one run: bytes of kv writes, events, logs and follow-ups.
 pub const BUDGET_BYTES: usize = 1 << 20;
@@ -80,6 +107,15 @@ pub struct TestHost {
     pub spent: usize,
     /// Set when the run went over its budget: the run fails with this message.
     pub over_budget: Option<String>,
+    /// What `config(name)` answers.
+    pub config: BTreeMap<String, String>,
+    /// What `secret(name)` answers.
+    pub secrets: BTreeMap<String, String>,
+    /// The answers HTTP requests get, in order (an `Err` is a failed request, such as a refused
+    /// origin); a request with none left fails.
+    pub http_responses: std::collections::VecDeque<std::result::Result<Response, String>>,
+    /// The requests sent, each with the `Idempotency-Key` the runner would add.
+    pub http_requests: Vec<Request>,
 }
 
 thread_local! {
@@ -233,6 +269,37 @@ impl TestHost {
         Ok(())
     }
 
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    pub(crate) fn http_send(&mut self, mut r: Request) -> Result<Response> {
+        let index = self.http_requests.len();
+        if index >= BUDGET_HTTP_REQUESTS {
+            self.over(format!(
+                "more than {BUDGET_HTTP_REQUESTS} HTTP requests in one run"
+            ))?;
+        }
+        self.spend(r.body.len())?;
+        if !r
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("idempotency-key"))
+        {
+            let key = idempotency_key(&self.task_id, self.created, index);
+            r.headers.push(("Idempotency-Key".into(), key));
+        }
+        let shown = format!("{} {}", r.method, r.url);
+        self.http_requests.push(r);
+        match self.http_responses.pop_front() {
+            Some(Ok(resp)) => {
+                self.spend(resp.body.len())?;
+                Ok(resp)
+            }
+            Some(Err(e)) => Err(Error(e)),
+            None => Err(Error(format!(
+                "the test host has no response queued for {shown} (push one to http_responses)"
+            ))),
+        }
+    }
+
     /// Runs the handler on `task` against this host; the host records what it did.
     ///
     /// ```
@@ -246,6 +313,7 @@ impl TestHost {
     pub fn run<P>(&mut self, f: fn(Task<P>) -> Result, task: Task<P>) -> Result {
         self.task_id = task.id.clone();
         self.spent = 0;
+        self.http_requests.clear();
         self.over_budget = None;
         HOST.with(|h| std::mem::swap(&mut *h.borrow_mut(), self));
         let out = f(task);
@@ -290,6 +358,51 @@ mod tests {
     }
 
     const RUNNER_VECTOR: &str = "c2b0d6e0fe68e95a329c";
+
+    #[test]
+    fn http_answers_what_the_test_queued() {
+        fn call(_: Task<()>) -> Result {
+            let r = crate::http::Request::post("https://api.example.com/x")
+                .json(&serde_json::json!({"a": 1}))?
+                .send()?;
+            let again = crate::http::Request::get("https://api.example.com/y").send();
+            assert_eq!(again.unwrap_err().0, "refused");
+            assert_eq!(crate::config("region").as_deref(), Some("eu"));
+            assert_eq!(crate::secret("token")?.as_deref(), Some("s3cret"));
+            Ok(if r.status == 202 {
+                Outcome::Done
+            } else {
+                Outcome::Fail(r.text())
+            })
+        }
+        let mut host = TestHost::new();
+        host.config.insert("region".into(), "eu".into());
+        host.secrets.insert("token".into(), "s3cret".into());
+        host.http_responses.push_back(Ok(Response::new(202, "ok")));
+        host.http_responses.push_back(Err("refused".into()));
+        assert_eq!(host.run(call, task(())), Ok(Outcome::Done));
+        assert_eq!(host.http_requests.len(), 2);
+        assert_eq!(host.http_requests[0].body, br#"{"a":1}"#);
+        let key = |i: usize| {
+            host.http_requests[i]
+                .headers
+                .iter()
+                .find(|(k, _)| k == "Idempotency-Key")
+                .unwrap()
+                .1
+                .clone()
+        };
+        assert_eq!(
+            key(0),
+            idempotency_key("test-task", TestHost::DEFAULT_NOW, 0)
+        );
+        assert_ne!(key(0), key(1));
+        // the runner's `plugins::http` tests assert the same vector
+        assert_eq!(
+            idempotency_key("order-1", 1_700_000_000_000, 0),
+            "639a89dd1912f80fb0a54ffc7bf232cb"
+        );
+    }
 
     #[test]
     fn a_run_over_its_budget_fails_like_in_the_runner() {

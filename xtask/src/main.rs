@@ -132,7 +132,13 @@ fn plugin_names() -> Result<Vec<String>> {
 }
 
 /// The plugins `cargo xtask run` loads: the samples and noop.
-const RUN_PLUGINS: [&str; 4] = ["auto-feed", "coupon-expiry", "order-cancel", "noop"];
+const RUN_PLUGINS: [&str; 5] = [
+    "auto-feed",
+    "coupon-expiry",
+    "order-cancel",
+    "webhook",
+    "noop",
+];
 
 /// A directory with just the plugins a person running eggtimer wants.
 fn run_plugins(built: &Path) -> Result<PathBuf> {

@@ -26,6 +26,22 @@ declare module 'eggtimer:plugin/host@0.1.0' {
   export function kvGet(key: string): string | undefined;
   export function kvSet(key: string, value: string, ttlMs: bigint | undefined): void;
   export function kvDelete(key: string): void;
+  /**
+   * A value of the plugin's `config` setting.
+   */
+  export function config(name: string): string | undefined;
+  /**
+   * One of the plugin's secrets (set with `PUT /v1/plugins/{name}/secrets/{key}`).
+   */
+  export function secret(name: string): string | undefined;
+  /**
+   * Sends an HTTP request now (not after the handler returns) to an origin in the plugin's
+   * allowed_hosts. It carries an `Idempotency-Key` the same on every attempt and rerun of this
+   * occurrence (unless the request sets one). An error names what was refused or failed.
+   */
+  export function httpSend(request: HttpRequest): HttpResponse;
   export type FollowUp = import('eggtimer:plugin/types@0.1.0').FollowUp;
   export type Level = import('eggtimer:plugin/types@0.1.0').Level;
+  export type HttpRequest = import('eggtimer:plugin/types@0.1.0').HttpRequest;
+  export type HttpResponse = import('eggtimer:plugin/types@0.1.0').HttpResponse;
 }

@@ -79,4 +79,27 @@ declare module 'eggtimer:plugin/types@0.1.0' {
    * ## `"error"`
    */
   export type Level = 'debug' | 'info' | 'warn' | 'error';
+  /**
+   * An HTTP request a plugin sends through the host.
+   */
+  export interface HttpRequest {
+    /**
+     * GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS.
+     */
+    method: string,
+    /**
+     * `http(s)://host[:port]/path?query`: its origin must be in the plugin's allowed_hosts.
+     */
+    url: string,
+    headers: Array<[string, string]>,
+    body: Uint8Array,
+  }
+  /**
+   * The answer to an [`http-request`] (redirects are returned, not followed).
+   */
+  export interface HttpResponse {
+    status: number,
+    headers: Array<[string, string]>,
+    body: Uint8Array,
+  }
 }
