@@ -156,6 +156,15 @@ pub fn plugin_wasm(name: &str) -> Vec<u8> {
     })
 }
 
+/// A secrets key file (`--secrets-key-file`, 0600) in a temp dir.
+pub fn secrets_key_file() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = temp_dir("secrets").join("secrets.key");
+    std::fs::write(&path, format!("{}\n", "ab".repeat(32))).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
 /// A compiled-plugin cache shared by the runners of this test process, in the temp dir.
 pub fn shared_plugin_cache() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

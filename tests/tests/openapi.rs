@@ -43,6 +43,8 @@ async fn the_document_names_every_route_of_the_api() {
         ("/v1/plugins", &["get"]),
         ("/v1/plugins/{name}", &["put", "get", "delete"]),
         ("/v1/plugins/{name}/rollback", &["post"]),
+        ("/v1/plugins/{name}/secrets", &["get"]),
+        ("/v1/plugins/{name}/secrets/{key}", &["put", "delete"]),
         ("/v1/runners", &["get"]),
         ("/v1/stats", &["get"]),
         ("/v1/stats/history", &["get"]),
@@ -64,10 +66,18 @@ async fn the_document_names_every_route_of_the_api() {
 async fn schemathesis_with_every_check_finds_nothing() {
     let redis = RedisServer::start();
     let dir = plugins_dir();
+    let key = eggtimer_tests::secrets_key_file();
     let admin = "schemathesis-admin";
     let r = RunnerProcess::start(
         &redis.url(),
-        &["--plugins-dir", dir.to_str().unwrap(), "--token", admin],
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--token",
+            admin,
+            "--secrets-key-file",
+            key.to_str().unwrap(),
+        ],
     );
     schemathesis_finds_nothing(&r, &["--header", &format!("Authorization: Bearer {admin}")]);
 }
@@ -78,10 +88,18 @@ async fn schemathesis_with_every_check_finds_nothing() {
 async fn schemathesis_with_a_teams_key_finds_nothing() {
     let redis = RedisServer::start();
     let dir = plugins_dir();
+    let key = eggtimer_tests::secrets_key_file();
     let admin = "schemathesis-admin";
     let r = RunnerProcess::start(
         &redis.url(),
-        &["--plugins-dir", dir.to_str().unwrap(), "--token", admin],
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--token",
+            admin,
+            "--secrets-key-file",
+            key.to_str().unwrap(),
+        ],
     );
     let k: serde_json::Value = eggtimer_tests::http()
         .post(format!("{}/v1/keys", r.url))

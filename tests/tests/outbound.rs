@@ -1,0 +1,332 @@
+//! Plugins calling services: the `webhook` sample plugin in a real runner process delivering to a
+//! real HTTP server on 127.0.0.1, with its allowed_hosts, its secret and the host's
+//! Idempotency-Key; a real redis-server.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, plugins_dir, post_tasks, secrets_key_file,
+    wait_state,
+};
+use hmac::Mac;
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(60);
+const SECRET: &str = "whsec-5f1d3a0b9c7e4e21a8d6";
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// How often each path was asked.
+    count: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Receiver {
+    fn of(&self, path: &str) -> Vec<Seen> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().filter(|s| s.path == path).cloned().collect()
+    }
+}
+
+/// `/ok`: 200. `/flaky`: 500, then 200. `/bad`: 400. `/hold`: the first request is never
+/// answered (held for a minute), later ones 200.
+async fn receive(
+    State(r): State<Receiver>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let n = {
+        let mut c = r.count.lock().unwrap();
+        let n = c.entry(path.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    r.seen.lock().unwrap().push(Seen {
+        path: path.clone(),
+        headers,
+        body,
+    });
+    match (path.as_str(), n) {
+        ("flaky", 1) => (StatusCode::INTERNAL_SERVER_ERROR, "try later".into()),
+        ("bad", _) => (StatusCode::BAD_REQUEST, "no such hook".into()),
+        ("hold", 1) => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            (StatusCode::OK, "late".into())
+        }
+        _ => (StatusCode::OK, "thanks".into()),
+    }
+}
+
+async fn start_receiver() -> (Receiver, u16) {
+    let r = Receiver::default();
+    let app = axum::Router::new()
+        .route("/{path}", axum::routing::post(receive))
+        .with_state(r.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (r, port)
+}
+
+fn runner(redis: &RedisServer, key: &std::path::Path, extra: &[&str]) -> RunnerProcess {
+    let dir = plugins_dir();
+    let mut args = vec![
+        "--plugins-dir",
+        dir.to_str().unwrap(),
+        "--retry-base",
+        "50ms",
+        "--secrets-key-file",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    RunnerProcess::start(&redis.url(), &args)
+}
+
+fn delivery(id: &str, url: &str) -> Value {
+    json!({"plugin": "webhook", "id": id, "max_attempts": 3,
+           "payload": {"url": url, "body": {"order_id": id, "amount": 1250}}})
+}
+
+fn header<'a>(s: &'a Seen, name: &str) -> &'a str {
+    s.headers
+        .get(name)
+        .map(|v| v.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no {name} header in {s:?}"))
+}
+
+fn signature(body: &[u8]) -> String {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Every value Redis holds, as text.
+fn everything_in(redis: &RedisServer) -> String {
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    let mut out = String::new();
+    for k in keys {
+        let t: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
+        let v: redis::Value = match t.as_str() {
+            "string" => redis::cmd("GET").arg(&k).query(&mut c).unwrap(),
+            "hash" => redis::cmd("HGETALL").arg(&k).query(&mut c).unwrap(),
+            "zset" => redis::cmd("ZRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap(),
+            "set" => redis::cmd("SMEMBERS").arg(&k).query(&mut c).unwrap(),
+            "list" => redis::cmd("LRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap(),
+            "stream" => redis::cmd("XRANGE")
+                .arg(&k)
+                .arg("-")
+                .arg("+")
+                .query(&mut c)
+                .unwrap(),
+            _ => redis::Value::Nil,
+        };
+        out.push_str(&format!("{k} {v:?}\n"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn webhooks_go_only_where_allowed_signed_once_with_one_idempotency_key() {
+    let redis = RedisServer::start();
+    let (recv, port) = start_receiver().await;
+    let key = secrets_key_file();
+    let r = runner(&redis, &key, &[]);
+    let base = &r.url;
+    let origin = format!("http://127.0.0.1:{port}");
+
+    // the secret: set, listed by name, never shown
+    let (s, b) = call(
+        "PUT",
+        &format!("{base}/v1/plugins/webhook/secrets/signing_key"),
+        Some(json!({"value": SECRET})),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    let (s, list) = call("GET", &format!("{base}/v1/plugins/webhook/secrets"), None).await;
+    assert_eq!(s, 200);
+    assert_eq!(list[0]["name"], "signing_key", "{list}");
+    assert!(list[0]["updated_at"].as_i64().unwrap() > 0);
+
+    // no allowed_hosts yet: the call is refused naming the origin, and nothing arrives
+    post_tasks(base, delivery("d-refused", &format!("{origin}/ok"))).await;
+    let t = wait_state(base, "d-refused", "dead", T).await;
+    let err = t["last_error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        err.contains(&format!(
+            "{origin} is not in plugin \"webhook\"'s allowed_hosts"
+        )),
+        "{t}"
+    );
+    assert!(recv.of("ok").is_empty(), "a refused request arrived");
+
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/webhook"),
+        Some(
+            json!({"allowed_hosts": [&origin, format!("http://localhost:{port}")],
+                    "config": {"region": "eu"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(p["allowed_hosts"][0], origin.as_str());
+    assert_eq!(p["config"]["region"], "eu");
+    // every runner applies a setting within a second
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+    // allowed: delivered once, signed with the secret, with the task id and an idempotency key
+    post_tasks(base, delivery("d-ok", &format!("{origin}/ok"))).await;
+    let t = wait_state(base, "d-ok", "done", T).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    let ok = recv.of("ok");
+    assert_eq!(ok.len(), 1, "delivered once");
+    let body: Value = serde_json::from_slice(&ok[0].body).unwrap();
+    assert_eq!(body, json!({"order_id": "d-ok", "amount": 1250}));
+    assert_eq!(
+        header(&ok[0], "x-eggtimer-signature"),
+        signature(&ok[0].body)
+    );
+    assert_eq!(header(&ok[0], "x-eggtimer-task"), "d-ok");
+    assert_eq!(header(&ok[0], "content-type"), "application/json");
+    assert_eq!(header(&ok[0], "idempotency-key").len(), 32);
+
+    // 500 then 200: two requests, one Idempotency-Key
+    post_tasks(base, delivery("d-flaky", &format!("{origin}/flaky"))).await;
+    let t = wait_state(base, "d-flaky", "done", T).await;
+    assert_eq!(t["attempts"], 2, "{t}");
+    let flaky = recv.of("flaky");
+    assert_eq!(flaky.len(), 2);
+    assert_eq!(
+        header(&flaky[0], "idempotency-key"),
+        header(&flaky[1], "idempotency-key")
+    );
+    assert_ne!(
+        header(&flaky[0], "idempotency-key"),
+        header(&ok[0], "idempotency-key")
+    );
+
+    // 400: dead at once, the status and the answer in the error
+    post_tasks(base, delivery("d-bad", &format!("{origin}/bad"))).await;
+    let t = wait_state(base, "d-bad", "dead", T).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    let err = t["last_error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("the receiver answered 400: no such hook"),
+        "{t}"
+    );
+
+    // a name that resolves to a loopback address is refused, though its origin is allowed
+    post_tasks(
+        base,
+        delivery("d-local", &format!("http://localhost:{port}/ok")),
+    )
+    .await;
+    let t = wait_state(base, "d-local", "dead", T).await;
+    let err = t["last_error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("localhost resolves to") && err.contains("loopback, private or link-local"),
+        "{t}"
+    );
+    assert_eq!(recv.of("ok").len(), 1, "the request to localhost arrived");
+
+    // the secret is nowhere in clear: not in Redis, not in an answer, not in the log
+    let all = everything_in(&redis);
+    assert!(
+        all.contains("plugin:secrets:webhook"),
+        "no sealed secret in Redis"
+    );
+    assert!(!all.contains(SECRET), "the secret is in Redis in clear");
+    let (_, plugin) = call("GET", &format!("{base}/v1/plugins/webhook"), None).await;
+    assert!(!plugin.to_string().contains(SECRET));
+    assert!(!list.to_string().contains(SECRET));
+    assert!(!r.log_text().contains(SECRET), "the secret is in the log");
+
+    // the metrics count the requests by plugin, host and status
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("eggtimer_http_requests_total")
+                && l.contains("plugin=\"webhook\"")
+                && l.contains("status=\"500\"")),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_killed_while_the_receiver_holds_the_request_is_followed_by_one_with_the_same_key()
+{
+    let redis = RedisServer::start();
+    let (recv, port) = start_receiver().await;
+    let key = secrets_key_file();
+    let mut a = runner(&redis, &key, &["--lease", "2s"]);
+    let base = a.url.clone();
+    let (s, _) = call(
+        "PUT",
+        &format!("{base}/v1/plugins/webhook/secrets/signing_key"),
+        Some(json!({"value": SECRET})),
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (s, b) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/webhook"),
+        Some(
+            json!({"allowed_hosts": [format!("http://127.0.0.1:{port}")], "time_limit_ms": 30_000}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    post_tasks(
+        &base,
+        delivery("d-hold", &format!("http://127.0.0.1:{port}/hold")),
+    )
+    .await;
+    eventually(T, "the held request", || async {
+        (!recv.of("hold").is_empty()).then_some(())
+    })
+    .await;
+    a.kill();
+    // another runner takes the task over after its lease and delivers it again, with the key
+    let b = runner(&redis, &key, &["--lease", "2s"]);
+    let t = wait_state(&b.url, "d-hold", "done", T).await;
+    let hold = recv.of("hold");
+    assert_eq!(hold.len(), 2, "{t}");
+    assert_eq!(
+        header(&hold[0], "idempotency-key"),
+        header(&hold[1], "idempotency-key"),
+        "the second delivery carries another Idempotency-Key"
+    );
+    assert_eq!(hold[0].body, hold[1].body);
+}
