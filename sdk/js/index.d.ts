@@ -59,3 +59,31 @@ export declare const kv: {
   set(key: string, value: unknown, ttlMs?: number): void;
   delete(key: string): void;
 };
+
+export declare function config(name: string): string | undefined;
+export declare function secret(name: string): string | undefined;
+
+export declare class Response {
+  status: number;
+  headers: [string, string][];
+  body: number[];
+  readonly ok: boolean;
+  header(name: string): string | undefined;
+  text(): string;
+  json<T = unknown>(): T;
+}
+
+export interface RequestInit {
+  headers?: Record<string, string>;
+  body?: string | Uint8Array | number[];
+  /** Sent as JSON with `Content-Type: application/json`. */
+  json?: unknown;
+}
+
+export declare const http: {
+  send(req: RequestInit & { method?: string; url: string }): Response;
+  get(url: string, init?: RequestInit): Response;
+  post(url: string, init?: RequestInit): Response;
+  put(url: string, init?: RequestInit): Response;
+  delete(url: string, init?: RequestInit): Response;
+};

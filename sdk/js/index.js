@@ -105,3 +105,75 @@ export const kv = Object.freeze({
     host.kvDelete(key);
   },
 });
+
+/** A value of the plugin's `config` setting, or `undefined`. */
+export const config = (name) => host.config(name) ?? undefined;
+
+/** One of the plugin's secrets, or `undefined`. Never log or emit it. */
+export const secret = (name) => host.secret(name) ?? undefined;
+
+// UTF-8 by hand: the QuickJS backend has no TextEncoder.
+function utf8(s) {
+  return Array.from(unescape(encodeURIComponent(s)), (c) => c.charCodeAt(0));
+}
+function fromUtf8(bytes) {
+  let s = '';
+  for (const b of bytes) s += String.fromCharCode(b);
+  try {
+    return decodeURIComponent(escape(s));
+  } catch {
+    return s;
+  }
+}
+
+/** An answer: `status`, `headers` ([name, value] pairs), `body` (bytes). */
+export class Response {
+  constructor({ status, headers, body }) {
+    this.status = status;
+    this.headers = Array.from(headers ?? [], ([k, v]) => [k, v]);
+    this.body = Array.from(body ?? []);
+  }
+  /** 200 to 299. */
+  get ok() {
+    return this.status >= 200 && this.status < 300;
+  }
+  /** The first header of this name (any case). */
+  header(name) {
+    const n = name.toLowerCase();
+    const h = this.headers.find(([k]) => k.toLowerCase() === n);
+    return h ? h[1] : undefined;
+  }
+  text() {
+    return fromUtf8(this.body);
+  }
+  json() {
+    return JSON.parse(this.text());
+  }
+}
+
+/**
+ * Outbound HTTP through the host: only to the origins of the plugin's `allowed_hosts`, within
+ * the run's budgets and time limit; redirects are returned, not followed. Each request carries
+ * an `Idempotency-Key` that is the same on every attempt of this occurrence of the task. A
+ * refused or failed request throws (a failed attempt, unless caught).
+ */
+export const http = Object.freeze({
+  /** `{method, url, headers?: {name: value}, body?: string | bytes, json?: any}` → `Response`. */
+  send({ method = 'GET', url, headers = {}, body, json }) {
+    const hs = Object.entries(headers).map(([k, v]) => [k, String(v)]);
+    let bytes = [];
+    if (json !== undefined) {
+      hs.push(['Content-Type', 'application/json']);
+      bytes = utf8(canonicalJson(json));
+    } else if (typeof body === 'string') {
+      bytes = utf8(body);
+    } else if (body) {
+      bytes = Array.from(body);
+    }
+    return new Response(host.httpSend({ method, url, headers: hs, body: bytes }));
+  },
+  get: (url, opts = {}) => http.send({ ...opts, method: 'GET', url }),
+  post: (url, opts = {}) => http.send({ ...opts, method: 'POST', url }),
+  put: (url, opts = {}) => http.send({ ...opts, method: 'PUT', url }),
+  delete: (url, opts = {}) => http.send({ ...opts, method: 'DELETE', url }),
+});

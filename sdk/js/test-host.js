@@ -18,3 +18,6 @@ export const kvSet = (key, value, ttlMs) => {
   current().kvTtls.set(key, ttlMs === undefined ? undefined : Number(ttlMs));
 };
 export const kvDelete = (key) => current().kvStore.delete(key);
+export const config = (name) => current().config[name];
+export const secret = (name) => current().secrets[name];
+export const httpSend = (request) => current().hostHttpSend(request);

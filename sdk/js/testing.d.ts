@@ -2,8 +2,14 @@ import type { Outcome } from 'eggtimer:plugin/types@0.1.0';
 
 export declare function deriveId(parent: string, occurrence: number, index: number): string;
 
+export declare function idempotencyKey(task: string, occurrence: number, index: number): string;
+
 export declare class TestHost {
   now: number;
+  config: Record<string, string>;
+  secrets: Record<string, string>;
+  httpResponses: ({ status: number; headers?: [string, string][]; body?: string } | Error)[];
+  httpRequests: { method: string; url: string; headers: [string, string][]; body: string }[];
   events: [string, unknown][];
   scheduled: [string, { plugin: string; payload: unknown; runAt: number; owner?: string; maxAttempts?: number }][];
   cancelled: string[];

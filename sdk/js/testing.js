@@ -9,6 +9,13 @@ export function deriveId(parent, occurrence, index) {
   return h.digest('hex').slice(0, 20);
 }
 
+/** The Idempotency-Key the runner gives the `index`-th request of an occurrence. */
+export function idempotencyKey(task, occurrence, index) {
+  const h = createHash('sha256');
+  h.update(`http\n${task}\n${occurrence}\n${index}`);
+  return h.digest('hex').slice(0, 32);
+}
+
 export class TestHost {
   constructor() {
     /** The clock the handler sees (ms). */
@@ -24,6 +31,13 @@ export class TestHost {
     /** [level, message] */
     this.logs = [];
     this.occurrence = 0;
+    /** What `config(name)` and `secret(name)` answer. */
+    this.config = {};
+    this.secrets = {};
+    /** The answers requests get, in order: `{status, headers?, body?: string}` or an Error. */
+    this.httpResponses = [];
+    /** The requests sent: `{method, url, headers, body (text)}`, with the runner's Idempotency-Key. */
+    this.httpRequests = [];
   }
 
   /** Runs `handle` (what `handler(...)` returned) over `payload` (a value or JSON text). */
@@ -38,6 +52,7 @@ export class TestHost {
       payload: typeof payload === 'string' ? payload : JSON.stringify(payload),
     };
     this.taskId = id;
+    this.httpRequests = [];
     globalThis.__eggtimerTestHost = this;
     try {
       return handle(task);
@@ -55,6 +70,18 @@ export class TestHost {
   hostEmit(topic, data) {
     if (!/^[a-z0-9._-]{1,64}$/.test(topic)) throw new Error(`${JSON.stringify(topic)} is not a topic: use 1 to 64 of a-z 0-9 . _ -`);
     this.events.push([topic, JSON.parse(data)]);
+  }
+
+  hostHttpSend(req) {
+    const headers = req.headers.map(([k, v]) => [k, v]);
+    if (!headers.some(([k]) => k.toLowerCase() === 'idempotency-key')) {
+      headers.push(['Idempotency-Key', idempotencyKey(this.taskId, this.occurrence, this.httpRequests.length)]);
+    }
+    this.httpRequests.push({ method: req.method, url: req.url, headers, body: Buffer.from(req.body).toString('utf8') });
+    const r = this.httpResponses.shift();
+    if (r === undefined) throw new Error(`the test host has no response queued for ${req.method} ${req.url} (push one to httpResponses)`);
+    if (r instanceof Error) throw r;
+    return { status: r.status, headers: r.headers ?? [], body: [...Buffer.from(r.body ?? '')] };
   }
 
   hostSchedule(t) {

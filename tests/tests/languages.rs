@@ -30,9 +30,15 @@ fn runner(redis: &RedisServer) -> RunnerProcess {
             "600s",
             "--retry-base",
             "50ms",
+            "--secrets-key-file",
+            KEY.get_or_init(eggtimer_tests::secrets_key_file)
+                .to_str()
+                .unwrap(),
         ],
     )
 }
+
+static KEY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 async fn upload_all(base: &str, names: &[&str]) {
     for n in names {
@@ -141,6 +147,81 @@ async fn the_typescript_and_python_samples_do_what_the_rust_samples_do() {
     };
     assert_eq!(text("-ts"), text(""), "the same event as Rust's");
     assert_eq!(text("-py"), text(""), "the same event as Rust's");
+}
+
+/// A receiver on 127.0.0.1: answers 201 with `X-Echo: <the request's X-Token>` and the body
+/// `got <the request's body>`.
+async fn echo_server() -> u16 {
+    use axum::http::HeaderMap;
+    let app = axum::Router::new().route(
+        "/in",
+        axum::routing::post(|headers: HeaderMap, body: String| async move {
+            let token = headers
+                .get("x-token")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            (
+                axum::http::StatusCode::CREATED,
+                [("x-echo", token)],
+                format!("got {body}"),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_and_python_plugins_call_services_with_config_and_secrets() {
+    let redis = RedisServer::start();
+    let port = echo_server().await;
+    let r = runner(&redis);
+    let base = r.url.as_str();
+    upload_all(base, &["test-http-ts", "test-http-py"]).await;
+    for (name, token) in [("test-http-ts", "tok-ts"), ("test-http-py", "tok-py")] {
+        let (s, b) = call(
+            "PATCH",
+            &format!("{base}/v1/plugins/{name}"),
+            Some(
+                json!({"allowed_hosts": [format!("http://127.0.0.1:{port}")],
+                        "config": {"url": format!("http://127.0.0.1:{port}/in")}}),
+            ),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let (s, b) = call(
+            "PUT",
+            &format!("{base}/v1/plugins/{name}/secrets/token"),
+            Some(json!({"value": token})),
+        )
+        .await;
+        assert_eq!(s, 204, "{b}");
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    post_tasks(
+        base,
+        json!([
+            {"id": "ts", "plugin": "test-http-ts", "max_attempts": 1, "payload": {"body": {"n": "é1"}}},
+            {"id": "py", "plugin": "test-http-py", "max_attempts": 1, "payload": {"body": {"n": "é1"}}},
+        ]),
+    )
+    .await;
+    for id in ["ts", "py"] {
+        let t = wait_state(base, id, "done", T).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+    let events = events_by_task(&redis, "http");
+    for (id, token) in [("ts", "tok-ts"), ("py", "tok-py")] {
+        let data: serde_json::Value = serde_json::from_str(&events[id][0]).unwrap();
+        assert_eq!(
+            data,
+            json!({"status": 201, "echo": token, "body": "got {\"n\":\"é1\"}"}),
+            "{id}"
+        );
+    }
 }
 
 #[tokio::test]

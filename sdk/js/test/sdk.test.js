@@ -44,3 +44,27 @@ test('JSON is written as the Rust SDK writes it: keys sorted, no spaces', () => 
   // the ids match the runner's (runner/src/plugins/host.rs derive_id; sdk/src/testing.rs)
   assert.equal(deriveId('a', 1, 0), '84dd294af2ae10c149d7');
 });
+
+test('http, config and secret answer what the test queued; requests carry the runner\'s key', async () => {
+  const { http, config, secret } = await import('../index.js');
+  const { idempotencyKey } = await import('../testing.js');
+  const host = new TestHost();
+  host.config.region = 'eu';
+  host.secrets.token = 's3cret';
+  host.httpResponses.push({ status: 202, body: '{"ok":true}' }, new Error('refused'));
+  const handle = handler(() => {
+    const r = http.post('https://api.example.com/x', { json: { b: 1, a: 'é' }, headers: { 'X-Region': config('region') } });
+    assert.throws(() => http.get('https://api.example.com/y'), /refused/);
+    assert.equal(secret('token'), 's3cret');
+    assert.equal(secret('nope'), undefined);
+    return r.ok && r.json().ok ? Outcome.done() : Outcome.fail(r.text());
+  });
+  assert.deepEqual(host.run(handle, {}), { tag: 'done' });
+  assert.equal(host.httpRequests.length, 2);
+  assert.equal(host.httpRequests[0].body, '{"a":"é","b":1}');
+  const key = (i) => host.httpRequests[i].headers.find(([k]) => k === 'Idempotency-Key')[1];
+  assert.equal(key(0), idempotencyKey('test-task', 0, 0));
+  assert.notEqual(key(0), key(1));
+  // the runner's vector (plugins::http tests)
+  assert.equal(idempotencyKey('order-1', 1700000000000, 0), '639a89dd1912f80fb0a54ffc7bf232cb');
+});

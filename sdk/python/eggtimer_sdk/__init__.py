@@ -174,3 +174,72 @@ class _Kv:
 
 
 kv = _Kv()
+
+
+def config(name: str) -> Optional[str]:
+    """A value of the plugin's ``config`` setting, or None."""
+    return host.config(name)
+
+
+def secret(name: str) -> Optional[str]:
+    """One of the plugin's secrets, or None. Never log or emit it."""
+    return host.secret(name)
+
+
+@dataclasses.dataclass
+class Response:
+    """An answer: ``status``, ``headers`` ([(name, value)]), ``body`` (bytes)."""
+
+    status: int
+    headers: list
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def header(self, name: str) -> Optional[str]:
+        """The first header of this name (any case)."""
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class _Http:
+    """Outbound HTTP through the host: only to the origins of the plugin's ``allowed_hosts``,
+    within the run's budgets and time limit; redirects are returned, not followed. Each request
+    carries an ``Idempotency-Key`` that is the same on every attempt of this occurrence of the
+    task. A refused or failed request raises ``componentize_py_types.Err`` (a failed attempt,
+    unless caught)."""
+
+    def request(self, method: str, url: str, headers: Optional[dict] = None, body: Any = None,
+                json_body: Any = None) -> Response:
+        hs = [(k, str(v)) for k, v in (headers or {}).items()]
+        if json_body is not None:
+            hs.append(("Content-Type", "application/json"))
+            data = canonical_json(json_body).encode()
+        elif isinstance(body, str):
+            data = body.encode()
+        else:
+            data = bytes(body or b"")
+        r = host.http_send(types.HttpRequest(method=method, url=url, headers=hs, body=data))
+        return Response(status=r.status, headers=list(r.headers), body=bytes(r.body))
+
+    def get(self, url: str, **kw: Any) -> Response:
+        return self.request("GET", url, **kw)
+
+    def post(self, url: str, **kw: Any) -> Response:
+        return self.request("POST", url, **kw)
+
+    def put(self, url: str, **kw: Any) -> Response:
+        return self.request("PUT", url, **kw)
+
+    def delete(self, url: str, **kw: Any) -> Response:
+        return self.request("DELETE", url, **kw)
+
+
+http = _Http()

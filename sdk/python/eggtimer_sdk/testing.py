@@ -20,6 +20,11 @@ def derive_id(parent: str, occurrence: int, index: int) -> str:
     return hashlib.sha256(f"{parent}\n{occurrence}\n{index}".encode()).hexdigest()[:20]
 
 
+def idempotency_key(task: str, occurrence: int, index: int) -> str:
+    """The Idempotency-Key the runner gives the ``index``-th request of an occurrence."""
+    return hashlib.sha256(f"http\n{task}\n{occurrence}\n{index}".encode()).hexdigest()[:32]
+
+
 class TestHost:
     """Runs a handler against recorded effects: ``events`` ([(topic, data)]), ``scheduled``
     ([(id, follow-up)]), ``cancelled``, ``logs`` and the kv store (``kv(key)``)."""
@@ -35,6 +40,13 @@ class TestHost:
         self.logs: list[tuple[str, str]] = []
         self.occurrence = 0
         self._task_id = ""
+        #: What ``config(name)`` and ``secret(name)`` answer.
+        self.config: dict[str, str] = {}
+        self.secrets: dict[str, str] = {}
+        #: The answers requests get, in order: ``(status, body)`` tuples, or an ``Err``.
+        self.http_responses: list[Any] = []
+        #: The requests sent, with the runner's Idempotency-Key.
+        self.http_requests: list[types.HttpRequest] = []
 
     def kv(self, key: str) -> Any:
         v = self.kv_store.get(key)
@@ -57,7 +69,11 @@ class TestHost:
             "kv_get": self.kv_store.get,
             "kv_set": lambda key, value, ttl_ms: self.kv_store.__setitem__(key, value),
             "kv_delete": lambda key: self.kv_store.pop(key, None),
+            "config": self.config.get,
+            "secret": self.secrets.get,
+            "http_send": self._http_send,
         }
+        self.http_requests = []
         saved = {name: getattr(host, name) for name in calls}
         for name, f in calls.items():
             setattr(host, name, f)
@@ -66,6 +82,19 @@ class TestHost:
         finally:
             for name, f in saved.items():
                 setattr(host, name, f)
+
+    def _http_send(self, r: types.HttpRequest) -> types.HttpResponse:
+        headers = list(r.headers)
+        if not any(k.lower() == "idempotency-key" for k, _ in headers):
+            headers.append(("Idempotency-Key", idempotency_key(self._task_id, self.occurrence, len(self.http_requests))))
+        self.http_requests.append(types.HttpRequest(method=r.method, url=r.url, headers=headers, body=r.body))
+        if not self.http_responses:
+            raise Err(f"the test host has no response queued for {r.method} {r.url} (append one to http_responses)")
+        answer = self.http_responses.pop(0)
+        if isinstance(answer, Err):
+            raise answer
+        status, body = answer
+        return types.HttpResponse(status=status, headers=[], body=body.encode() if isinstance(body, str) else body)
 
     def _emit(self, topic: str, data: str) -> None:
         if not _TOPIC.match(topic):

@@ -58,3 +58,29 @@ def test_json_is_written_as_the_rust_sdk_writes_it():
         '{"coupon_id":"c","nested":{"a":[2,{"x":2,"y":1}],"z":1},"type":"t"}'
     # the ids match the runner's (runner/src/plugins/host.rs derive_id)
     assert derive_id("a", 1, 0) == "84dd294af2ae10c149d7"
+
+
+def test_http_config_and_secret_answer_what_the_test_queued():
+    from eggtimer_sdk import config, http, secret
+    from eggtimer_sdk.testing import idempotency_key
+
+    def call(task):
+        r = http.post("https://api.example.com/x", json_body={"b": 1, "a": "é"}, headers={"X-Region": config("region")})
+        with pytest.raises(Err):
+            http.get("https://api.example.com/y")
+        assert secret("token") == "s3cret"
+        assert secret("nope") is None
+        return Outcome.done() if r.ok and r.json()["ok"] else Outcome.fail(r.text())
+
+    host = TestHost()
+    host.config["region"] = "eu"
+    host.secrets["token"] = "s3cret"
+    host.http_responses += [(202, '{"ok": true}'), Err("refused")]
+    assert host.run(plugin(call), {}) == types.Outcome_Done()
+    assert len(host.http_requests) == 2
+    assert host.http_requests[0].body == '{"a":"é","b":1}'.encode()
+    key = lambda i: dict(host.http_requests[i].headers)["Idempotency-Key"]
+    assert key(0) == idempotency_key("test-task", 0, 0)
+    assert key(0) != key(1)
+    # the runner's vector (plugins::http tests)
+    assert idempotency_key("order-1", 1700000000000, 0) == "639a89dd1912f80fb0a54ffc7bf232cb"
