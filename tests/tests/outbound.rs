@@ -330,3 +330,169 @@ async fn a_runner_killed_while_the_receiver_holds_the_request_is_followed_by_one
     );
     assert_eq!(hold[0].body, hold[1].body);
 }
+
+/// A test CA and a certificate for 127.0.0.1 it signed (openssl), in a temp dir: (ca.pem,
+/// cert.pem, key.pem).
+fn test_ca() -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let dir = eggtimer_tests::temp_dir("test-ca");
+    let openssl = eggtimer_tests::find_program(&["openssl"])
+        .expect("openssl is not installed; Debian/Ubuntu: `sudo apt-get install -y openssl`");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&openssl)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=eggtimer test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "req.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "req.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cert.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    )
+}
+
+/// An HTTPS receiver (Python's http.server with ssl) on 127.0.0.1: answers 200 and prints
+/// `GOT <path> <body>` for each POST. Returns the process and its port.
+fn https_receiver(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> (std::process::Child, u16, Arc<Mutex<Vec<String>>>) {
+    use std::io::BufRead;
+    let script = r#"
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        b = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        print("GOT", self.path, b.decode(), flush=True)
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+s.socket = ctx.wrap_socket(s.socket, server_side=True)
+print("PORT", s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(cert)
+        .arg(key)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the HTTPS receiver");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let port: u16 = first.strip_prefix("PORT ").unwrap().parse().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = Arc::clone(&got);
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            g.lock().unwrap().push(l);
+        }
+    });
+    (child, port, got)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn https_to_a_private_ca_needs_the_operators_ca_file() {
+    let redis = RedisServer::start();
+    let (ca, cert, key) = test_ca();
+    let (mut server, port, got) = https_receiver(&cert, &key);
+    let secrets = secrets_key_file();
+    let origin = format!("https://127.0.0.1:{port}");
+    // without the CA file the certificate is not trusted: the delivery fails, nothing arrives
+    let a = runner(&redis, &secrets, &[]);
+    let (s, _) = call(
+        "PUT",
+        &format!("{}/v1/plugins/webhook/secrets/signing_key", a.url),
+        Some(json!({"value": SECRET})),
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (s, b) = call(
+        "PATCH",
+        &format!("{}/v1/plugins/webhook", a.url),
+        Some(json!({"allowed_hosts": [&origin]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    post_tasks(
+        &a.url,
+        json!({"plugin": "webhook", "id": "tls-untrusted", "max_attempts": 1,
+               "payload": {"url": format!("{origin}/in"), "body": {"n": 1}}}),
+    )
+    .await;
+    let t = wait_state(&a.url, "tls-untrusted", "dead", T).await;
+    let err = t["last_error"].as_str().unwrap_or_default().to_lowercase();
+    assert!(err.contains("certificate"), "{t}");
+    drop(a);
+    // with it, delivered over TLS
+    let b = runner(&redis, &secrets, &["--http-ca-file", ca.to_str().unwrap()]);
+    post_tasks(
+        &b.url,
+        json!({"plugin": "webhook", "id": "tls-ok", "max_attempts": 1,
+               "payload": {"url": format!("{origin}/in"), "body": {"n": 2}}}),
+    )
+    .await;
+    let t = eventually(T, "tls-ok to finish", || async {
+        let (_, t) = call("GET", &format!("{}/v1/tasks/tls-ok", b.url), None).await;
+        (t["state"] == "done" || t["state"] == "dead").then_some(t)
+    })
+    .await;
+    assert_eq!(t["state"], "done", "{t}");
+    let lines = got.lock().unwrap().clone();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(lines, vec![r#"GOT /in {"n":2}"#.to_owned()]);
+}
