@@ -25,7 +25,30 @@ impl Bench {
             ) -> BoxFuture<'a, Result<Option<String>, String>> {
                 Box::pin(std::future::ready(Ok(None)))
             }
+            fn secret<'a>(
+                &'a self,
+                _: &'a str,
+                _: &'a str,
+            ) -> BoxFuture<'a, Result<Option<String>, String>> {
+                Box::pin(std::future::ready(Ok(Some("w4-signing-key".into()))))
+            }
         }
+        // a receiver on 127.0.0.1 for the webhook plugin's one request per call
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(|| async { axum::http::StatusCode::NO_CONTENT }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let settings = eggtimer::store::PluginSettings {
+            allowed_hosts: Some(vec![format!("http://127.0.0.1:{port}")]),
+            ..Default::default()
+        };
+        self.plugins
+            .set_settings(&[("webhook".to_owned(), settings)].into_iter().collect());
+        let hook =
+            format!(r#"{{"url":"http://127.0.0.1:{port}/hook","body":{{"order_id":"o1"}}}}"#);
         let host: Arc<dyn TaskHost> = Arc::new(NoKv);
         let mut per_task = BTreeMap::new();
         let order = r#"{"order_id":"o1","user_id":"u1"}"#;
@@ -40,6 +63,13 @@ impl Bench {
             ("order-cancel-ts", "order-cancel-ts", order, 5000, 200),
             ("order-cancel-py", "order-cancel-py", order, 2000, 20),
             ("test-flood (prints)", "test-flood", prints, 20_000, 2000),
+            (
+                "webhook (one POST to 127.0.0.1)",
+                "webhook",
+                &hook,
+                5000,
+                500,
+            ),
         ] {
             if self.plugins.get(plugin).is_none() {
                 eprintln!(

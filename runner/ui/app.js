@@ -437,10 +437,11 @@ pages.plugins = () => {
     if (!selected) return;
     const box = $("#plugin-detail");
     let p;
-    try { p = await get("/v1/plugins/" + enc(selected)); }
+    let secrets;
+    try { p = await get("/v1/plugins/" + enc(selected)); secrets = await get(`/v1/plugins/${enc(selected)}/secrets`); }
     catch (e) { if (e.status === 404) { replace(box, h("div", { class: "empty" }, `Plugin ${selected} was deleted.`)); return; } throw e; }
-    if (box.dataset.shown === JSON.stringify(p)) return;
-    box.dataset.shown = JSON.stringify(p);
+    if (box.dataset.shown === JSON.stringify([p, secrets])) return;
+    box.dataset.shown = JSON.stringify([p, secrets]);
     const e = h("p", { class: "error", id: "plugin-action-error", hidden: true });
     const done = async (msg) => { flash(msg); box.dataset.shown = ""; await refresh(); };
     box.replaceChildren(
@@ -454,7 +455,9 @@ pages.plugins = () => {
         h("dt", {}, "weight"), h("dd", { id: "pl-weight" }, String(p.weight ?? 1)),
         h("dt", {}, "time limit"), h("dd", { id: "pl-time-limit" }, p.time_limit_ms == null ? "the runner's" : `${fmtNum(p.time_limit_ms)} ms`),
         h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`),
-        h("dt", {}, "max pending"), h("dd", { id: "pl-max-pending" }, fmtNum(p.max_pending))),
+        h("dt", {}, "max pending"), h("dd", { id: "pl-max-pending" }, fmtNum(p.max_pending)),
+        h("dt", {}, "may call"), h("dd", { id: "pl-hosts", class: "mono" }, (p.allowed_hosts || []).length ? p.allowed_hosts.join(", ") : "no network"),
+        h("dt", {}, "config"), h("dd", { id: "pl-config", class: "mono" }, Object.entries(p.config || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none")),
       h("div", { class: "actions" },
         p.paused
           ? action("Resume", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/resume`); await done("Resumed"); }, { id: "pl-resume", errorEl: e })
@@ -498,6 +501,11 @@ pages.plugins = () => {
         action("Roll back", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/rollback`); await done("Rolled back"); }, { id: "pl-rollback", ghost: true, errorEl: e }),
         action("Delete", async () => { await api("DELETE", `/v1/plugins/${enc(p.name)}`); selected = null; await done("Deleted"); replace(box, h("div", { class: "empty" }, "Deleted.")); }, { id: "pl-delete", danger: true, errorEl: e })),
       e,
+      h("h2", {}, "Secrets"),
+      table([
+        { label: "name", get: (x) => h("span", { class: "mono" }, x.name) },
+        { label: "set", get: (x) => fmtTime(x.updated_at) },
+      ], secrets, { id: "plugin-secrets", empty: "No secrets. Set one with `eggtimer plugin secret set`; values are never shown." }),
       h("h2", {}, "Versions"),
       table([
         { label: "version", num: true, get: (v) => v.version },

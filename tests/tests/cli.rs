@@ -226,3 +226,90 @@ async fn an_admin_makes_lists_and_revokes_keys_and_reads_the_audit_from_the_cli(
     let (c, _, err) = cli(&["plugin", "list"], &team);
     assert!(c == Some(1) && err.contains("401"), "{err}");
 }
+
+#[tokio::test]
+async fn a_plugins_secrets_hosts_and_config_from_the_cli() {
+    let redis = RedisServer::start();
+    let key = eggtimer_tests::secrets_key_file();
+    let r = start(&redis, &["--secrets-key-file", key.to_str().unwrap()]);
+    let cli = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(eggtimer_bin())
+            .args(args)
+            .args(["--url", &r.url])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // the value comes from standard input (not the command line, which `ps` shows)
+    let (c, _, err) = cli(
+        &["plugin", "secret", "set", "webhook", "signing_key"],
+        "whsec-from-stdin\n",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let (c, out, _) = cli(&["plugin", "secret", "list", "webhook"], "");
+    assert_eq!(c, Some(0));
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["name"], "signing_key", "{out}");
+    assert!(!out.contains("whsec-from-stdin"));
+    let (c, _, err) = cli(
+        &["plugin", "secret", "delete", "webhook", "signing_key"],
+        "",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(
+        &["plugin", "secret", "delete", "webhook", "signing_key"],
+        "",
+    );
+    assert_eq!(c, Some(1));
+    assert!(err.contains("has no secret \"signing_key\""), "{err}");
+
+    let (c, out, err) = cli(
+        &[
+            "plugin",
+            "allow-hosts",
+            "webhook",
+            "https://hooks.example.com",
+            "https://*.partner.example",
+        ],
+        "",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        p["allowed_hosts"],
+        json!(["https://hooks.example.com", "https://*.partner.example"])
+    );
+    let (c, _, err) = cli(
+        &["plugin", "allow-hosts", "webhook", "hooks.example.com/x"],
+        "",
+    );
+    assert_eq!(c, Some(1));
+    assert!(err.contains("is not an origin"), "{err}");
+    let (c, out, err) = cli(
+        &["plugin", "config", "webhook", "region=eu", "tier=gold"],
+        "",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["config"], json!({"region": "eu", "tier": "gold"}));
+    // none clears them
+    let (c, out, _) = cli(&["plugin", "allow-hosts", "webhook"], "");
+    assert_eq!(c, Some(0));
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["allowed_hosts"], json!([]));
+}

@@ -193,6 +193,7 @@ async fn stats(base: &str) -> Value {
 async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_plugins() {
     let redis = RedisServer::start();
     let dir = plugins_dir();
+    let key = eggtimer_tests::secrets_key_file();
     let runner = RunnerProcess::start(
         &redis.url(),
         &[
@@ -200,6 +201,8 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
             dir.to_str().unwrap(),
             "--plugin-timeout",
             "300s",
+            "--secrets-key-file",
+            key.to_str().unwrap(),
         ],
     );
     let base = runner.url.as_str();
@@ -421,6 +424,35 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         t.trim() == "2,500"
     })
     .await;
+    // allowed hosts, config and the secrets' names (never a value)
+    let (s, _) = call(
+        "PUT",
+        &format!("{base}/v1/plugins/uploaded-noop/secrets/api_token"),
+        Some(json!({"value": "tok-never-shown"})),
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (s, _) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/uploaded-noop"),
+        Some(json!({"allowed_hosts": ["https://api.example.com"], "config": {"region": "eu"}})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    b.text_until("#pl-hosts", "the allowed hosts shown", |t| {
+        t.trim() == "https://api.example.com"
+    })
+    .await;
+    b.text_until("#pl-config", "the config shown", |t| {
+        t.trim() == "region=eu"
+    })
+    .await;
+    let secrets = b
+        .text_until("#plugin-secrets", "the secret's name", |t| {
+            t.contains("api_token")
+        })
+        .await;
+    assert!(!secrets.contains("tok-never-shown"), "{secrets}");
     let (_, p) = call("GET", &format!("{base}/v1/plugins/uploaded-noop"), None).await;
     assert_eq!(p["max_pending"], 2500, "{p}");
     assert_eq!(p["max_concurrency_per_owner"], 3, "{p}");

@@ -305,14 +305,7 @@ impl Plugins {
             opts: &self.opts,
             outbound: &self.outbound,
         };
-        instance::call(
-            env,
-            &loaded,
-            task,
-            host,
-            self.run_settings(&task.plugin),
-        )
-        .await
+        instance::call(env, &loaded, task, host, self.run_settings(&task.plugin)).await
     }
 }
 
