@@ -334,7 +334,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
         "node --test (sdk/js)",
     );
     assert!(
-        out.contains("# pass 4") && out.contains("# fail 0"),
+        out.contains("# pass 5") && out.contains("# fail 0"),
         "{out}"
     );
 
@@ -385,7 +385,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
             .arg(py.join("tests")),
         "pytest (sdk/python)",
     );
-    assert!(out.contains("4 passed"), "{out}");
+    assert!(out.contains("5 passed"), "{out}");
     assert!(
         !Path::new(&py.join("tests/__pycache__")).exists(),
         "pytest wrote into the source tree"
