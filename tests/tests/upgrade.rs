@@ -122,7 +122,15 @@ async fn write_with_the_release(base: &str) -> i64 {
 async fn what_the_last_release_wrote_keeps_working() {
     let (release, bin) = released_eggtimer();
     let redis = RedisServer::start();
-    let dir = plugins_dir();
+    // the plugins the release can host: not those built against host functions added after it
+    // (webhook calls http-send and secret)
+    let dir = eggtimer_tests::temp_dir("release-plugins");
+    for e in std::fs::read_dir(plugins_dir()).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "webhook.wasm" {
+            std::os::unix::fs::symlink(e.path(), dir.join(e.file_name())).unwrap();
+        }
+    }
     let mut args = vec!["--plugins-dir", dir.to_str().unwrap()];
     args.extend(FLAGS);
     let mut old = RunnerProcess::start_build(&bin, &redis.url(), &args);
