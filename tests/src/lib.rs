@@ -506,3 +506,40 @@ pub async fn post_tasks(base: &str, specs: serde_json::Value) {
     let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;
     assert_eq!(s, 201, "{b}");
 }
+
+/// Every string Redis holds, whatever the key's type.
+pub fn everything_in_redis(redis: &RedisServer) -> String {
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    let mut all = String::new();
+    for k in keys {
+        all.push_str(&k);
+        let ty: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
+        let v: redis::Value = match ty.as_str() {
+            "string" => redis::cmd("GET").arg(&k).query(&mut c).unwrap(),
+            "hash" => redis::cmd("HGETALL").arg(&k).query(&mut c).unwrap(),
+            "list" => redis::cmd("LRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap(),
+            "set" => redis::cmd("SMEMBERS").arg(&k).query(&mut c).unwrap(),
+            "zset" => redis::cmd("ZRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap(),
+            "stream" => redis::cmd("XRANGE")
+                .arg(&k)
+                .arg("-")
+                .arg("+")
+                .query(&mut c)
+                .unwrap(),
+            _ => redis::Value::Nil,
+        };
+        all.push_str(&format!("{v:?}"));
+    }
+    all
+}

@@ -114,42 +114,6 @@ fn signature(body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// Every value Redis holds, as text.
-fn everything_in(redis: &RedisServer) -> String {
-    let mut c = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
-    let mut out = String::new();
-    for k in keys {
-        let t: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
-        let v: redis::Value = match t.as_str() {
-            "string" => redis::cmd("GET").arg(&k).query(&mut c).unwrap(),
-            "hash" => redis::cmd("HGETALL").arg(&k).query(&mut c).unwrap(),
-            "zset" => redis::cmd("ZRANGE")
-                .arg(&k)
-                .arg(0)
-                .arg(-1)
-                .query(&mut c)
-                .unwrap(),
-            "set" => redis::cmd("SMEMBERS").arg(&k).query(&mut c).unwrap(),
-            "list" => redis::cmd("LRANGE")
-                .arg(&k)
-                .arg(0)
-                .arg(-1)
-                .query(&mut c)
-                .unwrap(),
-            "stream" => redis::cmd("XRANGE")
-                .arg(&k)
-                .arg("-")
-                .arg("+")
-                .query(&mut c)
-                .unwrap(),
-            _ => redis::Value::Nil,
-        };
-        out.push_str(&format!("{k} {v:?}\n"));
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn webhooks_go_only_where_allowed_signed_once_with_one_idempotency_key() {
     let redis = RedisServer::start();
@@ -255,7 +219,7 @@ async fn webhooks_go_only_where_allowed_signed_once_with_one_idempotency_key() {
     assert_eq!(recv.of("ok").len(), 1, "the request to localhost arrived");
 
     // the secret is nowhere in clear: not in Redis, not in an answer, not in the log
-    let all = everything_in(&redis);
+    let all = eggtimer_tests::everything_in_redis(&redis);
     assert!(
         all.contains("plugin:secrets:webhook"),
         "no sealed secret in Redis"

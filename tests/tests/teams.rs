@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use eggtimer_tests::{RedisServer, RunnerProcess, eventually, plugin_wasm};
+use eggtimer_tests::{RedisServer, RunnerProcess, eventually, everything_in_redis, plugin_wasm};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
@@ -73,43 +73,6 @@ async fn make_key(base: &str, name: &str, role: &str, plugins: &[&str]) -> (Stri
 fn strings<'a>(v: &'a Value, key: &str) -> Vec<&'a str> {
     let items = v.as_array().unwrap_or_else(|| panic!("not an array: {v}"));
     items.iter().map(|e| e[key].as_str().unwrap()).collect()
-}
-
-/// Every string Redis holds, whatever the key's type.
-fn everything_in_redis(redis: &RedisServer) -> String {
-    let mut c = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
-    let mut all = String::new();
-    for k in keys {
-        all.push_str(&k);
-        let ty: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
-        let v: redis::Value = match ty.as_str() {
-            "string" => redis::cmd("GET").arg(&k).query(&mut c).unwrap(),
-            "hash" => redis::cmd("HGETALL").arg(&k).query(&mut c).unwrap(),
-            "list" => redis::cmd("LRANGE")
-                .arg(&k)
-                .arg(0)
-                .arg(-1)
-                .query(&mut c)
-                .unwrap(),
-            "set" => redis::cmd("SMEMBERS").arg(&k).query(&mut c).unwrap(),
-            "zset" => redis::cmd("ZRANGE")
-                .arg(&k)
-                .arg(0)
-                .arg(-1)
-                .query(&mut c)
-                .unwrap(),
-            "stream" => redis::cmd("XRANGE")
-                .arg(&k)
-                .arg("-")
-                .arg("+")
-                .query(&mut c)
-                .unwrap(),
-            _ => redis::Value::Nil,
-        };
-        all.push_str(&format!("{v:?}"));
-    }
-    all
 }
 
 #[tokio::test]
