@@ -425,3 +425,53 @@ async fn a_plugin_that_imports_wasi_http_is_refused_with_how_to_build_without_it
     let (s, _) = call("GET", &format!("{}/v1/plugins/with-http", r.url), None).await;
     assert_eq!(s, 404, "nothing stored");
 }
+
+/// TypeScript plugins are type-checked as `cargo xtask plugins` checks them (the SDK's
+/// `tsconfig.plugin.json`, strict): a type error fails with the compiler's message, the same
+/// handler with the types right passes.
+#[test]
+fn a_typescript_type_error_fails_the_plugin_build() {
+    built_plugins(); // installs tsc into target/js-tools
+    let stage = temp_dir("tscheck");
+    std::fs::create_dir_all(stage.join("node_modules/@eggtimer")).unwrap();
+    std::os::unix::fs::symlink(
+        workspace().join("sdk/js"),
+        stage.join("node_modules/@eggtimer/sdk"),
+    )
+    .unwrap();
+    // what xtask writes into each plugin's staging directory
+    std::fs::write(
+        stage.join("tsconfig.json"),
+        r#"{ "extends": "@eggtimer/sdk/tsconfig.plugin.json", "files": ["index.ts"] }"#,
+    )
+    .unwrap();
+    let tsc = workspace().join("target/js-tools/node_modules/.bin/tsc");
+    let check = |body: &str| {
+        std::fs::write(
+            stage.join("index.ts"),
+            format!(
+                "import {{ Outcome, handler }} from '@eggtimer/sdk';\n\
+                 export const handle = handler<{{ n: number }}>((task) => {{ {body} }});\n"
+            ),
+        )
+        .unwrap();
+        Command::new(&tsc)
+            .current_dir(&stage)
+            .args(["-p", "tsconfig.json", "--pretty", "false"])
+            .output()
+            .unwrap()
+    };
+    let bad = check("const s: string = task.payload.n; return Outcome.fail(s);");
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert!(!bad.status.success(), "a type error passed: {text}");
+    assert!(
+        text.contains("TS2322") && text.contains("not assignable to type 'string'"),
+        "{text}"
+    );
+    let good = check("return Outcome.fail(String(task.payload.n));");
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stdout)
+    );
+}

@@ -2,7 +2,8 @@
 //! pinned toolchains, installed inside the repository's target/ (nothing outside the clone), and
 //! their builds into target/plugins/<name>.wasm.
 //!
-//! - TypeScript/JavaScript: bundled by `rolldown` (types stripped, `@eggtimer/sdk` from sdk/js
+//! - TypeScript/JavaScript: type-checked by `tsc --strict` (a type error fails the build), bundled
+//!   by `rolldown` (types stripped, `@eggtimer/sdk` from sdk/js
 //!   linked into a staging directory's node_modules, the host interface left external), then
 //!   `jco componentize --backend qjs --backend-qjs-disable-async` (QuickJS, ~1.6 MB components,
 //!   no async component model). jco 1.35's own `--bundle` can't read the WIT path afterwards, so
@@ -21,7 +22,17 @@ use anyhow::{Context, Result, bail};
 use super::on_path;
 
 /// The npm packages of the TypeScript toolchain, pinned.
-pub const NPM_TOOLS: &[&str] = &["@bytecodealliance/jco@1.35.0", "rolldown@1.3.2"];
+pub const NPM_TOOLS: &[&str] = &[
+    "@bytecodealliance/jco@1.35.0",
+    "rolldown@1.3.2",
+    "typescript@5.9.3",
+];
+
+/// The staged plugin's tsconfig: the SDK's strict settings for plugins (no output: rolldown
+/// bundles), as a plugin's own project uses them.
+const TSCONFIG: &str =
+    r#"{ "extends": "@eggtimer/sdk/tsconfig.plugin.json", "files": ["index.ts"] }"#;
+
 /// The PyPI packages of the Python toolchain (and the SDK's tests), pinned.
 pub const PY_TOOLS: &[&str] = &["componentize-py==0.25.1", "pytest==8.3.5"];
 
@@ -83,7 +94,8 @@ fn sources(root: &Path, file: &str) -> Result<Vec<(String, PathBuf)>> {
 fn jco(root: &Path) -> Result<PathBuf> {
     let tools = root.join("target/js-tools");
     let bin = tools.join("node_modules/.bin/jco");
-    if !bin.is_file() {
+    // every tool of the list: a target/js-tools of an older list gains the new ones
+    if !bin.is_file() || !tools.join("node_modules/.bin/tsc").is_file() {
         eprintln!(
             "xtask: installing {} into target/js-tools",
             NPM_TOOLS.join(" ")
@@ -214,6 +226,13 @@ fn build_ts(root: &Path, jco: &Path, name: &str, dir: &Path, wasm: &Path) -> Res
     std::os::unix::fs::symlink(
         root.join("sdk/js"),
         stage.join("node_modules/@eggtimer/sdk"),
+    )?;
+    std::fs::write(stage.join("tsconfig.json"), TSCONFIG)?;
+    run(
+        Command::new(jco.with_file_name("tsc"))
+            .current_dir(&stage)
+            .args(["-p", "tsconfig.json", "--pretty", "false"]),
+        &format!("tsc (type check) for {name}"),
     )?;
     let rolldown = jco.with_file_name("rolldown");
     run(
