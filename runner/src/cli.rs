@@ -2,6 +2,7 @@
 //! the HTTP API of a running eggtimer. Prints the reply's JSON; exits non-zero on an error reply.
 
 use anyhow::{Context, Result, bail};
+use eggtimer_client::{Client, segment as enc};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -10,72 +11,9 @@ use crate::config::{
     parse_duration, parse_signed_ms,
 };
 
-struct Remote {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
-}
-
-impl Remote {
-    fn new(r: &RemoteArgs) -> Result<Remote> {
-        Ok(Remote {
-            http: reqwest::Client::builder().build()?,
-            base: r.url.trim_end_matches('/').to_owned(),
-            token: r.bearer()?,
-        })
-    }
-
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.base));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        self.send(req, &method, path).await
-    }
-
-    async fn send(
-        &self,
-        req: reqwest::RequestBuilder,
-        method: &Method,
-        path: &str,
-    ) -> Result<Value> {
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("{method} {}{path}: is eggtimer running there?", self.base))?;
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        let v: Value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
-        if !status.is_success() {
-            let msg = v["error"]["message"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| v.to_string());
-            bail!("{status}: {msg}");
-        }
-        Ok(v)
-    }
-}
-
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+/// The client of the eggtimer that `--url` names, with the token of `RemoteArgs`.
+fn client(r: &RemoteArgs) -> Result<Client> {
+    Ok(Client::new(&r.url).token(r.bearer()?))
 }
 
 /// How a reply is shown to a person (`--json` always prints the reply).
@@ -161,24 +99,23 @@ pub async fn run(cmd: Command) -> Result<()> {
             (remote, Call::get(path).view(View::Audit))
         }
     };
-    let r = Remote::new(&remote)?;
+    let r = client(&remote)?;
     let out = match (call.pages, call.body) {
         (Some((cursor, limit)), _) => find_pages(&r, &call.path, cursor, limit).await?,
         (None, Body::Wasm(file)) => {
             let wasm =
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-            let mut req = r
-                .http
-                .request(call.method.clone(), format!("{}{}", r.base, call.path))
-                .header("content-type", "application/wasm")
-                .body(wasm);
-            if let Some(t) = &r.token {
-                req = req.bearer_auth(t);
-            }
-            r.send(req, &call.method, &call.path).await?
+            r.call(call.method, &call.path, eggtimer_client::Body::Wasm(wasm))
+                .await?
         }
-        (None, Body::Json(b)) => r.call(call.method, &call.path, Some(b)).await?,
-        (None, Body::None) => r.call(call.method, &call.path, None).await?,
+        (None, Body::Json(b)) => {
+            r.call(call.method, &call.path, eggtimer_client::Body::Json(b))
+                .await?
+        }
+        (None, Body::None) => {
+            r.call(call.method, &call.path, eggtimer_client::Body::None)
+                .await?
+        }
     };
     show(&out, if remote.json { View::Json } else { call.view })
 }
@@ -466,14 +403,16 @@ fn schedule_call(cmd: ScheduleCmd) -> Result<Call> {
 /// `GET path` (a find) from `cursor`, reading on while pages come back short with a next cursor
 /// (a filter no index serves, such as scheduled tasks of one plugin, can leave a page short or
 /// empty) until `limit` tasks are in or 20 pages were read: one answer, with the last cursor.
-async fn find_pages(r: &Remote, path: &str, cursor: Option<String>, limit: usize) -> Result<Value> {
+async fn find_pages(r: &Client, path: &str, cursor: Option<String>, limit: usize) -> Result<Value> {
     let (mut tasks, mut at) = (Vec::new(), cursor);
     for _ in 0..20 {
         let page_path = match &at {
             Some(c) => format!("{path}&cursor={}", enc(c)),
             None => path.to_owned(),
         };
-        let mut v = r.call(Method::GET, &page_path, None).await?;
+        let mut v = r
+            .call(Method::GET, &page_path, eggtimer_client::Body::None)
+            .await?;
         if let Some(page) = v["tasks"].as_array_mut() {
             tasks.append(page);
         }

@@ -1,0 +1,106 @@
+// Types of @eggtimer/client. Times are milliseconds since the Unix epoch.
+
+export class EggtimerError extends Error {
+  /** The HTTP status, or 0 when eggtimer was unreachable. */
+  readonly status: number;
+  /** The API's error code: `bad_request`, `not_found`, `conflict`, `duplicate`, `quota_exceeded`, ... */
+  readonly code: string;
+  readonly message: string;
+}
+
+export type TaskState = 'scheduled' | 'running' | 'done' | 'dead';
+
+export interface Task<P = unknown> {
+  id: string;
+  plugin: string;
+  payload: P;
+  run_at: number;
+  owner?: string;
+  max_attempts: number;
+  state: TaskState;
+  attempts: number;
+  last_error?: string;
+  created_at: number;
+  finished_at?: number;
+  traceparent?: string;
+}
+
+/** What scheduling answers: the task's id (generated when you gave none) and its due time. */
+export interface Scheduled {
+  id: string;
+  run_at: number;
+}
+
+/** When and how a task runs: `run_at` or `delay_ms` (neither: now). */
+export interface ScheduleOptions {
+  run_at?: number;
+  delay_ms?: number;
+  /** The same id again replaces a task that has not started. */
+  id?: string;
+  owner?: string;
+  max_attempts?: number;
+  /** Once the task finished, the same id is refused (409 `duplicate`) for this long. */
+  unique_for_ms?: number;
+  traceparent?: string;
+}
+
+export interface TaskSpec extends ScheduleOptions {
+  plugin: string;
+  payload?: unknown;
+}
+
+export interface ScheduleSpec {
+  cron?: string;
+  every_ms?: number;
+  tz?: string;
+  owner?: string;
+  start_at?: number;
+  end_at?: number;
+  max_attempts?: number;
+  overlap?: 'skip' | 'allow';
+}
+
+export interface Schedule extends ScheduleSpec {
+  id: string;
+  plugin: string;
+  payload: unknown;
+  tz: string;
+  max_attempts: number;
+  overlap: 'skip' | 'allow';
+  paused: boolean;
+  /** null: never again, or paused. */
+  next_run_at: number | null;
+  /** The task id of its latest firing. */
+  last_task_id: string | null;
+  /** Its next 5 fire times (getSchedule only). */
+  upcoming?: number[];
+}
+
+export interface ClientOptions {
+  /** Default `http://127.0.0.1:8080`; any runner of a namespace serves all of it. */
+  url?: string;
+  /** An API key (`et_...`) or the admin token. */
+  token?: string;
+  /** Per request; default 10 s. */
+  timeoutMs?: number;
+}
+
+export class Client {
+  constructor(options?: ClientOptions);
+  schedule(plugin: string, payload?: unknown, options?: ScheduleOptions): Promise<Scheduled>;
+  /** Up to 10,000 at once, all or none (an error names the refused index). */
+  scheduleMany(specs: TaskSpec[]): Promise<Scheduled[]>;
+  /** The task, or null when there is none. */
+  get<P = unknown>(id: string): Promise<Task<P> | null>;
+  move(id: string, to: { runAt: number } | { shiftMs: number }): Promise<Scheduled>;
+  /** true if it was cancelled, false if there was no such task. */
+  cancel(id: string): Promise<boolean>;
+  runNow(id: string): Promise<void>;
+  /** Every scheduled task of the owner, soonest first, page by page. */
+  ownerTasks(owner: string): AsyncGenerator<Task, void, undefined>;
+  shiftOwner(owner: string, shiftMs: number, plugin?: string): Promise<number>;
+  cancelOwner(owner: string, plugin?: string): Promise<number>;
+  putSchedule(id: string, plugin: string, payload?: unknown, spec?: ScheduleSpec): Promise<{ id: string; next_run_at: number | null }>;
+  getSchedule(id: string): Promise<Schedule | null>;
+  deleteSchedule(id: string): Promise<void>;
+}

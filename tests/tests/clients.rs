@@ -1,0 +1,206 @@
+//! The clients a team's services call eggtimer with (clients/rust, clients/js, clients/python),
+//! each against a real runner with a token: schedule, read, move, cancel, run now, an owner's
+//! tasks, a recurring schedule, the API's errors. The TypeScript and Python clients run their own
+//! suites (node's test runner, unittest) with EGGTIMER_URL and EGGTIMER_TOKEN naming this runner;
+//! the TypeScript client's types are checked by compiling its README example with tsc.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use eggtimer_client::{Client, TaskSpec, TaskState};
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, built_plugins, find_program, now_ms, temp_dir, workspace,
+};
+use serde_json::json;
+
+const TOKEN: &str = "clients-admin-token";
+const HOUR: i64 = 3_600_000;
+
+fn runner(redis: &RedisServer) -> RunnerProcess {
+    RunnerProcess::with_plugins(redis, &["--token", TOKEN])
+}
+
+fn run_suite(cmd: &mut Command, what: &str, r: &RunnerProcess) -> String {
+    let out = cmd
+        .env("EGGTIMER_URL", &r.url)
+        .env("EGGTIMER_TOKEN", TOKEN)
+        .env("EGGTIMER_PLUGIN", "noop")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed:\n{text}");
+    text
+}
+
+#[tokio::test]
+async fn the_rust_client_schedules_moves_cancels_and_reads() {
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let et = Client::new(&r.url).token(Some(TOKEN.into()));
+
+    let at = now_ms() + HOUR;
+    let spec = TaskSpec::new("noop")
+        .payload(json!({"order_id": "o-17"}))
+        .id("rs order/1")
+        .owner("u-rs")
+        .run_at(at);
+    let got = et.schedule(&spec).await.unwrap();
+    assert_eq!((got.id.as_str(), got.run_at), ("rs order/1", at));
+    let task = et.get("rs order/1").await.unwrap().expect("the task");
+    assert_eq!(task.state, TaskState::Scheduled);
+    assert_eq!(task.payload, json!({"order_id": "o-17"}));
+    assert_eq!(task.owner.as_deref(), Some("u-rs"));
+
+    assert_eq!(
+        et.shift("rs order/1", -HOUR / 2).await.unwrap().run_at,
+        at - HOUR / 2
+    );
+    assert_eq!(
+        et.move_to("rs order/1", at + 5).await.unwrap().run_at,
+        at + 5
+    );
+    assert_eq!(et.get("rs order/1").await.unwrap().unwrap().run_at, at + 5);
+    assert!(et.cancel("rs order/1").await.unwrap());
+    assert!(et.get("rs order/1").await.unwrap().is_none());
+    assert!(!et.cancel("rs order/1").await.unwrap());
+
+    // due now, and run now: both run
+    let now = et.schedule(&TaskSpec::new("noop")).await.unwrap();
+    et.schedule(&TaskSpec::new("noop").id("rs-later").delay_ms(HOUR))
+        .await
+        .unwrap();
+    et.run_now("rs-later").await.unwrap();
+    for id in [now.id.as_str(), "rs-later"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let t = et.get(id).await.unwrap();
+            if t.as_ref().map(|t| t.state) == Some(TaskState::Done) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{id} never ran: {t:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // an owner's tasks: listed in due order, shifted, cancelled
+    let specs: Vec<TaskSpec> = (0..3)
+        .map(|i| {
+            TaskSpec::new("noop")
+                .id(format!("rs-o-{i}"))
+                .owner("u-rs")
+                .run_at(at + i)
+        })
+        .collect();
+    assert_eq!(et.schedule_many(&specs).await.unwrap().len(), 3);
+    let ids = |ts: Vec<eggtimer_client::Task>| ts.into_iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(et.owner_tasks("u-rs").await.unwrap()),
+        ["rs-o-0", "rs-o-1", "rs-o-2"]
+    );
+    assert_eq!(
+        et.shift_owner("u-rs", -1000, Some("noop")).await.unwrap(),
+        3
+    );
+    assert_eq!(et.owner_tasks("u-rs").await.unwrap()[0].run_at, at - 1000);
+    assert_eq!(et.cancel_owner("u-rs", None).await.unwrap(), 3);
+    assert!(et.owner_tasks("u-rs").await.unwrap().is_empty());
+
+    // the API's errors, with status, code and message
+    let e = et
+        .schedule(&TaskSpec::new("no-such-plugin"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(422), "{e}");
+    assert!(e.to_string().contains("no-such-plugin"), "{e}");
+    let e = et
+        .schedule(&TaskSpec::new("noop").run_at(i64::MAX))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(400), Some("bad_request")),
+        "{e}"
+    );
+    let e = Client::new(&r.url).get("x").await.unwrap_err();
+    assert_eq!(e.status(), Some(401), "no token: {e}");
+    let e = Client::new("http://127.0.0.1:9")
+        .get("x")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is eggtimer running there?"), "{e}");
+}
+
+#[tokio::test]
+async fn the_typescript_client_passes_its_suite_against_a_real_runner() {
+    built_plugins(); // installs tsc into target/js-tools
+    let node = find_program(&["node"]).unwrap_or_else(|| {
+        panic!("node is not on PATH: install Node.js 20+ (Debian/Ubuntu: sudo apt-get install -y nodejs npm)")
+    });
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let js = workspace().join("clients/js");
+    let out = run_suite(
+        Command::new(&node)
+            .current_dir(&js)
+            .args(["--test", "test/"]),
+        "node --test (clients/js)",
+        &r,
+    );
+    assert!(
+        out.contains("# pass 7") && out.contains("# fail 0"),
+        "{out}"
+    );
+
+    // the README's example, type-checked against index.d.ts (strict)
+    let stage = temp_dir("clientts");
+    std::fs::create_dir_all(stage.join("node_modules/@eggtimer")).unwrap();
+    std::os::unix::fs::symlink(&js, stage.join("node_modules/@eggtimer/client")).unwrap();
+    let readme = std::fs::read_to_string(js.join("README.md")).unwrap();
+    let example = readme
+        .split("```ts\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a ```ts example in clients/js/README.md");
+    // Node's `process` without @types/node
+    let shim = "declare const process: { env: Record<string, string | undefined> };\n";
+    std::fs::write(stage.join("example.ts"), format!("{shim}{example}")).unwrap();
+    std::fs::write(
+        stage.join("tsconfig.json"),
+        r#"{ "compilerOptions": { "strict": true, "noEmit": true, "target": "es2022", "module": "esnext", "moduleResolution": "bundler", "types": [] }, "files": ["example.ts"] }"#,
+    )
+    .unwrap();
+    let tsc = workspace().join("target/js-tools/node_modules/.bin/tsc");
+    let out = Command::new(&tsc)
+        .current_dir(&stage)
+        .args(["-p", "tsconfig.json", "--pretty", "false"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the README's example does not type-check:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test]
+async fn the_python_client_passes_its_suite_against_a_real_runner() {
+    let python = find_program(&["python3"]).unwrap_or_else(|| {
+        panic!("python3 is not on PATH: install Python 3.9+ (Debian/Ubuntu: sudo apt-get install -y python3)")
+    });
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let out = run_suite(
+        Command::new(&python)
+            .current_dir(temp_dir("pyclient"))
+            .arg(workspace().join("clients/python/tests/test_client.py"))
+            .arg("-v"),
+        "python3 -m unittest (clients/python)",
+        &r,
+    );
+    assert!(out.contains("Ran 7 tests") && out.contains("\nOK"), "{out}");
+}
