@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub use eggtimer;
 
+pub mod api_doc;
 mod cluster;
 mod redis_server;
 mod released;

@@ -62,6 +62,34 @@ async fn the_document_names_every_route_of_the_api() {
     }
 }
 
+/// docs/api.md is the document a runner serves, rendered (`eggtimer_tests::api_doc`).
+/// `EGGTIMER_BLESS=1` rewrites the file instead of comparing.
+#[tokio::test]
+async fn the_api_reference_in_docs_is_the_document_rendered() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &[]);
+    let (s, doc) = call("GET", &format!("{}/v1/openapi.json", r.url), None).await;
+    assert_eq!(s, 200);
+    let fresh = eggtimer_tests::api_doc::markdown(&doc);
+    let file = workspace().join("docs/api.md");
+    if std::env::var_os("EGGTIMER_BLESS").is_some() {
+        std::fs::write(&file, &fresh).unwrap();
+    }
+    let have = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        have == fresh,
+        "docs/api.md does not match the OpenAPI document; rewrite it with \
+         `EGGTIMER_BLESS=1 cargo test -p eggtimer-tests --test openapi the_api_reference`"
+    );
+    for route in [
+        "#### `POST /v1/tasks`",
+        "#### `PATCH /v1/plugins/{name}`",
+        "### TaskSpec",
+    ] {
+        assert!(fresh.contains(route), "{route} is not in the reference");
+    }
+}
+
 #[tokio::test]
 async fn schemathesis_with_every_check_finds_nothing() {
     let redis = RedisServer::start();
