@@ -32,7 +32,7 @@ pub enum Error {
         message: String,
     },
     /// No answer: nothing listens there, a timeout, TLS.
-    #[error("{method} {url}: is eggtimer running there? ({source})")]
+    #[error("{method} {url}: is eggtimer running there?")]
     Unreachable {
         method: Method,
         url: String,
