@@ -1,0 +1,323 @@
+//! The client commands' arguments (`eggtimer plugin|task|owner|dead|schedule|key ...`) and where
+//! they send their requests (`RemoteArgs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use super::{parse_duration, parse_memory, parse_rate};
+
+#[derive(Subcommand, Debug)]
+pub enum KeyCmd {
+    /// Make a key; its secret is printed once (Redis keeps only a hash of it).
+    Create {
+        /// Who holds it: a team, a service.
+        name: String,
+        /// reader | operator | developer | admin.
+        #[arg(long)]
+        role: String,
+        /// Plugin patterns, comma-separated: names, prefixes ending in `*`, or `*` for all.
+        #[arg(long, value_delimiter = ',', required = true)]
+        plugins: Vec<String>,
+    },
+    /// List the keys (without secrets), with when each was last used.
+    List,
+    /// Revoke a key: every runner refuses it within a second.
+    Revoke { id: String },
+}
+
+/// Where the runner's API is.
+#[derive(Args, Debug, Clone)]
+pub struct RemoteArgs {
+    /// Base URL of the runner's HTTP API.
+    #[arg(
+        long,
+        global = true,
+        env = "EGGTIMER_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub url: String,
+    /// Bearer token. A token on the command line shows in `ps`: prefer `EGGTIMER_TOKEN` or
+    /// `--token-file`.
+    #[arg(long, global = true, env = "EGGTIMER_TOKEN")]
+    pub token: Option<String>,
+    /// A file holding the bearer token (its first line), read when no token is given.
+    #[arg(long, global = true, env = "EGGTIMER_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Print the API's JSON reply instead of a table (lists and single tasks print tables).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+impl RemoteArgs {
+    /// The bearer token: `--token` / `EGGTIMER_TOKEN`, else the first line of `--token-file`.
+    pub fn bearer(&self) -> anyhow::Result<Option<String>> {
+        if self.token.is_some() {
+            return Ok(self.token.clone());
+        }
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", path.display()))?;
+        match text.lines().next().map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => Ok(Some(t.to_owned())),
+            None => anyhow::bail!("the token file {} is empty", path.display()),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PluginCmd {
+    /// Upload a plugin (a .wasm component).
+    Push { name: String, file: PathBuf },
+    /// List plugins with their current versions.
+    List,
+    /// Show a plugin and its history.
+    Get { name: String },
+    /// Go back to the previous version.
+    Rollback { name: String },
+    /// Delete a plugin.
+    Delete { name: String },
+    /// Pause a plugin: no runner starts its tasks until it is resumed.
+    Pause { name: String },
+    /// Resume a paused plugin: its overdue tasks run at once.
+    Resume { name: String },
+    /// Let a plugin schedule and cancel tasks of other plugins (patterns, comma-separated;
+    /// none: its own tasks only).
+    MaySchedule {
+        name: String,
+        #[arg(value_delimiter = ',')]
+        patterns: Vec<String>,
+    },
+    /// Set a plugin's weight in the fair share between plugins (1 to 1000; every plugin's is 1
+    /// unless set): its share of workers when plugins compete, against the others' weights.
+    Weight { name: String, weight: u32 },
+    /// Set a plugin's own time limit per run (`30s`, `5m`), or --default for the runner's
+    /// `--plugin-timeout`.
+    TimeLimit {
+        name: String,
+        #[arg(value_parser = parse_duration, conflicts_with = "default", required_unless_present = "default")]
+        limit: Option<Duration>,
+        #[arg(long)]
+        default: bool,
+    },
+    /// Set a plugin's own memory cap per instance in bytes, or --default for the runner's
+    /// `--plugin-memory`.
+    Memory {
+        name: String,
+        #[arg(value_parser = parse_memory, conflicts_with = "default", required_unless_present = "default")]
+        bytes: Option<usize>,
+        #[arg(long)]
+        default: bool,
+    },
+    /// Set how many of a plugin's tasks may be scheduled at once (past it scheduling is
+    /// refused), or --default for 1,000,000.
+    MaxPending {
+        name: String,
+        #[arg(conflicts_with = "default", required_unless_present = "default")]
+        max: Option<u64>,
+        #[arg(long)]
+        default: bool,
+    },
+    /// Limit a plugin's starts across all runners: `10/1s` (at most 10 starts in any second), or
+    /// --none for no limit. Runs over it wait, using no attempt.
+    RateLimit {
+        name: String,
+        #[arg(value_parser = parse_rate, conflicts_with = "none", required_unless_present = "none")]
+        rate: Option<(u32, u64)>,
+        #[arg(long)]
+        none: bool,
+    },
+    /// Limit the runs of one owner's tasks of a plugin at once across all runners (--max N, or
+    /// --none for no limit).
+    OwnerLimit {
+        name: String,
+        #[arg(long, conflicts_with = "none", required_unless_present = "none")]
+        max: Option<u32>,
+        #[arg(long)]
+        none: bool,
+    },
+    /// Limit a plugin's runs at once across all runners (--max N, or --none for no limit).
+    Limit {
+        name: String,
+        #[arg(long, conflicts_with = "none", required_unless_present = "none")]
+        max: Option<u32>,
+        #[arg(long)]
+        none: bool,
+    },
+    /// Let a plugin send HTTP requests to these origins (`https://api.example.com`,
+    /// `https://*.example.com`, `http://127.0.0.1:9000`); none: no network at all.
+    AllowHosts { name: String, origins: Vec<String> },
+    /// Set a plugin's config, read with `config(name)`: NAME=VALUE ... (replaces all of it;
+    /// none: clears it).
+    Config {
+        name: String,
+        #[arg(value_parser = parse_pair)]
+        entries: Vec<(String, String)>,
+    },
+    /// A plugin's secrets, read with `secret(name)`: set, delete, list (names only).
+    #[command(subcommand)]
+    Secret(SecretCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCmd {
+    /// Set a secret; its value is read from standard input (one line) unless --value is given.
+    Set {
+        name: String,
+        key: String,
+        #[arg(long)]
+        value: Option<String>,
+    },
+    /// Delete a secret.
+    Delete { name: String, key: String },
+    /// List the names of a plugin's secrets (values are never shown).
+    List { name: String },
+}
+
+/// `NAME=VALUE`.
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ScheduleCmd {
+    /// Create or replace a recurring schedule (--cron or --every).
+    Put {
+        id: String,
+        plugin: String,
+        /// 5-field cron: minute hour day-of-month month day-of-week.
+        #[arg(long, conflicts_with = "every", required_unless_present = "every")]
+        cron: Option<String>,
+        /// A fixed interval, e.g. 30s, 5m.
+        #[arg(long)]
+        every: Option<String>,
+        /// IANA time zone of --cron (default UTC).
+        #[arg(long)]
+        tz: Option<String>,
+        /// The payload of each firing (JSON).
+        #[arg(long, default_value = "null")]
+        payload: String,
+        #[arg(long)]
+        owner: Option<String>,
+        /// skip (default: no firing while the previous one is due or running) or allow.
+        #[arg(long)]
+        overlap: Option<String>,
+        #[arg(long)]
+        max_attempts: Option<u32>,
+    },
+    /// List the schedules.
+    List,
+    /// Show a schedule and its next fire times.
+    Get { id: String },
+    /// Pause a schedule.
+    Pause { id: String },
+    /// Resume a schedule.
+    Resume { id: String },
+    /// Delete a schedule (firings already created stay).
+    Delete { id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCmd {
+    /// Schedule a task.
+    Add {
+        plugin: String,
+        /// The payload (JSON).
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// When: ms since the epoch.
+        #[arg(long, conflicts_with = "in")]
+        at: Option<i64>,
+        /// When: a delay from now, e.g. 30m, 2h, 500ms.
+        #[arg(long = "in")]
+        r#in: Option<String>,
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        max_attempts: Option<u32>,
+    },
+    /// Show a task.
+    Get { id: String },
+    /// Find tasks by plugin, state, owner and due range (one page; --cursor for the next).
+    Find {
+        #[arg(long)]
+        plugin: Option<String>,
+        /// scheduled | running | dead | done
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        /// Due at or after (ms since the epoch).
+        #[arg(long)]
+        due_after: Option<i64>,
+        /// Due at or before (ms since the epoch).
+        #[arg(long)]
+        due_before: Option<i64>,
+        #[arg(long)]
+        limit: Option<u32>,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Cancel a task.
+    Cancel { id: String },
+    /// Run a task now.
+    Run { id: String },
+    /// Move a task: to a time (--at) or by a signed duration (--by -2h).
+    Move {
+        id: String,
+        #[arg(long, conflicts_with = "by")]
+        at: Option<i64>,
+        #[arg(long, allow_hyphen_values = true)]
+        by: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OwnerCmd {
+    /// Move all scheduled tasks of an owner by a signed duration (--by -2h).
+    Shift {
+        owner: String,
+        #[arg(long, allow_hyphen_values = true)]
+        by: String,
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+    /// List an owner's scheduled tasks.
+    List { owner: String },
+    /// Cancel all of an owner's scheduled tasks (of one plugin).
+    Cancel {
+        owner: String,
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DeadCmd {
+    /// List dead tasks.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Put a dead task back (due now).
+    Retry { id: String },
+    /// Drop a dead task.
+    Drop { id: String },
+    /// Put every dead task (of one plugin) back.
+    RetryAll {
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+    /// Drop every dead task (of one plugin).
+    DropAll {
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+}
