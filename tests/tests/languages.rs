@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eggtimer_tests::{
@@ -392,16 +393,59 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
     );
 }
 
-#[tokio::test]
-async fn a_plugin_that_imports_wasi_http_is_refused_with_how_to_build_without_it() {
+/// A receiver on 127.0.0.1 that records each request's Idempotency-Key and body and answers 201
+/// `got <body>`.
+async fn recording_server() -> (u16, Arc<Mutex<Vec<(String, String)>>>) {
+    use axum::http::HeaderMap;
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let app = axum::Router::new().route(
+        "/in",
+        axum::routing::post(move |headers: HeaderMap, body: String| {
+            let log = Arc::clone(&log);
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                log.lock().unwrap().push((key, body.clone()));
+                (axum::http::StatusCode::CREATED, format!("got {body}"))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (port, seen)
+}
+
+/// The standard wasi:http outgoing handler, as a StarlingMonkey (componentize-js) build's `fetch`
+/// uses it, under the rules of the host's own `http-send`: an allowed origin gets the request
+/// with the runner's Idempotency-Key and the plugin reads the answer; an origin not allowed gets
+/// nothing and the attempt fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_starlingmonkey_plugins_fetch_goes_where_it_is_allowed_with_the_idempotency_key() {
     built_plugins(); // installs jco and its componentize-js (StarlingMonkey) into target/js-tools
     let dir = temp_dir("starlingmonkey");
     std::fs::write(
         dir.join("index.js"),
-        "export function handle(task) { return { tag: 'done' }; }\n",
+        r#"import { emit } from 'eggtimer:plugin/host@0.1.0';
+export async function handle(task) {
+  const { url } = JSON.parse(task.payload);
+  let text;
+  try {
+    const r = await fetch(url, { method: 'POST', body: `hello ${task.id}` });
+    text = `${r.status} ${await r.text()}`;
+  } catch (e) {
+    return { tag: 'fail', val: `fetch failed: ${e}` };
+  }
+  emit('fetched', JSON.stringify({ text }));
+  return { tag: 'done' };
+}
+"#,
     )
     .unwrap();
-    // StarlingMonkey (componentize-js' default) imports wasi:http unless built with -d http
     let cjs = workspace().join("target/js-tools/node_modules/.bin/componentize-js");
     run_ok(
         Command::new(&cjs)
@@ -412,18 +456,47 @@ async fn a_plugin_that_imports_wasi_http_is_refused_with_how_to_build_without_it
         "componentize-js",
     );
     let wasm = std::fs::read(dir.join("sm.wasm")).unwrap();
+    let (allowed, seen) = recording_server().await;
+    let (other, other_seen) = recording_server().await;
     let redis = RedisServer::start();
     let r = runner(&redis);
-    let (s, b) = upload(&r.url, "with-http", wasm).await;
-    assert_eq!(s, 400, "{b}");
-    let msg = b["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("wasi:http"), "{msg}");
+    let base = r.url.as_str();
+    let (s, b) = upload(base, "fetcher", wasm).await;
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/fetcher"),
+        Some(json!({"allowed_hosts": [format!("http://127.0.0.1:{allowed}")]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    post_tasks(
+        base,
+        json!([
+            {"id": "sm-ok", "plugin": "fetcher", "max_attempts": 1,
+             "payload": {"url": format!("http://127.0.0.1:{allowed}/in")}},
+            {"id": "sm-no", "plugin": "fetcher", "max_attempts": 1,
+             "payload": {"url": format!("http://127.0.0.1:{other}/in")}},
+        ]),
+    )
+    .await;
+    let t = wait_state(base, "sm-ok", "done", T).await;
+    let dead = wait_state(base, "sm-no", "dead", T).await;
+    let err = dead["last_error"].as_str().unwrap_or_default();
+    assert!(err.contains("fetch failed"), "{dead}");
     assert!(
-        msg.contains("no network") && msg.contains("--backend qjs"),
-        "{msg}"
+        other_seen.lock().unwrap().is_empty(),
+        "a refused origin got a request"
     );
-    let (s, _) = call("GET", &format!("{}/v1/plugins/with-http", r.url), None).await;
-    assert_eq!(s, 404, "nothing stored");
+    let got = seen.lock().unwrap().clone();
+    let key = eggtimer_sdk::testing::idempotency_key("sm-ok", t["created_at"].as_i64().unwrap(), 0);
+    assert_eq!(got, vec![(key, "hello sm-ok".to_owned())]);
+    let events = events_by_task(&redis, "fetched");
+    assert_eq!(
+        events["sm-ok"],
+        vec![r#"{"text":"201 got hello sm-ok"}"#.to_owned()]
+    );
 }
 
 /// TypeScript plugins are type-checked as `cargo xtask plugins` checks them (the SDK's

@@ -161,6 +161,8 @@ impl WasmEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow!("linking WASI: {e:#}"))?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| anyhow!("linking wasi:http: {e:#}"))?;
         Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
             .map_err(|e| anyhow!("linking the host: {e:#}"))?;
         let weak = engine.weak();
@@ -192,14 +194,6 @@ impl WasmEngine {
     /// provides and which exports `handle` of the contract. Blocking (seconds for a large
     /// plugin): call it off the async runtime.
     pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
-        let http = http_imports(wasm);
-        if !http.is_empty() {
-            // refused before the compile, which takes many seconds for a large component
-            return Err(format!(
-                "the plugin imports something the host does not offer: {}{NO_NETWORK}",
-                http.join(", ")
-            ));
-        }
         let digest = digest(wasm);
         let cached = self
             .cache_path(&digest)
@@ -222,13 +216,7 @@ impl WasmEngine {
             }
         };
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            let e = format!("{e:#}");
-            let hint = if e.contains("wasi:http") || e.contains("wasi:sockets") {
-                NO_NETWORK
-            } else {
-                ""
-            };
-            format!("the plugin imports something the host does not offer: {e}{hint}")
+            format!("the plugin imports something the host does not offer: {e:#} (the host offers WASI 0.2 with wasi:http, and eggtimer:plugin/host)")
         })?;
         let pre = PluginPre::new(pre)
             .map_err(|e| format!("the plugin does not export the eggtimer handler: {e:#}"))?;
@@ -256,39 +244,4 @@ impl WasmEngine {
             Err(e) => warn!("could not serialize a compiled plugin: {e:#}"),
         }
     }
-}
-
-/// Why an import of the network is refused, and how to build without it.
-const NO_NETWORK: &str = "; eggtimer links no wasi:http (no network but the host's): send HTTP through the host's \
-     `http-send` (the Rust SDK's `eggtimer_sdk::http`), to the origins of the plugin's \
-     allowed_hosts, and build without wasi:http (jco: `jco componentize --backend qjs \
-     --backend-qjs-disable-async`; componentize-js: `-d http fetch-event`; Rust: don't depend \
-     on wasi:http)";
-
-/// The component's own imports (not those of the modules and components nested in it) of
-/// `wasi:http`, which the host does not link, read without compiling it. (`wasi:sockets` is
-/// linked, with every address denied: componentize-py's components import it.) A binary that
-/// does not parse gives none here: the compile then says what is wrong with it.
-fn http_imports(wasm: &[u8]) -> Vec<String> {
-    use wasmparser::{Parser, Payload};
-    let mut depth = 0usize;
-    let mut out = Vec::new();
-    for payload in Parser::new(0).parse_all(wasm) {
-        let Ok(payload) = payload else { break };
-        match payload {
-            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
-            Payload::End(_) if depth == 0 => break,
-            Payload::End(_) => depth -= 1,
-            Payload::ComponentImportSection(imports) if depth == 0 => {
-                for import in imports.into_iter().flatten() {
-                    let name = import.name.name;
-                    if name.starts_with("wasi:http/") {
-                        out.push(name.to_owned());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    out
 }

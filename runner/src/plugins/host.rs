@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sha1::{Digest, Sha1};
@@ -89,17 +89,17 @@ pub struct CallCtx {
     pub kv_reads: usize,
     pub max_payload_bytes: usize,
     pub default_max_attempts: u32,
-    /// What outbound requests need (None: no network, as in a bare test).
-    pub http: Option<HttpCtx>,
-    /// Requests sent so far (the next one's place in the run, for its Idempotency-Key).
-    pub http_sent: usize,
+    /// What outbound requests need (None: no network, as in a bare test). Shared with the
+    /// `wasi:http` hooks, whose requests run on tasks of their own.
+    pub http: Option<Arc<HttpCtx>>,
     /// The plugin's `config` setting.
     pub config: Arc<std::collections::BTreeMap<String, String>>,
     /// Secrets read in this run.
     pub secrets: HashMap<String, Option<String>>,
 }
 
-/// What a run's outbound HTTP requests need.
+/// What a run's outbound HTTP requests need, whichever way the plugin sends them (the host's
+/// `http-send` or `wasi:http`).
 pub struct HttpCtx {
     pub outbound: Arc<super::http::Outbound>,
     pub allowed_hosts: Arc<[String]>,
@@ -107,6 +107,76 @@ pub struct HttpCtx {
     pub traceparent: Option<String>,
     /// The end of the run's time limit.
     pub deadline: Instant,
+    pub task_id: String,
+    pub occurrence: i64,
+    pub plugin: String,
+    /// Requests asked for so far (the next one's place in the run, for its Idempotency-Key).
+    pub sent: AtomicUsize,
+}
+
+/// Why a request of a plugin got no answer.
+pub enum HttpFailure {
+    /// Past the run's request budget: the run stops (`http-send` traps).
+    OverBudget(String),
+    /// Not sent: an origin the plugin may not reach, a bad URL or header.
+    Refused(String),
+    /// Sent, and no answer: connection, TLS, time limit, a body too large.
+    Failed(String),
+}
+
+impl HttpCtx {
+    /// Sends one request of the run: counted in its request budget, checked against its allowed
+    /// origins (see `http.rs`), given its `Idempotency-Key` and `traceparent` unless the plugin
+    /// set them, within the run's time limit; measured (`eggtimer_http_*`, span `plugin.http`).
+    pub async fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    ) -> Result<super::http::Response, HttpFailure> {
+        let index = self.sent.fetch_add(1, Ordering::Relaxed);
+        if index >= self.outbound.max_requests {
+            return Err(HttpFailure::OverBudget(format!(
+                "more than {} HTTP requests in one run (raise it with --max-http-requests)",
+                self.outbound.max_requests
+            )));
+        }
+        let plugin = &self.plugin;
+        let mut checked =
+            super::http::check(plugin, &self.allowed_hosts, method, url, headers, body).map_err(
+                |e| {
+                    warn!(task = %self.task_id, %plugin, "plugin HTTP request refused: {e}");
+                    metrics::counter!("eggtimer_http_requests_total", "plugin" => plugin.clone(), "host" => "refused", "status" => "refused").increment(1);
+                    HttpFailure::Refused(e)
+                },
+            )?;
+        let has = |name: &str, h: &[(String, String)]| {
+            h.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
+        };
+        if !has("idempotency-key", &checked.headers) {
+            let key = super::http::idempotency_key(&self.task_id, self.occurrence, index);
+            checked.headers.push(("Idempotency-Key".into(), key));
+        }
+        if let Some(tp) = &self.traceparent
+            && !has("traceparent", &checked.headers)
+        {
+            checked.headers.push(("traceparent".into(), tp.clone()));
+        }
+        let host = checked.host.clone();
+        let span = tracing::info_span!("plugin.http", %plugin, task = %self.task_id, origin = %checked.origin, method = %checked.method);
+        let started = Instant::now();
+        let result =
+            tracing::Instrument::instrument(self.outbound.send(checked, self.deadline), span).await;
+        metrics::histogram!("eggtimer_http_request_seconds", "plugin" => plugin.clone())
+            .record(started.elapsed().as_secs_f64());
+        let status = match &result {
+            Ok(r) => r.status.to_string(),
+            Err(_) => "error".into(),
+        };
+        metrics::counter!("eggtimer_http_requests_total", "plugin" => plugin.clone(), "host" => host, "status" => status).increment(1);
+        result.map_err(HttpFailure::Failed)
+    }
 }
 
 impl CallCtx {
@@ -139,6 +209,8 @@ pub struct State {
     pub table: ResourceTable,
     pub limits: super::limiter::Limiter,
     pub call: CallCtx,
+    /// `wasi:http`'s context and the hooks that send its requests the way `http-send` does.
+    pub http: super::wasi_http::WasiHttp,
     /// The guest's wall clock, frozen at the call's start.
     pub started_at: Arc<AtomicI64>,
     /// When the current call must have ended (checked at every epoch tick).
@@ -404,70 +476,20 @@ impl bindings::eggtimer::plugin::host::Host for State {
 }
 
 impl State {
-    /// Sends one HTTP request of the guest (see `http.rs`), counting it in the run's budgets.
+    /// Sends one HTTP request of the guest (see [`HttpCtx::send`]); its bodies count in the run's
+    /// effects budget.
     async fn send(
         &mut self,
         req: wit::HttpRequest,
     ) -> wasmtime::Result<Result<wit::HttpResponse, String>> {
-        let c = &mut self.call;
-        let Some(http) = c.http.as_ref() else {
+        let Some(http) = self.call.http.clone() else {
             return Ok(Err("this host sends no HTTP requests".into()));
         };
-        if c.http_sent >= http.outbound.max_requests {
-            return Err(OverBudget(format!(
-                "more than {} HTTP requests in one run (raise it with --max-http-requests)",
-                http.outbound.max_requests
-            ))
-            .into());
-        }
-        let index = c.http_sent;
-        c.http_sent += 1;
-        let (outbound, deadline, traceparent) = (
-            Arc::clone(&http.outbound),
-            http.deadline,
-            http.traceparent.clone(),
-        );
-        let checked = super::http::check(
-            &c.plugin,
-            &http.allowed_hosts,
-            &req.method,
-            &req.url,
-            req.headers,
-            req.body,
-        );
-        let mut checked = match checked {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(task = %c.task_id, plugin = %c.plugin, "plugin HTTP request refused: {e}");
-                metrics::counter!("eggtimer_http_requests_total", "plugin" => c.plugin.clone(), "host" => "refused", "status" => "refused").increment(1);
-                return Ok(Err(e));
-            }
-        };
-        c.spend(checked.body.len(), "HTTP request body")?;
-        let has = |name: &str, h: &[(String, String)]| {
-            h.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
-        };
-        if !has("idempotency-key", &checked.headers) {
-            let key = super::http::idempotency_key(&c.task_id, c.occurrence, index);
-            checked.headers.push(("Idempotency-Key".into(), key));
-        }
-        if let Some(tp) = traceparent
-            && !has("traceparent", &checked.headers)
+        self.call.spend(req.body.len(), "HTTP request body")?;
+        match http
+            .send(&req.method, &req.url, req.headers, req.body)
+            .await
         {
-            checked.headers.push(("traceparent".into(), tp));
-        }
-        let (plugin, host) = (c.plugin.clone(), checked.host.clone());
-        let span = tracing::info_span!("plugin.http", %plugin, task = %c.task_id, origin = %checked.origin, method = %checked.method);
-        let started = Instant::now();
-        let result = tracing::Instrument::instrument(outbound.send(checked, deadline), span).await;
-        metrics::histogram!("eggtimer_http_request_seconds", "plugin" => plugin.clone())
-            .record(started.elapsed().as_secs_f64());
-        let status = match &result {
-            Ok(r) => r.status.to_string(),
-            Err(_) => "error".into(),
-        };
-        metrics::counter!("eggtimer_http_requests_total", "plugin" => plugin, "host" => host, "status" => status).increment(1);
-        match result {
             Ok(r) => {
                 self.call.spend(r.body.len(), "HTTP response body")?;
                 Ok(Ok(wit::HttpResponse {
@@ -476,7 +498,8 @@ impl State {
                     body: r.body,
                 }))
             }
-            Err(e) => Ok(Err(e)),
+            Err(HttpFailure::OverBudget(e)) => Err(OverBudget(e).into()),
+            Err(HttpFailure::Refused(e) | HttpFailure::Failed(e)) => Ok(Err(e)),
         }
     }
 }

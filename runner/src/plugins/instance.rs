@@ -171,12 +171,16 @@ pub(super) async fn call(
             budget: opts.budget.clone(),
             max_payload_bytes: opts.max_payload_bytes,
             default_max_attempts: opts.default_max_attempts,
-            http: Some(HttpCtx {
+            http: Some(Arc::new(HttpCtx {
                 outbound: Arc::clone(outbound),
                 allowed_hosts,
                 traceparent: task.traceparent.clone(),
                 deadline,
-            }),
+                task_id: task.id.clone(),
+                occurrence: task.created,
+                plugin: task.plugin.clone(),
+                sent: Default::default(),
+            })),
             config,
             ..CallCtx::default()
         };
@@ -283,6 +287,7 @@ async fn instantiate(
         table: ResourceTable::new(),
         limits: Limiter::new(memory),
         call: CallCtx::default(),
+        http: super::wasi_http::WasiHttp::default(),
         started_at,
         deadline: Instant::now() + timeout,
     };

@@ -22,6 +22,7 @@ mod instance;
 mod limiter;
 mod output;
 mod registry;
+mod wasi_http;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
