@@ -393,27 +393,33 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
     );
 }
 
-/// A receiver on 127.0.0.1 that records each request's Idempotency-Key and body and answers 201
-/// `got <body>`.
-async fn recording_server() -> (u16, Arc<Mutex<Vec<(String, String)>>>) {
+/// What a recording receiver got: each request's headers (lowercase names) and body.
+type Received = Arc<Mutex<Vec<(HashMap<String, String>, String)>>>;
+
+/// A receiver on 127.0.0.1 that records each request to `/in` and answers 201 `got <body>`, and
+/// 400 `no thanks` to `/refuse`.
+async fn recording_server() -> (u16, Received) {
     use axum::http::HeaderMap;
-    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let seen: Received = Arc::default();
     let log = Arc::clone(&seen);
-    let app = axum::Router::new().route(
-        "/in",
-        axum::routing::post(move |headers: HeaderMap, body: String| {
+    let record = move |status: u16, answer: &'static str| {
+        let log = Arc::clone(&log);
+        move |headers: HeaderMap, body: String| {
             let log = Arc::clone(&log);
             async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
-                log.lock().unwrap().push((key, body.clone()));
-                (axum::http::StatusCode::CREATED, format!("got {body}"))
+                let h = headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
+                    .collect();
+                log.lock().unwrap().push((h, body.clone()));
+                let code = axum::http::StatusCode::from_u16(status).unwrap();
+                (code, answer.replace("{body}", &body))
             }
-        }),
-    );
+        }
+    };
+    let app = axum::Router::new()
+        .route("/in", axum::routing::post(record(201, "got {body}")))
+        .route("/refuse", axum::routing::post(record(400, "no thanks")));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -489,13 +495,87 @@ export async function handle(task) {
         other_seen.lock().unwrap().is_empty(),
         "a refused origin got a request"
     );
-    let got = seen.lock().unwrap().clone();
+    let got: Vec<(String, String)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(h, body)| (h["idempotency-key"].clone(), body.clone()))
+        .collect();
     let key = eggtimer_sdk::testing::idempotency_key("sm-ok", t["created_at"].as_i64().unwrap(), 0);
     assert_eq!(got, vec![(key, "hello sm-ok".to_owned())]);
     let events = events_by_task(&redis, "fetched");
     assert_eq!(
         events["sm-ok"],
         vec![r#"{"text":"201 got hello sm-ok"}"#.to_owned()]
+    );
+}
+
+/// The TypeScript webhook sample signs and delivers what the Rust one does: the body as the Rust
+/// SDK writes it, `X-Eggtimer-Signature` the HMAC-SHA256 of those bytes with its secret, the
+/// runner's Idempotency-Key; a 400 is dead at once with the answer in the error.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_typescript_webhook_signs_and_delivers_as_the_rust_one() {
+    use hmac::{Hmac, Mac};
+    let (port, seen) = recording_server().await;
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let base = r.url.as_str();
+    upload_all(base, &["webhook-ts"]).await;
+    let (s, b) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/webhook-ts"),
+        Some(json!({"allowed_hosts": [format!("http://127.0.0.1:{port}")]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = call(
+        "PUT",
+        &format!("{base}/v1/plugins/webhook-ts/secrets/signing_key"),
+        Some(json!({"value": "whsec-ts"})),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let body = json!({"state": "cancelled", "order_id": "o1", "note": "é€"});
+    post_tasks(
+        base,
+        json!([
+            {"id": "wh-ok", "plugin": "webhook-ts", "payload": {"url": format!("http://127.0.0.1:{port}/in"), "body": body, "headers": {"X-Tenant": "t1"}}},
+            {"id": "wh-400", "plugin": "webhook-ts", "payload": {"url": format!("http://127.0.0.1:{port}/refuse"), "body": {}}},
+        ]),
+    )
+    .await;
+    let t = wait_state(base, "wh-ok", "done", T).await;
+    let dead = wait_state(base, "wh-400", "dead", T).await;
+    assert_eq!(dead["attempts"], 1, "a 400 is not retried: {dead}");
+    assert_eq!(
+        dead["last_error"].as_str(),
+        Some("the receiver answered 400: no thanks"),
+        "{dead}"
+    );
+    let got = seen.lock().unwrap().clone();
+    let (h, sent) = got
+        .iter()
+        .find(|(h, _)| h.get("x-eggtimer-task").map(String::as_str) == Some("wh-ok"))
+        .expect("the delivery arrived");
+    // the bytes serde_json writes for the same value: keys sorted, no spaces
+    assert_eq!(sent, &serde_json::to_string(&body).unwrap());
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"whsec-ts").unwrap();
+    mac.update(sent.as_bytes());
+    let want = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    assert_eq!(h["x-eggtimer-signature"], want);
+    assert_eq!(h["x-tenant"], "t1");
+    assert_eq!(h["content-type"], "application/json");
+    assert_eq!(
+        h["idempotency-key"],
+        eggtimer_sdk::testing::idempotency_key("wh-ok", t["created_at"].as_i64().unwrap(), 0)
+    );
+    assert_eq!(
+        got.iter()
+            .filter(|(h, _)| h.get("x-eggtimer-task").map(String::as_str) == Some("wh-ok"))
+            .count(),
+        1,
+        "delivered once"
     );
 }
 
