@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub use eggtimer;
 
 pub mod api_doc;
+pub mod as_key;
 mod cluster;
 mod redis_server;
 mod released;
