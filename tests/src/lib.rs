@@ -16,6 +16,7 @@ pub use eggtimer;
 pub mod api_doc;
 pub mod as_key;
 mod cluster;
+pub mod guests;
 mod redis_server;
 mod released;
 mod sentinel;

@@ -8,9 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use eggtimer_client::{Client, TaskSpec, TaskState};
-use eggtimer_tests::{
-    RedisServer, RunnerProcess, built_plugins, find_program, now_ms, temp_dir, workspace,
-};
+use eggtimer_tests::guests::{program, run_ok};
+use eggtimer_tests::{RedisServer, RunnerProcess, built_plugins, now_ms, temp_dir, workspace};
 use serde_json::json;
 
 const TOKEN: &str = "clients-admin-token";
@@ -21,20 +20,13 @@ fn runner(redis: &RedisServer) -> RunnerProcess {
 }
 
 fn run_suite(cmd: &mut Command, what: &str, r: &RunnerProcess) -> String {
-    let out = cmd
-        .env("EGGTIMER_URL", &r.url)
-        .env("EGGTIMER_TOKEN", TOKEN)
-        .env("EGGTIMER_PLUGIN", "noop")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{what} failed:\n{text}");
-    text
+    run_ok(
+        cmd.env("EGGTIMER_URL", &r.url)
+            .env("EGGTIMER_TOKEN", TOKEN)
+            .env("EGGTIMER_PLUGIN", "noop")
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+        what,
+    )
 }
 
 #[tokio::test]
@@ -138,9 +130,10 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
 #[tokio::test]
 async fn the_typescript_client_passes_its_suite_against_a_real_runner() {
     built_plugins(); // installs tsc into target/js-tools
-    let node = find_program(&["node"]).unwrap_or_else(|| {
-        panic!("node is not on PATH: install Node.js 20+ (Debian/Ubuntu: sudo apt-get install -y nodejs npm)")
-    });
+    let node = program(
+        "node",
+        "install Node.js 20+ (Debian/Ubuntu: sudo apt-get install -y nodejs npm)",
+    );
     let redis = RedisServer::start();
     let r = runner(&redis);
     let js = workspace().join("clients/js");
@@ -189,9 +182,10 @@ async fn the_typescript_client_passes_its_suite_against_a_real_runner() {
 
 #[tokio::test]
 async fn the_python_client_passes_its_suite_against_a_real_runner() {
-    let python = find_program(&["python3"]).unwrap_or_else(|| {
-        panic!("python3 is not on PATH: install Python 3.9+ (Debian/Ubuntu: sudo apt-get install -y python3)")
-    });
+    let python = program(
+        "python3",
+        "install Python 3.9+ (Debian/Ubuntu: sudo apt-get install -y python3)",
+    );
     let redis = RedisServer::start();
     let r = runner(&redis);
     let out = run_suite(
