@@ -102,19 +102,15 @@ pub async fn run(cmd: Command) -> Result<()> {
     let r = client(&remote)?;
     let out = match (call.pages, call.body) {
         (Some((cursor, limit)), _) => find_pages(&r, &call.path, cursor, limit).await?,
-        (None, Body::Wasm(file)) => {
-            let wasm =
-                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-            r.call(call.method, &call.path, eggtimer_client::Body::Wasm(wasm))
-                .await?
-        }
-        (None, Body::Json(b)) => {
-            r.call(call.method, &call.path, eggtimer_client::Body::Json(b))
-                .await?
-        }
-        (None, Body::None) => {
-            r.call(call.method, &call.path, eggtimer_client::Body::None)
-                .await?
+        (None, body) => {
+            let body = match body {
+                Body::None => eggtimer_client::Body::None,
+                Body::Json(v) => eggtimer_client::Body::Json(v),
+                Body::Wasm(file) => eggtimer_client::Body::Wasm(
+                    std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?,
+                ),
+            };
+            r.call(call.method, &call.path, body).await?
         }
     };
     show(&out, if remote.json { View::Json } else { call.view })

@@ -16,11 +16,9 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator, Literal, Optional, TypedDict, Union
+from typing import Any, Iterator, Literal, Optional, TypedDict
 
 __all__ = ["Client", "EggtimerError", "Task", "Scheduled", "TaskSpec", "Schedule"]
-
-_UNSET: Any = object()
 
 
 class EggtimerError(Exception):
@@ -242,8 +240,8 @@ class Client:
 
     # --- the wire --------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = _UNSET) -> Any:
-        return self._request(method, path, None if body is _UNSET else body, None)[0]
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        return self._request(method, path, body, None)[0]
 
     def _request(
         self, method: str, path: str, body: Any, query: Optional[dict[str, str]]
