@@ -53,11 +53,13 @@ pub fn observe_redis(redis_ms: i64, sent: i64, received: i64) {
     );
 }
 
-/// The offset a reading gives: Redis read its clock about halfway between `sent` and `received`;
-/// within [`FOLLOW_BEYOND_MS`], none.
+/// The offset a reading gives: Redis read its clock somewhere between `sent` and `received`, so
+/// the offset to its midpoint is known to within half the round trip. An offset that half a
+/// round trip plus [`FOLLOW_BEYOND_MS`] explains is taken as none: a slow answer on a loaded
+/// machine does not move the clock.
 fn offset_to_follow(redis_ms: i64, sent: i64, received: i64) -> i64 {
     let offset = redis_ms - (sent + received) / 2;
-    if offset.abs() > FOLLOW_BEYOND_MS {
+    if offset.abs() > FOLLOW_BEYOND_MS + (received - sent).max(0) / 2 {
         offset
     } else {
         0
@@ -73,5 +75,8 @@ mod tests {
         assert_eq!(offset_to_follow(1_000_003, 1_000_000, 1_000_002), 0);
         assert_eq!(offset_to_follow(1_060_001, 1_000_000, 1_000_002), 60_000);
         assert_eq!(offset_to_follow(940_001, 1_000_000, 1_000_002), -60_000);
+        // answered after 300 ms, read by Redis at the start: the same clock, a slow answer
+        assert_eq!(offset_to_follow(1_000_001, 1_000_000, 1_000_300), 0);
+        assert_eq!(offset_to_follow(1_060_001, 1_000_000, 1_000_300), 59_851);
     }
 }
