@@ -90,6 +90,7 @@ impl Bench {
                 payload: payload.into(),
                 created: 0,
                 traceparent: None,
+                start_by: None,
             };
             let rounds = |iters: usize, fresh: bool| {
                 let (plugins, host, task) = (&self.plugins, &host, &task);

@@ -30,6 +30,7 @@ fn task(i: usize, plugin: &str, payload: String, run_at: i64) -> NewTask {
         max_attempts: 5,
         unique_for_ms: 0,
         traceparent: None,
+        start_by: None,
     }
 }
 

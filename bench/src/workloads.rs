@@ -51,6 +51,7 @@ pub(crate) fn tasks(from: usize, dues: &[i64], plugin: &str) -> Vec<NewTask> {
             max_attempts: 5,
             unique_for_ms: 0,
             traceparent: None,
+            start_by: None,
         })
         .collect()
 }

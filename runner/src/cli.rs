@@ -273,6 +273,7 @@ fn task_call(cmd: TaskCmd) -> Result<Call> {
             id,
             owner,
             max_attempts,
+            start_by,
         } => Call::new(Method::POST, "/v1/tasks").json(fields(vec![
             ("plugin", Some(json!(plugin))),
             ("payload", Some(payload(&p)?)),
@@ -281,6 +282,7 @@ fn task_call(cmd: TaskCmd) -> Result<Call> {
             ("id", id.map(|v| json!(v))),
             ("owner", owner.map(|v| json!(v))),
             ("max_attempts", max_attempts.map(|v| json!(v))),
+            ("start_by", start_by.map(|v| json!(v))),
         ])),
         TaskCmd::Find {
             plugin,

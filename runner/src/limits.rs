@@ -14,13 +14,22 @@ pub const MAX_ID_BYTES: usize = 200;
 /// cut, saying how long it was.
 pub const MAX_ERROR_BYTES: usize = 4096;
 
+/// Most bytes of a task's log kept with it: the lines of its last three attempts together, and of
+/// one attempt alone.
+pub const MAX_LOG_BYTES: usize = 8192;
+
 /// `message` cut to [`MAX_ERROR_BYTES`] (on a character boundary), saying how long it was.
-pub fn error_message(mut message: String) -> String {
-    if message.len() <= MAX_ERROR_BYTES {
+pub fn error_message(message: String) -> String {
+    cut(message, MAX_ERROR_BYTES)
+}
+
+/// `message` cut to `max` bytes (on a character boundary), saying how long it was.
+pub fn cut(mut message: String, max: usize) -> String {
+    if message.len() <= max {
         return message;
     }
     let total = message.len();
-    let mut end = MAX_ERROR_BYTES;
+    let mut end = max;
     while !message.is_char_boundary(end) {
         end -= 1;
     }

@@ -225,8 +225,30 @@ pub fn task(t: &Value) -> String {
     if !t["traceparent"].is_null() {
         rows.push(vec!["traceparent".into(), f(t, "traceparent")]);
     }
+    if !t["start_by"].is_null() {
+        rows.push(vec!["start by (UTC)".into(), time(t, "start_by")]);
+    }
     rows.push(vec!["payload".into(), t["payload"].to_string()]);
-    render(&["FIELD", "VALUE"], &rows)
+    let mut out = render(&["FIELD", "VALUE"], &rows);
+    let log: Vec<Vec<String>> = items(&t["log"])
+        .iter()
+        .map(|l| {
+            vec![
+                f(l, "attempt"),
+                time(l, "time"),
+                f(l, "level"),
+                short(&f(l, "message"), 160),
+            ]
+        })
+        .collect();
+    if !log.is_empty() {
+        out.push('\n');
+        out.push_str(&render(
+            &["ATTEMPT", "TIME (UTC)", "LEVEL", "MESSAGE"],
+            &log,
+        ));
+    }
+    out
 }
 
 /// `runners`.

@@ -35,6 +35,7 @@ pub fn noop_task(id: &str, run_at: i64) -> eggtimer::store::NewTask {
         max_attempts: 3,
         unique_for_ms: 0,
         traceparent: None,
+        start_by: None,
     }
 }
 

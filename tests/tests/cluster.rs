@@ -23,6 +23,7 @@ fn task(id: &str, run_at: i64, owner: Option<&str>) -> NewTask {
         max_attempts: 2,
         unique_for_ms: 0,
         traceparent: None,
+        start_by: None,
     }
 }
 
@@ -248,6 +249,7 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
         max_attempts: 20,
         unique_for_ms: 0,
         traceparent: None,
+        start_by: None,
     };
     let mut acked = Vec::new();
     let mut refused = 0;

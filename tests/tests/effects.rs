@@ -222,6 +222,7 @@ async fn a_runner_takes_over_a_dead_runners_task_without_emitting_its_event_agai
             max_attempts: 5,
             unique_for_ms: 0,
             traceparent: None,
+            start_by: None,
         })
         .collect();
     s.schedule(&specs, ScheduleMode::Upsert).await.unwrap();

@@ -385,10 +385,7 @@ impl eggtimer::Handler for Panicky {
     ) -> futures::future::BoxFuture<'static, eggtimer::Run> {
         Box::pin(async move {
             assert!(!task.id.starts_with("boom"), "the handler's host has a bug");
-            eggtimer::Run {
-                outcome: Ok(eggtimer::Outcome::Done),
-                effects: eggtimer::Effects::default(),
-            }
+            eggtimer::Run::outcome(eggtimer::Outcome::Done)
         })
     }
 }

@@ -438,3 +438,68 @@ async fn a_rate_limit_holds_across_two_runners_and_waiting_uses_no_attempt() {
     .await;
     assert_eq!(s, 400, "{e}");
 }
+
+/// A backlog waiting for `max_concurrency` does not cycle through claims: a run that finds the
+/// slot taken is put back once and waits among the plugin's runs, and each slot given back
+/// wakes the earliest due. (Before, each waiting run came back every 100–300 ms: some 300 put
+/// backs for this backlog.)
+#[tokio::test]
+async fn a_backlog_waiting_for_max_concurrency_is_woken_in_due_order_without_cycling() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    let base = r.url.as_str();
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-sleep"),
+        Some(json!({"max_concurrency": 1})),
+    )
+    .await;
+    assert_eq!((s, &p["max_concurrency"]), (200, &json!(1)), "{p}");
+    // 20 runs of 300 ms, due 5 ms apart: one at a time, 6 s of backlog
+    let t0 = now_ms() + 200;
+    let specs: Vec<Value> = (0..20)
+        .map(|i| {
+            json!({"plugin": "test-sleep", "id": format!("q{i}"), "run_at": t0 + i * 5,
+                        "payload": {"ms": 300, "tag": i.to_string()}})
+        })
+        .collect();
+    schedule(base, json!(specs)).await;
+    let runs = eventually(T, "20 runs", || async {
+        let runs = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+        (runs.len() >= 20).then_some(runs)
+    })
+    .await;
+    assert_eq!(runs.len(), 20, "each once");
+    // the order they started in, by due place
+    let mut starts: Vec<(i64, i64)> = runs
+        .iter()
+        .map(|(_, _, d)| {
+            let place = d["tag"].as_str().unwrap().parse().unwrap();
+            (d["started_at"].as_i64().unwrap(), place)
+        })
+        .collect();
+    starts.sort();
+    let order: Vec<i64> = starts.iter().map(|&(_, place)| place).collect();
+    // the first start is whichever run took the free slot; the rest were woken in due order (a
+    // run put back while an earlier one was still on its way to the waiting list may pass it)
+    let out_of_order = order[1..].windows(2).filter(|w| w[0] > w[1]).count();
+    eprintln!("started in the order {order:?}");
+    assert!(out_of_order <= 2, "not woken in due order: {order:?}");
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let put_back: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("eggtimer_limit_waits_total{plugin=\"test-sleep\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no eggtimer_limit_waits_total in\n{metrics}"));
+    eprintln!("{put_back} put backs for 20 runs");
+    assert!(put_back <= 40.0, "{put_back} put backs: the backlog cycled");
+    for i in [0, 19] {
+        let t = wait_state(base, &format!("q{i}"), "done", T).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+}

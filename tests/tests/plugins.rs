@@ -259,6 +259,7 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
         max_attempts: 5,
         unique_for_ms: 0,
         traceparent: None,
+        start_by: None,
     };
     let store = eggtimer::Store::open(
         eggtimer::RedisTarget::Single(redis.url()),

@@ -56,6 +56,7 @@ fn load(
                     max_attempts: 20,
                     unique_for_ms: 0,
                     traceparent: None,
+                    start_by: None,
                 })
                 .collect();
             match store.schedule(&batch, ScheduleMode::Upsert).await {
@@ -312,6 +313,7 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
             max_attempts: 5,
             unique_for_ms: 0,
             traceparent: None,
+            start_by: None,
         })
         .collect();
     store.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();

@@ -9,7 +9,8 @@
 //! returns an outcome out of bounds (`retry-never`, `run-again-never`) or a 32 MiB error
 //! (`long-error`, `long-fail`), or prints one line naming
 //! the task to stdout and one to stderr (`print`), or prints to stdout until the host stops it
-//! (`stdout`).
+//! (`stdout`), or logs and prints a line or two naming its attempt and fails attempts 1 to 3
+//! (`log-attempts`).
 
 use eggtimer_sdk::{FollowUp, Level, Outcome, Task, emit, handler, kv, log};
 use serde::Deserialize;
@@ -84,6 +85,15 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
         "print" => {
             println!("printed by {}", task.id);
             eprintln!("warned by {}", task.id);
+        }
+        "log-attempts" => {
+            let n = task.attempt;
+            log(Level::Info, &format!("attempt {n} begins"));
+            println!("printed in attempt {n}");
+            if n < 4 {
+                log(Level::Warn, &format!("attempt {n} fails"));
+                return Err(format!("attempt {n} failed on purpose").into());
+            }
         }
         "stdout" => {
             use std::io::Write;

@@ -116,6 +116,10 @@ pub struct TaskSpec {
     /// header for this spec). Ids of zeros name no trace and are ignored.
     #[schema(pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
     pub traceparent: Option<String>,
+    /// The latest time (ms since the Unix epoch) the task may start; not started by then, it is
+    /// dead with the error `expired` instead of running. Before the task is due: 422.
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    pub start_by: Option<i64>,
 }
 
 /// One task spec, or an array of 1 to 10,000.

@@ -47,6 +47,8 @@ struct RawSpec<'a> {
     unique_for_ms: Option<&'a RawValue>,
     #[serde(borrow)]
     traceparent: Option<&'a RawValue>,
+    #[serde(borrow)]
+    start_by: Option<&'a RawValue>,
 }
 
 fn new_id() -> String {
@@ -87,6 +89,19 @@ fn parse_spec(
         }
         (None, None) => now,
     };
+    let start_by = body::time(s.start_by, at, "start_by")?;
+    if let Some(by) = start_by
+        && by < run_at
+    {
+        // well-formed but impossible
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_task",
+            format!(
+                "{at}start_by ({by}) is before the task is due ({run_at}): it could never start"
+            ),
+        ));
+    }
     let id = match body::string(s.id, at, "id")? {
         Some(id) => {
             limits::id(&format!("{at}id"), &id)?;
@@ -127,6 +142,7 @@ fn parse_spec(
         max_attempts,
         unique_for_ms,
         traceparent,
+        start_by,
     })
 }
 

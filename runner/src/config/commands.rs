@@ -242,8 +242,11 @@ pub enum TaskCmd {
         owner: Option<String>,
         #[arg(long)]
         max_attempts: Option<u32>,
+        /// Not started by then (ms since the epoch), it is dead as expired instead of running.
+        #[arg(long)]
+        start_by: Option<i64>,
     },
-    /// Show a task.
+    /// Show a task (and the log lines of its last attempts).
     Get { id: String },
     /// Find tasks by plugin, state, owner and due range (one page; --cursor for the next).
     Find {

@@ -27,6 +27,11 @@ pub(super) struct Pending {
     /// The claim whose marker the run's kv writes and events were committed under (None: it
     /// committed none): once the outcome is recorded the marker is dropped.
     pub(super) marker: Option<u64>,
+    /// The log lines of the run, as the task keeps them (None: it logged nothing, or it did not
+    /// run).
+    pub(super) log: Option<String>,
+    /// Put back to wait for a concurrency slot: it joins the runs waiting once that is recorded.
+    pub(super) slot_wait: Option<super::SlotWait>,
     /// The task's trace span: it ends once the outcome is recorded.
     pub(super) traced: tracing::Span,
     pub(super) _slot: super::Slot,
@@ -133,10 +138,14 @@ impl Recorder {
         }
     }
 
-    async fn record(&self, shard: u32, group: Vec<Pending>) {
+    async fn record(&self, shard: u32, mut group: Vec<Pending>) {
         let items: Vec<(&str, u64, &Finish)> = group
             .iter()
             .map(|p| (p.id.as_str(), p.token, &p.finish))
+            .collect();
+        let logs: Vec<(&str, &str)> = group
+            .iter()
+            .filter_map(|p| Some((p.id.as_str(), p.log.as_deref()?)))
             .collect();
         // a span per outcome only when traces are exported (no allocation per group otherwise)
         let spans: Vec<tracing::Span> = if tracing::enabled!(target: trace::TARGET, tracing::Level::INFO)
@@ -151,7 +160,7 @@ impl Recorder {
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
         let verdicts = loop {
-            match self.store.finish(shard, &items).await {
+            match self.store.finish_logged(shard, &items, &logs).await {
                 Ok(v) => break Some(v),
                 // A finish that was applied but whose answer was lost answers `stale` when sent
                 // again (the claim is over): retrying is safe.
@@ -206,11 +215,25 @@ impl Recorder {
         for p in &group {
             self.held.remove(shard, &p.id, p.token);
         }
+        // runs put back for a slot wait among that limit's runs (a run not recorded as put back
+        // is not waiting)
+        let waits: Vec<super::SlotWait> = match &verdicts {
+            Some(v) => group
+                .iter_mut()
+                .zip(v)
+                .filter(|(_, v)| **v == Finished::Defer)
+                .filter_map(|(p, _)| p.slot_wait.take())
+                .collect(),
+            None => Vec::new(),
+        };
         // dropping `group` frees the slots: before the markers' round trip, if there is one
         drop(group);
         if !markers.is_empty() {
             self.freed.notify_waiters();
             self.drop_markers(markers).await;
+        }
+        for w in waits {
+            w.enter(&self.store).await;
         }
     }
 }

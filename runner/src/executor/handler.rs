@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::store::{Claimed, NewTask, NsEffects, RateLimit};
+use crate::store::{AttemptLog, Claimed, NewTask, NsEffects, RateLimit};
 
 /// What a handler decided about its task.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +66,8 @@ pub struct Run {
     /// with backoff; its effects are dropped.
     pub outcome: Result<Outcome, String>,
     pub effects: Effects,
+    /// What the plugin logged and printed (kept with the task, whatever the outcome).
+    pub log: AttemptLog,
 }
 
 impl Run {
@@ -74,6 +76,7 @@ impl Run {
         Run {
             outcome: Err(error.into()),
             effects: Effects::default(),
+            log: AttemptLog::default(),
         }
     }
 
@@ -82,7 +85,13 @@ impl Run {
         Run {
             outcome: Ok(outcome),
             effects: Effects::default(),
+            log: AttemptLog::default(),
         }
+    }
+
+    /// This run with the lines its plugin logged.
+    pub fn logged(self, log: AttemptLog) -> Run {
+        Run { log, ..self }
     }
 }
 

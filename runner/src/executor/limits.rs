@@ -1,11 +1,87 @@
 //! The limits a run must fit before it starts, across all runners: its plugin's rate
 //! (`rate_limit`), and concurrency slots (`max_concurrency`, `max_concurrency_per_owner`). A
-//! run that doesn't fit is deferred with its attempt given back.
+//! run that doesn't fit is deferred with its attempt given back: under a rate, to the start
+//! reserved for it; for a slot, among the runs waiting for one, woken when a slot is given back.
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::Executor;
-use crate::store::{Claimed, Finish, SlotsOf};
+use crate::store::{Claimed, Finish, SlotWaiter, SlotsOf, Store};
+
+/// Stale entries (runs woken or gone another way) one given-back slot looks past to wake a run
+/// that still waits.
+const WAKE_TRIES: usize = 8;
+
+/// A run put back because a concurrency limit had no slot free, to wait among that limit's
+/// runs once its put-back is recorded.
+#[derive(Debug)]
+pub(super) struct SlotWait {
+    plugin: String,
+    /// The owner, for an owner's limit.
+    owner: Option<String>,
+    max: u32,
+    run: SlotWaiter,
+    /// Its due time at the claim: the waiting runs are woken in this order.
+    due: i64,
+    /// How long it is put back for: if no slot's return wakes it, it comes back by itself then.
+    pub(super) within_ms: u64,
+}
+
+impl SlotWait {
+    fn of(&self) -> SlotsOf<'_> {
+        match &self.owner {
+            None => SlotsOf::Plugin(&self.plugin),
+            Some(owner) => SlotsOf::Owner {
+                plugin: &self.plugin,
+                owner,
+            },
+        }
+    }
+
+    /// Puts the run (put back) among those waiting; a slot free by now wakes it at once.
+    pub(super) async fn enter(&self, store: &Store) {
+        match store
+            .slot_wait(self.of(), &self.run, self.max, self.due)
+            .await
+        {
+            Ok(false) => {}
+            Ok(true) => wake(store, self.run.clone(), self.within_ms).await,
+            Err(e) => {
+                debug!(id = %self.run.id, "waiting for a slot failed (it comes back by itself): {e:#}")
+            }
+        }
+    }
+}
+
+/// Wakes `run`, or the next waiting run of `of` when it no longer waits, up to [`WAKE_TRIES`].
+async fn wake_next(store: &Store, of: SlotsOf<'_>, mut run: SlotWaiter, within_ms: u64) {
+    for _ in 0..WAKE_TRIES {
+        match store.wake_waiter(&run, within_ms).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                debug!(id = %run.id, "waking a run waiting for a slot failed (it comes back by itself): {e:#}");
+                return;
+            }
+        }
+        // an entry of a run that no longer waits: the next one (giving back no holder)
+        match store.slot_give(of, "").await {
+            Ok(Some(next)) => run = next,
+            Ok(None) => return,
+            Err(e) => {
+                debug!("taking the next run waiting for a slot failed: {e:#}");
+                return;
+            }
+        }
+    }
+}
+
+/// Wakes one run (a free slot found when it began to wait).
+async fn wake(store: &Store, run: SlotWaiter, within_ms: u64) {
+    if let Err(e) = store.wake_waiter(&run, within_ms).await {
+        debug!(id = %run.id, "waking a run waiting for a slot failed (it comes back by itself): {e:#}");
+    }
+}
 
 impl Executor {
     /// Over its plugin's rate: back to scheduled at the start reserved for it, the attempt
@@ -48,14 +124,14 @@ impl Executor {
         limits
     }
 
-    /// Takes (or renews) a slot of each limit, in order; false, with those taken given back,
-    /// when one is full.
+    /// Takes (or renews) a slot of each limit, in order; when one is full, those taken are given
+    /// back and the answer is that limit's place.
     pub(super) async fn take_slots(
         &self,
         task: &Claimed,
         holder: &str,
         limits: &[(SlotsOf<'_>, u32)],
-    ) -> bool {
+    ) -> Result<(), usize> {
         let lease = self.handler.slot_lease_ms(&task.plugin);
         for (i, &(of, max)) in limits.iter().enumerate() {
             let taken = match self.store.slot_take(of, holder, max, lease).await {
@@ -66,18 +142,51 @@ impl Executor {
                 }
             };
             if !taken {
-                self.give_slots(holder, &limits[..i]).await;
-                return false;
+                self.give_slots(task, holder, &limits[..i]).await;
+                return Err(i);
             }
         }
-        true
+        Ok(())
     }
 
-    pub(super) async fn give_slots(&self, holder: &str, limits: &[(SlotsOf<'_>, u32)]) {
+    /// Gives the slots back, each waking the earliest run waiting for one of its limit.
+    pub(super) async fn give_slots(
+        &self,
+        task: &Claimed,
+        holder: &str,
+        limits: &[(SlotsOf<'_>, u32)],
+    ) {
+        let within_ms = self.handler.slot_lease_ms(&task.plugin);
         for &(of, _) in limits {
-            if let Err(e) = self.store.slot_give(of, holder).await {
-                warn!("giving a concurrency slot back failed (it expires on its own): {e:#}");
+            match self.store.slot_give(of, holder).await {
+                Ok(Some(next)) => wake_next(&self.store, of, next, within_ms).await,
+                Ok(None) => {}
+                Err(e) => {
+                    warn!("giving a concurrency slot back failed (it expires on its own): {e:#}")
+                }
             }
+        }
+    }
+
+    /// How a run that found `limit` full waits for one of its slots.
+    pub(super) fn slot_wait(&self, task: &Claimed, limit: &(SlotsOf<'_>, u32)) -> SlotWait {
+        let &(of, max) = limit;
+        let owner = match of {
+            SlotsOf::Plugin(_) => None,
+            SlotsOf::Owner { owner, .. } => Some(owner.to_owned()),
+        };
+        SlotWait {
+            plugin: task.plugin.clone(),
+            owner,
+            max,
+            run: SlotWaiter {
+                id: task.id.clone(),
+                created: task.created,
+                // the put-back gives the attempt back
+                attempts: task.attempt.saturating_sub(1),
+            },
+            due: task.due,
+            within_ms: self.handler.slot_lease_ms(&task.plugin),
         }
     }
 

@@ -51,8 +51,9 @@ use share::{Shares, StartQueue};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Finish, SlotsOf, Store};
+use crate::store::{AttemptLog, Claimed, Finish, SlotsOf, Store};
 use crate::trace;
+use limits::SlotWait;
 
 /// A panic's message (its payload when that is a string).
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -139,6 +140,17 @@ impl Reservation {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// What a run leaves for the finisher beside its outcome.
+#[derive(Default)]
+struct RunNotes {
+    /// Its kv writes and events were committed under its marker.
+    marked: bool,
+    /// What the plugin logged in its last round (kept with the task).
+    log: AttemptLog,
+    /// Put back because a concurrency limit had no slot free: it waits for one.
+    slot_wait: Option<SlotWait>,
 }
 
 /// Runs claimed tasks; shared by the shard pollers.
@@ -368,9 +380,9 @@ impl Executor {
                 // a panic in the run (a bug of the handler's host) fails this attempt, as a
                 // trap does, instead of leaving the claim held and renewed for good
                 // set once the run's kv writes and events are committed under its marker
-                let mut marked = false;
+                let mut notes = RunNotes::default();
                 let outcome =
-                    std::panic::AssertUnwindSafe(this.run_to_outcome(&task, &traced, &mut marked))
+                    std::panic::AssertUnwindSafe(this.run_to_outcome(&task, &traced, &mut notes))
                         .catch_unwind()
                         .await
                         .unwrap_or_else(|panic| {
@@ -386,6 +398,7 @@ impl Executor {
                 this.start_waiting();
                 match outcome {
                     Some(finish) => {
+                        let log = notes.log.stored(task.attempt);
                         let _ = this.finisher.send(Pending {
                             shard: task.shard,
                             id: task.id,
@@ -393,7 +406,9 @@ impl Executor {
                             attempt: task.attempt,
                             plugin: task.plugin,
                             finish,
-                            marker: marked.then_some(task.effects_claim),
+                            marker: notes.marked.then_some(task.effects_claim),
+                            log,
+                            slot_wait: notes.slot_wait,
                             traced,
                             _slot: slot,
                         });
@@ -416,30 +431,43 @@ impl Executor {
         &self,
         task: &Claimed,
         traced: &Span,
-        marked: &mut bool,
+        notes: &mut RunNotes,
     ) -> Option<Finish> {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
+        }
+        if let Some(by) = task.start_by
+            && now_ms() > by
+        {
+            let when = chrono::DateTime::from_timestamp_millis(by).map_or(by.to_string(), |t| {
+                t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+            });
+            return Some(Finish::Dead {
+                error: format!("expired: not started by its start_by, {when}"),
+            });
         }
         if let Some(wait) = self.over_rate(task).await {
             return Some(wait);
         }
         let limits = self.slot_limits(task);
         if limits.is_empty() {
-            return self.run_rounds(task, None, traced, marked).await;
+            return self.run_rounds(task, None, traced, notes).await;
         }
         // a concurrency slot per limit per run, across all runners; one not free: back to
-        // scheduled shortly, the attempt given back, and the worker is free for other plugins'
-        // tasks at once
+        // scheduled, the attempt given back, and the worker is free for other plugins' tasks at
+        // once; it waits among that limit's runs until a slot is given back (or its lease's
+        // time at most, should that word be lost)
         let holder = format!("{}#{}", task.id, task.token);
-        if !self.take_slots(task, &holder, &limits).await {
-            let after_ms = 100 + (rand::random::<f64>() * 200.0) as i64;
+        if let Err(full) = self.take_slots(task, &holder, &limits).await {
+            let wait = self.slot_wait(task, &limits[full]);
+            let after_ms = i64::try_from(wait.within_ms).unwrap_or(i64::MAX);
+            notes.slot_wait = Some(wait);
             return Some(Finish::Defer { after_ms });
         }
         let finish = self
-            .run_rounds(task, Some((&holder, &limits)), traced, marked)
+            .run_rounds(task, Some((&holder, &limits)), traced, notes)
             .await;
-        self.give_slots(&holder, &limits).await;
+        self.give_slots(task, &holder, &limits).await;
         finish
     }
 
@@ -449,7 +477,7 @@ impl Executor {
         task: &Claimed,
         slots: Option<(&str, &[(SlotsOf<'_>, u32)])>,
         traced: &Span,
-        marked: &mut bool,
+        notes: &mut RunNotes,
     ) -> Option<Finish> {
         let lateness = now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
@@ -472,6 +500,7 @@ impl Executor {
             if round == 0 {
                 self.metrics.observe_run(&task.plugin, lateness, took);
             }
+            notes.log = run.log;
             let outcome = match run.outcome {
                 Ok(o) => o,
                 Err(error) => {
@@ -480,7 +509,10 @@ impl Executor {
                 }
             };
             if !run.effects.writes_nothing() {
-                match self.commit_run(task, run.effects, traced, marked).await {
+                match self
+                    .commit_run(task, run.effects, traced, &mut notes.marked)
+                    .await
+                {
                     Ok(()) => {}
                     Err(NotCommitted::Conflict) => {
                         debug!(

@@ -64,6 +64,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Tasks dead-lettered, per plugin.",
     ),
     (
+        "eggtimer_limit_waits_total",
+        "counter",
+        "Claimed tasks put back unstarted, their attempt given back, to wait for their plugin's rate limit or a concurrency slot, per plugin.",
+    ),
+    (
         "eggtimer_fair_share_waits_total",
         "counter",
         "Tasks that waited for their plugin's fair share of this runner while other plugins' tasks ran: due tasks its claims set aside, and claimed tasks held back from a free worker.",
@@ -151,6 +156,7 @@ struct PluginHandles {
     succeeded: Counter,
     retried: Counter,
     dead: Counter,
+    limit_waits: Counter,
     effect_bytes: Counter,
     lateness: Histogram,
     duration: Histogram,
@@ -280,6 +286,7 @@ impl Metrics {
                 succeeded: counter("eggtimer_tasks_succeeded_total"),
                 retried: counter("eggtimer_tasks_retried_total"),
                 dead: counter("eggtimer_tasks_dead_total"),
+                limit_waits: counter("eggtimer_limit_waits_total"),
                 effect_bytes: counter("eggtimer_effect_bytes_total"),
                 lateness: histogram("eggtimer_firing_lateness_ms"),
                 duration: histogram("eggtimer_handler_duration_seconds"),
@@ -404,7 +411,11 @@ impl Metrics {
                 Finished::Done | Finished::Again => (&h.succeeded, &h.recent.succeeded),
                 Finished::Retry => (&h.retried, &h.recent.retried),
                 Finished::Dead => (&h.dead, &h.recent.dead),
-                Finished::Release | Finished::Defer | Finished::Stale => continue,
+                Finished::Defer => {
+                    h.limit_waits.increment(1);
+                    continue;
+                }
+                Finished::Release | Finished::Stale => continue,
             };
             counter.increment(1);
             recent.fetch_add(1, Ordering::Relaxed);

@@ -96,6 +96,8 @@ pub struct CallCtx {
     pub config: Arc<std::collections::BTreeMap<String, String>>,
     /// Secrets read in this run.
     pub secrets: HashMap<String, Option<String>>,
+    /// The lines it logged (kept with the task).
+    pub log: crate::store::AttemptLog,
 }
 
 /// What a run's outbound HTTP requests need, whichever way the plugin sends them (the host's
@@ -268,12 +270,25 @@ impl bindings::eggtimer::plugin::host::Host for State {
     async fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
         self.call.spend(message.len(), "log line")?;
         let (id, plugin) = (&self.call.task_id, &self.call.plugin);
-        match level {
-            wit::Level::Debug => debug!(task = %id, %plugin, "plugin: {message}"),
-            wit::Level::Info => info!(task = %id, %plugin, "plugin: {message}"),
-            wit::Level::Warn => warn!(task = %id, %plugin, "plugin: {message}"),
-            wit::Level::Error => tracing::error!(task = %id, %plugin, "plugin: {message}"),
-        }
+        let name = match level {
+            wit::Level::Debug => {
+                debug!(task = %id, %plugin, "plugin: {message}");
+                "debug"
+            }
+            wit::Level::Info => {
+                info!(task = %id, %plugin, "plugin: {message}");
+                "info"
+            }
+            wit::Level::Warn => {
+                warn!(task = %id, %plugin, "plugin: {message}");
+                "warn"
+            }
+            wit::Level::Error => {
+                tracing::error!(task = %id, %plugin, "plugin: {message}");
+                "error"
+            }
+        };
+        self.call.log.push(name, now_ms(), &message);
         Ok(())
     }
 
@@ -337,6 +352,7 @@ impl bindings::eggtimer::plugin::host::Host for State {
             max_attempts,
             unique_for_ms: 0,
             traceparent: None, // the executor sets the run's context
+            start_by: None,
         });
         Ok(Ok(id))
     }

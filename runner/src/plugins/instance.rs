@@ -200,8 +200,9 @@ pub(super) async fn call(
         warm.plugin.call_handle(&mut warm.store, &input),
     )
     .await;
-    let call = std::mem::take(&mut warm.store.data_mut().call);
-    let stderr_tail = drain_output(&mut warm, task);
+    let mut call = std::mem::take(&mut warm.store.data_mut().call);
+    let stderr_tail = drain_output(&mut warm, task, &mut call.log);
+    let log = call.log;
     warm.calls += 1;
     let result = match result {
         Ok(r) => r,
@@ -215,18 +216,19 @@ pub(super) async fn call(
             if !stderr_tail.is_empty() {
                 msg.push_str(&format!(" (stderr: {stderr_tail})"));
             }
-            return Run::failed(msg);
+            return Run::failed(msg).logged(log);
         }
     };
     let run = match result {
         Ok(Ok(outcome)) => Run {
             outcome: Ok(outcome_of(outcome)),
             effects: call.effects,
+            log,
         },
         // The handler returned an error: a failed attempt; effects are dropped.
-        Ok(Err(e)) => Run::failed(format!("the handler returned an error: {e}")),
+        Ok(Err(e)) => Run::failed(format!("the handler returned an error: {e}")).logged(log),
         // A trap (or over budget): the instance can't be re-entered, drop it.
-        Err(e) => return Run::failed(explain_trap(&e, timeout, &stderr_tail)),
+        Err(e) => return Run::failed(explain_trap(&e, timeout, &stderr_tail)).logged(log),
     };
     let full = warm.stdout.written() > OUTPUT_CAP / 2 || warm.stderr.written() > OUTPUT_CAP / 2;
     if warm.calls < MAX_REUSE && !full {
@@ -307,7 +309,13 @@ async fn instantiate(
         .pre
         .instantiate_async(&mut store)
         .await
-        .map_err(|e| format!("instantiating the plugin failed: {e:#}"))?;
+        .map_err(|e| {
+            use super::limiter::{CORE_INSTANCES, MEMORIES, TABLES};
+            format!(
+                "instantiating the plugin failed: {e:#} (a plugin instance may have at most \
+                 {CORE_INSTANCES} core instances, {MEMORIES} memories and {TABLES} tables)"
+            )
+        })?;
     Ok(Warm {
         digest: loaded.digest.clone(),
         store,
@@ -319,18 +327,21 @@ async fn instantiate(
 }
 
 /// Logs what the guest printed since the last call; returns the last of its stderr.
-fn drain_output(warm: &mut Warm, task: &Claimed) -> String {
+fn drain_output(warm: &mut Warm, task: &Claimed, log: &mut crate::store::AttemptLog) -> String {
     let (out, err) = (warm.stdout.take(), warm.stderr.take());
     if out.is_empty() && err.is_empty() {
         return String::new();
     }
     let new_out = String::from_utf8_lossy(&out);
     let new_err = String::from_utf8_lossy(&err);
+    let now = now_ms();
     for line in new_out.lines() {
         info!(task = %task.id, plugin = %task.plugin, "plugin stdout: {line}");
+        log.push("stdout", now, line);
     }
     for line in new_err.lines() {
         warn!(task = %task.id, plugin = %task.plugin, "plugin stderr: {line}");
+        log.push("stderr", now, line);
     }
     let tail: Vec<&str> = new_err.lines().rev().take(3).collect();
     tail.into_iter().rev().collect::<Vec<_>>().join(" | ")

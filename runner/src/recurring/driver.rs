@@ -113,6 +113,7 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
         max_attempts: def.max_attempts,
         unique_for_ms: 0,
         traceparent: None,
+        start_by: None,
     };
     if skip {
         debug!(schedule = %id, at = fire_at, "skipped: the previous firing has not finished");

@@ -6,19 +6,27 @@ use futures::future::try_join_all;
 use super::{Scheduled, ShardCounts, Store, TaskRecord, TaskState};
 
 impl Store {
-    /// Reads one task in any state (a done task until its retention ends: its record may outlive
-    /// the window until a later finish on its shard deletes it, but is not shown).
+    /// Reads one task in any state, with its log (a done task until its retention ends: its
+    /// record may outlive the window until a later finish on its shard deletes it, but is not
+    /// shown).
     pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>> {
         let k = self.keys().shard(self.shard_of(id));
-        let rec: Option<String> = redis::cmd("HGET")
-            .arg(&k.tasks)
-            .arg(id)
+        let (rec, log): (Option<String>, Option<String>) = redis::pipe()
+            .hget(&k.tasks, id)
+            .hget(&k.logs, id)
             .query_async(&mut self.conn())
             .await
             .context("reading a task")?;
         Ok(rec
             .and_then(|r| TaskRecord::decode(id, &r))
-            .filter(|r| self.retained(r)))
+            .filter(|r| self.retained(r))
+            .map(|mut r| {
+                r.log = log
+                    .as_deref()
+                    .map(super::record::decode_log)
+                    .unwrap_or_default();
+                r
+            }))
     }
 
     /// Whether a record is to be shown: anything but a done task past the retention window.

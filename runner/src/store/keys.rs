@@ -40,6 +40,8 @@ pub struct ShardKeys {
     /// ZSET `plugin\tdue\tid` (score 0): due tasks a claim set aside for their plugin's fair
     /// share (each also in `parked`).
     pub waiting: String,
+    /// HASH id -> the log lines of the task's last three attempts (see `lua/lib/logs.lua`).
+    pub logs: String,
 }
 
 impl ShardKeys {
@@ -48,7 +50,7 @@ impl ShardKeys {
         format!("{}:{name}", self.duex)
     }
 
-    pub fn all(&self) -> [&str; 14] {
+    pub fn all(&self) -> [&str; 15] {
         [
             &self.tasks,
             &self.dead,
@@ -64,6 +66,7 @@ impl ShardKeys {
             &self.scheduled,
             &self.duex,
             &self.waiting,
+            &self.logs,
         ]
     }
 }
@@ -94,6 +97,7 @@ impl Keys {
             scheduled: format!("{tag}:scheduled"),
             duex: format!("{tag}:duex"),
             waiting: format!("{tag}:waiting"),
+            logs: format!("{tag}:logs"),
         }
     }
 
@@ -191,6 +195,19 @@ impl Keys {
     /// The concurrency slots of one owner's runs of a plugin (a plugin name holds no `:`).
     pub fn owner_slots(&self, plugin: &str, owner: &str) -> String {
         format!("{{{}}}:plugin:owner-slots:{}:{}", self.ns, plugin, owner)
+    }
+
+    /// ZSET `id\tcreated\tattempts` -> due: runs waiting for one of a plugin's concurrency slots.
+    pub fn plugin_slot_waits(&self, plugin: &str) -> String {
+        format!("{{{}}}:plugin:slot-waits:{}", self.ns, plugin)
+    }
+
+    /// ZSET `id\tcreated\tattempts` -> due: runs waiting for one of an owner's slots.
+    pub fn owner_slot_waits(&self, plugin: &str, owner: &str) -> String {
+        format!(
+            "{{{}}}:plugin:owner-slot-waits:{}:{}",
+            self.ns, plugin, owner
+        )
     }
 
     /// Marks one handler run's effects as applied (`claim` names the claim of the task).

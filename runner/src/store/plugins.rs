@@ -57,6 +57,32 @@ pub struct PluginSettings {
     pub config: Option<std::collections::BTreeMap<String, String>>,
 }
 
+/// A run put back to wait for a concurrency slot: its task, occurrence and attempts (as the put
+/// back recorded them, the attempt given back).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotWaiter {
+    pub id: String,
+    pub created: i64,
+    pub attempts: u32,
+}
+
+impl SlotWaiter {
+    fn member(&self) -> String {
+        format!("{}\t{}\t{}", self.id, self.created, self.attempts)
+    }
+
+    fn parse(member: &str) -> Option<SlotWaiter> {
+        let mut f = member.rsplitn(3, '\t');
+        let attempts = f.next()?.parse().ok()?;
+        let created = f.next()?.parse().ok()?;
+        Some(SlotWaiter {
+            id: f.next()?.to_owned(),
+            created,
+            attempts,
+        })
+    }
+}
+
 /// A plugin's rate limit: at most `max` starts in any `per_ms` ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateLimit {
@@ -285,6 +311,21 @@ impl Store {
         }
     }
 
+    fn slot_waits_key(&self, of: SlotsOf<'_>) -> String {
+        match of {
+            SlotsOf::Plugin(plugin) => self.keys().plugin_slot_waits(plugin),
+            SlotsOf::Owner { plugin, owner } => self.keys().owner_slot_waits(plugin, owner),
+        }
+    }
+
+    fn slots_script(&self, of: SlotsOf<'_>, op: &str) -> redis::ScriptInvocation<'_> {
+        let mut inv = self.inner.scripts.slots.prepare_invoke();
+        inv.key(self.slots_key(of))
+            .key(self.slot_waits_key(of))
+            .arg(op);
+        inv
+    }
+
     /// Asks to start run `attempt` of task `id` under its plugin's rate limit: 0 when it may
     /// start now, else the ms until the start reserved for it (see `lua/rate.lua`).
     pub async fn rate_take(
@@ -315,11 +356,7 @@ impl Store {
         lease_ms: u64,
     ) -> Result<bool> {
         let n: i64 = self
-            .inner
-            .scripts
-            .slots
-            .key(self.slots_key(of))
-            .arg("take")
+            .slots_script(of, "take")
             .arg(holder)
             .arg(max)
             .arg(lease_ms)
@@ -329,20 +366,54 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Gives a concurrency slot back.
-    pub async fn slot_give(&self, of: SlotsOf<'_>, holder: &str) -> Result<()> {
-        let _: i64 = self
-            .inner
-            .scripts
-            .slots
-            .key(self.slots_key(of))
-            .arg("give")
+    /// Gives a concurrency slot back; answers the run waiting for one that is to be woken
+    /// ([`Store::wake_waiter`]), if any.
+    pub async fn slot_give(&self, of: SlotsOf<'_>, holder: &str) -> Result<Option<SlotWaiter>> {
+        let next: Option<String> = self
+            .slots_script(of, "give")
             .arg(holder)
-            .arg(0)
-            .arg(0)
             .invoke_async(&mut self.conn())
             .await
             .context("giving a concurrency slot back")?;
-        Ok(())
+        Ok(next.as_deref().and_then(SlotWaiter::parse))
+    }
+
+    /// Puts a run that found every slot of `of` taken (and was put back, due `due`) among those
+    /// waiting for one; true when a slot is free by now (the caller wakes it itself).
+    pub async fn slot_wait(
+        &self,
+        of: SlotsOf<'_>,
+        run: &SlotWaiter,
+        max: u32,
+        due: i64,
+    ) -> Result<bool> {
+        let free: i64 = self
+            .slots_script(of, "wait")
+            .arg(run.member())
+            .arg(max)
+            .arg(due)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("waiting for a concurrency slot")?;
+        Ok(free == 1)
+    }
+
+    /// Moves a run waiting for a slot to now, if it still waits (the same occurrence and
+    /// attempts, due within `within_ms`); false when it no longer does.
+    pub async fn wake_waiter(&self, run: &SlotWaiter, within_ms: u64) -> Result<bool> {
+        let shard = self.shard_of(&run.id);
+        let v: Vec<redis::Value> = self
+            .shard_script(&self.inner.scripts.move_task, shard)
+            .arg(self.keys().wake_channel())
+            .arg(shard)
+            .arg(&run.id)
+            .arg("wake")
+            .arg(within_ms)
+            .arg(run.created)
+            .arg(run.attempts)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("waking a run waiting for a slot")?;
+        Ok(matches!(v.first(), Some(redis::Value::BulkString(s)) if s == b"ok"))
     }
 }

@@ -35,6 +35,26 @@ pub struct TaskRecord {
     /// The W3C trace context the task was scheduled with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The latest time (ms) the task may start: not started by then, it is dead with the error
+    /// `expired` instead of running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_by: Option<i64>,
+    /// The plugin's log lines of the task's last three attempts, oldest first, at most 8 KiB in
+    /// all (only `GET /v1/tasks/{id}` reads them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub log: Vec<LogLine>,
+}
+
+/// One line a plugin logged (or printed) during a run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct LogLine {
+    /// The attempt it was logged in.
+    pub attempt: u32,
+    /// `debug`, `info`, `warn` or `error` (`log`), `stdout` or `stderr` (printed).
+    pub level: String,
+    /// When (ms since the Unix epoch).
+    pub time: i64,
+    pub message: String,
 }
 
 /// Marks a trace context at the start of a record's last field: `\x1e<traceparent>\x1e<payload>`.
@@ -43,22 +63,131 @@ pub struct TaskRecord {
 /// change.
 const TRACE_MARK: char = '\x1e';
 
-/// Splits a record's last field into its trace context (if any) and the payload.
-pub fn split_trace(field: &str) -> (Option<&str>, &str) {
-    if let Some(rest) = field.strip_prefix(TRACE_MARK)
-        && let Some((tp, payload)) = rest.split_once(TRACE_MARK)
-    {
-        return (Some(tp), payload);
-    }
-    (None, field)
+/// Marks a task's `start_by` (ms) after the trace context, if any: `\x1d<ms>\x1d<payload>`.
+const START_BY_MARK: char = '\x1d';
+
+/// What a record's last field holds: the payload and what was scheduled with it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LastField<'a> {
+    pub traceparent: Option<&'a str>,
+    pub start_by: Option<i64>,
+    pub payload: &'a str,
 }
 
-/// The last field of a record for a payload and its trace context (if any).
-pub fn join_trace<'a>(traceparent: Option<&str>, payload: &'a str) -> std::borrow::Cow<'a, str> {
-    match traceparent {
-        Some(tp) => format!("{TRACE_MARK}{tp}{TRACE_MARK}{payload}").into(),
-        None => payload.into(),
+impl<'a> LastField<'a> {
+    /// Reads a record's last field.
+    pub fn split(field: &'a str) -> LastField<'a> {
+        let mut rest = field;
+        let mut marked = |mark: char| {
+            let (value, after) = rest.strip_prefix(mark)?.split_once(mark)?;
+            rest = after;
+            Some(value)
+        };
+        let traceparent = marked(TRACE_MARK);
+        let start_by = marked(START_BY_MARK).and_then(|v| v.parse().ok());
+        LastField {
+            traceparent,
+            start_by,
+            payload: rest,
+        }
     }
+
+    /// The last field of a record (the payload alone when nothing else was scheduled with it).
+    pub fn join(&self) -> std::borrow::Cow<'a, str> {
+        let mut field = String::new();
+        if let Some(tp) = self.traceparent {
+            field.push_str(&format!("{TRACE_MARK}{tp}{TRACE_MARK}"));
+        }
+        if let Some(by) = self.start_by {
+            field.push_str(&format!("{START_BY_MARK}{by}{START_BY_MARK}"));
+        }
+        if field.is_empty() {
+            return self.payload.into();
+        }
+        field.push_str(self.payload);
+        field.into()
+    }
+}
+
+/// Separates the attempts of a task's stored log (`lua/lib/logs.lua`).
+const ATTEMPT_MARK: char = '\x1e';
+
+/// The log lines of one attempt as its task keeps them: `<attempt>` then a line
+/// `<level>\t<time>\t<message>` each, at most [`MAX_LOG_BYTES`](crate::limits::MAX_LOG_BYTES);
+/// the lines past that are counted, and a last line says how many were not kept.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttemptLog {
+    lines: String,
+    last_time: i64,
+    dropped: usize,
+}
+
+/// Room kept at the end of an attempt's log for the line saying what was not kept.
+const DROPPED_NOTE_BYTES: usize = 96;
+
+impl AttemptLog {
+    /// Adds a line (its tabs and line breaks made spaces; a message over 2 KiB cut).
+    pub fn push(&mut self, level: &str, time: i64, message: &str) {
+        let message = crate::limits::cut(message.to_owned(), 2048);
+        let message: String = message
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let line = format!("\n{level}\t{time}\t{message}");
+        let room = crate::limits::MAX_LOG_BYTES - 16 - DROPPED_NOTE_BYTES;
+        if self.dropped > 0 || self.lines.len() + line.len() > room {
+            self.dropped += 1;
+        } else {
+            self.lines.push_str(&line);
+        }
+        self.last_time = time;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty() && self.dropped == 0
+    }
+
+    /// What the task keeps of attempt `attempt` (None: nothing was logged).
+    pub fn stored(&self, attempt: u32) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut text = format!("{attempt}{}", self.lines);
+        if self.dropped > 0 {
+            text.push_str(&format!(
+                "\nwarn\t{}\t{} more lines not kept (a task keeps {} bytes of log)",
+                self.last_time,
+                self.dropped,
+                crate::limits::MAX_LOG_BYTES
+            ));
+        }
+        Some(text)
+    }
+}
+
+/// Reads a task's stored log (the attempts `lua/lib/logs.lua` kept, oldest first).
+pub fn decode_log(text: &str) -> Vec<LogLine> {
+    let mut out = Vec::new();
+    for part in text.split(ATTEMPT_MARK) {
+        let mut lines = part.split('\n');
+        let Some(attempt) = lines.next().and_then(|a| a.parse().ok()) else {
+            continue;
+        };
+        for line in lines {
+            let mut f = line.splitn(3, '\t');
+            if let (Some(level), Some(Ok(time)), Some(message)) =
+                (f.next(), f.next().map(str::parse), f.next())
+            {
+                out.push(LogLine {
+                    attempt,
+                    level: level.to_owned(),
+                    time,
+                    message: message.to_owned(),
+                });
+            }
+        }
+    }
+    out
 }
 
 fn raw_json<S: serde::Serializer>(payload: &str, s: S) -> Result<S::Ok, S::Error> {
@@ -92,12 +221,11 @@ impl TaskRecord {
         let plugin = f.next()?.to_owned();
         let owner = Some(f.next()?).filter(|o| !o.is_empty()).map(str::to_owned);
         let last_error = Some(f.next()?).filter(|e| !e.is_empty()).map(str::to_owned);
-        let (traceparent, payload) = split_trace(f.next()?);
-        let (traceparent, payload) = (traceparent.map(str::to_owned), payload.to_owned());
+        let last = LastField::split(f.next()?);
         Some(TaskRecord {
             id: id.to_owned(),
             plugin,
-            payload,
+            payload: last.payload.to_owned(),
             run_at,
             owner,
             max_attempts,
@@ -106,7 +234,9 @@ impl TaskRecord {
             last_error,
             created_at,
             finished_at,
-            traceparent,
+            traceparent: last.traceparent.map(str::to_owned),
+            start_by: last.start_by,
+            log: Vec::new(),
         })
     }
 }
@@ -184,18 +314,70 @@ mod tests {
     }
 
     #[test]
-    fn reads_a_trace_context_before_the_payload() {
+    fn reads_a_trace_context_and_a_start_by_before_the_payload() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let last = join_trace(Some(tp), "{\"a\":1}");
-        let rec = encode('s', 5, 0, 3, 1, "", "p", "", "", &last);
-        let r = TaskRecord::decode("t", &rec).unwrap();
-        assert_eq!(
-            (r.traceparent.as_deref(), r.payload.as_str()),
-            (Some(tp), "{\"a\":1}")
-        );
-        // a record without one (as every earlier build wrote it) reads as before
+        for (traceparent, start_by) in [(Some(tp), None), (None, Some(77)), (Some(tp), Some(0))] {
+            let last = LastField {
+                traceparent,
+                start_by,
+                payload: "{\"a\":1}",
+            };
+            let rec = encode('s', 5, 0, 3, 1, "", "p", "", "", &last.join());
+            let r = TaskRecord::decode("t", &rec).unwrap();
+            assert_eq!(
+                (r.traceparent.as_deref(), r.start_by, r.payload.as_str()),
+                (traceparent, start_by, "{\"a\":1}")
+            );
+        }
+        // a record without either (as 0.1.0 wrote most) reads as before
         let r = TaskRecord::decode("t", &encode('s', 5, 0, 3, 1, "", "p", "", "", "[1]")).unwrap();
-        assert_eq!((r.traceparent, r.payload.as_str()), (None, "[1]"));
+        assert_eq!(
+            (r.traceparent, r.start_by, r.payload.as_str()),
+            (None, None, "[1]")
+        );
+        assert_eq!(LastField::split("[1]").join(), "[1]");
+    }
+
+    #[test]
+    fn an_attempts_log_is_kept_within_its_bytes_and_reads_back() {
+        let mut log = AttemptLog::default();
+        assert_eq!(log.stored(1), None);
+        log.push("info", 10, "first\tline\nwith breaks");
+        log.push("stderr", 11, "second");
+        let one = log.stored(2).unwrap();
+        let lines = decode_log(&format!("{one}\x1e{}", log.stored(3).unwrap()));
+        assert_eq!(lines.len(), 4);
+        assert_eq!(
+            lines[0],
+            LogLine {
+                attempt: 2,
+                level: "info".into(),
+                time: 10,
+                message: "first line with breaks".into()
+            }
+        );
+        assert_eq!((lines[3].attempt, lines[3].level.as_str()), (3, "stderr"));
+        // a flood: kept up to the cap, the rest counted
+        let mut big = AttemptLog::default();
+        for i in 0..1000 {
+            big.push("debug", i, &"x".repeat(100));
+        }
+        let stored = big.stored(1).unwrap();
+        assert!(
+            stored.len() <= crate::limits::MAX_LOG_BYTES,
+            "{}",
+            stored.len()
+        );
+        let lines = decode_log(&stored);
+        let note = &lines.last().unwrap().message;
+        assert!(
+            note.ends_with("more lines not kept (a task keeps 8192 bytes of log)"),
+            "{note}"
+        );
+        assert_eq!(
+            lines.len() - 1 + note.split(' ').next().unwrap().parse::<usize>().unwrap(),
+            1000
+        );
     }
 
     #[test]

@@ -257,7 +257,15 @@ impl Store {
             .arg(task.max_attempts)
             .arg(&task.plugin)
             .arg(task.owner.as_deref().unwrap_or(""))
-            .arg(super::record::join_trace(task.traceparent.as_deref(), &task.payload).as_ref())
+            .arg(
+                super::record::LastField {
+                    traceparent: task.traceparent.as_deref(),
+                    start_by: task.start_by,
+                    payload: &task.payload,
+                }
+                .join()
+                .as_ref(),
+            )
             .arg(KEEP_FIRED_MS);
         let w: String = inv
             .invoke_async(&mut self.conn())

@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 9] = [
+const PARTS: [(&str, &str); 10] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
+    ("logs", include_str!("lua/lib/logs.lua")),
     ("indexes", include_str!("lua/lib/indexes.lua")),
     ("claims", include_str!("lua/lib/claims.lua")),
     ("share", include_str!("lua/lib/share.lua")),

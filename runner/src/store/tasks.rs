@@ -95,8 +95,13 @@ impl Store {
                         .arg(t.run_at.max(0))
                         .arg(t.owner.as_deref().unwrap_or(""))
                         .arg(
-                            super::record::join_trace(t.traceparent.as_deref(), &t.payload)
-                                .as_ref(),
+                            super::record::LastField {
+                                traceparent: t.traceparent.as_deref(),
+                                start_by: t.start_by,
+                                payload: &t.payload,
+                            }
+                            .join()
+                            .as_ref(),
                         );
                 }
                 rest = &rest[len..];
@@ -194,6 +199,7 @@ impl Store {
                 payload: r.payload,
                 created: r.created_at,
                 traceparent: r.traceparent,
+                start_by: r.start_by,
             });
         }
         Ok(ClaimBatch {
@@ -235,10 +241,25 @@ impl Store {
         shard: u32,
         items: &[(&str, u64, &Finish)],
     ) -> Result<Vec<Finished>> {
+        self.finish_logged(shard, items, &[]).await
+    }
+
+    /// Records outcomes as [`Store::finish`] does, and keeps with each task whose outcome is
+    /// recorded the log lines of its run (`logs`: id, [`AttemptLog::stored`](super::AttemptLog)).
+    pub async fn finish_logged(
+        &self,
+        shard: u32,
+        items: &[(&str, u64, &Finish)],
+        logs: &[(&str, &str)],
+    ) -> Result<Vec<Finished>> {
         let mut inv = self.shard_script(&self.inner.scripts.finish, shard);
         inv.arg(self.keys().wake_channel())
             .arg(shard)
-            .arg(self.inner.opts.keep_done_ms.max(1));
+            .arg(self.inner.opts.keep_done_ms.max(1))
+            .arg(logs.len());
+        for (id, log) in logs {
+            inv.arg(*id).arg(*log);
+        }
         // the script takes runs of tasks sharing an outcome (kind, token, value, error), each
         // run once with its ids, and answers a letter per task in the order sent
         let mut runs: Vec<(Outcome, Vec<usize>)> = Vec::new();

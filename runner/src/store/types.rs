@@ -15,6 +15,8 @@ pub struct NewTask {
     pub unique_for_ms: u64,
     /// A W3C trace context, stored with the task: its run joins that trace.
     pub traceparent: Option<String>,
+    /// Not started by this time (ms), the task is dead with `expired` instead of running.
+    pub start_by: Option<i64>,
 }
 
 /// How `schedule` treats an id that exists.
@@ -64,6 +66,8 @@ pub struct Claimed {
     pub created: i64,
     /// The W3C trace context it was scheduled with.
     pub traceparent: Option<String>,
+    /// The latest time it may start (ms), if it has one.
+    pub start_by: Option<i64>,
 }
 
 /// The result of one claim.

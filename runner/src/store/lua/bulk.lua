@@ -26,6 +26,7 @@ if op == 'cancel_owner' then
       if plugin == '' or t.plugin == plugin then
         unindex_scheduled(id, t)
         redis.call('HDEL', K_TASKS, id)
+        redis.call('HDEL', K_LOGS, id)
         redis.call('HDEL', K_RERUN, id)
         redis.call('ZREM', K_UNIQUE, id)
         count = count + 1
@@ -59,6 +60,7 @@ for i, id in ipairs(ids) do
       earliest = now
     else
       redis.call('HDEL', K_TASKS, id)
+      redis.call('HDEL', K_LOGS, id)
     end
     count = count + 1
   elseif members then

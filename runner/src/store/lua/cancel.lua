@@ -25,6 +25,7 @@ if only_dead and t.st ~= 'x' then return 'not_dead' end
 if t.st == 'r' then return 'running' end
 if t.st == 's' then unindex_scheduled(id, t) else unindex_dead(id, t) end
 redis.call('HDEL', K_TASKS, id)
+redis.call('HDEL', K_LOGS, id)
 redis.call('HDEL', K_RERUN, id)
 if t.st == 's' then redis.call('ZREM', K_UNIQUE, id) end -- unfinished: no dedup window
 return 'ok'

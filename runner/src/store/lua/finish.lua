@@ -1,9 +1,10 @@
 #!lua flags=allow-oom
---! needs claims finished
+--! needs claims finished logs
 -- Records the outcomes of a batch of claimed tasks of one shard.
 -- KEYS: the shard's keys (the `shard` part).
--- ARGV: channel, shard, keep_done_ms, then runs of tasks that share an outcome: kind, claim
--- token, value, error, count, then `count` ids. (Outcomes come in runs, not five arguments per
+-- ARGV: channel, shard, keep_done_ms, the number of logs L, then L pairs: id, the log lines of
+-- its run (see the `logs` part; kept when its outcome is), then runs of tasks that share an
+-- outcome: kind, claim token, value, error, count, then `count` ids. (Outcomes come in runs, not five arguments per
 -- task: every argument costs Redis ~0.2 µs to parse and turn into a Lua string, and most
 -- outcomes of a recording are `done` under a few claims.)
 --   kind 'done'    -> the record stays in `tasks` as done, logged in `finished`; done records
@@ -35,7 +36,7 @@ local done_with = 'd%1' .. string.format('%d', now) .. '\t'
 local fence = {}
 -- the ids, and for each the ARGV index of its run's first field
 local ids, run_of = {}, {}
-local a = 4
+local a = 5 + 2 * tonumber(ARGV[4])
 while a <= #ARGV do
   local count = tonumber(ARGV[a + 4])
   for j = a + 5, a + 4 + count do
@@ -103,6 +104,9 @@ for i = 1, n do
     if kind ~= 'release' and kind ~= 'defer' then ran[#ran + 1] = id end
   end
   out[#out + 1] = verdict
+end
+for j = 5, 4 + 2 * tonumber(ARGV[4]), 2 do
+  if seen[ARGV[j]] then keep_log(ARGV[j], ARGV[j + 1]) end
 end
 release_batches(released)
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end

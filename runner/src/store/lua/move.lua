@@ -1,7 +1,11 @@
 #!lua flags=allow-oom
 --! needs indexes
 -- Moves one scheduled task. KEYS: the shard's keys (the `shard` part).
--- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now'), value (ms).
+-- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now' | 'wake'), value (ms), and for 'wake'
+-- created, attempts.
+-- 'wake' moves a run put back to wait for a concurrency slot to now, only while it still waits
+-- so: the same occurrence (`created`) with the same attempts, due within `value` ms (a task moved
+-- later since, replaced or run again is left alone: {'missing'}).
 -- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'} | {'out_of_range'} (a shift
 -- that would leave 0..MAX_TIME: nothing moved).
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
@@ -11,7 +15,12 @@ if t.st == 'r' then return { 'running' } end
 if t.st == 'x' then return { 'dead' } end
 if t.st == 'd' then return { 'done' } end
 local due
-if mode == 'at' then due = value
+if mode == 'wake' then
+  due = now_ms()
+  if t.created ~= ARGV[6] or t.att ~= tonumber(ARGV[7]) or t.due > due + value then
+    return { 'missing' }
+  end
+elseif mode == 'at' then due = value
 elseif mode == 'shift' then due = t.due + value
 else due = now_ms() end
 if due < 0 or due > MAX_TIME then return { 'out_of_range' } end

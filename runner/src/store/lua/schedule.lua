@@ -83,6 +83,8 @@ for i = 1, n do
     verdict = 'e'
   end
   if verdict == 'o' then
+    -- a new occurrence: the log of the one it replaces goes
+    if old then redis.call('HDEL', K_LOGS, id) end
     local created = ARGV[h + 3]
     if created == '0' then created = now_s end
     -- the record `encode` would write, built in one concatenation (the client sends due and

@@ -1,5 +1,5 @@
 --! part finished
---! needs shard record
+--! needs shard record logs
 -- The finish log: each finish script that records tasks done adds one entry to `finished`
 -- ('<time>\t<id>\t<id>...' -> time). An id listed is done at that time only while its record
 -- says so (done, `fin` that time): it may have been scheduled again since.
@@ -24,6 +24,7 @@ local function forget_done(before)
     if st == 'd' and (tonumber(fin) or 0) < before then gone[#gone + 1] = id end
   end
   call_many('HDEL', K_TASKS, gone)
+  forget_logs(gone)
   redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, #logs - 1)
 end
 
