@@ -209,7 +209,13 @@ impl WasmEngine {
             Some(c) => c,
             None => {
                 let c = Component::from_binary(&self.engine, wasm).map_err(|e| {
-                    format!("not a valid WebAssembly component (build it with `--target wasm32-wasip2`): {e:#}")
+                    let e = format!("{e:#}");
+                    if e.contains("exceeds the configured maximum") {
+                        // the pooling allocator's per-component limits (see `limiter`)
+                        format!("the component asks for more than a plugin may have: {e}")
+                    } else {
+                        format!("not a valid WebAssembly component (build it with `--target wasm32-wasip2`): {e}")
+                    }
                 })?;
                 self.write_cache(&digest, &c);
                 c

@@ -1,0 +1,111 @@
+//! A component that asks for more than any plugin may have (core instances, memories) is refused
+//! at upload, naming what it asked for, and takes nothing from the other plugins: their tasks on
+//! the same runner run. The components are written here in the component model's text format:
+//! each exports a `handle` that answers done, beside the core instances it asks for.
+
+use std::time::Duration;
+
+use eggtimer_tests::{
+    RedisServer, now_ms, post_tasks as schedule, runner_fast_retry as start, upload, wait_state,
+};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A plugin component whose `handle` answers done, with `bare` more core instances of a module
+/// without memory and `memories` more of one with a memory of a page.
+fn greedy_component(bare: usize, memories: usize) -> Vec<u8> {
+    let mut wat = String::from(
+        r#"(component
+  (import "eggtimer:plugin/types@0.1.0" (instance $types
+    (type $task (record
+      (field "id" string) (field "plugin" string) (field "attempt" u32)
+      (field "max-attempts" u32) (field "due" s64) (field "owner" (option string))
+      (field "payload" string)))
+    (export "task" (type (eq $task)))
+    (type $outcome (variant
+      (case "done") (case "retry-after" u64) (case "fail" string) (case "run-again-at" s64)))
+    (export "outcome" (type (eq $outcome)))))
+  (alias export $types "task" (type $task))
+  (alias export $types "outcome" (type $outcome))
+  (core module $main
+    (memory (export "memory") 1)
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32) (i32.const 4096))
+    ;; the task's twelve flat values in; a pointer to Ok(Done) (zeros) out
+    (func (export "handle")
+      (param i32 i32 i32 i32 i32 i32 i64 i32 i32 i32 i32 i32) (result i32)
+      (i32.const 1024)))
+  (core module $bare)
+  (core module $with-memory (memory 1))
+  (core instance $main (instantiate $main))
+"#,
+    );
+    for _ in 0..bare {
+        wat.push_str("  (core instance (instantiate $bare))\n");
+    }
+    for _ in 0..memories {
+        wat.push_str("  (core instance (instantiate $with-memory))\n");
+    }
+    wat.push_str(
+        r#"  (func $handle (param "task" $task) (result (result $outcome (error string)))
+    (canon lift (core func $main "handle") (memory (core memory $main "memory"))
+      (realloc (core func $main "realloc"))))
+  (export "handle" (func $handle)))
+"#,
+    );
+    wat::parse_str(&wat).expect("the test's component text is valid")
+}
+
+#[tokio::test]
+async fn a_component_asking_for_too_many_instances_or_memories_is_refused_at_upload_and_others_run()
+{
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    let base = r.url.as_str();
+    // within the limits (32 core instances, 4 memories): it runs
+    let (s, b) = upload(base, "modest", greedy_component(10, 2)).await;
+    assert_eq!(s, 201, "{b}");
+    // 1 + 40 core instances; 1 + 8 memories: refused at upload, naming what it asked for
+    for (name, wasm, what) in [
+        (
+            "many-instances",
+            greedy_component(40, 0),
+            "41 core module instances",
+        ),
+        (
+            "many-memories",
+            greedy_component(0, 8),
+            "9 Wasm linear memories",
+        ),
+    ] {
+        let (s, b) = upload(base, name, wasm).await;
+        assert_eq!(
+            (s, &b["error"]["code"]),
+            (400, &json!("invalid_plugin")),
+            "{name}: {b}"
+        );
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("the component asks for more than a plugin may have")
+                && msg.contains(what),
+            "{name}: {msg}"
+        );
+    }
+    let due = now_ms();
+    let mut specs = vec![json!({"plugin": "modest", "id": "modest"})];
+    specs.extend((0..20).map(|i| {
+        json!({"plugin": "coupon-expiry", "id": format!("c{i}"), "run_at": due,
+               "payload": {"coupon_id": format!("c{i}"), "user_id": "u1", "expires_at": due + 7_200_000}})
+    }));
+    schedule(base, json!(specs)).await;
+    let t = wait_state(base, "modest", "done", T).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    // the other plugin's tasks ran, once each, on their first attempt
+    for i in 0..20 {
+        let t = wait_state(base, &format!("c{i}"), "done", T).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+    // and the modest one still runs after the greedy ones failed
+    schedule(base, json!({"plugin": "modest", "id": "modest-again"})).await;
+    wait_state(base, "modest-again", "done", T).await;
+}
