@@ -182,6 +182,64 @@ async fn a_large_python_upload_compiles_while_other_tasks_run() {
     );
 }
 
+/// Tasks scheduled at once after an upload's 201 reach runners still compiling the plugin: they
+/// wait for it there (put back, no attempt used) instead of failing an attempt.
+#[tokio::test]
+async fn tasks_scheduled_right_after_an_upload_wait_for_runners_still_loading_it() {
+    let redis = RedisServer::start();
+    let a = runner(&redis);
+    // b compiles what it loads itself (a cache of its own): the Python plugin takes it seconds
+    let cache = eggtimer_tests::temp_dir("own-plugin-cache");
+    let dir = eggtimer_tests::plugins_dir();
+    let b = eggtimer_tests::RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--retry-base",
+            "50ms",
+            "--plugin-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    eggtimer_tests::eventually(T, "both runners holding shards", || async {
+        let (_, rs) = call("GET", &format!("{}/v1/runners", a.url), None).await;
+        let rs = rs.as_array()?;
+        let holding = |r: &serde_json::Value| r["shards"].as_array().is_some_and(|s| !s.is_empty());
+        (rs.len() == 2 && rs.iter().all(holding)).then_some(())
+    })
+    .await;
+    let (s, body) = upload(&a.url, "late-py", plugin_wasm("coupon-expiry-py")).await;
+    assert_eq!(s, 201, "{body}");
+    let specs: Vec<serde_json::Value> = (0..32)
+        .map(|i| {
+            json!({"id": format!("l{i}"), "plugin": "late-py",
+                        "payload": {"coupon_id": format!("c{i}"), "user_id": "u", "expires_at": 1}})
+        })
+        .collect();
+    post_tasks(&a.url, json!(specs)).await;
+    for i in 0..32 {
+        let t = wait_state(&a.url, &format!("l{i}"), "done", T).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+    // b met some of them before it had the plugin (else this test would show nothing)
+    let metrics = reqwest::get(format!("{}/metrics", b.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waited: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("eggtimer_limit_waits_total{plugin=\"late-py\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        waited >= 1.0,
+        "runner b had loaded the plugin before it met a task of it"
+    );
+}
+
 #[test]
 fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
     built_plugins(); // installs the toolchains into target/ (and builds the plugins)

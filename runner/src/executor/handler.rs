@@ -142,6 +142,11 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
+    /// Whether this runner has `plugin` loaded (false: its tasks can't run here yet).
+    fn has_plugin(&self, _plugin: &str) -> bool {
+        true
+    }
+
     /// The plugin's weight in the fair share between plugins (1 unless set).
     fn weight(&self, _plugin: &str) -> u32 {
         1

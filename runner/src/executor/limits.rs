@@ -8,6 +8,10 @@ use tracing::{debug, warn};
 use super::Executor;
 use crate::store::{Claimed, Finish, SlotWaiter, SlotsOf, Store};
 
+/// How long after an upload a runner that has not loaded the plugin yet puts its tasks back
+/// instead of failing them (a compile takes seconds for a large plugin).
+const LOAD_GRACE_MS: i64 = 60_000;
+
 /// Stale entries (runs woken or gone another way) one given-back slot looks past to wake a run
 /// that still waits.
 const WAKE_TRIES: usize = 8;
@@ -104,6 +108,23 @@ impl Executor {
                 warn!(plugin = %task.plugin, "asking the rate limit failed: {e:#}");
                 Some(Finish::Defer { after_ms: 1_000 })
             }
+        }
+    }
+
+    /// A task of a plugin uploaded moments ago that this runner has not loaded yet (the word of
+    /// it still on its way, or its compile under way): put back for a moment, the attempt given
+    /// back, so an upload's 201 is followed by runs, not by failed attempts, on every runner.
+    /// Past [`LOAD_GRACE_MS`] after the upload it runs (and fails) as any unknown plugin's task.
+    pub(super) async fn not_loaded_yet(&self, task: &Claimed) -> Option<Finish> {
+        if self.handler.has_plugin(&task.plugin) {
+            return None;
+        }
+        match self.store.plugin_current(&task.plugin).await {
+            Ok(Some(e)) if crate::clock::now_ms() - e.uploaded_at < LOAD_GRACE_MS => {
+                debug!(id = %task.id, plugin = %task.plugin, "plugin not loaded here yet: put back");
+                Some(Finish::Defer { after_ms: 250 })
+            }
+            _ => None,
         }
     }
 

@@ -446,6 +446,9 @@ impl Executor {
                 error: format!("expired: not started by its start_by, {when}"),
             });
         }
+        if let Some(wait) = self.not_loaded_yet(task).await {
+            return Some(wait);
+        }
         if let Some(wait) = self.over_rate(task).await {
             return Some(wait);
         }

@@ -66,7 +66,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         "eggtimer_limit_waits_total",
         "counter",
-        "Claimed tasks put back unstarted, their attempt given back, to wait for their plugin's rate limit or a concurrency slot, per plugin.",
+        "Claimed tasks put back unstarted, their attempt given back, to wait for their plugin's rate limit, a concurrency slot, or the plugin to load on this runner, per plugin.",
     ),
     (
         "eggtimer_fair_share_waits_total",

@@ -345,6 +345,10 @@ impl Handler for Plugins {
             .copied()
     }
 
+    fn has_plugin(&self, plugin: &str) -> bool {
+        self.get(plugin).is_some()
+    }
+
     fn weight(&self, plugin: &str) -> u32 {
         self.weights
             .read()
