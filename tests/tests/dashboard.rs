@@ -363,6 +363,16 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     })
     .await;
 
+    // A task's log: the panic message its plugin printed to stderr, on the task's page
+    let (_, dead) = call("GET", &format!("{base}/v1/tasks/dead-1"), None).await;
+    assert_eq!(dead["log"][0]["level"], "stderr", "{dead}");
+    b.open(base, "tasks?id=dead-1").await;
+    b.click("#task-rows tr[data-id='dead-1']").await;
+    b.text_until("#task-log", "the task's log", |t| {
+        t.contains("stderr") && t.contains("test-panic was asked to panic by task dead-1")
+    })
+    .await;
+
     // Plugins: upload from the file picker
     let wasm = dir.join("noop.wasm");
     b.open(base, "plugins").await;

@@ -335,11 +335,11 @@ fn drain_output(warm: &mut Warm, task: &Claimed, log: &mut crate::store::Attempt
     let new_out = String::from_utf8_lossy(&out);
     let new_err = String::from_utf8_lossy(&err);
     let now = now_ms();
-    for line in new_out.lines() {
+    for line in new_out.lines().filter(|l| !l.trim().is_empty()) {
         info!(task = %task.id, plugin = %task.plugin, "plugin stdout: {line}");
         log.push("stdout", now, line);
     }
-    for line in new_err.lines() {
+    for line in new_err.lines().filter(|l| !l.trim().is_empty()) {
         warn!(task = %task.id, plugin = %task.plugin, "plugin stderr: {line}");
         log.push("stderr", now, line);
     }
