@@ -1,6 +1,6 @@
-//! A component that asks for more than any plugin may have (core instances, memories) is refused
-//! at upload, naming what it asked for, and takes nothing from the other plugins: their tasks on
-//! the same runner run. The components are written here in the component model's text format:
+//! A component that asks for more than any plugin may have (core instances, memories), or whose
+//! start code traps or never ends, is refused at upload, naming why, and takes nothing from the
+//! other plugins: their tasks on the same runner run. The components are written here in the component model's text format:
 //! each exports a `handle` that answers done, beside the core instances it asks for.
 
 use std::time::Duration;
@@ -15,6 +15,19 @@ const T: Duration = Duration::from_secs(60);
 /// A plugin component whose `handle` answers done, with `bare` more core instances of a module
 /// without memory and `memories` more of one with a memory of a page.
 fn greedy_component(bare: usize, memories: usize) -> Vec<u8> {
+    let mut more = String::new();
+    for _ in 0..bare {
+        more.push_str("  (core instance (instantiate $bare))\n");
+    }
+    for _ in 0..memories {
+        more.push_str("  (core instance (instantiate $with-memory))\n");
+    }
+    component(&more)
+}
+
+/// A plugin component whose `handle` answers done, with `more` (core modules and instances)
+/// beside it.
+fn component(more: &str) -> Vec<u8> {
     let mut wat = String::from(
         r#"(component
   (import "eggtimer:plugin/types@0.1.0" (instance $types
@@ -40,12 +53,7 @@ fn greedy_component(bare: usize, memories: usize) -> Vec<u8> {
   (core instance $main (instantiate $main))
 "#,
     );
-    for _ in 0..bare {
-        wat.push_str("  (core instance (instantiate $bare))\n");
-    }
-    for _ in 0..memories {
-        wat.push_str("  (core instance (instantiate $with-memory))\n");
-    }
+    wat.push_str(more);
     wat.push_str(
         r#"  (func $handle (param "task" $task) (result (result $outcome (error string)))
     (canon lift (core func $main "handle") (memory (core memory $main "memory"))
@@ -108,4 +116,43 @@ async fn a_component_asking_for_too_many_instances_or_memories_is_refused_at_upl
     // and the modest one still runs after the greedy ones failed
     schedule(base, json!({"plugin": "modest", "id": "modest-again"})).await;
     wait_state(base, "modest-again", "done", T).await;
+}
+
+/// A component whose start code traps, or runs past the time limit, is refused at upload saying
+/// so: it is instantiated once before it is stored (and that instance serves its first task).
+#[tokio::test]
+async fn a_component_whose_start_code_traps_or_never_ends_is_refused_at_upload() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &["--plugin-timeout", "500ms"]);
+    let base = r.url.as_str();
+    for (name, start_code, what) in [
+        ("traps", "unreachable", "unreachable"),
+        ("loops", "(loop $again (br $again))", "interrupt"),
+    ] {
+        let more = format!(
+            "  (core module $start (func $s {start_code}) (start $s))\n  (core instance (instantiate $start))\n"
+        );
+        let (s, b) = upload(base, name, component(&more)).await;
+        assert_eq!(
+            (s, &b["error"]["code"]),
+            (400, &json!("invalid_plugin")),
+            "{name}: {b}"
+        );
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("the plugin can't start: instantiating the plugin failed")
+                && msg.contains(what),
+            "{name}: {msg}"
+        );
+        let (s, _) = eggtimer_tests::call("GET", &format!("{base}/v1/plugins/{name}"), None).await;
+        assert_eq!(s, 404, "{name} was stored");
+    }
+    // a component whose start code ends is stored, and its first task runs
+    let more =
+        "  (core module $start (func $s nop) (start $s))\n  (core instance (instantiate $start))\n";
+    let (s, b) = upload(base, "starts", component(more)).await;
+    assert_eq!(s, 201, "{b}");
+    schedule(base, json!({"plugin": "starts", "id": "first"})).await;
+    let t = wait_state(base, "first", "done", T).await;
+    assert_eq!(t["attempts"], 1, "{t}");
 }

@@ -237,6 +237,26 @@ pub(super) async fn call(
     run
 }
 
+/// Instantiates `loaded` (its start code runs, bounded as a call is) and puts the instance in the
+/// pool for the next call.
+pub(super) async fn start_once(
+    engine: &wasmtime::Engine,
+    pool: &Pool,
+    loaded: &Loaded,
+    timeout: Duration,
+    memory: usize,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, instantiate(engine, loaded, timeout, memory)).await {
+        Ok(w) => {
+            pool.put(w?);
+            Ok(())
+        }
+        Err(_) => Err(format!(
+            "instantiating the plugin took longer than its time limit of {timeout:?}"
+        )),
+    }
+}
+
 /// A warm instance of `loaded` from the pool, or a new one (instantiating runs the component's
 /// start code: bounded like a call). A warm instance takes the plugin's memory cap of now; one
 /// that already holds more is dropped.
@@ -311,10 +331,15 @@ async fn instantiate(
         .await
         .map_err(|e| {
             use super::limiter::{CORE_INSTANCES, MEMORIES, TABLES};
-            format!(
-                "instantiating the plugin failed: {e:#} (a plugin instance may have at most \
-                 {CORE_INSTANCES} core instances, {MEMORIES} memories and {TABLES} tables)"
-            )
+            let e = format!("{e:#}");
+            if e.contains("count too high") || e.contains("exceeds") {
+                format!(
+                    "instantiating the plugin failed: {e} (a plugin instance may have at most \
+                     {CORE_INSTANCES} core instances, {MEMORIES} memories and {TABLES} tables)"
+                )
+            } else {
+                format!("instantiating the plugin failed: {e}")
+            }
         })?;
     Ok(Warm {
         digest: loaded.digest.clone(),

@@ -96,6 +96,7 @@ impl Default for PluginOptions {
 }
 
 /// A compiled, checked plugin version, ready to instantiate.
+#[derive(Clone)]
 pub struct Loaded {
     pub name: String,
     pub version: u64,
@@ -227,6 +228,33 @@ impl Plugins {
     /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
     pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
         self.engine.compile(name, version, wasm)
+    }
+
+    /// Instantiates `loaded` once, as its first call would (its start code runs, under the
+    /// plugin's time limit and memory cap), and keeps the instance warm for that call; the
+    /// error says why it could not start. On the calls' runtime: guest code never runs on the
+    /// caller's threads.
+    pub async fn start_once(self: &Arc<Self>, loaded: &Loaded) -> Result<(), String> {
+        let this = Arc::clone(self);
+        let loaded = loaded.clone();
+        let start = async move {
+            let s = this.run_settings(&loaded.name);
+            instance::start_once(
+                &this.engine.engine,
+                &this.pool,
+                &loaded,
+                s.timeout,
+                s.memory,
+            )
+            .await
+        };
+        match &self.rt.0 {
+            Some(rt) => rt
+                .spawn(start)
+                .await
+                .unwrap_or_else(|e| Err(format!("starting the plugin failed: {e}"))),
+            None => start.await,
+        }
     }
 
     /// Makes `loaded` the current version of its name; calls in flight keep the old one.

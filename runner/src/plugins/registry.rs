@@ -79,6 +79,11 @@ impl Registry {
                 .await
                 .context("compiling a plugin")?;
         let mut loaded = loaded.map_err(UploadError::Invalid)?;
+        // its start code runs once now: a plugin that can't start is refused, not stored
+        self.plugins
+            .start_once(&loaded)
+            .await
+            .map_err(|e| UploadError::Invalid(format!("the plugin can't start: {e}")))?;
         let at = now_ms();
         let (version, created) = self
             .store
