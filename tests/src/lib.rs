@@ -504,6 +504,20 @@ pub fn runner_fast_retry(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
     RunnerProcess::with_plugins(redis, &args)
 }
 
+/// The value of one series of a runner's `/metrics` (`name{labels}` as exposed), if it has it.
+pub async fn metric(base: &str, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("the runner answers")
+        .text()
+        .await
+        .expect("a metrics text");
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Schedules one spec or an array through the API, expecting 201.
 pub async fn post_tasks(base: &str, specs: serde_json::Value) {
     let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
-    read_stream_timed, runner_fast_retry as start, upload, wait_state,
+    RedisServer, call, eventually, metric, now_ms, plugin_wasm, post_tasks as schedule,
+    read_stream, read_stream_timed, runner_fast_retry as start, upload, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -70,17 +70,9 @@ async fn a_plugins_backlog_of_slow_runs_does_not_hold_up_another_plugins_tasks()
     let runs = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
     assert_eq!(runs.len(), slow, "every slow run once");
     // the tasks that waited for their plugin's share show in the metrics
-    let metrics = reqwest::get(format!("{}/metrics", r.url))
+    let waits = metric(&r.url, "eggtimer_fair_share_waits_total")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let waits: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("eggtimer_fair_share_waits_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no eggtimer_fair_share_waits_total in\n{metrics}"));
+        .expect("eggtimer_fair_share_waits_total in the metrics");
     assert!(waits > 0.0, "no task waited for its share");
     let (_, dead) = call("GET", &format!("{}/v1/dead", r.url), None).await;
     assert_eq!(dead["tasks"], json!([]));
@@ -485,17 +477,9 @@ async fn a_backlog_waiting_for_max_concurrency_is_woken_in_due_order_without_cyc
     let out_of_order = order[1..].windows(2).filter(|w| w[0] > w[1]).count();
     eprintln!("started in the order {order:?}");
     assert!(out_of_order <= 2, "not woken in due order: {order:?}");
-    let metrics = reqwest::get(format!("{base}/metrics"))
+    let put_back = metric(base, "eggtimer_limit_waits_total{plugin=\"test-sleep\"}")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let put_back: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("eggtimer_limit_waits_total{plugin=\"test-sleep\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no eggtimer_limit_waits_total in\n{metrics}"));
+        .expect("eggtimer_limit_waits_total of test-sleep in the metrics");
     eprintln!("{put_back} put backs for 20 runs");
     assert!(put_back <= 40.0, "{put_back} put backs: the backlog cycled");
     for i in [0, 19] {

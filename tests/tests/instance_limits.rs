@@ -64,6 +64,17 @@ fn component(more: &str) -> Vec<u8> {
     wat::parse_str(&wat).expect("the test's component text is valid")
 }
 
+/// Uploads `wasm` as `name`, expecting 400 `invalid_plugin`; its message.
+async fn refused(base: &str, name: &str, wasm: Vec<u8>) -> String {
+    let (s, b) = upload(base, name, wasm).await;
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (400, &json!("invalid_plugin")),
+        "{name}: {b}"
+    );
+    b["error"]["message"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test]
 async fn a_component_asking_for_too_many_instances_or_memories_is_refused_at_upload_and_others_run()
 {
@@ -86,13 +97,7 @@ async fn a_component_asking_for_too_many_instances_or_memories_is_refused_at_upl
             "9 Wasm linear memories",
         ),
     ] {
-        let (s, b) = upload(base, name, wasm).await;
-        assert_eq!(
-            (s, &b["error"]["code"]),
-            (400, &json!("invalid_plugin")),
-            "{name}: {b}"
-        );
-        let msg = b["error"]["message"].as_str().unwrap();
+        let msg = refused(base, name, wasm).await;
         assert!(
             msg.starts_with("the component asks for more than a plugin may have")
                 && msg.contains(what),
@@ -132,13 +137,7 @@ async fn a_component_whose_start_code_traps_or_never_ends_is_refused_at_upload()
         let more = format!(
             "  (core module $start (func $s {start_code}) (start $s))\n  (core instance (instantiate $start))\n"
         );
-        let (s, b) = upload(base, name, component(&more)).await;
-        assert_eq!(
-            (s, &b["error"]["code"]),
-            (400, &json!("invalid_plugin")),
-            "{name}: {b}"
-        );
-        let msg = b["error"]["message"].as_str().unwrap();
+        let msg = refused(base, name, component(&more)).await;
         assert!(
             msg.starts_with("the plugin can't start: instantiating the plugin failed")
                 && msg.contains(what),

@@ -223,16 +223,8 @@ async fn tasks_scheduled_right_after_an_upload_wait_for_runners_still_loading_it
         assert_eq!(t["attempts"], 1, "{t}");
     }
     // b met some of them before it had the plugin (else this test would show nothing)
-    let metrics = reqwest::get(format!("{}/metrics", b.url))
+    let waited = eggtimer_tests::metric(&b.url, "eggtimer_limit_waits_total{plugin=\"late-py\"}")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let waited: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("eggtimer_limit_waits_total{plugin=\"late-py\"} "))
-        .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
     assert!(
         waited >= 1.0,

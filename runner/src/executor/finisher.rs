@@ -31,7 +31,7 @@ pub(super) struct Pending {
     /// run).
     pub(super) log: Option<String>,
     /// Put back to wait for a concurrency slot: it joins the runs waiting once that is recorded.
-    pub(super) slot_wait: Option<super::SlotWait>,
+    pub(super) slot_wait: Option<super::limits::SlotWait>,
     /// The task's trace span: it ends once the outcome is recorded.
     pub(super) traced: tracing::Span,
     pub(super) _slot: super::Slot,
@@ -217,7 +217,7 @@ impl Recorder {
         }
         // runs put back for a slot wait among that limit's runs (a run not recorded as put back
         // is not waiting)
-        let waits: Vec<super::SlotWait> = match &verdicts {
+        let waits: Vec<super::limits::SlotWait> = match &verdicts {
             Some(v) => group
                 .iter_mut()
                 .zip(v)

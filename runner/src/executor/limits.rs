@@ -42,14 +42,15 @@ impl SlotWait {
         }
     }
 
-    /// Puts the run (put back) among those waiting; a slot free by now wakes it at once.
+    /// Puts the run (put back) among those waiting; a slot free by now wakes it at once (or,
+    /// should it no longer wait, the next one that does).
     pub(super) async fn enter(&self, store: &Store) {
         match store
             .slot_wait(self.of(), &self.run, self.max, self.due)
             .await
         {
             Ok(false) => {}
-            Ok(true) => wake(store, self.run.clone(), self.within_ms).await,
+            Ok(true) => wake_next(store, self.of(), self.run.clone(), self.within_ms).await,
             Err(e) => {
                 debug!(id = %self.run.id, "waiting for a slot failed (it comes back by itself): {e:#}")
             }
@@ -77,13 +78,6 @@ async fn wake_next(store: &Store, of: SlotsOf<'_>, mut run: SlotWaiter, within_m
                 return;
             }
         }
-    }
-}
-
-/// Wakes one run (a free slot found when it began to wait).
-async fn wake(store: &Store, run: SlotWaiter, within_ms: u64) {
-    if let Err(e) = store.wake_waiter(&run, within_ms).await {
-        debug!(id = %run.id, "waking a run waiting for a slot failed (it comes back by itself): {e:#}");
     }
 }
 

@@ -36,7 +36,8 @@ local done_with = 'd%1' .. string.format('%d', now) .. '\t'
 local fence = {}
 -- the ids, and for each the ARGV index of its run's first field
 local ids, run_of = {}, {}
-local a = 5 + 2 * tonumber(ARGV[4])
+local logs_end = 4 + 2 * tonumber(ARGV[4])
+local a = logs_end + 1
 while a <= #ARGV do
   local count = tonumber(ARGV[a + 4])
   for j = a + 5, a + 4 + count do
@@ -105,7 +106,7 @@ for i = 1, n do
   end
   out[#out + 1] = verdict
 end
-for j = 5, 4 + 2 * tonumber(ARGV[4]), 2 do
+for j = 5, logs_end, 2 do
   if seen[ARGV[j]] then keep_log(ARGV[j], ARGV[j + 1]) end
 end
 release_batches(released)
