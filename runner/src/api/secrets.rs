@@ -118,5 +118,10 @@ pub async fn secret_list(
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
+    // as for a PUT: a plugin that does not exist (or was deleted) has no secrets to list
+    st.store
+        .plugin_current(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))?;
     Ok(axum::Json(st.store.secret_list(&name).await?).into_response())
 }
