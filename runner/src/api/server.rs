@@ -1,7 +1,8 @@
 //! The HTTP listener, hardened: a cap on open connections, a time limit on reading a request's
 //! headers, on reading its body and on the whole request, a connection with no traffic closed
-//! (HTTP/1 keep-alive and HTTP/2 alike), and a bounded graceful shutdown, so slow or idle clients
-//! can't exhaust the runner or hold up its exit.
+//! (HTTP/1 keep-alive and HTTP/2 alike), one that sends bytes but no request closed as idle too
+//! (an HTTP/2 client pinging, a trickle of header bytes), and a bounded graceful shutdown, so slow
+//! or idle clients can't exhaust the runner or hold up its exit.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,8 +33,9 @@ pub struct HttpLimits {
     pub body_timeout: Duration,
     /// Time for a whole request (408 after it).
     pub request_timeout: Duration,
-    /// How long a connection may stay open with no byte read or written (never less than the
-    /// request timeout and 2 s more, so no request in flight is cut).
+    /// How long a connection may stay open with no byte read or written, or with no request
+    /// being answered, begun or ended (never less than the request timeout and 2 s more, so no
+    /// request in flight is cut).
     pub idle_timeout: Duration,
     /// How long open connections may take to finish at shutdown.
     pub shutdown_grace: Duration,
@@ -91,11 +93,12 @@ pub async fn serve(
             _ = stopped(&mut stop) => break,
         };
         let (stream, last) = Tracked::new(stream);
+        let service = Counted {
+            app: app.clone(),
+            requests: Arc::clone(&last.requests),
+        };
         let conn = builder
-            .serve_connection_with_upgrades(
-                TokioIo::new(stream),
-                TowerToHyperService::new(app.clone()),
-            )
+            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service))
             .into_owned();
         let conn = graceful.watch(conn);
         // (a request still being answered sends its 408 at the request timeout: a connection
@@ -107,6 +110,9 @@ pub async fn serve(
             tokio::select! {
                 r = conn => if let Err(e) = r { debug!("connection ended: {e}") },
                 () = idle_for(&last, idle) => debug!("closed a connection idle for {idle:?}"),
+                () = no_request_for(&last.requests, idle) => {
+                    debug!("closed a connection that sent no request for {idle:?}");
+                }
             }
             drop(permit);
         });
@@ -139,6 +145,11 @@ impl Tracked {
         let activity = Activity {
             since,
             last: Arc::clone(&last),
+            requests: Arc::new(Requests {
+                since,
+                open: AtomicU64::new(0),
+                last: AtomicU64::new(0),
+            }),
         };
         (Tracked { inner, since, last }, activity)
     }
@@ -149,10 +160,118 @@ impl Tracked {
     }
 }
 
-/// When a [`Tracked`] stream last moved a byte.
+/// When a [`Tracked`] stream last moved a byte, and its requests.
 struct Activity {
     since: Instant,
     last: Arc<AtomicU64>,
+    requests: Arc<Requests>,
+}
+
+/// The requests of one connection: how many are being answered (until their response's body is
+/// sent or dropped), and when one last began or ended (ms since `since`).
+struct Requests {
+    since: Instant,
+    open: AtomicU64,
+    last: AtomicU64,
+}
+
+impl Requests {
+    fn touch(&self) {
+        self.last
+            .store(self.since.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// One request being answered: counted in [`Requests`] until dropped.
+struct Answering(Arc<Requests>);
+
+impl Answering {
+    fn new(r: &Arc<Requests>) -> Answering {
+        r.open.fetch_add(1, Ordering::Relaxed);
+        r.touch();
+        Answering(Arc::clone(r))
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Resolves once no request has been answered, begun or ended for `idle`.
+async fn no_request_for(r: &Requests, idle: Duration) {
+    loop {
+        let quiet_until = r.since + Duration::from_millis(r.last.load(Ordering::Relaxed)) + idle;
+        let now = Instant::now();
+        if now >= quiet_until && r.open.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        tokio::time::sleep_until(quiet_until.max(now + Duration::from_millis(100)).into()).await;
+    }
+}
+
+/// The app, counting a connection's requests in [`Requests`]: each counts from its call until
+/// its response's body is done.
+#[derive(Clone)]
+struct Counted {
+    app: Router,
+    requests: Arc<Requests>,
+}
+
+impl<B> tower::Service<axum::http::Request<B>> for Counted
+where
+    B: axum::body::HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::<axum::extract::Request>::poll_ready(&mut self.app, cx)
+    }
+
+    fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
+        let answering = Answering::new(&self.requests);
+        let call = tower::Service::call(&mut self.app, req.map(axum::body::Body::new));
+        Box::pin(async move {
+            let resp = call.await?;
+            Ok(resp.map(|body| {
+                axum::body::Body::new(WithAnswering {
+                    body,
+                    _answering: answering,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that keeps its request counted until it is sent or dropped.
+struct WithAnswering {
+    body: axum::body::Body,
+    _answering: Answering,
+}
+
+impl axum::body::HttpBody for WithAnswering {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Resolves once the stream has moved no byte for `idle`.
