@@ -235,6 +235,10 @@ pub struct ServeArgs {
     /// Directory of the compiled-plugin cache (default: <data-dir>/plugin-cache).
     #[arg(long, env = "EGGTIMER_PLUGIN_CACHE")]
     pub plugin_cache: Option<PathBuf>,
+    /// How long a compiled plugin in the cache that no runner loads is kept (files of another
+    /// eggtimer or wasmtime build go at once); the cache is cleaned at start and hourly.
+    #[arg(long, env = "EGGTIMER_PLUGIN_CACHE_KEEP", default_value = "7days", value_parser = parse_duration)]
+    pub plugin_cache_keep: Duration,
     /// How long a graceful shutdown waits for running tasks.
     #[arg(long, env = "EGGTIMER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,

@@ -299,3 +299,112 @@ async fn a_plugin_deleted_through_the_api_is_not_seeded_again_at_restart() {
     let (s, b) = upload(&r.url, "noop", plugin_wasm("noop")).await;
     assert_eq!((s, &b["version"]), (201, &json!(2)), "{b}");
 }
+
+/// A version that took long to compile is not installed over a newer one installed meanwhile: a
+/// registry reloading the Python sample (seconds to compile) while an upload of other bytes lands
+/// (its compiled code in the cache, so it waits for no compile) ends with the upload's version,
+/// the one the registry names. Without the check it ended with the Python sample, v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_compile_does_not_install_over_a_newer_version() {
+    use eggtimer::plugins::{PluginOptions, Plugins, Registry, digest};
+    let redis = RedisServer::start();
+    let store = eggtimer_tests::store_on(&redis, 16).await;
+    let plugins = Plugins::new(PluginOptions {
+        cache_dir: Some(eggtimer_tests::temp_dir("compile-cache")),
+        ..Default::default()
+    })
+    .unwrap();
+    let noop = plugin_wasm("noop");
+    let (p, wasm) = (plugins.clone(), noop.clone());
+    tokio::task::spawn_blocking(move || p.compile("noop", 0, &wasm).map(|_| ()))
+        .await
+        .unwrap()
+        .unwrap();
+    let python = plugin_wasm("coupon-expiry-py");
+    store
+        .plugin_put("p", &digest(&python), &python, now_ms())
+        .await
+        .unwrap();
+    let registry = Registry::new(store.clone(), plugins.clone(), 64 << 20);
+    let reload = tokio::spawn({
+        let r = registry.clone();
+        async move { r.sync_one("p").await }
+    });
+    eventually(T, "the reload to be compiling", || async {
+        (plugins.compiles() == 1).then_some(())
+    })
+    .await;
+    let (entry, created) = registry.upload("p", noop.clone()).await.unwrap();
+    assert_eq!((entry.version, created), (2, true));
+    assert_eq!(plugins.get("p").unwrap().version, 2);
+    assert_eq!(plugins.compiles(), 1, "the reload compiles still");
+    reload.await.unwrap().unwrap();
+    let loaded = plugins.get("p").unwrap();
+    assert_eq!(
+        (loaded.version, loaded.digest.as_str()),
+        (2, digest(&noop).as_str()),
+        "the reload installed the version the registry no longer names"
+    );
+}
+
+/// The compiled-code cache is cleaned at start: files of another engine, files no runner loaded
+/// for `--plugin-cache-keep` and temporary files a crash left go; a plugin's file that is loaded
+/// stays, however old it was.
+#[tokio::test]
+async fn the_compiled_code_cache_drops_what_no_runner_loads() {
+    use std::time::SystemTime;
+    let redis = RedisServer::start();
+    let cache = eggtimer_tests::temp_dir("cache-clean");
+    let cache_arg = cache.to_str().unwrap().to_owned();
+    let mut r = start(&redis, &["--plugin-cache", &cache_arg]);
+    assert_eq!(r.terminate(), Some(0));
+    let compiled: Vec<std::path::PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    assert!(compiled.len() >= 5, "{compiled:?}");
+    let name = |p: &std::path::Path| p.file_name().unwrap().to_str().unwrap().to_owned();
+    let file = name(&compiled[0]);
+    let (digest, ours) = file.split_at(64);
+    let days_ago = |p: &std::path::Path, days: u64| {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(SystemTime::now() - Duration::from_secs(days * 86_400))
+            .unwrap();
+    };
+    let bytes = std::fs::read(&compiled[0]).unwrap();
+    let mac = std::fs::read(compiled[0].with_extension("mac")).unwrap();
+    // a plugin no runner loads, unused for 8 days; one of another engine (new); a crash's leftover
+    let unused = cache.join(format!("{}{ours}", "0".repeat(64)));
+    let other = cache.join(format!("{digest}-wasmtime47-0123456789abcdef.cwasm"));
+    for p in [&unused, &other] {
+        std::fs::write(p, &bytes).unwrap();
+        std::fs::write(p.with_extension("mac"), &mac).unwrap();
+    }
+    days_ago(&unused, 8);
+    let leftover = cache.join(format!("{}-wasmtime48-feed.tmp", "1".repeat(64)));
+    std::fs::write(&leftover, &bytes).unwrap();
+    days_ago(&leftover, 1);
+    // a loaded plugin's file, as old
+    days_ago(&compiled[0], 8);
+    let r = start(&redis, &["--plugin-cache", &cache_arg]);
+    eventually(T, "the cache to be cleaned", || async {
+        [&unused, &other, &leftover]
+            .iter()
+            .all(|p| !p.exists() && !p.with_extension("mac").exists())
+            .then_some(())
+    })
+    .await;
+    for p in &compiled {
+        assert!(p.exists(), "{} was removed", p.display());
+        assert!(p.with_extension("mac").exists());
+    }
+    assert!(
+        r.log_text().contains("removed compiled plugins"),
+        "{}",
+        r.log_text()
+    );
+}

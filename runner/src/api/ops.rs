@@ -69,6 +69,7 @@ pub async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap)
         owned_shards: (st.owned_shards)(),
         runners,
         idle_instances: st.registry.plugins().idle_instances(),
+        compiles: st.registry.plugins().compiles(),
     };
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -172,6 +172,8 @@ pub struct Gauges {
     pub owned_shards: usize,
     pub runners: usize,
     pub idle_instances: usize,
+    /// Plugin compiles running or waiting for their turn.
+    pub compiles: usize,
 }
 
 /// The runner's metrics.
@@ -452,6 +454,7 @@ impl Metrics {
             vec![],
             g.idle_instances as f64,
         );
+        self.gauge("eggtimer_plugin_compiles", vec![], g.compiles as f64);
         self.gauge("eggtimer_owned_shards", vec![], g.owned_shards as f64);
         self.gauge("eggtimer_runners", vec![], g.runners as f64);
         // the running gauge is kept by the executor: keep it from going idle
@@ -505,6 +508,7 @@ mod tests {
             owned_shards: 1,
             runners: 1,
             idle_instances: 0,
+            compiles: 0,
         };
         let text = m.render(&g);
         assert!(

@@ -9,11 +9,12 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow};
-use tracing::warn;
+use tracing::{info, warn};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -30,19 +31,45 @@ pub(super) struct WasmEngine {
     pub engine: Engine,
     pub linker: Linker<State>,
     cache: Option<Cache>,
+    /// One compile at a time: cranelift spreads a compile over every core already, so uploads and
+    /// reloads arriving together queue here instead of multiplying the CPU and memory compiling
+    /// takes (loading from the cache does not queue).
+    compile_turn: Mutex<()>,
+    /// Compiles running or queued.
+    compiles: AtomicUsize,
+    /// When the cache was last cleaned (at most hourly).
+    cleaned: Mutex<Option<Instant>>,
 }
 
-/// The compiled-code cache: a private directory and the key its files are signed with.
+/// Counts a compile in `compiles` while it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Counted(n)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The compiled-code cache: a private directory, the key its files are signed with, and how long
+/// a file nobody loads is kept.
 struct Cache {
     dir: PathBuf,
     key: [u8; 32],
+    keep: Duration,
 }
 
 type Mac = hmac::Hmac<sha2::Sha256>;
 
 impl Cache {
     /// Opens (or creates) the cache directory; None, with a warning, when it can't be trusted.
-    fn open(dir: &Path) -> Option<Cache> {
+    fn open(dir: &Path, keep: Duration) -> Option<Cache> {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
         let setup = || -> Result<Cache> {
             std::fs::create_dir_all(dir)?;
@@ -71,6 +98,7 @@ impl Cache {
             Ok(Cache {
                 dir: dir.to_owned(),
                 key,
+                keep,
             })
         };
         match setup() {
@@ -103,7 +131,14 @@ impl Cache {
         )
         .ok()?;
         match self.mac(&bytes).verify_slice(&tag) {
-            Ok(()) => Some(bytes),
+            Ok(()) => {
+                // used now: cleaning keeps it (see `clean`)
+                let _ = std::fs::File::options()
+                    .write(true)
+                    .open(path)
+                    .and_then(|f| f.set_modified(SystemTime::now()));
+                Some(bytes)
+            }
             Err(_) => {
                 warn!(
                     "{} does not match its MAC: compiling the plugin again",
@@ -112,6 +147,54 @@ impl Cache {
                 None
             }
         }
+    }
+
+    /// Deletes the files no runner of this build loads again: those of another engine (another
+    /// wasmtime version or engine settings: `ours` is the end of this engine's file names),
+    /// those not loaded for `keep` (unless their digest is in `loaded`), and temporary files a
+    /// crash left. Returns how many compiled files went.
+    fn clean(&self, ours: &str, loaded: &[String]) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let now = SystemTime::now();
+        let age = |p: &Path| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .unwrap_or_default()
+        };
+        let mut removed = 0;
+        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let stale = if name.ends_with(".tmp") {
+                age(&path) > Duration::from_secs(3600)
+            } else if let Some(stem) = name.strip_suffix(".cwasm") {
+                let digest = stem.split('-').next().unwrap_or_default();
+                !name.ends_with(ours)
+                    || (age(&path) > self.keep && !loaded.iter().any(|d| d == digest))
+            } else {
+                false
+            };
+            if stale && std::fs::remove_file(&path).is_ok() && name.ends_with(".cwasm") {
+                removed += 1;
+                let _ = std::fs::remove_file(path.with_extension("mac"));
+            }
+        }
+        // a MAC whose compiled file is gone
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+                if path.extension().is_some_and(|e| e == "mac")
+                    && !path.with_extension("cwasm").exists()
+                {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        removed
     }
 
     /// Writes compiled bytes and their MAC (each through a rename, so readers never see half).
@@ -179,15 +262,53 @@ impl WasmEngine {
         Ok(WasmEngine {
             engine,
             linker,
-            cache: opts.cache_dir.as_deref().and_then(Cache::open),
+            cache: opts
+                .cache_dir
+                .as_deref()
+                .and_then(|d| Cache::open(d, opts.cache_keep)),
+            compile_turn: Mutex::new(()),
+            compiles: AtomicUsize::new(0),
+            cleaned: Mutex::new(None),
         })
+    }
+
+    /// Compiles running or waiting for their turn.
+    pub fn compiles(&self) -> usize {
+        self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// How this engine's cache file names end: the wasmtime version and a hash of the engine's
+    /// settings, so no other engine loads them.
+    fn cache_suffix(&self) -> String {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        format!("-wasmtime48-{:016x}.cwasm", h.finish())
     }
 
     fn cache_path(&self, digest: &str) -> Option<PathBuf> {
         let dir = &self.cache.as_ref()?.dir;
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.engine.precompile_compatibility_hash().hash(&mut h);
-        Some(dir.join(format!("{digest}-wasmtime48-{:016x}.cwasm", h.finish())))
+        Some(dir.join(format!("{digest}{}", self.cache_suffix())))
+    }
+
+    /// Cleans the compiled-code cache (see `Cache::clean`) when it was not cleaned in the last
+    /// hour; blocking (file system calls).
+    pub fn clean_cache(&self, loaded: &[String]) {
+        let Some(cache) = &self.cache else { return };
+        {
+            let mut cleaned = self.cleaned.lock().unwrap_or_else(|e| e.into_inner());
+            if cleaned.is_some_and(|t| t.elapsed() < Duration::from_secs(3600)) {
+                return;
+            }
+            *cleaned = Some(Instant::now());
+        }
+        let removed = cache.clean(&self.cache_suffix(), loaded);
+        if removed > 0 {
+            info!(
+                removed,
+                "removed compiled plugins no runner of this build loads again from {}",
+                cache.dir.display()
+            );
+        }
     }
 
     /// Compiles and checks a plugin binary: it must be a component whose imports the host
@@ -208,6 +329,8 @@ impl WasmEngine {
         let component = match cached {
             Some(c) => c,
             None => {
+                let _counted = Counted::new(&self.compiles);
+                let _turn = self.compile_turn.lock().unwrap_or_else(|e| e.into_inner());
                 let c = Component::from_binary(&self.engine, wasm).map_err(|e| {
                     let e = format!("{e:#}");
                     if e.contains("exceeds the configured maximum") {

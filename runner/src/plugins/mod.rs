@@ -65,6 +65,8 @@ pub struct PluginOptions {
     pub memory: usize,
     /// Where compiled code is cached (by wasm digest, wasmtime version and engine settings).
     pub cache_dir: Option<PathBuf>,
+    /// How long a cached file no runner loads is kept.
+    pub cache_keep: Duration,
     /// Largest payload of a follow-up task (bytes).
     pub max_payload_bytes: usize,
     /// Attempts of a follow-up task that does not say.
@@ -85,6 +87,7 @@ impl Default for PluginOptions {
             timeout: Duration::from_secs(1),
             memory: 64 << 20,
             cache_dir: None,
+            cache_keep: Duration::from_secs(7 * 24 * 3600),
             max_payload_bytes: 64 << 10,
             default_max_attempts: 5,
             workers: 32,
@@ -255,6 +258,18 @@ impl Plugins {
                 .unwrap_or_else(|e| Err(format!("starting the plugin failed: {e}"))),
             None => start.await,
         }
+    }
+
+    /// Cleans the compiled-code cache, at most hourly (blocking: file system calls): files of
+    /// another engine, and files unused for the cache's keep time that no plugin loaded here has.
+    pub fn clean_cache(&self) {
+        let loaded: Vec<String> = self.loaded().into_iter().map(|(_, _, d)| d).collect();
+        self.engine.clean_cache(&loaded);
+    }
+
+    /// Compiles running or waiting for their turn (one runs at a time).
+    pub fn compiles(&self) -> usize {
+        self.engine.compiles()
     }
 
     /// Makes `loaded` the current version of its name; calls in flight keep the old one.

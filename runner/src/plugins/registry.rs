@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{Plugins, digest};
+use super::{Loaded, Plugins, digest};
 use crate::clock::now_ms;
 use crate::store::{Heard, PluginEntry, Rollback, Store};
 
@@ -102,8 +102,33 @@ impl Registry {
         } else {
             self.store.plugin_current(name).await?.unwrap_or(entry)
         };
-        self.plugins.install(loaded);
+        // stored and announced: should reading the registry fail here, the announcement loads it
+        if let Err(e) = self.install_if_current(loaded).await {
+            warn!(
+                plugin = name,
+                "loading the plugin just stored failed: {e:#}"
+            );
+        }
         Ok((entry, created))
+    }
+
+    /// Installs `loaded` when the registry still names its bytes the current version of its name:
+    /// a compile that took long (or an upload that raced another) must not replace a newer version
+    /// installed meanwhile, nor bring back a plugin deleted meanwhile.
+    async fn install_if_current(&self, mut loaded: Loaded) -> Result<()> {
+        match self.store.plugin_current(&loaded.name).await? {
+            Some(cur) if cur.digest == loaded.digest => {
+                loaded.version = cur.version;
+                self.plugins.install(loaded);
+            }
+            cur => info!(
+                plugin = %loaded.name,
+                "not loading v{} compiled just now: the registry names {} now",
+                loaded.version,
+                cur.map_or("no version".to_owned(), |c| format!("v{}", c.version))
+            ),
+        }
+        Ok(())
     }
 
     pub async fn rollback(&self, name: &str) -> Result<Rollback> {
@@ -145,7 +170,7 @@ impl Registry {
                     tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
                         .await
                 {
-                    self.plugins.install(loaded);
+                    self.install_if_current(loaded).await?;
                 }
             }
             return Ok(());
@@ -167,8 +192,7 @@ impl Registry {
                 .await
                 .context("compiling a plugin")?
                 .map_err(|err| anyhow::anyhow!("{name} v{}: {err}", entry.version))?;
-        self.plugins.install(loaded);
-        Ok(())
+        self.install_if_current(loaded).await
     }
 
     /// Loads every plugin's settings (max_concurrency, weight, may_schedule, time limit, memory
@@ -238,6 +262,12 @@ impl Registry {
         Ok(seeded)
     }
 
+    /// Cleans the compiled-code cache (at most hourly; off the async threads).
+    async fn clean_cache(&self) {
+        let plugins = Arc::clone(&self.plugins);
+        let _ = tokio::task::spawn_blocking(move || plugins.clean_cache()).await;
+    }
+
     /// Follows announcements until `stop`: on every (re)subscription it loads everything, then each
     /// announced name; a periodic full sync covers a lost message.
     pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
@@ -252,6 +282,7 @@ impl Registry {
                         if let Err(e) = self.sync_all().await {
                             warn!("loading plugins from Redis failed: {e:#}");
                         }
+                        self.clean_cache().await;
                     }
                     Heard::Message(name) => {
                         if let Err(e) = self.sync_settings().await {
@@ -266,6 +297,7 @@ impl Registry {
                     if let Err(e) = self.sync_all().await {
                         warn!("resyncing plugins failed: {e:#}");
                     }
+                    self.clean_cache().await;
                 }
                 _ = stop.changed() => return,
             }
