@@ -134,11 +134,6 @@ async fn serve(
         let _ = stop_tx.send(true);
     });
     let target = RedisTarget::parse(&url)?;
-    if args.min_replicas_acked > 0 && matches!(target, RedisTarget::Cluster(_)) {
-        anyhow::bail!(
-            "--min-replicas-acked is not supported on Redis Cluster yet (the wait must go to the node that took each write)"
-        );
-    }
     let store_opts = StoreOptions {
         namespace: args.namespace.clone(),
         shards: args.shards,
@@ -247,6 +242,7 @@ fn plugin_options(args: &ServeArgs) -> Result<PluginOptions> {
                 .clone()
                 .unwrap_or_else(|| args.data_dir.join("plugin-cache")),
         ),
+        cache_keep: args.plugin_cache_keep,
         max_payload_bytes: args.max_payload_bytes,
         default_max_attempts: 5,
         workers: args.workers.max(1),

@@ -132,8 +132,10 @@ impl Store {
     }
 
     /// With `min_replicas_acked` N > 0: waits until N replicas have every write this store's
-    /// connection made so far (`WAIT`, up to the timeout). Returns how many confirmed when that
-    /// is fewer than N (None: enough, or nothing asked).
+    /// connection made so far (`WAIT`, up to the timeout). On a cluster the client sends it to
+    /// every master (each on the connection that carried this store's writes to it) and answers
+    /// the fewest. Returns how many confirmed when that is fewer than N (None: enough, or nothing
+    /// asked).
     pub async fn wait_replicas(&self) -> Result<Option<u32>> {
         let want = self.inner.opts.min_replicas_acked;
         if want == 0 {
