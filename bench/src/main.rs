@@ -16,6 +16,8 @@ mod w6;
 mod workloads;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use clap::Parser;
@@ -36,8 +38,8 @@ pub struct Args {
     /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
-    /// Workloads to run, comma-separated (W0..W6).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6")]
+    /// Workloads to run, comma-separated (W0..W7).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -89,7 +91,7 @@ fn main() -> Result<()> {
     let servers = match args.cluster {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
-            if m == 0 || ["W3", "W5", "W6"].iter().any(|w| want(w)) {
+            if m == 0 || ["W3", "W5", "W6", "W7"].iter().any(|w| want(w)) {
                 bail!("--cluster N needs N >= 1 and runs W0, W1, W2 and W4 only (pass --only)");
             }
             Servers::Cluster(RedisCluster::start_with(m, 0, &everysec))
@@ -138,12 +140,23 @@ fn main() -> Result<()> {
                 );
             }
         }
-        let b = Bench::new(store, plugins, args.clone(), nodes, &node_urls[0], http).await?;
+        let b = Bench::new(
+            store.clone(),
+            Arc::clone(&plugins),
+            args.clone(),
+            nodes,
+            &node_urls[0],
+            http.clone(),
+        )
+        .await?;
         if want("W4") {
             print(&b.w4().await?)?;
         }
+        let mut w0 = None;
         if want("W0") {
-            print(&b.w0().await?)?;
+            let r = b.w0().await?;
+            print(&r)?;
+            w0 = Some(r.tasks_per_s);
         }
         let mut w1_alone = None;
         if want("W1") {
@@ -152,8 +165,11 @@ fn main() -> Result<()> {
             print(&w1)?;
             w1_alone = Some(w1);
         }
+        let mut w2 = None;
         if want("W2") {
-            print(&b.w2().await?)?;
+            let r = b.w2().await?;
+            print(&r)?;
+            w2 = Some(r.tasks_per_s);
         }
         if want("W3") {
             print(&b.w3(w1_alone.as_ref()).await?)?;
@@ -164,6 +180,61 @@ fn main() -> Result<()> {
         if want("W6") {
             print(&b.w6().await?)?;
         }
+        if want("W7") {
+            let Servers::Single(master) = &servers else {
+                unreachable!("W7 runs on one redis-server")
+            };
+            print(&w7(master, &store, plugins, &args, http, (w0, w2)).await?)?;
+        }
         Ok(())
+    })
+}
+
+/// W7: W0 and W2 again with a replica of the Redis and `--min-replicas-acked 1`: every API write
+/// waits for the replica (`WAIT`); the runner's own writes are replicated, not waited for.
+/// `alone`: W0's and W2's tasks/s without the replica, when they ran, for the ratios.
+async fn w7(
+    master: &RedisServer,
+    store: &Store,
+    plugins: Arc<Plugins>,
+    args: &Args,
+    http: tokio::runtime::Handle,
+    alone: (Option<f64>, Option<f64>),
+) -> Result<report::W7> {
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut master.conn())?;
+        if info.contains("state=online") {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the replica did not sync");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let store = Store::open(
+        store.target().clone(),
+        StoreOptions {
+            min_replicas_acked: 1,
+            ..store.options().clone()
+        },
+    )
+    .await?;
+    let nodes = Nodes::connect(&[master.url()], vec![(0..store.shards()).collect()]).await?;
+    let b = Bench::new(store, plugins, args.clone(), nodes, &master.url(), http).await?;
+    let w0 = b.w0().await?.tasks_per_s;
+    let w2 = b.w2().await?.tasks_per_s;
+    drop(replica);
+    Ok(report::W7 {
+        workload: "W7",
+        n: args.n,
+        w0_tasks_per_s: w0,
+        w2_tasks_per_s: w2,
+        w0_ratio: alone.0.map(|a| w0 / a),
+        w2_ratio: alone.1.map(|a| w2 / a),
     })
 }

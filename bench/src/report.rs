@@ -198,3 +198,15 @@ pub fn per_task(cpu_s: f64, tasks: usize) -> f64 {
 pub fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
+
+/// W7: W0 and W2 with a replica and `--min-replicas-acked 1`, and their ratios to W0 and W2
+/// without it (measured in the same run).
+#[derive(Clone, Debug, Serialize)]
+pub struct W7 {
+    pub workload: &'static str,
+    pub n: usize,
+    pub w0_tasks_per_s: f64,
+    pub w2_tasks_per_s: f64,
+    pub w0_ratio: Option<f64>,
+    pub w2_ratio: Option<f64>,
+}
