@@ -216,6 +216,8 @@ async fn w7(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // a fresh namespace, as each workload starts with (W0 or W2 may have left tasks)
+    let () = redis::cmd("FLUSHALL").query(&mut master.conn())?;
     let store = Store::open(
         store.target().clone(),
         StoreOptions {
