@@ -131,6 +131,34 @@ impl RedisCluster {
         }
     }
 
+    /// The task ids of a stream's entries (XRANGE through a cluster-aware connection).
+    pub fn stream_task_ids(&self, key: &str) -> Vec<String> {
+        let client = redis::cluster::ClusterClient::new(
+            self.nodes
+                .iter()
+                .filter(|n| n.port > 0)
+                .map(|n| n.url())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let mut c = client.get_connection().unwrap();
+        let v: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+")
+            .query(&mut c)
+            .unwrap_or_default();
+        v.into_iter()
+            .map(|(_, fields)| {
+                fields
+                    .into_iter()
+                    .find(|(k, _)| k == "task_id")
+                    .map(|(_, v)| v)
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// `redis+cluster://` URL of the masters.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self

@@ -526,6 +526,41 @@ pub async fn post_tasks(base: &str, specs: serde_json::Value) {
     assert_eq!(s, 201, "{b}");
 }
 
+/// A client of the API scheduling `coupon-expiry` reminders: `batches` requests of 10, one every
+/// 100 ms, each due a second after it is sent. Resolves to the ids answered 201 (acknowledged).
+pub fn schedule_reminders(base: &str, batches: usize) -> tokio::task::JoinHandle<Vec<String>> {
+    let url = format!("{base}/v1/tasks");
+    tokio::spawn(async move {
+        let mut acknowledged = Vec::new();
+        for batch in 0..batches {
+            let due = now_ms() + 1_000;
+            let specs: Vec<serde_json::Value> = (0..10)
+                .map(|i| {
+                    serde_json::json!({"plugin": "coupon-expiry", "id": format!("c{batch}-{i}"), "run_at": due,
+                           "payload": {"coupon_id": "x", "user_id": "u1", "expires_at": due}})
+                })
+                .collect();
+            let (s, _) = call("POST", &url, Some(serde_json::json!(specs))).await;
+            if s == 201 {
+                acknowledged.extend((0..10).map(|i| format!("c{batch}-{i}")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        acknowledged
+    })
+}
+
+/// Waits until no shard holds a task scheduled or in flight.
+pub async fn wait_drained(store: &eggtimer::Store, limit: Duration) {
+    eventually(limit, "every task to have run", || async {
+        let c = store.shard_counts().await.ok()?;
+        c.iter()
+            .all(|c| c.scheduled + c.inflight == 0)
+            .then_some(())
+    })
+    .await;
+}
+
 /// Every string Redis holds, whatever the key's type.
 pub fn everything_in_redis(redis: &RedisServer) -> String {
     let mut c = redis.conn();

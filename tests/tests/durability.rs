@@ -477,27 +477,7 @@ async fn partition_then_failover(extra: &[&str]) -> (usize, usize) {
     let mut args = vec!["--plugins-dir", dir.to_str().unwrap(), "--lease", "2s"];
     args.extend_from_slice(extra);
     let r = RunnerProcess::start(&sentinels.url(), &args);
-    let client = {
-        let url = r.url.clone();
-        tokio::spawn(async move {
-            let mut acknowledged = Vec::new();
-            for batch in 0..50 {
-                let due = now_ms() + 1_000;
-                let specs: Vec<Value> = (0..10)
-                    .map(|i| {
-                        json!({"plugin": "coupon-expiry", "id": format!("c{batch}-{i}"), "run_at": due,
-                               "payload": {"coupon_id": "x", "user_id": "u1", "expires_at": due}})
-                    })
-                    .collect();
-                let (s, _) = call("POST", &format!("{url}/v1/tasks"), Some(json!(specs))).await;
-                if s == 201 {
-                    acknowledged.extend((0..10).map(|i| format!("c{batch}-{i}")));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            acknowledged
-        })
-    };
+    let client = eggtimer_tests::schedule_reminders(&r.url, 50);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     proxy.cut();
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -514,14 +494,7 @@ async fn partition_then_failover(extra: &[&str]) -> (usize, usize) {
     )
     .await
     .unwrap();
-    eventually(T, "the new master to have run everything due", || async {
-        let counts = store.shard_counts().await.ok()?;
-        counts
-            .iter()
-            .all(|c| c.scheduled + c.inflight == 0)
-            .then_some(())
-    })
-    .await;
+    eggtimer_tests::wait_drained(&store, T).await;
     let ran: std::collections::HashSet<String> =
         read_stream(&mut replica.conn(), "{eggtimer}:events:push")
             .into_iter()
