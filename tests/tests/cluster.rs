@@ -278,10 +278,11 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
 }
 
 /// A master that stalls for twice the lease (`DEBUG SLEEP 4`, shorter than the cluster's node
-/// timeout, so no failover) while tasks run on every master: the tasks on the other masters run
-/// once. (Today the cluster client holds every request while one node does not answer, the
-/// renewals of the other masters' shards too; they go out in the order they were made, renewals
-/// before the claims that would reap, so nothing there runs twice, but nothing there moves either.)
+/// timeout, so no failover) while tasks run on every master: the other masters' shards go on
+/// being renewed during the stall (their lease ends move on Redis's clock), and their tasks run
+/// once. The stall begins before the first renewal, so the renew script is not in any master's
+/// script cache yet: loading it must not wait for the stalled master (redis-rs's `SCRIPT LOAD`
+/// goes to every master), nor may one shard's renewal wait for another's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_master_runs_no_task_of_the_other_masters_twice() {
     let cluster = RedisCluster::start_with(
@@ -356,9 +357,39 @@ async fn a_stalled_master_runs_no_task_of_the_other_masters_twice() {
             .query(&mut c)
             .unwrap();
     });
+    // the latest lease end in a healthy task's shard, read from its master every 200 ms in the
+    // stall
+    let leases = format!(
+        "{{eggtimer:{}}}:leases",
+        eggtimer::store::shard_of(&healthy[0], 16)
+    );
+    let mut on_healthy = cluster.nodes[cluster.master_of(&leases)].conn();
+    let mut lease_ends = Vec::new();
+    let started = std::time::Instant::now();
     // 3 s into the stall, a task due on every shard of the masters that answer: their pollers
     // claim, and a claim reaps any lease that ran out
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    while started.elapsed() < Duration::from_secs(3) {
+        let latest = redis::cmd("ZRANGE")
+            .arg(&leases)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query::<Vec<(String, f64)>>(&mut on_healthy)
+            .unwrap()
+            .into_iter()
+            .map(|(_, end)| end as i64)
+            .max();
+        lease_ends.extend(latest);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // renewed every third of the lease on the masters that answer: three seconds see several
+    // lease ends (one, before the stall ended, on the old code)
+    lease_ends.dedup();
+    assert!(
+        lease_ends.len() >= 3,
+        "a healthy shard's lease was renewed {} times in 3 s of another master's stall: {lease_ends:?}",
+        lease_ends.len() - 1
+    );
     let wake: Vec<NewTask> = (0..16u32)
         .filter(|s| !shard_on_victim(*s))
         .map(|s| {

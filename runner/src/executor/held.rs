@@ -1,11 +1,12 @@
 //! The claims this runner holds, and the lease keeper that renews their leases while it holds
 //! them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{Semaphore, watch};
 use tracing::warn;
 
@@ -86,7 +87,9 @@ impl Held {
 }
 
 /// Renews the leases of every claim held, every third of the lease: started by the runner, it
-/// ends once the runner stops and nothing is held or reserved any more.
+/// ends once the runner stops and nothing is held or reserved any more. Each shard is renewed on
+/// its own: a shard whose last renewal has not answered yet (its Redis stalls) is skipped, and the
+/// other shards' renewals go on every third of the lease.
 pub struct LeaseKeeper {
     pub(super) store: Store,
     pub(super) held: Arc<Held>,
@@ -99,21 +102,34 @@ pub struct LeaseKeeper {
 
 impl LeaseKeeper {
     pub async fn run(self) {
-        let every = Duration::from_millis((self.lease_ms / 3).max(10));
+        let mut tick = tokio::time::interval(Duration::from_millis((self.lease_ms / 3).max(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let this = &self;
+        let mut renewing = HashSet::new();
+        let mut calls = FuturesUnordered::new();
         loop {
-            tokio::time::sleep(every).await;
-            if *self.stopping.borrow()
-                && self.held.count() == 0
-                && self.slots.available_permits() == self.capacity
-            {
-                return;
+            tokio::select! {
+                Some(shard) = calls.next() => {
+                    renewing.remove(&shard);
+                }
+                _ = tick.tick() => {
+                    if *self.stopping.borrow()
+                        && self.held.count() == 0
+                        && self.slots.available_permits() == self.capacity
+                    {
+                        return;
+                    }
+                    for (shard, held) in self.held.snapshot() {
+                        if renewing.insert(shard) {
+                            calls.push(async move {
+                                this.renew(shard, held).await;
+                                shard
+                            });
+                        }
+                    }
+                }
             }
-            let calls = self
-                .held
-                .snapshot()
-                .into_iter()
-                .map(|(shard, held)| self.renew(shard, held));
-            join_all(calls).await;
         }
     }
 

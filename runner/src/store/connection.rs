@@ -240,23 +240,61 @@ fn manager_config() -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// Names of the scripts by their SHA1 (filled once by `Scripts::load`), for the round-trip metric.
-pub(super) static SCRIPT_NAMES: OnceLock<HashMap<String, &'static str>> = OnceLock::new();
+/// A script's name (for `eggtimer_redis_seconds`) and text.
+pub(super) struct ScriptText {
+    pub name: &'static str,
+    pub text: String,
+}
 
-/// What a command is, for `eggtimer_redis_seconds`: the script's name, or `command`.
-fn command_label(cmd: &Cmd) -> &'static str {
+/// The scripts by their SHA1 (filled once by `Scripts::load`).
+pub(super) static SCRIPTS: OnceLock<HashMap<String, ScriptText>> = OnceLock::new();
+
+/// The script an `EVALSHA` runs, if it is one of ours.
+fn script_of(cmd: &Cmd) -> Option<&'static ScriptText> {
     let mut args = cmd.args_iter();
     match (args.next(), args.next()) {
         (Some(Arg::Simple(verb)), Some(Arg::Simple(sha)))
             if verb.eq_ignore_ascii_case(b"EVALSHA") =>
         {
-            std::str::from_utf8(sha)
-                .ok()
-                .and_then(|sha| SCRIPT_NAMES.get()?.get(sha).copied())
-                .unwrap_or("script")
+            SCRIPTS.get()?.get(std::str::from_utf8(sha).ok()?)
         }
-        _ => "command",
+        _ => None,
     }
+}
+
+/// What a command is, for `eggtimer_redis_seconds`: the script's name, or `command`.
+fn command_label(cmd: &Cmd) -> &'static str {
+    match script_of(cmd) {
+        Some(s) => s.name,
+        None if cmd
+            .args_iter()
+            .next()
+            .is_some_and(|a| matches!(a, Arg::Simple(v) if v.eq_ignore_ascii_case(b"EVALSHA"))) =>
+        {
+            "script"
+        }
+        None => "command",
+    }
+}
+
+/// The `EVAL` of the script an `EVALSHA` of ours names, with the same keys and arguments.
+///
+/// A Redis without the script answers `NOSCRIPT`; redis-rs would then send `SCRIPT LOAD`, which
+/// on a cluster goes to every master and waits for all of them: one master that stalls (or is
+/// down, or was just promoted and has no scripts) held up every first call of a script on the
+/// others, lease renewals included. `EVAL` goes where the `EVALSHA` went (the keys' node), runs
+/// the script and leaves it in that node's script cache.
+fn eval_of(cmd: &Cmd) -> Option<Cmd> {
+    let script = script_of(cmd)?;
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script.text.as_str());
+    for a in cmd.args_iter().skip(2) {
+        match a {
+            Arg::Simple(v) => eval.arg(v),
+            _ => return None,
+        };
+    }
+    Some(eval)
 }
 
 /// Times a round trip into `eggtimer_redis_seconds` (a no-op until a recorder is installed).
@@ -268,9 +306,9 @@ async fn timed<T>(label: &'static str, call: RedisFuture<'_, T>) -> redis::Redis
     r
 }
 
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let call = match self {
+impl Conn {
+    fn send<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Sentinel(f) => {
                 let f = Arc::clone(f);
@@ -285,8 +323,26 @@ impl ConnectionLike for Conn {
                 })
             }
             Conn::Cluster(c) => c.req_packed_command(cmd),
-        };
-        Box::pin(timed(command_label(cmd), call))
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let label = command_label(cmd);
+        Box::pin(async move {
+            match timed(label, self.send(cmd)).await {
+                // (redis-rs hands server errors back as values; the caller's conversion makes
+                // them errors)
+                Ok(Value::ServerError(e)) if e.kind() == Some(redis::ServerErrorKind::NoScript) => {
+                    match eval_of(cmd) {
+                        Some(eval) => timed(label, self.send(&eval)).await,
+                        None => Ok(Value::ServerError(e)),
+                    }
+                }
+                r => r,
+            }
+        })
     }
 
     fn req_packed_commands<'a>(

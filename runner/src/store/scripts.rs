@@ -45,11 +45,17 @@ macro_rules! scripts {
                 Scripts { $($field: Script::new(&assemble(include_str!(concat!("lua/", $file, ".lua")))),)* }
             }
 
-            /// The scripts' names by SHA1, for the Redis round-trip metric.
-            fn names(&self) -> HashMap<String, &'static str> {
-                [$((&self.$field, $file),)*]
+            /// Every script by SHA1: its name (for the Redis round-trip metric) and its text (to
+            /// run it with EVAL where Redis does not have it yet).
+            fn by_sha() -> HashMap<String, super::connection::ScriptText> {
+                [$(($file, assemble(include_str!(concat!("lua/", $file, ".lua")))),)*]
                     .into_iter()
-                    .map(|(s, n)| (s.get_hash().to_owned(), n))
+                    .map(|(name, text)| {
+                        (
+                            Script::new(&text).get_hash().to_owned(),
+                            super::connection::ScriptText { name, text },
+                        )
+                    })
                     .collect()
             }
         }
@@ -88,7 +94,7 @@ scripts! {
 impl Scripts {
     pub fn load() -> Self {
         let s = Self::build();
-        super::connection::SCRIPT_NAMES.get_or_init(|| s.names());
+        super::connection::SCRIPTS.get_or_init(Self::by_sha);
         s
     }
 }
