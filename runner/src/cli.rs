@@ -77,7 +77,7 @@ impl Call {
 /// Runs one client command.
 pub async fn run(cmd: Command) -> Result<()> {
     let (remote, call) = match cmd {
-        Command::Serve(_) => unreachable!("not a client command"),
+        Command::Serve(_) | Command::CompilePlugin => unreachable!("not a client command"),
         Command::Runners { remote } => (remote, Call::get("/v1/runners").view(View::Runners)),
         Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)?),
         Command::Task { remote, cmd } => (remote, task_call(cmd)?),

@@ -31,6 +31,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the runner: admin API, pollers, executor (the default).
     Serve(Box<ServeArgs>),
+    /// Compile a plugin from stdin to stdout: what the runner starts to compile a plugin in a
+    /// child process bounded in time and memory.
+    #[command(hide = true)]
+    CompilePlugin,
     /// Manage plugins on a running eggtimer over its HTTP API.
     Plugin {
         #[command(flatten)]
@@ -239,6 +243,15 @@ pub struct ServeArgs {
     /// eggtimer or wasmtime build go at once); the cache is cleaned at start and hourly.
     #[arg(long, env = "EGGTIMER_PLUGIN_CACHE_KEEP", default_value = "7days", value_parser = parse_duration)]
     pub plugin_cache_keep: Duration,
+    /// How long compiling one plugin (an upload, or a version not in the compiled-code cache) may
+    /// take; past it the compile is stopped and the upload refused. Compiles run one at a time,
+    /// each in a child process.
+    #[arg(long, env = "EGGTIMER_PLUGIN_COMPILE_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub plugin_compile_timeout: Duration,
+    /// Memory compiling one plugin may use (bytes); past it the compile is stopped and the upload
+    /// refused.
+    #[arg(long, env = "EGGTIMER_PLUGIN_COMPILE_MEMORY", default_value_t = 4 << 30, value_parser = parse_memory)]
+    pub plugin_compile_memory: usize,
     /// How long a graceful shutdown waits for running tasks.
     #[arg(long, env = "EGGTIMER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,

@@ -12,6 +12,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::CompilePlugin) = cli.command {
+        // no logging: the runner reads stderr as the compile's error
+        return match eggtimer::plugins::compile_child() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("eggtimer: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let serve = match &cli.command {
         Some(Command::Serve(a)) => a.as_ref(),
         _ => &cli.serve,
@@ -31,6 +41,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => eggtimer::serve::main(cli.serve),
         Some(Command::Serve(args)) => eggtimer::serve::main(*args),
+        Some(Command::CompilePlugin) => unreachable!("handled above"),
         Some(cmd) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

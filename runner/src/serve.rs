@@ -16,7 +16,7 @@ use crate::executor::ExecutorOptions;
 use crate::local_redis::LocalRedis;
 use crate::membership::MembershipOptions;
 use crate::metrics::Metrics;
-use crate::plugins::{Budget, PluginOptions, Plugins, Registry};
+use crate::plugins::{Budget, CompileLimits, PluginOptions, Plugins, Registry};
 use crate::poller::PollerOptions;
 use crate::runner::{Runner, RunnerOptions};
 use crate::store::{RedisTarget, Store, StoreOptions};
@@ -243,6 +243,10 @@ fn plugin_options(args: &ServeArgs) -> Result<PluginOptions> {
                 .unwrap_or_else(|| args.data_dir.join("plugin-cache")),
         ),
         cache_keep: args.plugin_cache_keep,
+        compiler: Some(CompileLimits::this_binary(
+            args.plugin_compile_timeout,
+            args.plugin_compile_memory as u64,
+        )?),
         max_payload_bytes: args.max_payload_bytes,
         default_max_attempts: 5,
         workers: args.workers.max(1),

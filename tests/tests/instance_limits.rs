@@ -1,12 +1,13 @@
-//! A component that asks for more than any plugin may have (core instances, memories), or whose
-//! start code traps or never ends, is refused at upload, naming why, and takes nothing from the
-//! other plugins: their tasks on the same runner run. The components are written here in the component model's text format:
+//! A component that asks for more than any plugin may have (core instances, memories), whose
+//! start code traps or never ends, or that costs too much to compile, is refused at upload,
+//! naming why, and takes nothing from the other plugins: their tasks on the same runner run. The components are written here in the component model's text format:
 //! each exports a `handle` that answers done, beside the core instances it asks for.
 
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, now_ms, post_tasks as schedule, runner_fast_retry as start, upload, wait_state,
+    RedisServer, RunnerProcess, metric, now_ms, plugin_wasm, post_tasks as schedule,
+    runner_fast_retry as start, temp_dir, upload, wait_state,
 };
 use serde_json::json;
 
@@ -154,4 +155,82 @@ async fn a_component_whose_start_code_traps_or_never_ends_is_refused_at_upload()
     schedule(base, json!({"plugin": "starts", "id": "first"})).await;
     let t = wait_state(base, "first", "done", T).await;
     assert_eq!(t["attempts"], 1, "{t}");
+}
+
+/// A plugin that takes longer to compile than `--plugin-compile-timeout`, or more memory than
+/// `--plugin-compile-memory`, is refused at upload naming the limit: the compile runs in a child
+/// process, which is stopped; it is not stored, and another plugin's tasks run meanwhile.
+#[tokio::test]
+async fn a_plugin_too_costly_to_compile_is_stopped_and_refused_and_others_run() {
+    // the Python sample takes seconds and hundreds of MiB to compile; the small component
+    // milliseconds and a few MiB
+    let python = plugin_wasm("coupon-expiry-py");
+    for (flag, value, what) in [
+        (
+            "--plugin-compile-timeout",
+            "1s",
+            "compiling the plugin took longer than 1s (the runner's --plugin-compile-timeout), so it was stopped",
+        ),
+        (
+            "--plugin-compile-memory",
+            "67108864",
+            "compiling the plugin needed more than 64 MiB of memory (the runner's --plugin-compile-memory)",
+        ),
+    ] {
+        let redis = RedisServer::start();
+        let cache = temp_dir("plugin-cache");
+        let r = RunnerProcess::start(
+            &redis.url(),
+            &[flag, value, "--plugin-cache", cache.to_str().unwrap()],
+        );
+        let base = r.url.as_str();
+        let (s, b) = upload(base, "small", component("")).await;
+        assert_eq!(s, 201, "{flag}: {b}");
+        // tasks of the small plugin due while the Python sample compiles
+        let due = now_ms() + 300;
+        schedule(
+            base,
+            json!(
+                (0..10)
+                    .map(|i| json!({"plugin": "small", "id": format!("s{i}"), "run_at": due}))
+                    .collect::<Vec<_>>()
+            ),
+        )
+        .await;
+        let msg = refused(base, "python", python.clone()).await;
+        assert!(msg.starts_with(what), "{flag}: {msg}");
+        let (s, _) = eggtimer_tests::call("GET", &format!("{base}/v1/plugins/python"), None).await;
+        assert_eq!(s, 404, "{flag}: the plugin was stored");
+        // the compile is gone: the runner has no child process compiling
+        assert_eq!(
+            compilers_of(r.pid()),
+            0,
+            "{flag}: a compile is still running"
+        );
+        for i in 0..10 {
+            let t = wait_state(base, &format!("s{i}"), "done", T).await;
+            assert_eq!(t["attempts"], 1, "{t}");
+        }
+        assert_eq!(metric(base, "eggtimer_plugin_compiles").await, Some(0.0));
+    }
+}
+
+/// Child processes of `pid` running `compile-plugin`.
+fn compilers_of(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.ok()?.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: the parent is the field after the closing parenthesis
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(stat)
+        })
+        .filter(|stat| stat.contains("(eggtimer)") || stat.contains("(exe)"))
+        .count()
 }

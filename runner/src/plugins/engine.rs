@@ -16,9 +16,10 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, anyhow};
 use tracing::{info, warn};
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::bindings::{Plugin, PluginPre};
+use super::compiler::{self, CompileLimits};
 use super::host::State;
 use super::limiter;
 use super::{Loaded, PluginOptions, digest};
@@ -31,6 +32,8 @@ pub(super) struct WasmEngine {
     pub engine: Engine,
     pub linker: Linker<State>,
     cache: Option<Cache>,
+    /// Where plugins are compiled: a bounded child process, or (None) this process.
+    compiler: Option<CompileLimits>,
     /// One compile at a time: cranelift spreads a compile over every core already, so uploads and
     /// reloads arriving together queue here instead of multiplying the CPU and memory compiling
     /// takes (loading from the cache does not queue).
@@ -219,8 +222,7 @@ pub(super) fn pool_slots(opts: &PluginOptions) -> u32 {
 impl WasmEngine {
     /// Creates the engine and linker and starts the epoch ticker (it stops with the engine).
     pub fn new(opts: &PluginOptions) -> Result<WasmEngine> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
+        let mut config = compiler::code_config();
         let slots = pool_slots(opts);
         let mut pool = PoolingAllocationConfig::default();
         // A component built by a non-Rust toolchain may hold several core instances, memories
@@ -266,6 +268,7 @@ impl WasmEngine {
                 .cache_dir
                 .as_deref()
                 .and_then(|d| Cache::open(d, opts.cache_keep)),
+            compiler: opts.compiler.clone(),
             compile_turn: Mutex::new(()),
             compiles: AtomicUsize::new(0),
             cleaned: Mutex::new(None),
@@ -322,7 +325,8 @@ impl WasmEngine {
             .and_then(|(p, cache)| cache.read(&p))
             .and_then(|bytes| {
                 // SAFETY: these bytes carry a MAC made with this cache's private key, which only
-                // `write_cache` makes, over the output of `Component::serialize` of an engine with
+                // `write_cache` makes, over compiled code (`Component::serialize`, or
+                // `Engine::precompile_component` in the compiler child) of an engine with
                 // the same compatibility hash (it is in the file name).
                 unsafe { Component::deserialize(&self.engine, &bytes) }.ok()
             });
@@ -331,17 +335,7 @@ impl WasmEngine {
             None => {
                 let _counted = Counted::new(&self.compiles);
                 let _turn = self.compile_turn.lock().unwrap_or_else(|e| e.into_inner());
-                let c = Component::from_binary(&self.engine, wasm).map_err(|e| {
-                    let e = format!("{e:#}");
-                    if e.contains("exceeds the configured maximum") {
-                        // the pooling allocator's per-component limits (see `limiter`)
-                        format!("the component asks for more than a plugin may have: {e}")
-                    } else {
-                        format!("not a valid WebAssembly component (build it with `--target wasm32-wasip2`): {e}")
-                    }
-                })?;
-                self.write_cache(&digest, &c);
-                c
+                self.compile_fresh(&digest, wasm)?
             }
         };
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
@@ -357,20 +351,55 @@ impl WasmEngine {
         })
     }
 
-    fn write_cache(&self, digest: &str, c: &Component) {
+    /// Compiles `wasm` (in the bounded child process when there is one) and caches the code.
+    fn compile_fresh(&self, digest: &str, wasm: &[u8]) -> Result<Component, String> {
+        let (component, code) = match &self.compiler {
+            Some(lim) => {
+                let code = compiler::compile(lim, wasm).map_err(|e| explain(&e))?;
+                // SAFETY: the code is the output of `Engine::precompile_component` of this very
+                // binary (the child runs /proc/self/exe) over the uploaded wasm; `deserialize`
+                // checks it was made with this engine's settings.
+                let c = unsafe { Component::deserialize(&self.engine, &code) }
+                    .map_err(|e| explain(&format!("{e:#}")))?;
+                (c, Some(code))
+            }
+            None => {
+                let c = Component::from_binary(&self.engine, wasm)
+                    .map_err(|e| explain(&format!("{e:#}")))?;
+                let code = c
+                    .serialize()
+                    .map_err(|e| warn!("could not serialize a compiled plugin: {e:#}"))
+                    .ok();
+                (c, code)
+            }
+        };
+        if let Some(code) = code {
+            self.write_cache(digest, &code);
+        }
+        Ok(component)
+    }
+
+    fn write_cache(&self, digest: &str, code: &[u8]) {
         let (Some(cache), Some(p)) = (self.cache.as_ref(), self.cache_path(digest)) else {
             return;
         };
-        match c.serialize() {
-            Ok(bytes) => {
-                if let Err(e) = cache.write(&p, &bytes) {
-                    warn!(
-                        "could not write the compiled-plugin cache at {}: {e}",
-                        p.display()
-                    );
-                }
-            }
-            Err(e) => warn!("could not serialize a compiled plugin: {e:#}"),
+        if let Err(e) = cache.write(&p, code) {
+            warn!(
+                "could not write the compiled-plugin cache at {}: {e}",
+                p.display()
+            );
         }
+    }
+}
+
+/// A compile error, for the uploader.
+fn explain(e: &str) -> String {
+    if e.contains("exceeds the configured maximum") {
+        // the pooling allocator's per-component limits (see `limiter`)
+        format!("the component asks for more than a plugin may have: {e}")
+    } else if e.contains("--plugin-compile-") || e.starts_with("could not start the compiler") {
+        e.to_owned()
+    } else {
+        format!("not a valid WebAssembly component (build it with `--target wasm32-wasip2`): {e}")
     }
 }

@@ -15,6 +15,7 @@
 //! Architecture invariant: a plugin never reaches Redis; it asks the host, and the host turns its
 //! asks into [`Effects`](crate::executor::Effects) that the executor commits before the outcome.
 
+mod compiler;
 mod engine;
 mod host;
 mod http;
@@ -36,6 +37,7 @@ use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
+pub use compiler::{CompileLimits, compile_child};
 pub use host::{Budget, derive_id, valid_topic};
 pub use http::{MAX_ALLOWED_HOSTS, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
@@ -67,6 +69,9 @@ pub struct PluginOptions {
     pub cache_dir: Option<PathBuf>,
     /// How long a cached file no runner loads is kept.
     pub cache_keep: Duration,
+    /// Compile in a child process bounded in time and memory (the runner does); `None` compiles
+    /// in this process, unbounded.
+    pub compiler: Option<CompileLimits>,
     /// Largest payload of a follow-up task (bytes).
     pub max_payload_bytes: usize,
     /// Attempts of a follow-up task that does not say.
@@ -88,6 +93,7 @@ impl Default for PluginOptions {
             memory: 64 << 20,
             cache_dir: None,
             cache_keep: Duration::from_secs(7 * 24 * 3600),
+            compiler: None,
             max_payload_bytes: 64 << 10,
             default_max_attempts: 5,
             workers: 32,
