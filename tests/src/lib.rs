@@ -597,3 +597,19 @@ pub fn everything_in_redis(redis: &RedisServer) -> String {
     }
     all
 }
+
+/// Asserts an API answer is 503 `not_replicated` for a write none of its one replica confirmed.
+pub fn assert_not_replicated(status: u16, body: &serde_json::Value) {
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (503, &serde_json::json!("not_replicated")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 of the 1 replicas"),
+        "{body}"
+    );
+}

@@ -39,18 +39,7 @@ async fn on_a_cluster_min_replicas_acked_waits_for_the_replicas() {
     frozen.freeze(true);
     let (s, b) = call("POST", &tasks, Some(spec("b"))).await;
     frozen.freeze(false);
-    assert_eq!(
-        (s, &b["error"]["code"]),
-        (503, &json!("not_replicated")),
-        "{b}"
-    );
-    assert!(
-        b["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("0 of the 1 replicas"),
-        "{b}"
-    );
+    eggtimer_tests::assert_not_replicated(s, &b);
     // once it is back, the same request is acknowledged
     eventually(T, "the write acknowledged again", || async {
         (call("POST", &tasks, Some(spec("b"))).await.0 == 201).then_some(())

@@ -322,18 +322,7 @@ async fn with_min_replicas_acked_a_write_is_acknowledged_only_once_a_replica_has
     let (s, b) = call("POST", &format!("{}/v1/tasks", r.url), Some(spec("b"))).await;
     let waited = sent.elapsed();
     replica.freeze(false);
-    assert_eq!(
-        (s, &b["error"]["code"]),
-        (503, &json!("not_replicated")),
-        "{b}"
-    );
-    assert!(
-        b["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("0 of the 1 replicas"),
-        "{b}"
-    );
+    eggtimer_tests::assert_not_replicated(s, &b);
     assert!(
         waited >= Duration::from_secs(1),
         "answered after {waited:?}"

@@ -264,16 +264,12 @@ fn script_of(cmd: &Cmd) -> Option<&'static ScriptText> {
 
 /// What a command is, for `eggtimer_redis_seconds`: the script's name, or `command`.
 fn command_label(cmd: &Cmd) -> &'static str {
-    match script_of(cmd) {
-        Some(s) => s.name,
-        None if cmd
-            .args_iter()
-            .next()
-            .is_some_and(|a| matches!(a, Arg::Simple(v) if v.eq_ignore_ascii_case(b"EVALSHA"))) =>
-        {
-            "script"
-        }
-        None => "command",
+    if let Some(s) = script_of(cmd) {
+        return s.name;
+    }
+    match cmd.args_iter().next() {
+        Some(Arg::Simple(verb)) if verb.eq_ignore_ascii_case(b"EVALSHA") => "script",
+        _ => "command",
     }
 }
 
