@@ -527,11 +527,19 @@ pub async fn post_tasks(base: &str, specs: serde_json::Value) {
 }
 
 /// A client of the API scheduling `coupon-expiry` reminders: `batches` requests of 10, one every
-/// 100 ms, each due a second after it is sent. Resolves to the ids answered 201 (acknowledged).
-pub fn schedule_reminders(base: &str, batches: usize) -> tokio::task::JoinHandle<Vec<String>> {
+/// 100 ms, each due a second after it is sent.
+pub struct Reminders {
+    acknowledged: Arc<AtomicU64>,
+    client: tokio::task::JoinHandle<Vec<String>>,
+}
+
+/// Starts a [`Reminders`] client against the API at `base`.
+pub fn schedule_reminders(base: &str, batches: usize) -> Reminders {
     let url = format!("{base}/v1/tasks");
-    tokio::spawn(async move {
-        let mut acknowledged = Vec::new();
+    let acknowledged = Arc::new(AtomicU64::new(0));
+    let count = acknowledged.clone();
+    let client = tokio::spawn(async move {
+        let mut ids = Vec::new();
         for batch in 0..batches {
             let due = now_ms() + 1_000;
             let specs: Vec<serde_json::Value> = (0..10)
@@ -542,12 +550,34 @@ pub fn schedule_reminders(base: &str, batches: usize) -> tokio::task::JoinHandle
                 .collect();
             let (s, _) = call("POST", &url, Some(serde_json::json!(specs))).await;
             if s == 201 {
-                acknowledged.extend((0..10).map(|i| format!("c{batch}-{i}")));
+                ids.extend((0..10).map(|i| format!("c{batch}-{i}")));
+                count.store(ids.len() as u64, Ordering::SeqCst);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        acknowledged
-    })
+        ids
+    });
+    Reminders {
+        acknowledged,
+        client,
+    }
+}
+
+impl Reminders {
+    /// Waits until at least `n` reminders were answered 201.
+    pub async fn wait_acknowledged(&self, n: u64) {
+        eventually(
+            Duration::from_secs(30),
+            "reminders acknowledged",
+            || async { (self.acknowledged.load(Ordering::SeqCst) >= n).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Waits for the client's last request; the ids answered 201 (acknowledged).
+    pub async fn acknowledged(self) -> Vec<String> {
+        self.client.await.unwrap()
+    }
 }
 
 /// Waits until no shard holds a task scheduled or in flight.

@@ -63,12 +63,12 @@ async fn on_a_cluster_min_replicas_acked_waits_for_the_replicas() {
 }
 
 /// One master's replica frozen, then that master killed -9, on a 3-master cluster with a replica
-/// each: the replica is stopped (SIGSTOP: it confirms nothing) while a client schedules reminders
-/// over HTTP, the master dies a second later, the replica wakes and the cluster fails over to it.
-/// Returns (acknowledged, lost): the reminders answered 201, and those of them that never ran once
-/// everything left has run. (A frozen replica's kernel still takes in what the master sends, so
-/// nothing is lost here without the flag either; `durability.rs` cuts a replica's link with a
-/// proxy, which a cluster replica can't be put behind without its clients.)
+/// each: the replica is stopped (SIGSTOP: it confirms nothing) once a client scheduling reminders
+/// over HTTP has 100 acknowledged, the master dies a second later, the replica wakes and the
+/// cluster fails over to it. Returns (acknowledged, lost): the reminders answered 201, and those
+/// of them that never ran once everything left has run. (A frozen replica's kernel still takes in
+/// what the master sends, so nothing is lost here without the flag either; `durability.rs` cuts a
+/// replica's link with a proxy, which a cluster replica can't be put behind without its clients.)
 async fn frozen_replica_then_failover_on_a_cluster(extra: &[&str]) -> (usize, usize) {
     let mut cluster = RedisCluster::start(3, 1);
     let dir = plugins_dir();
@@ -82,14 +82,14 @@ async fn frozen_replica_then_failover_on_a_cluster(extra: &[&str]) -> (usize, us
         .unwrap();
     let replica = replica_of(&cluster, victim);
     let client = eggtimer_tests::schedule_reminders(&r.url, 60);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    client.wait_acknowledged(100).await;
     cluster.nodes[replica].freeze(true);
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     cluster.nodes[victim].kill();
     cluster.nodes[replica].freeze(false);
     cluster.nodes[victim].port = 0; // gone for good
     cluster.wait_ok(Duration::from_secs(30));
-    let acknowledged = client.await.unwrap();
+    let acknowledged = client.acknowledged().await;
     let store = Store::open(
         RedisTarget::parse(&cluster.url()).unwrap(),
         StoreOptions::default(),

@@ -445,10 +445,10 @@ async fn behind_sentinel_a_runner_follows_a_failover_and_every_acknowledged_task
 }
 
 /// A partition, then a failover behind three Sentinels: the replica's link to the master goes
-/// through a proxy the test cuts (open, but no byte passes), a client schedules reminders over
-/// HTTP meanwhile, and the master is killed -9 a second after the cut; the Sentinels promote the
-/// replica. Returns (acknowledged, lost): the reminders answered 201, and those of them that never
-/// ran once everything left on the new master has run.
+/// through a proxy the test cuts (open, but no byte passes) once a client scheduling reminders
+/// over HTTP has 100 acknowledged, and the master is killed -9 a second after the cut; the
+/// Sentinels promote the replica. Returns (acknowledged, lost): the reminders answered 201, and
+/// those of them that never ran once everything left on the new master has run.
 async fn partition_then_failover(extra: &[&str]) -> (usize, usize) {
     let mut master = RedisServer::start();
     let proxy = eggtimer_tests::Proxy::start(master.port);
@@ -467,7 +467,7 @@ async fn partition_then_failover(extra: &[&str]) -> (usize, usize) {
     args.extend_from_slice(extra);
     let r = RunnerProcess::start(&sentinels.url(), &args);
     let client = eggtimer_tests::schedule_reminders(&r.url, 50);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    client.wait_acknowledged(100).await;
     proxy.cut();
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     master.kill();
@@ -475,7 +475,7 @@ async fn partition_then_failover(extra: &[&str]) -> (usize, usize) {
         (sentinels.master_port() == Some(replica.port)).then_some(())
     })
     .await;
-    let acknowledged = client.await.unwrap();
+    let acknowledged = client.acknowledged().await;
     // everything on the new master runs; then count what never ran
     let store = eggtimer::Store::open(
         eggtimer::RedisTarget::Single(replica.url()),
