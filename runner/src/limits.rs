@@ -7,6 +7,8 @@
 pub const MAX_TIME_MS: i64 = 253_402_300_799_999;
 /// The longest duration or shift: 10 years, in ms.
 pub const MAX_DURATION_MS: i64 = 315_360_000_000;
+/// Most attempts a task or a schedule's firing may be given.
+pub const MAX_ATTEMPTS: u32 = 1000;
 /// The longest id or owner, in bytes.
 pub const MAX_ID_BYTES: usize = 200;
 

@@ -102,7 +102,7 @@ pub fn parse_traceparent(tp: &str) -> std::result::Result<Option<String>, String
         && hex(parts[3], 2);
     if !well_formed {
         return Err(format!(
-            "expected a W3C traceparent 00-<32 hex trace id>-<16 hex span id>-<2 hex flags> in lower case, got {:?}",
+            "must be a W3C traceparent 00-<32 hex trace id>-<16 hex span id>-<2 hex flags> in lower case, got {:?}",
             tp.chars().take(80).collect::<String>()
         ));
     }

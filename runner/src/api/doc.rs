@@ -1,7 +1,8 @@
 //! The OpenAPI document (`GET /v1/openapi.json`): the schemas of request and response bodies.
 //! The operations come from each handler's `#[utoipa::path]`, and the router registers every
 //! route from that same annotation (`utoipa_axum::routes!`), so the document can't drift from
-//! the routes. Bodies are parsed by hand (to name the field in errors); these types describe them.
+//! the routes. A task spec is read by its own type (`tasks::TaskSpec`); the other bodies are
+//! parsed by hand (to name the field in errors) and these types describe them.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -9,6 +10,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, ResponseBuilder, ResponsesBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
+use super::tasks::TaskSpec;
 use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
 
 /// The error body of every 4xx and 5xx.
@@ -76,67 +78,23 @@ impl IntoResponses for Errors {
     }
 }
 
-/// A task to schedule.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct TaskSpec {
-    /// The plugin that runs it.
-    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
-    pub plugin: String,
-    /// Any JSON, handed to the plugin.
-    pub payload: Option<Value>,
-    /// When (ms since the Unix epoch); neither run_at nor delay_ms means now.
-    #[schema(minimum = 0, maximum = 253402300799999_i64)]
-    pub run_at: Option<i64>,
-    /// How long from now (ms).
-    #[schema(minimum = 0, maximum = 315360000000_i64)]
-    pub delay_ms: Option<i64>,
-    /// 1 to 200 bytes without control characters; generated when absent.
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    pub id: Option<String>,
-    /// 1 to 200 bytes without control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    pub owner: Option<String>,
-    #[schema(minimum = 1, maximum = 1000)]
-    pub max_attempts: Option<u32>,
-    /// After the task finished, scheduling this id again within this long (ms) is 409
-    /// `duplicate` and changes nothing.
-    #[schema(minimum = 0, maximum = 315360000000_i64)]
-    pub unique_for_ms: Option<i64>,
-    /// A W3C trace context: the task's run joins this trace (overrides the `traceparent`
-    /// header for this spec). Ids of zeros name no trace and are ignored.
-    #[schema(pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
-    pub traceparent: Option<String>,
-    /// The latest time (ms since the Unix epoch) the task may start; not started by then, it is
-    /// dead with the error `expired` instead of running. Before the task is due: 422.
-    #[schema(minimum = 0, maximum = 253402300799999_i64)]
-    pub start_by: Option<i64>,
-}
-
 /// One task spec, or an array of 1 to 10,000.
 #[derive(ToSchema, serde::Deserialize)]
 #[allow(dead_code)]
 #[serde(untagged)]
-pub enum ScheduleBody {
-    One(TaskSpec),
-    Many(SpecBatch),
+pub enum ScheduleBody<'a> {
+    #[serde(borrow)]
+    One(TaskSpec<'a>),
+    #[serde(borrow)]
+    Many(SpecBatch<'a>),
 }
 
 /// 1 to 10,000 task specs, scheduled all or nothing.
 #[derive(serde::Deserialize)]
 #[allow(dead_code)]
-pub struct SpecBatch(Vec<TaskSpec>);
+pub struct SpecBatch<'a>(#[serde(borrow)] Vec<TaskSpec<'a>>);
 
-impl utoipa::PartialSchema for SpecBatch {
+impl utoipa::PartialSchema for SpecBatch<'_> {
     fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
         utoipa::openapi::schema::ArrayBuilder::new()
             .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
@@ -149,7 +107,7 @@ impl utoipa::PartialSchema for SpecBatch {
     }
 }
 
-impl ToSchema for SpecBatch {
+impl ToSchema for SpecBatch<'_> {
     fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::schema::Schema>)>) {
         schemas.push((
             TaskSpec::name().into(),
@@ -198,17 +156,6 @@ pub struct MoveAt {
 pub struct MoveBy {
     #[schema(minimum = -315360000000_i64, maximum = 315360000000_i64)]
     pub shift_ms: i64,
-}
-
-/// Shift an owner's scheduled tasks (of one plugin).
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct ShiftBody {
-    #[schema(minimum = -315360000000_i64, maximum = 315360000000_i64)]
-    pub shift_ms: i64,
-    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
-    pub plugin: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -409,38 +356,6 @@ pub struct PluginOnly {
     pub plugin: Option<String>,
 }
 
-/// A recurring schedule: exactly one of `cron` and `every_ms`.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleSpec {
-    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
-    pub plugin: String,
-    pub payload: Option<Value>,
-    /// 5 fields: minute hour day-of-month month day-of-week.
-    #[schema(pattern = "^ *[0-9A-Za-z*,/?#-]+( +[0-9A-Za-z*,/?#-]+){4} *$")]
-    pub cron: Option<String>,
-    #[schema(minimum = 1000, maximum = 315360000000_i64)]
-    pub every_ms: Option<i64>,
-    /// An IANA time zone name (default "UTC").
-    pub tz: Option<String>,
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    pub owner: Option<String>,
-    #[schema(minimum = 0, maximum = 253402300799999_i64)]
-    pub start_at: Option<i64>,
-    #[schema(minimum = 0, maximum = 253402300799999_i64)]
-    pub end_at: Option<i64>,
-    #[schema(minimum = 1, maximum = 1000)]
-    pub max_attempts: Option<u32>,
-    pub overlap: Option<crate::recurring::Overlap>,
-}
-
-// (ScheduleSpec's `not`/`anyOf` rule is added in `finish`.)
-
 /// A schedule's id and when it fires next (null: never, or paused).
 #[derive(Serialize, ToSchema)]
 pub struct SchedulePutReply {
@@ -557,6 +472,7 @@ pub struct ApiDoc;
 
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
+const _: () = assert!(crate::limits::MAX_ATTEMPTS == 1000);
 const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);
 const _: () =
     assert!(super::plugins::MAX_RATE == 1000000 && super::plugins::MAX_RATE_WINDOW_MS == 86400000);

@@ -6,11 +6,10 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use serde_json::value::RawValue;
 
 use super::AppState;
 use super::auth::plugins_for;
-use super::body::{self, ApiResult};
+use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::ApiError;
 use super::params::{
@@ -19,7 +18,6 @@ use super::params::{
 };
 use super::tasks::SMALL_BODY;
 use crate::access::Caller;
-use crate::limits;
 
 /// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
 /// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
@@ -54,18 +52,21 @@ pub async fn owner_tasks(
     Ok(resp)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ShiftBody<'a> {
-    #[serde(borrow)]
-    shift_ms: Option<&'a RawValue>,
-    #[serde(borrow)]
-    plugin: Option<&'a RawValue>,
+/// Shift an owner's scheduled tasks (of one plugin).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+pub struct ShiftBody {
+    #[serde(default, deserialize_with = "field::shift")]
+    #[schema(value_type = i64, required = true, minimum = -315360000000_i64, maximum = 315360000000_i64)]
+    shift_ms: Option<i64>,
+    #[serde(default, deserialize_with = "field::plugin")]
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
 }
 
 /// `POST /v1/owners/{owner}/shift`.
 #[utoipa::path(post, path = "/v1/owners/{owner}/shift", tag = "owners", params(OwnerName),
-    request_body(content = doc::ShiftBody, content_type = "application/json"),
+    request_body(content = ShiftBody, content_type = "application/json"),
     responses((status = 200, description = "shifted", body = doc::Shifted), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn owner_shift(
@@ -78,14 +79,11 @@ pub async fn owner_shift(
     check_owner(&owner)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, SMALL_BODY).await?;
-    let b: ShiftBody = body::object(body::raw(&bytes)?, "", "the body")?;
-    let shift = body::int(b.shift_ms, "", "shift_ms")?
+    let b: ShiftBody = body::typed(body::raw(&bytes)?)?;
+    let shift = b
+        .shift_ms
         .ok_or_else(|| ApiError::bad("shift_ms is required"))?;
-    limits::shift("shift_ms", shift)?;
-    let plugin = body::string(b.plugin, "", "plugin")?;
-    if let Some(p) = &plugin {
-        body::plugin_name("", p)?;
-    }
+    let plugin = b.plugin;
     // A key that sees some plugins only shifts each of them in turn: one shift per plugin.
     let plugins = match plugins_for(&st, &caller, plugin).await? {
         None => vec![None],

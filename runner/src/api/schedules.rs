@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::plugin_in_scope;
-use super::body::{self, ApiResult};
+use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
 use crate::access::Caller;
@@ -47,58 +47,65 @@ fn check_schedule_id(id: &str) -> ApiResult<()> {
     Ok(())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSchedule<'a> {
+// The body of `PUT /v1/schedules/{id}`, each field bounded as it is read.
+/// A recurring schedule: exactly one of `cron` and `every_ms`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a schedule (a JSON object)")]
+pub struct ScheduleSpec<'a> {
+    #[serde(default, deserialize_with = "field::plugin")]
+    #[schema(value_type = String, required = true, pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
     #[serde(borrow)]
-    plugin: Option<&'a RawValue>,
-    #[serde(borrow)]
+    #[schema(value_type = Option<Value>)]
     payload: Option<&'a RawValue>,
-    #[serde(borrow)]
-    cron: Option<&'a RawValue>,
-    #[serde(borrow)]
-    every_ms: Option<&'a RawValue>,
-    #[serde(borrow)]
-    tz: Option<&'a RawValue>,
-    #[serde(borrow)]
-    owner: Option<&'a RawValue>,
-    #[serde(borrow)]
-    start_at: Option<&'a RawValue>,
-    #[serde(borrow)]
-    end_at: Option<&'a RawValue>,
-    #[serde(borrow)]
-    max_attempts: Option<&'a RawValue>,
-    #[serde(borrow)]
-    overlap: Option<&'a RawValue>,
+    /// 5 fields: minute hour day-of-month month day-of-week.
+    #[serde(default, deserialize_with = "field::string")]
+    #[schema(pattern = "^ *[0-9A-Za-z*,/?#-]+( +[0-9A-Za-z*,/?#-]+){4} *$")]
+    cron: Option<String>,
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(minimum = 1000, maximum = 315360000000_i64)]
+    every_ms: Option<i64>,
+    /// An IANA time zone name (default "UTC").
+    #[serde(default, deserialize_with = "field::string")]
+    tz: Option<String>,
+    #[serde(default, deserialize_with = "field::id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    owner: Option<String>,
+    #[serde(default, deserialize_with = "field::time")]
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    start_at: Option<i64>,
+    #[serde(default, deserialize_with = "field::time")]
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    end_at: Option<i64>,
+    #[serde(default, deserialize_with = "field::max_attempts")]
+    #[schema(minimum = 1, maximum = 1000)]
+    max_attempts: Option<u32>,
+    #[serde(default, deserialize_with = "overlap")]
+    #[schema(value_type = Option<Overlap>)]
+    overlap: Option<Overlap>,
+}
+
+/// `overlap`: skip or allow.
+fn overlap<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Overlap>, D::Error> {
+    use serde::de::Error;
+    match field::string(d)?.as_deref() {
+        None | Some("skip") => Ok(Some(Overlap::Skip)),
+        Some("allow") => Ok(Some(Overlap::Allow)),
+        Some(o) => Err(D::Error::custom(format!(
+            "must be skip or allow, got {o:?}"
+        ))),
+    }
 }
 
 fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
-    let s: RawSchedule = body::object(body::raw(bytes)?, "", "a schedule")?;
-    let plugin =
-        body::string(s.plugin, "", "plugin")?.ok_or_else(|| ApiError::bad("plugin is required"))?;
-    body::plugin_name("", &plugin)?;
-    let owner = body::string(s.owner, "", "owner")?;
-    if let Some(o) = &owner {
-        limits::id("owner", o)?;
-    }
-    let max_attempts = match body::int(s.max_attempts, "", "max_attempts") {
-        Ok(None) => 5,
-        Ok(Some(n @ 1..=1000)) => n as u32,
-        _ => {
-            return Err(ApiError::bad(
-                "max_attempts must be an integer from 1 to 1000",
-            ));
-        }
-    };
-    let overlap = match body::string(s.overlap, "", "overlap")?.as_deref() {
-        None | Some("skip") => Overlap::Skip,
-        Some("allow") => Overlap::Allow,
-        Some(o) => {
-            return Err(ApiError::bad(format!(
-                "overlap must be skip or allow, got {o:?}"
-            )));
-        }
-    };
+    let s: ScheduleSpec = body::typed(body::raw(bytes)?)?;
+    let plugin = s
+        .plugin
+        .ok_or_else(|| ApiError::bad("plugin is required"))?;
     let payload = s.payload.map_or("null", |p| p.get());
     if payload.len() > max_payload {
         return Err(ApiError::too_large(format!(
@@ -109,14 +116,14 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
     let def = ScheduleDef {
         plugin,
         payload: payload.to_owned(),
-        cron: body::string(s.cron, "", "cron")?,
-        every_ms: body::int(s.every_ms, "", "every_ms")?,
-        tz: body::string(s.tz, "", "tz")?.unwrap_or_else(|| "UTC".into()),
-        owner,
-        start_at: body::time(s.start_at, "", "start_at")?,
-        end_at: body::time(s.end_at, "", "end_at")?,
-        max_attempts,
-        overlap,
+        cron: s.cron,
+        every_ms: s.every_ms,
+        tz: s.tz.unwrap_or_else(|| "UTC".into()),
+        owner: s.owner,
+        start_at: s.start_at,
+        end_at: s.end_at,
+        max_attempts: s.max_attempts.unwrap_or(5),
+        overlap: s.overlap.unwrap_or_default(),
     };
     if def.cron.is_some() == def.every_ms.is_some() {
         return Err(ApiError::bad("give exactly one of cron and every_ms"));
@@ -201,7 +208,7 @@ async fn in_scope(st: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
 /// `PUT /v1/schedules/{id}`: create (201) or replace (200); the same definition again changes
 /// nothing (200, same next firing).
 #[utoipa::path(put, path = "/v1/schedules/{id}", tag = "schedules", params(ScheduleId),
-    request_body(content = doc::ScheduleSpec, content_type = "application/json"),
+    request_body(content = ScheduleSpec, content_type = "application/json"),
     responses((status = 201, description = "created", body = doc::SchedulePutReply),
         (status = 200, description = "replaced, or unchanged", body = doc::SchedulePutReply), doc::Errors),
     security((), ("bearer" = [])))]

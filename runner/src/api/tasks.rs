@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::plugin_in_scope;
-use super::body::{self, ApiResult};
+use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
 use super::params::{TaskId, check_id};
@@ -25,125 +25,125 @@ pub const MAX_BATCH: usize = 10_000;
 /// Largest body of the small JSON routes (PATCH, shift).
 pub(super) const SMALL_BODY: usize = 64 << 10;
 
-/// A task spec with its fields still raw, so each is checked with a message naming it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSpec<'a> {
+// The body of `POST /v1/tasks` (or one element of its array). Each field is read and bounded as
+// it is parsed, so an error names it (`[3].plugin`).
+/// A task to schedule.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a task spec (a JSON object)")]
+pub struct TaskSpec<'a> {
+    /// The plugin that runs it.
+    #[serde(default, deserialize_with = "field::plugin")]
+    #[schema(value_type = String, required = true, pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
+    /// Any JSON, handed to the plugin.
     #[serde(borrow)]
-    plugin: Option<&'a RawValue>,
-    #[serde(borrow)]
+    #[schema(value_type = Option<Value>)]
     payload: Option<&'a RawValue>,
-    #[serde(borrow)]
-    run_at: Option<&'a RawValue>,
-    #[serde(borrow)]
-    delay_ms: Option<&'a RawValue>,
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    owner: Option<&'a RawValue>,
-    #[serde(borrow)]
-    max_attempts: Option<&'a RawValue>,
-    #[serde(borrow)]
-    unique_for_ms: Option<&'a RawValue>,
-    #[serde(borrow)]
-    traceparent: Option<&'a RawValue>,
-    #[serde(borrow)]
-    start_by: Option<&'a RawValue>,
+    /// When (ms since the Unix epoch); neither run_at nor delay_ms means now.
+    #[serde(default, deserialize_with = "field::time")]
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    run_at: Option<i64>,
+    /// How long from now (ms).
+    #[serde(default, deserialize_with = "field::duration")]
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    delay_ms: Option<i64>,
+    /// 1 to 200 bytes without control characters; generated when absent.
+    #[serde(default, deserialize_with = "field::id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    id: Option<String>,
+    /// 1 to 200 bytes without control characters.
+    #[serde(default, deserialize_with = "field::id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    owner: Option<String>,
+    #[serde(default, deserialize_with = "field::max_attempts")]
+    #[schema(minimum = 1, maximum = 1000)]
+    max_attempts: Option<u32>,
+    /// After the task finished, scheduling this id again within this long (ms) is 409
+    /// `duplicate` and changes nothing.
+    #[serde(default, deserialize_with = "field::duration")]
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    unique_for_ms: Option<i64>,
+    /// A W3C trace context: the task's run joins this trace (overrides the `traceparent`
+    /// header for this spec). Ids of zeros name no trace and are ignored.
+    #[serde(default, deserialize_with = "field::traceparent")]
+    #[schema(value_type = Option<String>, pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
+    traceparent: Option<Option<String>>,
+    /// The latest time (ms since the Unix epoch) the task may start; not started by then, it is
+    /// dead with the error `expired` instead of running. Before the task is due: 422.
+    #[serde(default, deserialize_with = "field::time")]
+    #[schema(minimum = 0, maximum = 253402300799999_i64)]
+    start_by: Option<i64>,
 }
 
 fn new_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-/// Checks one task spec and turns it into a task; `at` prefixes messages (e.g. "[3].").
-/// `traceparent` is the request's header, used when the spec has none.
-fn parse_spec(
-    v: &RawValue,
-    at: &str,
-    now: i64,
-    max_payload: usize,
-    traceparent: Option<&str>,
-) -> ApiResult<NewTask> {
-    let s: RawSpec = body::object(v, at, "a task spec")?;
-    let traceparent = match body::string(s.traceparent, at, "traceparent")? {
-        Some(tp) => crate::trace::parse_traceparent(&tp)
-            .map_err(|e| ApiError::bad(format!("{at}traceparent: {e}")))?,
-        None => traceparent.map(str::to_owned),
-    };
-    let plugin = body::string(s.plugin, at, "plugin")?
-        .ok_or_else(|| ApiError::bad(format!("{at}plugin is required")))?;
-    body::plugin_name(at, &plugin)?;
-    let run_at = match (
-        body::time(s.run_at, at, "run_at")?,
-        body::int(s.delay_ms, at, "delay_ms")?,
-    ) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad(format!(
-                "{at}give run_at or delay_ms, not both"
+impl TaskSpec<'_> {
+    /// The task this spec asks for, given the time it is read at; `at` prefixes messages (e.g.
+    /// "[3]."). `traceparent` is the request's header, used when the spec has none.
+    fn into_task(
+        self,
+        at: &str,
+        now: i64,
+        max_payload: usize,
+        traceparent: Option<&str>,
+    ) -> ApiResult<NewTask> {
+        let plugin = self
+            .plugin
+            .ok_or_else(|| ApiError::bad(format!("{at}plugin is required")))?;
+        let run_at = match (self.run_at, self.delay_ms) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad(format!(
+                    "{at}give run_at or delay_ms, not both"
+                )));
+            }
+            (Some(t), None) => t,
+            (None, Some(d)) => limits::shifted(&format!("{at}delay_ms"), now, d)?,
+            (None, None) => now,
+        };
+        if let Some(by) = self.start_by
+            && by < run_at
+        {
+            // well-formed but impossible
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_task",
+                format!(
+                    "{at}start_by ({by}) is before the task is due ({run_at}): it could never start"
+                ),
+            ));
+        }
+        let payload = self.payload.map_or("null", |p| p.get());
+        if payload.len() > max_payload {
+            return Err(ApiError::too_large(format!(
+                "{at}payload is {} bytes; the limit is {max_payload}",
+                payload.len()
             )));
         }
-        (Some(t), None) => t,
-        (None, Some(d)) => {
-            limits::duration(&format!("{at}delay_ms"), d)?;
-            limits::shifted(&format!("{at}delay_ms"), now, d)?
-        }
-        (None, None) => now,
-    };
-    let start_by = body::time(s.start_by, at, "start_by")?;
-    if let Some(by) = start_by
-        && by < run_at
-    {
-        // well-formed but impossible
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_task",
-            format!(
-                "{at}start_by ({by}) is before the task is due ({run_at}): it could never start"
-            ),
-        ));
+        Ok(NewTask {
+            id: self.id.unwrap_or_else(new_id),
+            plugin,
+            payload: payload.to_owned(),
+            run_at,
+            owner: self.owner,
+            max_attempts: self.max_attempts.unwrap_or(5),
+            unique_for_ms: self.unique_for_ms.unwrap_or(0) as u64,
+            traceparent: match self.traceparent {
+                Some(given) => given,
+                None => traceparent.map(str::to_owned),
+            },
+            start_by: self.start_by,
+        })
     }
-    let id = match body::string(s.id, at, "id")? {
-        Some(id) => {
-            limits::id(&format!("{at}id"), &id)?;
-            id
-        }
-        None => new_id(),
-    };
-    let owner = body::string(s.owner, at, "owner")?;
-    if let Some(o) = &owner {
-        limits::id(&format!("{at}owner"), o)?;
-    }
-    let max_attempts = match body::int(s.max_attempts, at, "max_attempts") {
-        Ok(None) => 5,
-        Ok(Some(n @ 1..=1000)) => n as u32,
-        _ => {
-            return Err(ApiError::bad(format!(
-                "{at}max_attempts must be an integer from 1 to 1000"
-            )));
-        }
-    };
-    let unique_for_ms = match body::int(s.unique_for_ms, at, "unique_for_ms")? {
-        None => 0,
-        Some(d) => limits::duration(&format!("{at}unique_for_ms"), d)? as u64,
-    };
-    let payload = s.payload.map_or("null", |p| p.get());
-    if payload.len() > max_payload {
-        return Err(ApiError::too_large(format!(
-            "{at}payload is {} bytes; the limit is {max_payload}",
-            payload.len()
-        )));
-    }
-    Ok(NewTask {
-        id,
-        plugin,
-        payload: payload.to_owned(),
-        run_at,
-        owner,
-        max_attempts,
-        unique_for_ms,
-        traceparent,
-        start_by,
-    })
 }
 
 /// Whether a plugin of that name exists (loaded here, or in the registry).
@@ -243,7 +243,7 @@ fn traceparent_header(headers: &HeaderMap) -> ApiResult<Option<String>> {
             .to_str()
             .map_err(|_| "not visible ASCII".to_owned())
             .and_then(crate::trace::parse_traceparent)
-            .map_err(|e| ApiError::bad(format!("the traceparent header: {e}"))),
+            .map_err(|e| ApiError::bad(format!("the traceparent header {e}"))),
     }
 }
 
@@ -252,30 +252,22 @@ fn traceparent_header(headers: &HeaderMap) -> ApiResult<Option<String>> {
 fn parse_specs(st: &AppState, v: &RawValue, traceparent: Option<&str>) -> ApiResult<Vec<NewTask>> {
     let now = now_ms();
     if !body::is_array(v) {
-        return Ok(vec![parse_spec(
-            v,
+        let spec: TaskSpec = body::typed(v)?;
+        return Ok(vec![spec.into_task(
             "",
             now,
             st.max_payload_bytes,
             traceparent,
         )?]);
     }
-    let items = body::array(v, MAX_BATCH, "the array of task specs")?;
-    if items.is_empty() {
+    let specs: Vec<TaskSpec> = body::typed_array(v, MAX_BATCH, "the array of task specs")?;
+    if specs.is_empty() {
         return Err(ApiError::bad("the array of task specs is empty"));
     }
-    items
-        .iter()
+    specs
+        .into_iter()
         .enumerate()
-        .map(|(i, s)| {
-            parse_spec(
-                s,
-                &format!("[{i}]."),
-                now,
-                st.max_payload_bytes,
-                traceparent,
-            )
-        })
+        .map(|(i, s)| s.into_task(&format!("[{i}]."), now, st.max_payload_bytes, traceparent))
         .collect()
 }
 
@@ -334,14 +326,14 @@ pub async fn get_task(
     Ok(axum::Json(task_reply(&st, &caller, &id).await?).into_response())
 }
 
-/// The fields of a PATCH or shift body.
+/// The fields of a PATCH body (documented as `doc::MoveBody`): exactly one of them.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MoveBody<'a> {
-    #[serde(borrow)]
-    run_at: Option<&'a RawValue>,
-    #[serde(borrow)]
-    shift_ms: Option<&'a RawValue>,
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct MoveFields {
+    #[serde(default, deserialize_with = "field::time")]
+    run_at: Option<i64>,
+    #[serde(default, deserialize_with = "field::shift")]
+    shift_ms: Option<i64>,
 }
 
 /// `PATCH /v1/tasks/{id}`: `{"run_at"}` or `{"shift_ms"}`.
@@ -360,13 +352,10 @@ pub async fn move_task(
     task_in_scope(&st, &caller, &id).await?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, SMALL_BODY).await?;
-    let b: MoveBody = body::object(body::raw(&bytes)?, "", "the body")?;
-    let how = match (
-        body::time(b.run_at, "", "run_at")?,
-        body::int(b.shift_ms, "", "shift_ms")?,
-    ) {
+    let b: MoveFields = body::typed(body::raw(&bytes)?)?;
+    let how = match (b.run_at, b.shift_ms) {
         (Some(t), None) => Move::At(t),
-        (None, Some(d)) => Move::Shift(limits::shift("shift_ms", d)?),
+        (None, Some(d)) => Move::Shift(d),
         _ => return Err(ApiError::bad("give exactly one of run_at or shift_ms")),
     };
     st.store
@@ -470,7 +459,9 @@ mod tests {
         fn the_spec_parser_accepts_only_bounded_tasks(v in prop_oneof![any_json(), spec_like()]) {
             let text = v.to_string();
             let raw: &RawValue = serde_json::from_str(&text).unwrap();
-            match parse_spec(raw, "", 1_700_000_000_000, 4096, None) {
+            let parsed = body::typed::<TaskSpec>(raw)
+                .and_then(|s| s.into_task("", 1_700_000_000_000, 4096, None));
+            match parsed {
                 Ok(t) => {
                     prop_assert!(limits::time("", t.run_at).is_ok());
                     prop_assert!(limits::id_like(&t.id));
@@ -484,9 +475,12 @@ mod tests {
         }
     }
 
+    /// One spec read as the only element of a batch.
     fn spec(s: &str) -> ApiResult<NewTask> {
-        let v: &RawValue = serde_json::from_str(s).unwrap();
-        parse_spec(v, "[0].", 1_000, 64, None)
+        let batch = format!("[{s}]");
+        let v: &RawValue = serde_json::from_str(&batch).unwrap();
+        let mut specs: Vec<TaskSpec> = body::typed_array(v, 10, "the array")?;
+        specs.remove(0).into_task("[0].", 1_000, 64, None)
     }
 
     #[test]
@@ -524,7 +518,7 @@ mod tests {
         let e = spec(r#"{"plugin":"p","traceparent":"00-abc-01"}"#).unwrap_err();
         assert!(
             e.message
-                .starts_with("[0].traceparent: expected a W3C traceparent"),
+                .starts_with("[0].traceparent must be a W3C traceparent"),
             "{}",
             e.message
         );
