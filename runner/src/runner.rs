@@ -1,5 +1,6 @@
 //! The runner: assembles the pollers, the wake-up listener, the scheduler, the metrics keeper,
-//! membership, and the executor with its finisher and lease keeper, and stops them.
+//! membership, and the executor with its finisher and lease keeper, and stops them; a server
+//! adds its own loops (the plugin registry's listener) through `start_loop`.
 //!
 //! Every long-lived loop is started the same way (`Loops::start`: a task named for the log, with
 //! the runner's stop signal or ending on its own once what it serves is gone) and awaited by
@@ -168,6 +169,17 @@ impl Runner {
             metrics,
             membership: member,
         }
+    }
+
+    /// Starts one more long-lived loop beside the runner's own (the plugin registry's listener):
+    /// it is given the runner's stop signal, must end soon after it, and is awaited with the
+    /// loops that claim and schedule at shutdown.
+    pub fn start_loop<F, Fut>(&mut self, name: &'static str, run: F)
+    where
+        F: FnOnce(watch::Receiver<bool>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.work.start(name, run(self.stop.subscribe()));
     }
 
     /// Stops claiming, lets running tasks finish within `grace` (tasks claimed but not started

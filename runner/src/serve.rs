@@ -179,13 +179,14 @@ async fn serve(
             "listening on {addr} beyond loopback without --token: anyone who can reach it can schedule tasks and upload code"
         );
     }
-    let runner = Runner::start(
+    let mut runner = Runner::start(
         store.clone(),
         plugins.clone(),
         runner_options(&args, addr),
         Arc::clone(&metrics),
     );
-    tokio::spawn(Arc::clone(&registry).listen(stop.clone()));
+    let listening = Arc::clone(&registry);
+    runner.start_loop("plugin registry", |stop| listening.listen(stop));
     let state = app_state(&args, api_store, registry, metrics, &runner);
     info!(
         "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",

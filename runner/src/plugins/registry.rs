@@ -269,39 +269,44 @@ impl Registry {
     }
 
     /// Follows announcements until `stop`: on every (re)subscription it loads everything, then each
-    /// announced name; a periodic full sync covers a lost message.
+    /// announced name; a periodic full sync covers a lost message. A sync under way when `stop`
+    /// comes is dropped (a compile in progress ends on its own thread, bounded by its timeout).
     pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let channel = self.store.keys().plugins_channel();
         let mut sub = self.store.subscribe(channel, "plugin announcements");
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         resync.tick().await;
         loop {
-            tokio::select! {
-                heard = sub.next() => match heard {
-                    Heard::Subscribed => {
-                        if let Err(e) = self.sync_all().await {
-                            warn!("loading plugins from Redis failed: {e:#}");
+            let step = async {
+                tokio::select! {
+                    heard = sub.next() => match heard {
+                        Heard::Subscribed => self.sync_everything("loading plugins from Redis").await,
+                        Heard::Message(name) => {
+                            if let Err(e) = self.sync_settings().await {
+                                warn!("reloading plugin settings failed: {e:#}");
+                            }
+                            if let Err(e) = self.sync_one(&name).await {
+                                warn!("reloading plugin {name} failed: {e:#}");
+                            }
                         }
-                        self.clean_cache().await;
-                    }
-                    Heard::Message(name) => {
-                        if let Err(e) = self.sync_settings().await {
-                            warn!("reloading plugin settings failed: {e:#}");
-                        }
-                        if let Err(e) = self.sync_one(&name).await {
-                            warn!("reloading plugin {name} failed: {e:#}");
-                        }
-                    }
-                },
-                _ = resync.tick() => {
-                    if let Err(e) = self.sync_all().await {
-                        warn!("resyncing plugins failed: {e:#}");
-                    }
-                    self.clean_cache().await;
+                    },
+                    _ = resync.tick() => self.sync_everything("resyncing plugins").await,
                 }
+            };
+            tokio::select! {
+                () = step => {}
                 _ = stop.changed() => return,
             }
         }
+    }
+
+    /// Loads every plugin (`what` names the attempt in a failure's log line) and cleans the
+    /// compiled-code cache.
+    async fn sync_everything(&self, what: &str) {
+        if let Err(e) = self.sync_all().await {
+            warn!("{what} failed: {e:#}");
+        }
+        self.clean_cache().await;
     }
 }
 
