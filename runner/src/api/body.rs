@@ -1,7 +1,6 @@
 //! Reading request bodies: content type, size, then JSON into the body's type, each field through
 //! a `field` reader that bounds it, so an error names the field by its path (`[3].plugin`). A
 //! batch is capped as it is read and payloads stay borrowed raw JSON (never built into a tree).
-//! Bodies not yet typed are read as objects of raw fields (`object`, `int`).
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
@@ -47,34 +46,33 @@ pub fn is_array(v: &RawValue) -> bool {
     v.get().trim_start().starts_with('[')
 }
 
-/// A body read into its type; an error names where it is (`run_at`, `[3].plugin`).
+/// A body read into its type (a JSON object); an error names where it is (`run_at`).
 pub fn typed<'a, T: Deserialize<'a>>(v: &'a RawValue) -> ApiResult<T> {
-    let mut d = serde_json::Deserializer::from_str(v.get());
-    serde_path_to_error::deserialize(&mut d).map_err(named)
+    typed_at(v, "")
 }
 
-/// A JSON array read into its element type, refusing (413) more than `max` as soon as it sees
-/// one more; an error names the element and field (`[3].plugin`).
+/// A JSON array read into its element type (each a JSON object), refusing (413) more than `max`
+/// as soon as it sees one more; an error names the element and field (`[3].plugin`).
 pub fn typed_array<'a, T: Deserialize<'a>>(
     v: &'a RawValue,
     max: usize,
     what: &str,
 ) -> ApiResult<Vec<T>> {
-    struct Capped<T>(usize, std::marker::PhantomData<T>);
-    impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for Capped<T> {
-        type Value = Vec<T>;
+    struct Capped(usize);
+    impl<'de> DeserializeSeed<'de> for Capped {
+        type Value = Vec<&'de RawValue>;
         fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
             d.deserialize_seq(self)
         }
     }
-    impl<'de, T: Deserialize<'de>> Visitor<'de> for Capped<T> {
-        type Value = Vec<T>;
+    impl<'de> Visitor<'de> for Capped {
+        type Value = Vec<&'de RawValue>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             write!(f, "an array of at most {} elements", self.0)
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.0));
-            while let Some(e) = seq.next_element::<T>()? {
+            while let Some(e) = seq.next_element::<&'de RawValue>()? {
                 if out.len() == self.0 {
                     return Err(de::Error::custom(format!("more than {} elements", self.0)));
                 }
@@ -84,47 +82,98 @@ pub fn typed_array<'a, T: Deserialize<'a>>(
         }
     }
     let mut d = serde_json::Deserializer::from_str(v.get());
-    let mut track = serde_path_to_error::Track::new();
-    Capped(max, std::marker::PhantomData)
-        .deserialize(serde_path_to_error::Deserializer::new(&mut d, &mut track))
-        .map_err(|e| {
-            let e = named(serde_path_to_error::Error::new(track.path(), e));
-            if e.message.starts_with("more than") {
-                ApiError::too_large(format!("{what}: {}", e.message))
-            } else {
-                e
-            }
-        })
+    let items = Capped(max).deserialize(&mut d).map_err(|e| {
+        let msg = format!("{what}: {}", without_position(&e.to_string()));
+        if msg.contains("more than") {
+            ApiError::too_large(msg)
+        } else {
+            ApiError::bad(msg)
+        }
+    })?;
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| typed_at(item, &format!("[{i}]")))
+        .collect()
 }
 
-/// A typed read's error as a 400 naming where it is: `run_at must be …` for a field,
-/// `[3]: unknown field …` for an element, the message alone for the body.
-fn named(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
-    use serde_path_to_error::Segment;
-    let mut segments: Vec<&Segment> = e.path().iter().collect();
-    let inner = e.inner().to_string();
-    // serde_json ends each message with where it is in the text; the path says it better
-    let msg = inner
-        .rsplit_once(" at line ")
-        .map_or(inner.as_str(), |(m, _)| m);
-    if msg.starts_with("unknown field") {
-        segments.pop(); // the message names the field; the path is of the object that has none
-    }
-    let mut path = String::new();
-    for s in &segments {
-        match s {
-            Segment::Seq { index } => path.push_str(&format!("[{index}]")),
-            Segment::Map { key } if path.is_empty() => path.push_str(key),
-            Segment::Map { key } => path.push_str(&format!(".{key}")),
-            Segment::Enum { .. } | Segment::Unknown => {}
-        }
-    }
-    ApiError::bad(match segments.last() {
-        None => msg.to_owned(),
-        Some(Segment::Seq { .. }) => format!("{path}: {msg}"),
-        Some(_) => format!("{path} {msg}"),
+/// An object read into its type; `at` is where it is (`[3]`, or nothing for the body).
+fn typed_at<'a, T: Deserialize<'a>>(v: &'a RawValue, at: &str) -> ApiResult<T> {
+    read_object(v).map_err(|(path, msg)| {
+        let at = if at.is_empty() && path.is_empty() && msg == NOT_AN_OBJECT {
+            "the body"
+        } else {
+            at
+        };
+        let joined = join(&format!("{at}{path}"), &msg);
+        ApiError::bad(joined.strip_prefix('.').unwrap_or(&joined))
     })
 }
+
+/// Why a value is not an object.
+const NOT_AN_OBJECT: &str = "must be a JSON object";
+
+/// An object read into its type, or where it failed inside it (`[3].plugin`, `.run_at`, or
+/// empty for the value itself) and why. (serde reads a struct from an array of its fields too:
+/// only an object is one here.)
+fn read_object<'a, T: Deserialize<'a>>(v: &'a RawValue) -> Result<T, (String, String)> {
+    use serde_path_to_error::Segment;
+    if !v.get().trim_start().starts_with('{') {
+        return Err((String::new(), NOT_AN_OBJECT.to_owned()));
+    }
+    let mut d = serde_json::Deserializer::from_str(v.get());
+    serde_path_to_error::deserialize(&mut d).map_err(|e| {
+        let inner = e.inner().to_string();
+        let msg = without_position(&inner);
+        let mut segments: Vec<&Segment> = e.path().iter().collect();
+        if let Some(Segment::Map { key }) = segments.last()
+            && msg.starts_with(&format!("unknown field `{key}`"))
+        {
+            segments.pop(); // the message names the field; the path is of the object
+        }
+        let path = segments
+            .iter()
+            .map(|s| match s {
+                Segment::Seq { index } => format!("[{index}]"),
+                Segment::Map { key } => format!(".{key}"),
+                Segment::Enum { .. } | Segment::Unknown => String::new(),
+            })
+            .collect();
+        (path, msg.to_owned())
+    })
+}
+
+/// A message about what is at `path` (`[3].plugin`, `.run_at`): a field reader's (`must be …`)
+/// reads on from the field's name; serde's own (`invalid type: …`), and any about a whole
+/// element, follow a colon; one handed on by a nested object's reader (`.max must be …`)
+/// continues the path.
+fn join(path: &str, msg: &str) -> String {
+    if msg.starts_with(['.', '[']) {
+        format!("{path}{msg}")
+    } else if path.is_empty() {
+        msg.to_owned()
+    } else if path.ends_with(']') || SERDE_MESSAGES.iter().any(|m| msg.starts_with(m)) {
+        format!("{path}: {msg}")
+    } else {
+        format!("{path} {msg}")
+    }
+}
+
+/// A serde_json message without where it is in the text (the path says it better).
+fn without_position(msg: &str) -> &str {
+    msg.rsplit_once(" at line ").map_or(msg, |(m, _)| m)
+}
+
+/// How serde's own errors begin.
+const SERDE_MESSAGES: [&str; 7] = [
+    "invalid type",
+    "invalid value",
+    "invalid length",
+    "unknown field",
+    "unknown variant",
+    "missing field",
+    "duplicate field",
+];
 
 /// `deserialize_with` readers of a typed body's fields: each refuses a value out of its bounds
 /// with a message that the body's reader prefixes with the field's path. `null` is absent.
@@ -164,6 +213,16 @@ pub mod field {
         int(d)?
             .map(|t| limits::duration("", t).map_err(|e| D::Error::custom(e.0.trim_start())))
             .transpose()
+    }
+
+    /// A nested object, or null; an error inside it hands on its path (`.max must be …`).
+    pub fn object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        let Some(r) = raw(d)? else { return Ok(None) };
+        super::read_object(r)
+            .map(Some)
+            .map_err(|(path, msg)| D::Error::custom(super::join(&path, &msg)))
     }
 
     /// A number of attempts: 1 to MAX_ATTEMPTS.
@@ -225,36 +284,9 @@ pub mod field {
     }
 }
 
-/// A JSON object whose fields are kept raw; unknown fields are refused naming the field.
-pub fn object<'a, T: Deserialize<'a>>(v: &'a RawValue, at: &str, what: &str) -> ApiResult<T> {
-    if !v.get().trim_start().starts_with('{') {
-        return Err(ApiError::bad(format!("{at}{what} must be a JSON object")));
-    }
-    serde_json::from_str(v.get()).map_err(|e| {
-        let msg = e.to_string();
-        let msg = msg.split(" at line ").next().unwrap_or(&msg);
-        ApiError::bad(format!("{at}{msg}"))
-    })
-}
-
-/// An optional integer field: `null` or absent is None; anything but an integer that fits i64
-/// is 400 naming the field.
-pub fn int(v: Option<&RawValue>, at: &str, name: &str) -> ApiResult<Option<i64>> {
-    match v {
-        None => Ok(None),
-        Some(r) if r.get() == "null" => Ok(None),
-        Some(r) => integer(r.get()).map(Some).ok_or_else(|| {
-            ApiError::bad(format!(
-                "{at}{name} must be an integer (ms) from -9223372036854775808 to 9223372036854775807, got {}",
-                short(r.get())
-            ))
-        }),
-    }
-}
-
 /// A JSON number that is an integer: `12`, or `12.0` / `1.2e1` (JSON Schema counts those as
 /// integers too) when exact (|v| < 2^53).
-fn integer(text: &str) -> Option<i64> {
+pub(super) fn integer(text: &str) -> Option<i64> {
     if let Ok(i) = serde_json::from_str::<i64>(text) {
         return Some(i);
     }
@@ -274,7 +306,7 @@ pub fn plugin_name(at: &str, name: &str) -> ApiResult<()> {
 }
 
 /// The start of a raw value, for messages.
-fn short(s: &str) -> String {
+pub(super) fn short(s: &str) -> String {
     if s.len() <= 40 {
         s.to_owned()
     } else {
@@ -292,10 +324,10 @@ mod tests {
 
     #[test]
     fn arrays_are_capped_as_they_are_read() {
-        let ok = raw(b"[1, 2, 3]").unwrap();
-        assert_eq!(typed_array::<i64>(ok, 3, "tasks").unwrap().len(), 3);
-        let over = raw(b"[1, 2, 3, 4]").unwrap();
-        let e = typed_array::<i64>(over, 3, "tasks").unwrap_err();
+        let ok = raw(b"[{}, {}, {}]").unwrap();
+        assert_eq!(typed_array::<Spec>(ok, 3, "tasks").unwrap().len(), 3);
+        let over = raw(b"[{}, {}, {}, 4]").unwrap();
+        let e = typed_array::<Spec>(over, 3, "tasks").unwrap_err();
         assert_eq!(
             (e.status.as_u16(), e.message.as_str()),
             (413, "tasks: more than 3 elements")
@@ -323,7 +355,12 @@ mod tests {
         let m = msg(br#"[{}, {"colour": 1}]"#);
         assert!(m.starts_with("[1]: unknown field `colour`"), "{m}");
         let m = msg(br#"[{}, 5]"#);
-        assert!(m.starts_with("[1]: invalid type: integer `5`"), "{m}");
+        assert_eq!(m, "[1]: must be a JSON object");
+        // serde would take an array of the fields for the struct
+        let m = msg(br#"[[5]]"#);
+        assert_eq!(m, "[0]: must be a JSON object");
+        let e = typed::<Spec>(raw(br#"[null]"#).unwrap()).unwrap_err();
+        assert_eq!(e.message, "the body must be a JSON object");
         let e = typed::<Spec>(raw(br#"{"run_at": 1.5}"#).unwrap()).unwrap_err();
         assert!(
             e.message.starts_with("run_at must be an integer"),
@@ -338,17 +375,20 @@ mod tests {
 
     #[test]
     fn integers_are_checked_for_range_and_name_the_field() {
-        let big = raw(b"9223372036854775808").unwrap();
-        let e = int(Some(big), "[2].", "run_at").unwrap_err();
+        let e = typed_array::<Spec>(
+            raw(br#"[{}, {}, {"run_at": 9223372036854775808}]"#).unwrap(),
+            10,
+            "specs",
+        )
+        .unwrap_err();
         assert!(
             e.message.starts_with("[2].run_at must be an integer"),
             "{}",
             e.message
         );
-        assert_eq!(
-            int(Some(raw(b"1.5").unwrap()), "", "x").unwrap_err().status,
-            400
-        );
-        assert_eq!(int(Some(raw(b"null").unwrap()), "", "x").unwrap(), None);
+        let e = typed::<Spec>(raw(br#"{"run_at": 1.5}"#).unwrap()).unwrap_err();
+        assert_eq!(e.status, 400);
+        let ok: Spec = typed(raw(br#"{"run_at": null}"#).unwrap()).unwrap();
+        assert_eq!(ok.run_at, None);
     }
 }

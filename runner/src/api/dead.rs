@@ -70,17 +70,20 @@ pub async fn dead_drop(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// The body of `POST /v1/dead/retry`.
-#[derive(Deserialize)]
+// The body of `POST /v1/dead/retry`: one plugin's dead tasks, or (none) every plugin's.
+/// Optionally, one plugin.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RetryAll {
+pub struct PluginOnly {
+    #[serde(default, deserialize_with = "super::body::field::plugin")]
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
     plugin: Option<String>,
 }
 
 /// `POST /v1/dead/retry` `{"plugin"?}`: replays every dead task (of one plugin): due now,
 /// attempts reset.
 #[utoipa::path(post, path = "/v1/dead/retry", tag = "dead letters",
-    request_body(content = doc::PluginOnly, content_type = "application/json"),
+    request_body(content = PluginOnly, content_type = "application/json"),
     responses((status = 200, description = "retried", body = doc::Retried), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn dead_retry_all(
@@ -94,7 +97,7 @@ pub async fn dead_retry_all(
             "the body must be a JSON object: {} for every plugin, or {\"plugin\": name}",
         ));
     }
-    let b: RetryAll = super::body::object(super::body::raw(&bytes)?, "", "the body")?;
+    let b: PluginOnly = super::body::typed(super::body::raw(&bytes)?)?;
     let plugin = plugin_filter(b.plugin)?;
     let n = dead_all(&st, &caller, DeadAction::Retry, plugin).await?;
     Ok(axum::Json(json!({"retried": n})).into_response())

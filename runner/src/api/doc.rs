@@ -10,6 +10,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, ResponseBuilder, ResponsesBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
+use super::settings::RateLimitBody;
 use super::tasks::TaskSpec;
 use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
 
@@ -240,17 +241,6 @@ pub struct PluginInfo {
     pub config: std::collections::HashMap<String, String>,
 }
 
-/// A rate limit: at most `max` starts in any `per_ms` ms.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct RateLimitBody {
-    #[schema(minimum = 1, maximum = 1000000)]
-    pub max: u32,
-    #[schema(minimum = 1, maximum = 86400000)]
-    pub per_ms: u64,
-}
-
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
 #[derive(ToSchema, serde::Deserialize)]
 #[schema(
@@ -259,63 +249,6 @@ pub struct RateLimitBody {
 )]
 #[allow(dead_code)]
 pub struct PluginPattern(String);
-
-/// A plugin's settings to change (those given; none: nothing changes).
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct PluginPatch {
-    /// At most this many runs at once across all runners; null: no limit.
-    #[schema(minimum = 1, maximum = 100000)]
-    pub max_concurrency: Option<u32>,
-    /// At most this many runs of one owner's tasks at once across all runners (null: no limit).
-    /// A task without an owner is not limited by it.
-    #[schema(minimum = 1, maximum = 100000)]
-    pub max_concurrency_per_owner: Option<u32>,
-    /// At most `max` starts in any `per_ms` ms across all runners; runs over it wait (no
-    /// attempt used) and start in the order they asked. Null: no limit.
-    pub rate_limit: Option<RateLimitBody>,
-    /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
-    #[schema(minimum = 1, maximum = 1000)]
-    pub weight: Option<u32>,
-    /// Plugins whose tasks it may schedule and cancel besides its own; null or []: its own
-    /// only. An admin, or a developer whose own patterns cover each one.
-    #[schema(max_items = 100)]
-    pub may_schedule: Option<Vec<PluginPattern>>,
-    /// Its own time limit per run (ms); null: the runner's `--plugin-timeout`. Past the
-    /// operator's cap (`--max-plugin-timeout`) only an admin may set it (else 400).
-    #[schema(minimum = 1, maximum = 3600000)]
-    pub time_limit_ms: Option<u64>,
-    /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
-    /// `--plugin-memory`. Past the operator's cap (`--max-plugin-memory`) only an admin may set
-    /// it (else 400).
-    #[schema(minimum = 1048576, maximum = 4294967296_u64)]
-    pub memory_bytes: Option<u64>,
-    /// At most this many of its tasks scheduled; past it, scheduling is 429 `quota_exceeded`,
-    /// a run whose follow-ups would pass it fails its attempt, a firing is skipped. Null: the
-    /// default, 1,000,000; past it only an admin may set it (else 400).
-    #[schema(minimum = 1, maximum = 1000000000)]
-    pub max_pending: Option<u64>,
-    /// Origins it may send HTTP requests to, `scheme://host[:port]` with a leading `*.` for
-    /// subdomains (`https://api.example.com`, `https://*.pay.example.com`,
-    /// `http://127.0.0.1:9000`); null or []: none. A loopback, private or link-local address is
-    /// reached only when an origin names the address itself.
-    #[schema(max_items = 64)]
-    pub allowed_hosts: Option<Vec<AllowedOrigin>>,
-    /// Strings it reads with `config(name)` (names of 1 to 128 bytes, values up to 4 KiB); null
-    /// or {}: none. Replaces the whole map.
-    pub config: Option<std::collections::HashMap<String, String>>,
-}
-
-/// A secret's value.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct SecretBody {
-    /// At most 64 KiB; never shown again.
-    #[schema(max_length = 65536)]
-    pub value: String,
-}
 
 /// An origin a plugin may call: `http(s)://host[:port]`.
 #[derive(ToSchema, serde::Deserialize)]
@@ -345,15 +278,6 @@ pub struct Retried {
 #[derive(Serialize, ToSchema)]
 pub struct Dropped {
     pub dropped: u64,
-}
-
-/// Optionally, one plugin.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(deny_unknown_fields)]
-pub struct PluginOnly {
-    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
-    pub plugin: Option<String>,
 }
 
 /// A schedule's id and when it fires next (null: never, or paused).
@@ -473,14 +397,15 @@ pub struct ApiDoc;
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
 const _: () = assert!(crate::limits::MAX_ATTEMPTS == 1000);
-const _: () = assert!(super::plugins::MAX_WEIGHT == 1000);
-const _: () =
-    assert!(super::plugins::MAX_RATE == 1000000 && super::plugins::MAX_RATE_WINDOW_MS == 86400000);
-const _: () = assert!(super::plugins::MAX_TIME_LIMIT_MS == 3600000);
+const _: () = assert!(super::settings::MAX_WEIGHT == 1000);
+const _: () = assert!(
+    super::settings::MAX_RATE == 1000000 && super::settings::MAX_RATE_WINDOW_MS == 86400000
+);
+const _: () = assert!(super::settings::MAX_TIME_LIMIT_MS == 3600000);
 const _: () = assert!(
     crate::store::MAX_MAX_PENDING == 1000000000 && crate::store::DEFAULT_MAX_PENDING == 1000000
 );
 const _: () = assert!(
-    super::plugins::MIN_MEMORY_BYTES == 1048576
+    super::settings::MIN_MEMORY_BYTES == 1048576
         && crate::plugins::MAX_MEMORY_BYTES == 4294967296_usize
 );

@@ -71,7 +71,7 @@ pub async fn key_create(
 ) -> ApiResult<Response> {
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, 64 << 10).await?;
-    let k: NewKey = body::object(body::raw(&bytes)?, "", "the body")?;
+    let k: NewKey = body::typed(body::raw(&bytes)?)?;
     limits::id("name", &k.name)?;
     if k.plugins.is_empty() || k.plugins.len() > MAX_PATTERNS {
         return Err(ApiError::bad(format!(

@@ -23,6 +23,7 @@ mod plugins;
 mod schedules;
 mod secrets;
 mod server;
+mod settings;
 mod stats;
 mod tasks;
 mod ui;

@@ -54,7 +54,7 @@ pub async fn owner_tasks(
 
 /// Shift an owner's scheduled tasks (of one plugin).
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, expecting = "a JSON object")]
+#[serde(deny_unknown_fields)]
 pub struct ShiftBody {
     #[serde(default, deserialize_with = "field::shift")]
     #[schema(value_type = i64, required = true, minimum = -315360000000_i64, maximum = 315360000000_i64)]

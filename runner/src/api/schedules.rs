@@ -50,7 +50,7 @@ fn check_schedule_id(id: &str) -> ApiResult<()> {
 // The body of `PUT /v1/schedules/{id}`, each field bounded as it is read.
 /// A recurring schedule: exactly one of `cron` and `every_ms`.
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, expecting = "a schedule (a JSON object)")]
+#[serde(deny_unknown_fields)]
 pub struct ScheduleSpec<'a> {
     #[serde(default, deserialize_with = "field::plugin")]
     #[schema(value_type = String, required = true, pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]

@@ -46,10 +46,19 @@ fn no_key(st: &AppState) -> ApiResult<()> {
     }
 }
 
+/// A secret's value.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBody {
+    /// At most 64 KiB; never shown again.
+    #[schema(max_length = 65536)]
+    value: String,
+}
+
 /// `PUT /v1/plugins/{name}/secrets/{key}` `{"value": string}`: sets a secret, sealed with the
 /// runner's secrets key; the plugin reads it with `secret(key)`.
 #[utoipa::path(put, path = "/v1/plugins/{name}/secrets/{key}", tag = "plugins", params(SecretPath),
-    request_body(content = doc::SecretBody, content_type = "application/json"),
+    request_body(content = SecretBody, content_type = "application/json"),
     responses((status = 204, description = "set"), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn secret_put(
@@ -63,17 +72,7 @@ pub async fn secret_put(
     check_key(&key)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, MAX_SECRET_BYTES + 1024).await?;
-    let b: std::collections::HashMap<String, &serde_json::value::RawValue> =
-        body::object(body::raw(&bytes)?, "", "the body")?;
-    if let Some(other) = b.keys().find(|k| k.as_str() != "value") {
-        return Err(ApiError::bad(format!(
-            "unknown field `{other}`, expected `value`"
-        )));
-    }
-    let value: String = b
-        .get("value")
-        .and_then(|r| serde_json::from_str(r.get()).ok())
-        .ok_or_else(|| ApiError::bad("`value` must be a string"))?;
+    let SecretBody { value } = body::typed(body::raw(&bytes)?)?;
     if value.len() > MAX_SECRET_BYTES {
         return Err(ApiError::bad(format!(
             "a secret is at most {MAX_SECRET_BYTES} bytes"

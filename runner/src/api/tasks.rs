@@ -29,7 +29,7 @@ pub(super) const SMALL_BODY: usize = 64 << 10;
 // it is parsed, so an error names it (`[3].plugin`).
 /// A task to schedule.
 #[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, expecting = "a task spec (a JSON object)")]
+#[serde(deny_unknown_fields)]
 pub struct TaskSpec<'a> {
     /// The plugin that runs it.
     #[serde(default, deserialize_with = "field::plugin")]
@@ -328,7 +328,7 @@ pub async fn get_task(
 
 /// The fields of a PATCH body (documented as `doc::MoveBody`): exactly one of them.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a JSON object")]
+#[serde(deny_unknown_fields)]
 struct MoveFields {
     #[serde(default, deserialize_with = "field::time")]
     run_at: Option<i64>,

@@ -1,0 +1,410 @@
+//! The body of `PATCH /v1/plugins/{name}`: a plugin's settings to change. A field given is
+//! changed, `null` puts it back to its default, a field absent is left alone; each is bounded as
+//! it is read, and what depends on the caller (the operator's caps, whose plugins a key covers)
+//! is checked before anything is written.
+
+use serde::Deserialize;
+use serde::de::{Deserializer, Error};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::body::ApiResult;
+use super::doc::{AllowedOrigin, PluginPattern};
+use super::error::ApiError;
+use crate::access::{Caller, MAX_PATTERNS, Role, covers, valid_pattern};
+use crate::store::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, RateLimit};
+
+/// The largest weight a plugin may have (the smallest is 1, every plugin's default).
+pub const MAX_WEIGHT: i64 = 1000;
+/// The most runs at once a concurrency limit may allow.
+const MAX_CONCURRENCY: i64 = 100_000;
+/// The most starts a rate limit may allow in its window, and the longest window (a day, ms).
+pub const MAX_RATE: i64 = 1_000_000;
+pub const MAX_RATE_WINDOW_MS: i64 = 86_400_000;
+/// The longest time limit per run an admin may give a plugin (ms).
+pub const MAX_TIME_LIMIT_MS: i64 = 3_600_000;
+/// The smallest memory cap a plugin may have (bytes).
+pub const MIN_MEMORY_BYTES: i64 = 1 << 20;
+const MAX_MEMORY_BYTES: i64 = crate::plugins::MAX_MEMORY_BYTES as i64;
+const MAX_PENDING: i64 = MAX_MAX_PENDING as i64;
+/// The most names of a `config`, and the longest name and value (bytes).
+const MAX_CONFIG_NAMES: usize = 64;
+const MAX_CONFIG_NAME: usize = 128;
+const MAX_CONFIG_VALUE: usize = 4096;
+
+/// What `Some(None)` means in each field: given as null, back to the default.
+type Setting<T> = Option<Option<T>>;
+
+/// A plugin's settings to change (those given; none: nothing changes).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PluginPatch {
+    /// At most this many runs at once across all runners; null: no limit.
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_CONCURRENCY>")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
+    max_concurrency: Setting<i64>,
+    /// At most this many runs of one owner's tasks at once across all runners (null: no limit).
+    /// A task without an owner is not limited by it.
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_CONCURRENCY>")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
+    max_concurrency_per_owner: Setting<i64>,
+    /// At most `max` starts in any `per_ms` ms across all runners; runs over it wait (no
+    /// attempt used) and start in the order they asked. Null: no limit.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<RateLimitBody>)]
+    rate_limit: Setting<RateLimitBody>,
+    /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_WEIGHT>")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    weight: Setting<i64>,
+    /// Plugins whose tasks it may schedule and cancel besides its own; null or []: its own
+    /// only. An admin, or a developer whose own patterns cover each one.
+    #[serde(default, deserialize_with = "patterns")]
+    #[schema(value_type = Option<Vec<PluginPattern>>, max_items = 100)]
+    may_schedule: Setting<Vec<String>>,
+    /// Its own time limit per run (ms); null: the runner's `--plugin-timeout`. Past the
+    /// operator's cap (`--max-plugin-timeout`) only an admin may set it (else 400).
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_TIME_LIMIT_MS>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    time_limit_ms: Setting<i64>,
+    /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
+    /// `--plugin-memory`. Past the operator's cap (`--max-plugin-memory`) only an admin may set
+    /// it (else 400).
+    #[serde(
+        default,
+        deserialize_with = "ranged::<_, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES>"
+    )]
+    #[schema(value_type = Option<u64>, minimum = 1048576, maximum = 4294967296_u64)]
+    memory_bytes: Setting<i64>,
+    /// At most this many of its tasks scheduled; past it, scheduling is 429 `quota_exceeded`,
+    /// a run whose follow-ups would pass it fails its attempt, a firing is skipped. Null: the
+    /// default, 1,000,000; past it only an admin may set it (else 400).
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_PENDING>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000000)]
+    max_pending: Setting<i64>,
+    /// Origins it may send HTTP requests to, `scheme://host[:port]` with a leading `*.` for
+    /// subdomains (`https://api.example.com`, `https://*.pay.example.com`,
+    /// `http://127.0.0.1:9000`); null or []: none. A loopback, private or link-local address is
+    /// reached only when an origin names the address itself.
+    #[serde(default, deserialize_with = "origins")]
+    #[schema(value_type = Option<Vec<AllowedOrigin>>, max_items = 64)]
+    allowed_hosts: Setting<Vec<String>>,
+    /// Strings it reads with `config(name)` (names of 1 to 128 bytes, values up to 4 KiB); null
+    /// or {}: none. Replaces the whole map.
+    #[serde(default, deserialize_with = "config")]
+    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
+    config: Setting<std::collections::BTreeMap<String, String>>,
+}
+
+/// A rate limit: at most `max` starts in any `per_ms` ms.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitBody {
+    #[serde(deserialize_with = "bounded::<_, 1, MAX_RATE>")]
+    #[schema(value_type = u32, minimum = 1, maximum = 1000000)]
+    max: i64,
+    #[serde(deserialize_with = "bounded::<_, 1, MAX_RATE_WINDOW_MS>")]
+    #[schema(value_type = u64, minimum = 1, maximum = 86400000)]
+    per_ms: i64,
+}
+
+/// The operator's caps a PATCH is checked against (`--max-plugin-timeout`, `--max-plugin-memory`).
+pub struct Caps {
+    pub time_limit_ms: u64,
+    pub memory_bytes: u64,
+}
+
+impl PluginPatch {
+    /// The settings to write, by name, in a fixed order, once every field is allowed for this
+    /// caller: past an operator's cap only an admin; `may_schedule` only within the caller's
+    /// own patterns unless it is an admin.
+    pub fn changes(self, caller: &Caller, caps: Caps) -> ApiResult<Vec<(&'static str, Value)>> {
+        let capped = |name: &str, v: Setting<i64>, (cap, flag): (u64, &str)| -> ApiResult<()> {
+            match v.flatten() {
+                Some(n) if n as u64 > cap && caller.role < Role::Admin => {
+                    Err(ApiError::bad(format!(
+                        "{name} {n} is past the operator's cap of {cap} ({flag}): only an admin can set more"
+                    )))
+                }
+                _ => Ok(()),
+            }
+        };
+        capped(
+            "time_limit_ms",
+            self.time_limit_ms,
+            (caps.time_limit_ms, "--max-plugin-timeout"),
+        )?;
+        capped(
+            "memory_bytes",
+            self.memory_bytes,
+            (caps.memory_bytes, "--max-plugin-memory"),
+        )?;
+        capped(
+            "max_pending",
+            self.max_pending,
+            (DEFAULT_MAX_PENDING, "the default"),
+        )?;
+        if let Some(Some(list)) = &self.may_schedule {
+            may_schedule_covered(caller, list)?;
+        }
+        let rate_limit = self.rate_limit.map(|r| {
+            r.map(|r| RateLimit {
+                max: r.max as u32,
+                per_ms: r.per_ms as u64,
+            })
+        });
+        // empty lists and maps are the default (cjson would also store an empty list as {})
+        let may_schedule = self.may_schedule.map(|l| l.filter(|l| !l.is_empty()));
+        let allowed_hosts = self.allowed_hosts.map(|l| l.filter(|l| !l.is_empty()));
+        let config = self.config.map(|m| m.filter(|m| !m.is_empty()));
+        let fields = [
+            ("max_concurrency", self.max_concurrency.map(|v| json(&v))),
+            (
+                "max_concurrency_per_owner",
+                self.max_concurrency_per_owner.map(|v| json(&v)),
+            ),
+            ("rate_limit", rate_limit.map(|v| json(&v))),
+            ("weight", self.weight.map(|v| json(&v))),
+            ("may_schedule", may_schedule.map(|v| json(&v))),
+            ("time_limit_ms", self.time_limit_ms.map(|v| json(&v))),
+            ("memory_bytes", self.memory_bytes.map(|v| json(&v))),
+            ("max_pending", self.max_pending.map(|v| json(&v))),
+            ("allowed_hosts", allowed_hosts.map(|v| json(&v))),
+            ("config", config.map(|v| json(&v))),
+        ];
+        Ok(fields
+            .into_iter()
+            .filter_map(|(name, v)| Some((name, v?)))
+            .collect())
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).expect("a setting serializes")
+}
+
+/// Each pattern of a `may_schedule` covered by the caller's own patterns, unless it is an admin.
+fn may_schedule_covered(caller: &Caller, list: &[String]) -> ApiResult<()> {
+    if caller.role >= Role::Admin {
+        return Ok(());
+    }
+    match list.iter().find(|p| !covers(&caller.plugins, p)) {
+        None => Ok(()),
+        Some(p) => Err(ApiError::forbidden(format!(
+            "may_schedule: key {:?} may not let a plugin schedule {p:?}: its own plugins ({}) do not cover it",
+            caller.name,
+            caller.plugins.join(", ")
+        ))),
+    }
+}
+
+/// A nested object given: `Some(None)` for null, else its value.
+fn given<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Setting<T>, D::Error> {
+    super::body::field::object(d).map(Some)
+}
+
+/// An integer from `LO` to `HI`.
+fn bounded<'de, D: Deserializer<'de>, const LO: i64, const HI: i64>(d: D) -> Result<i64, D::Error> {
+    let r = <&RawValue>::deserialize(d)?;
+    super::body::integer(r.get())
+        .filter(|n| (LO..=HI).contains(n))
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "must be an integer from {LO} to {HI}; got {}",
+                super::body::short(r.get())
+            ))
+        })
+}
+
+/// A setting that is an integer from `LO` to `HI`, or null.
+fn ranged<'de, D: Deserializer<'de>, const LO: i64, const HI: i64>(
+    d: D,
+) -> Result<Setting<i64>, D::Error> {
+    let Some(r) = Option::<&RawValue>::deserialize(d)? else {
+        return Ok(Some(None));
+    };
+    super::body::integer(r.get())
+        .filter(|n| (LO..=HI).contains(n))
+        .map(|n| Some(Some(n)))
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "must be an integer from {LO} to {HI}, or null; got {}",
+                super::body::short(r.get())
+            ))
+        })
+}
+
+/// A list of strings of at most `max`, or null; `what` says what the strings are.
+fn list<'de, D: Deserializer<'de>>(
+    d: D,
+    max: usize,
+    what: &str,
+) -> Result<Setting<Vec<String>>, D::Error> {
+    let Some(r) = Option::<&RawValue>::deserialize(d)? else {
+        return Ok(Some(None));
+    };
+    let list: Vec<String> = serde_json::from_str(r.get())
+        .map_err(|_| D::Error::custom(format!("must be a list of {what}, or null")))?;
+    if list.len() > max {
+        return Err(D::Error::custom(format!("lists at most {max} {what}")));
+    }
+    Ok(Some(Some(list)))
+}
+
+/// `may_schedule`: plugin patterns, or null.
+fn patterns<'de, D: Deserializer<'de>>(d: D) -> Result<Setting<Vec<String>>, D::Error> {
+    let list = list(d, MAX_PATTERNS, "plugin patterns (`order-*`, `pet-feed`)")?;
+    if let Some(p) = list.iter().flatten().flatten().find(|p| !valid_pattern(p)) {
+        return Err(D::Error::custom(format!(
+            "{p:?} is not a pattern (a plugin name, a prefix ending in `*`, or `*`)"
+        )));
+    }
+    Ok(list)
+}
+
+/// `allowed_hosts`: origins, each checked and kept in lower case, or null.
+fn origins<'de, D: Deserializer<'de>>(d: D) -> Result<Setting<Vec<String>>, D::Error> {
+    let max = crate::plugins::MAX_ALLOWED_HOSTS;
+    match list(d, max, "origins (`https://api.example.com`)")? {
+        Some(Some(list)) => list
+            .iter()
+            .map(|o| crate::plugins::valid_origin(o).map_err(D::Error::custom))
+            .collect::<Result<Vec<String>, _>>()
+            .map(|l| Some(Some(l))),
+        other => Ok(other),
+    }
+}
+
+/// `config`: names to strings, or null.
+fn config<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Setting<std::collections::BTreeMap<String, String>>, D::Error> {
+    let Some(r) = Option::<&RawValue>::deserialize(d)? else {
+        return Ok(Some(None));
+    };
+    let map: std::collections::BTreeMap<String, String> = serde_json::from_str(r.get())
+        .map_err(|_| D::Error::custom("must be an object of names to strings, or null"))?;
+    if map.len() > MAX_CONFIG_NAMES {
+        return Err(D::Error::custom(format!(
+            "holds at most {MAX_CONFIG_NAMES} names"
+        )));
+    }
+    for (k, v) in &map {
+        if k.is_empty() || k.len() > MAX_CONFIG_NAME || k.chars().any(char::is_control) {
+            return Err(D::Error::custom(format!(
+                "{k:?} is not a name (1 to {MAX_CONFIG_NAME} bytes, no control characters)"
+            )));
+        }
+        if v.len() > MAX_CONFIG_VALUE {
+            return Err(D::Error::custom(format!(
+                "the value of {k:?} is longer than {MAX_CONFIG_VALUE} bytes"
+            )));
+        }
+    }
+    Ok(Some(Some(map)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::body;
+
+    fn patch(text: &str) -> ApiResult<PluginPatch> {
+        let v: &RawValue = serde_json::from_str(text).unwrap();
+        body::typed(v)
+    }
+
+    fn developer() -> Caller {
+        Caller {
+            key_id: "k1".into(),
+            name: "orders".into(),
+            role: Role::Developer,
+            plugins: vec!["order-*".into()],
+        }
+    }
+
+    const CAPS: Caps = Caps {
+        time_limit_ms: 60_000,
+        memory_bytes: 512 << 20,
+    };
+
+    #[test]
+    fn a_field_absent_is_left_alone_and_null_is_its_default() {
+        let p = patch(r#"{"weight": 3, "max_concurrency": null}"#).unwrap();
+        let changes = p.changes(&Caller::admin(), CAPS).unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                ("max_concurrency", Value::Null),
+                ("weight", serde_json::json!(3))
+            ]
+        );
+        let p = patch(r#"{"may_schedule": [], "rate_limit": {"max": 5, "per_ms": 1000}}"#).unwrap();
+        let changes = p.changes(&Caller::admin(), CAPS).unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                ("rate_limit", serde_json::json!({"max": 5, "per_ms": 1000})),
+                ("may_schedule", Value::Null)
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_bound() {
+        let msg = |text: &str| patch(text).err().map(|e| e.message).unwrap_or_default();
+        assert_eq!(
+            msg(r#"{"weight": 0}"#),
+            "weight must be an integer from 1 to 1000, or null; got 0"
+        );
+        assert_eq!(
+            msg(r#"{"rate_limit": {"max": 0, "per_ms": 1}}"#),
+            "rate_limit.max must be an integer from 1 to 1000000; got 0"
+        );
+        assert_eq!(
+            msg(r#"{"rate_limit": {"max": 1}}"#),
+            "rate_limit: missing field `per_ms`"
+        );
+        assert!(msg(r#"{"colour": 1}"#).starts_with("unknown field `colour`"));
+        assert_eq!(msg("[null, null]"), "the body must be a JSON object");
+        assert_eq!(
+            msg(r#"{"rate_limit": [5, 1000]}"#),
+            "rate_limit must be a JSON object"
+        );
+        assert!(
+            msg(r#"{"rate_limit": {"max": 1, "x": 1}}"#)
+                .starts_with("rate_limit: unknown field `x`")
+        );
+        assert!(
+            msg(r#"{"may_schedule": ["Bad"]}"#)
+                .starts_with("may_schedule \"Bad\" is not a pattern")
+        );
+        assert!(
+            msg(r#"{"allowed_hosts": "x"}"#).starts_with("allowed_hosts must be a list of origins")
+        );
+        assert!(msg(r#"{"config": {"": "v"}}"#).starts_with("config \"\" is not a name"));
+    }
+
+    #[test]
+    fn past_a_cap_or_outside_its_own_patterns_only_an_admin() {
+        let over = r#"{"time_limit_ms": 120000}"#;
+        let e = patch(over)
+            .unwrap()
+            .changes(&developer(), CAPS)
+            .unwrap_err();
+        assert!(e.message.contains("--max-plugin-timeout"), "{}", e.message);
+        assert!(patch(over).unwrap().changes(&Caller::admin(), CAPS).is_ok());
+        let other = r#"{"may_schedule": ["pet-*"]}"#;
+        let e = patch(other)
+            .unwrap()
+            .changes(&developer(), CAPS)
+            .unwrap_err();
+        assert_eq!(e.status, 403);
+        assert!(
+            patch(r#"{"may_schedule": ["order-cancel"]}"#)
+                .unwrap()
+                .changes(&developer(), CAPS)
+                .is_ok()
+        );
+    }
+}
