@@ -1,8 +1,9 @@
-//! The OpenAPI document (`GET /v1/openapi.json`): the schemas of request and response bodies.
-//! The operations come from each handler's `#[utoipa::path]`, and the router registers every
-//! route from that same annotation (`utoipa_axum::routes!`), so the document can't drift from
-//! the routes. A task spec is read by its own type (`tasks::TaskSpec`); the other bodies are
-//! parsed by hand (to name the field in errors) and these types describe them.
+//! The OpenAPI document (`GET /v1/openapi.json`) and the schemas of replies. The operations come
+//! from each handler's `#[utoipa::path]`, and the router registers every route from that same
+//! annotation (`utoipa_axum::routes!`), so the document can't drift from the routes. A request
+//! body's schema is the type the handler reads it into (`tasks::TaskSpec`,
+//! `settings::PluginPatch`, …); only shapes no one type reads are here (a batch, a move's two
+//! forms).
 
 use serde::Serialize;
 use serde_json::Value;
