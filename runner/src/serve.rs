@@ -151,25 +151,7 @@ async fn serve(
     // this process's clock follows Redis's before anything reads it (membership keeps it so)
     store.follow_redis_clock().await?;
     let plugins = Plugins::new(plugin_options(&args)?)?;
-    let registry = Registry::new(
-        api_store.clone(),
-        Arc::clone(&plugins),
-        args.max_plugin_bytes,
-    );
-    if let Some(dir) = &args.plugins_dir {
-        let seeded = registry.seed_dir(dir).await?;
-        info!(dir = %dir.display(), ?seeded, "plugins directory loaded");
-    }
-    registry.sync_all().await?;
-    let names: Vec<String> = api_store
-        .plugin_list()
-        .await?
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    for problem in api_store.secrets_check(&names).await? {
-        tracing::error!("{problem}");
-    }
+    let registry = load_plugins(&args, &api_store, &plugins).await?;
     let metrics = Arc::new(Metrics::new());
     metrics.install();
     let listener = bind(args.listen, &http_rt)?;
@@ -195,18 +177,10 @@ async fn serve(
         crate::store::redact(&url),
         if private { ", private" } else { "" }
     );
-    let limits = HttpLimits {
-        max_connections: args.http_max_connections,
-        header_timeout: args.http_header_timeout,
-        body_timeout: args.http_body_timeout,
-        request_timeout: args.http_request_timeout,
-        idle_timeout: args.http_idle_timeout,
-        ..HttpLimits::default()
-    };
     let http = http_rt.spawn(api::serve(
         listener,
         api::router(state),
-        limits,
+        http_limits(&args),
         stop.clone(),
     ));
     let _ = stop.wait_for(|s| *s).await;
@@ -221,6 +195,47 @@ async fn serve(
     let _ = http.await;
     info!("stopped");
     Ok(())
+}
+
+/// The plugin registry, loaded: `--plugins-dir` seeded into it, every plugin of the namespace
+/// compiled or read from the cache, and a word logged for each secret this runner can't open.
+async fn load_plugins(
+    args: &ServeArgs,
+    api_store: &Store,
+    plugins: &Arc<Plugins>,
+) -> Result<Arc<Registry>> {
+    let registry = Registry::new(
+        api_store.clone(),
+        Arc::clone(plugins),
+        args.max_plugin_bytes,
+    );
+    if let Some(dir) = &args.plugins_dir {
+        let seeded = registry.seed_dir(dir).await?;
+        info!(dir = %dir.display(), ?seeded, "plugins directory loaded");
+    }
+    registry.sync_all().await?;
+    let names: Vec<String> = api_store
+        .plugin_list()
+        .await?
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    for problem in api_store.secrets_check(&names).await? {
+        tracing::error!("{problem}");
+    }
+    Ok(registry)
+}
+
+/// The API's connection limits and timeouts.
+fn http_limits(args: &ServeArgs) -> HttpLimits {
+    HttpLimits {
+        max_connections: args.http_max_connections,
+        header_timeout: args.http_header_timeout,
+        body_timeout: args.http_body_timeout,
+        request_timeout: args.http_request_timeout,
+        idle_timeout: args.http_idle_timeout,
+        ..HttpLimits::default()
+    }
 }
 
 /// The secrets key: `--secrets-key-file`, else (with the private redis-server) one in the data
