@@ -3,12 +3,11 @@
 //!
 //! A program that is missing makes the test fail with how to install it; nothing is skipped.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use eggtimer;
@@ -20,12 +19,14 @@ pub mod guests;
 mod proxy;
 mod redis_server;
 mod released;
+mod runner_process;
 mod sentinel;
 mod store;
 pub use cluster::RedisCluster;
 pub use proxy::Proxy;
 pub use redis_server::RedisServer;
 pub use released::released_eggtimer;
+pub use runner_process::RunnerProcess;
 pub use sentinel::Sentinels;
 pub use store::{
     claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, store_keeping_done,
@@ -174,165 +175,6 @@ pub fn secrets_key_file() -> PathBuf {
 pub fn shared_plugin_cache() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| temp_dir("plugin-cache")).clone()
-}
-
-/// A runner process.
-pub struct RunnerProcess {
-    child: Option<Child>,
-    pub port: u16,
-    pub url: String,
-    pub log: Arc<Mutex<Vec<String>>>,
-    data_dir: PathBuf,
-}
-
-impl RunnerProcess {
-    /// Starts `eggtimer serve` with these extra args (a free --listen port is added) and waits for
-    /// its "listening" line.
-    pub fn start(redis_url: &str, args: &[&str]) -> RunnerProcess {
-        Self::start_with_env(redis_url, args, &[])
-    }
-
-    /// Like [`RunnerProcess::start`], with extra environment variables.
-    pub fn start_with_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> RunnerProcess {
-        Self::launch(
-            &eggtimer_bin(),
-            Some(redis_url),
-            temp_dir("runner-data"),
-            args,
-            env,
-        )
-    }
-
-    /// Starts `eggtimer serve` of another build (`bin`: the last release's, say) on `redis_url`.
-    pub fn start_build(bin: &Path, redis_url: &str, args: &[&str]) -> RunnerProcess {
-        Self::launch(bin, Some(redis_url), temp_dir("runner-data"), args, &[])
-    }
-
-    /// A runner on `redis` that loads every plugin built from plugins/, with extra args.
-    pub fn with_plugins(redis: &RedisServer, extra: &[&str]) -> RunnerProcess {
-        let dir = plugins_dir();
-        let mut args = vec!["--plugins-dir", dir.to_str().expect("a UTF-8 path")];
-        args.extend_from_slice(extra);
-        Self::start(&redis.url(), &args)
-    }
-
-    /// A runner with its own private redis-server under `data_dir` (no --redis).
-    pub fn start_private(data_dir: &Path, args: &[&str]) -> RunnerProcess {
-        Self::launch(&eggtimer_bin(), None, data_dir.to_owned(), args, &[])
-    }
-
-    fn launch(
-        bin: &Path,
-        redis_url: Option<&str>,
-        data_dir: PathBuf,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> RunnerProcess {
-        let port = free_port();
-        let mut cmd = Command::new(bin);
-        cmd.arg("serve")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(redis_url.map(|u| ["--redis", u]).into_iter().flatten())
-            // never the source tree: a fresh data dir, and one compiled-plugin cache per test
-            // process (so each runner does not compile every plugin again)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .args(if args.contains(&"--plugin-cache") {
-                vec![]
-            } else {
-                vec!["--plugin-cache".into(), shared_plugin_cache()]
-            })
-            .args(args)
-            .env_remove("EGGTIMER_TOKEN")
-            .env("EGGTIMER_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("starting eggtimer");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let log = Arc::clone(&log);
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if line.contains("listening on") {
-                        let _ = tx.send(());
-                    }
-                    if std::env::var("EGGTIMER_TEST_ECHO").is_ok() {
-                        eprintln!("[runner {port}] {line}");
-                    }
-                    log.lock().unwrap().push(line);
-                }
-            });
-        }
-        let mut me = RunnerProcess {
-            child: Some(child),
-            port,
-            url: format!("http://127.0.0.1:{port}"),
-            log,
-            data_dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while rx.recv_timeout(Duration::from_millis(50)).is_err() {
-            if let Some(status) = me.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("eggtimer exited at start ({status}):\n{}", me.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "eggtimer did not start listening:\n{}",
-                me.log_text()
-            );
-        }
-        me
-    }
-
-    pub fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-
-    /// Panics with the runner's log if its process has exited (to tell a dead runner from a slow
-    /// one in a test's wait).
-    pub fn assert_alive(&mut self) {
-        if let Some(c) = self.child.as_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
-            panic!(
-                "the runner on port {} exited ({status}):\n{}",
-                self.port,
-                self.log_text()
-            );
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-
-    /// kill -9.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// SIGTERM, and waits for the exit; returns its exit code.
-    pub fn terminate(&mut self) -> Option<i32> {
-        let mut c = self.child.take()?;
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        c.wait().ok().and_then(|s| s.code())
-    }
-}
-
-impl Drop for RunnerProcess {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.data_dir);
-    }
 }
 
 /// An HTTP client for a runner's API.
