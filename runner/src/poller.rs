@@ -16,9 +16,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::executor::Executor;
-use crate::shards::Shards;
-use crate::store::{Heard, Store};
+use crate::executor::{Executor, Reservation};
+use crate::shards::{ShardSlot, Shards};
+use crate::store::{ClaimBatch, Heard, Store};
 
 /// How often a claim is tried again while Redis is out of memory.
 const FULL_RETRY: Duration = Duration::from_millis(250);
@@ -63,126 +63,224 @@ pub async fn poll_shard(
     exec: Arc<Executor>,
     shards: Arc<Shards>,
     opts: PollerOptions,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let slot = shards.get(shard);
-    let mut error_delay = Duration::from_millis(50);
-    // what the last claim left: whether the shard's buckets have tasks due, when their next
-    // task falls due, and whether tasks of a plugin under its part wait here (set aside)
-    let (mut bucket_due, mut next_due, mut waiting_under_part) = (true, None::<Instant>, false);
-    // whether a plugin under its part has tasks here (headroom is for them)
-    let mut others_here = true;
-    // whether Redis refused the last claim because it is out of memory
-    let mut full = false;
-    loop {
-        if *stop.borrow() {
-            return;
+    let mut poller = ShardPoller {
+        shard,
+        store,
+        exec,
+        shards,
+        opts,
+        stop,
+        error_delay: Duration::from_millis(50),
+        full: false,
+        last: LastClaim::default(),
+    };
+    while poller.step().await.is_ok() {}
+}
+
+/// The poller is stopping (its stop signal, or the executor closed).
+struct Stopped;
+
+/// What the last claim left, which decides how the next one waits.
+struct LastClaim {
+    /// Whether the shard's buckets have tasks due.
+    bucket_due: bool,
+    /// When the shard's next task falls due, if it has one.
+    next_due: Option<Instant>,
+    /// Whether tasks of a plugin under its part wait here (set aside).
+    waiting_under_part: bool,
+    /// Whether a plugin under its part has tasks here (headroom is for them).
+    others_here: bool,
+}
+
+impl Default for LastClaim {
+    /// Before the first claim, and after a wake-up: anything may be due.
+    fn default() -> Self {
+        LastClaim {
+            bucket_due: true,
+            next_due: None,
+            waiting_under_part: false,
+            others_here: true,
         }
-        if !slot.owned() {
-            if std::mem::take(&mut full) {
-                exec.redis_full(false);
-            }
-            // another runner polls this shard; membership wakes us when it becomes ours
-            slot.plan(i64::MIN);
-            tokio::select! {
-                _ = slot.woken() => { bucket_due = true; others_here = true; continue }
-                _ = stop.changed() => return,
-            }
+    }
+}
+
+/// One shard's poller: each [`step`](Self::step) is one claim, or one wait.
+struct ShardPoller {
+    shard: u32,
+    store: Store,
+    exec: Arc<Executor>,
+    shards: Arc<Shards>,
+    opts: PollerOptions,
+    stop: watch::Receiver<bool>,
+    error_delay: Duration,
+    /// Whether Redis refused the last claim because it is out of memory.
+    full: bool,
+    last: LastClaim,
+}
+
+impl ShardPoller {
+    fn slot(&self) -> &ShardSlot {
+        self.shards.get(self.shard)
+    }
+
+    /// Claims once what can start now, or waits: for the shard to be this runner's, for room in
+    /// the executor, after an error, or until the next due time.
+    async fn step(&mut self) -> Result<(), Stopped> {
+        if *self.stop.borrow() {
+            return Err(Stopped);
         }
-        slot.plan(i64::MAX);
-        // Claim only what can start now: wait for room in the executor. Nothing due in the
-        // buckets (more claimed than there was room for, or only tasks set aside waiting here):
-        // room for them, or at the next due time (or a wake) room with headroom.
-        let res = if !bucket_due {
-            let until = next_due.unwrap_or_else(|| Instant::now() + opts.fallback);
-            tokio::select! {
-                r = exec.reserve(opts.batch, waiting_under_part) => match r { Some(r) => r, None => return },
-                _ = tokio::time::sleep_until(until) => { bucket_due = true; continue }
-                _ = slot.woken() => { bucket_due = true; others_here = true; continue }
-                _ = stop.changed() => return,
-            }
-        } else {
-            tokio::select! {
-                r = exec.reserve(opts.batch, others_here) => match r { Some(r) => r, None => return },
-                _ = stop.changed() => return,
-            }
+        if !self.slot().owned() {
+            return self.wait_for_ownership().await;
+        }
+        self.slot().plan(i64::MAX);
+        let Some(room) = self.room().await? else {
+            return Ok(());
         };
-        let limit = res.len();
+        let limit = room.len();
         let sent = std::time::Instant::now();
-        let share = exec.share(&res);
-        let batch = match store
-            .claim_shared(shard, limit, exec.lease_ms(), &share)
-            .await
-        {
-            Ok(b) => {
-                error_delay = Duration::from_millis(50);
-                if std::mem::take(&mut full) {
-                    info!(shard, "Redis takes writes again: claiming resumed");
-                    exec.redis_full(false);
-                }
-                b
-            }
-            Err(e) if crate::store::is_full(&e) => {
-                // Redis refused the whole claim: nothing changed, no attempt was used. Claims
-                // wait for memory; runs already claimed go on and record their outcomes.
-                drop(res);
-                if !std::mem::replace(&mut full, true) {
-                    warn!(
-                        shard,
-                        "Redis is out of memory (maxmemory reached): no task starts here until memory is freed: {e:#}"
-                    );
-                    exec.redis_full(true);
-                }
-                tokio::select! { _ = tokio::time::sleep(FULL_RETRY) => {}, _ = stop.changed() => return }
-                continue;
-            }
+        let share = self.exec.share(&room);
+        let claimed = self
+            .store
+            .claim_shared(self.shard, limit, self.exec.lease_ms(), &share)
+            .await;
+        let batch = match claimed {
+            Ok(batch) => batch,
             Err(e) => {
-                drop(res);
-                warn!(shard, "claim failed, retrying in {error_delay:?}: {e:#}");
-                tokio::select! { _ = tokio::time::sleep(error_delay) => {}, _ = stop.changed() => return }
-                error_delay = (error_delay * 2).min(Duration::from_secs(2));
-                continue;
+                drop(room); // the places go back while the claim waits to be tried again
+                return self.back_off(e).await;
             }
         };
-        exec.observe_share_waits(batch.set_aside);
-        let claimed = batch.tasks.len();
-        if claimed > 0 {
-            debug!(shard, claimed, "claimed");
-            exec.submit(batch.tasks, res, sent);
+        self.claim_succeeded();
+        self.exec.observe_share_waits(batch.set_aside);
+        self.remember(&batch);
+        let (now, next_due, next_lease_expiry) =
+            (batch.now, batch.next_due, batch.next_lease_expiry);
+        let more = batch.tasks.len() == limit || batch.waiting;
+        if batch.tasks.is_empty() {
+            drop(room);
         } else {
-            drop(res);
+            debug!(shard = self.shard, claimed = batch.tasks.len(), "claimed");
+            self.exec.submit(batch.tasks, room, sent);
         }
-        waiting_under_part = batch.waiting_under_part;
-        others_here = batch.others_here;
-        bucket_due = batch.next_due.is_some_and(|d| d <= batch.now);
-        next_due = batch.next_due.map(|d| {
-            Instant::now() + Duration::from_millis((d - batch.now).clamp(0, 3_600_000) as u64)
-        });
-        if claimed == limit || batch.waiting {
-            continue; // more may be due: claim again when there is room
+        if more {
+            return Ok(()); // more may be due: claim again when there is room
         }
-        // Sleep until the next due time or lease expiry (Redis time), or the fallback. The wait
-        // is whole ms from the claim's whole-ms time, so a poller wakes up to ~1 ms after the
-        // due time (plus the timer's own ms): tasks due within that window share a claim. Kept
-        // so on purpose: waking to the µs cut W1's p50 lateness by 0.2–0.6 ms but took Redis
-        // 5–17% more CPU in claims, and made p99 worse at 30k tasks/s (docs/benchmarks-archive.md).
-        let next = [batch.next_due, batch.next_lease_expiry.map(|l| l + 1)]
-            .into_iter()
-            .flatten()
-            .min();
-        let fallback_ms = opts.fallback.as_millis() as i64;
-        let wait_ms = next.map_or(fallback_ms, |t| (t - batch.now).clamp(0, fallback_ms));
+        self.sleep_until_next(now, [next_due, next_lease_expiry.map(|l| l + 1)])
+            .await
+    }
+
+    /// Another runner polls this shard; membership wakes this poller when it becomes ours.
+    async fn wait_for_ownership(&mut self) -> Result<(), Stopped> {
+        if std::mem::take(&mut self.full) {
+            self.exec.redis_full(false);
+        }
+        self.slot().plan(i64::MIN);
+        tokio::select! {
+            _ = self.shards.get(self.shard).woken() => { self.last = LastClaim::default(); Ok(()) }
+            _ = self.stop.changed() => Err(Stopped),
+        }
+    }
+
+    /// Waits for room in the executor: claim only what can start now. `None` when the wait ended
+    /// first for another reason (the next due time, a wake-up) and the step is to begin again.
+    /// Nothing due in the buckets (more was claimed than there was room for, or only tasks set
+    /// aside wait here): room for them, or at the next due time (or a wake) room with headroom.
+    async fn room(&mut self) -> Result<Option<Reservation>, Stopped> {
+        let exec = &self.exec;
+        let last = &mut self.last;
+        let slot = self.shards.get(self.shard);
+        let room = if !last.bucket_due {
+            let until = last
+                .next_due
+                .unwrap_or_else(|| Instant::now() + self.opts.fallback);
+            tokio::select! {
+                r = exec.reserve(self.opts.batch, last.waiting_under_part) => r,
+                _ = tokio::time::sleep_until(until) => { last.bucket_due = true; return Ok(None) }
+                _ = slot.woken() => { *last = LastClaim::default(); return Ok(None) }
+                _ = self.stop.changed() => None,
+            }
+        } else {
+            tokio::select! {
+                r = exec.reserve(self.opts.batch, last.others_here) => r,
+                _ = self.stop.changed() => None,
+            }
+        };
+        room.map(Some).ok_or(Stopped)
+    }
+
+    fn claim_succeeded(&mut self) {
+        self.error_delay = Duration::from_millis(50);
+        if std::mem::take(&mut self.full) {
+            info!(
+                shard = self.shard,
+                "Redis takes writes again: claiming resumed"
+            );
+            self.exec.redis_full(false);
+        }
+    }
+
+    /// After a failed claim: waits to try again, longer after each error in a row. Redis refused
+    /// the whole claim: nothing changed, no attempt was used. While it is out of memory claims
+    /// wait for memory; runs already claimed go on and record their outcomes.
+    async fn back_off(&mut self, e: anyhow::Error) -> Result<(), Stopped> {
+        let delay = if crate::store::is_full(&e) {
+            if !std::mem::replace(&mut self.full, true) {
+                warn!(
+                    shard = self.shard,
+                    "Redis is out of memory (maxmemory reached): no task starts here until memory is freed: {e:#}"
+                );
+                self.exec.redis_full(true);
+            }
+            FULL_RETRY
+        } else {
+            let delay = self.error_delay;
+            warn!(
+                shard = self.shard,
+                "claim failed, retrying in {delay:?}: {e:#}"
+            );
+            self.error_delay = (delay * 2).min(Duration::from_secs(2));
+            delay
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => Ok(()),
+            _ = self.stop.changed() => Err(Stopped),
+        }
+    }
+
+    /// Keeps what a claim said of the shard for the next wait.
+    fn remember(&mut self, batch: &ClaimBatch) {
+        self.last = LastClaim {
+            bucket_due: batch.next_due.is_some_and(|d| d <= batch.now),
+            next_due: batch.next_due.map(|d| {
+                Instant::now() + Duration::from_millis((d - batch.now).clamp(0, 3_600_000) as u64)
+            }),
+            waiting_under_part: batch.waiting_under_part,
+            others_here: batch.others_here,
+        };
+    }
+
+    /// Sleeps until the next due time or lease expiry (Redis time, `now` the claim's), or the
+    /// fallback. The wait is whole ms from the claim's whole-ms time, so a poller wakes up to
+    /// ~1 ms after the due time (plus the timer's own ms): tasks due within that window share a
+    /// claim. Kept so on purpose: waking to the µs cut W1's p50 lateness by 0.2–0.6 ms but took
+    /// Redis 5–17% more CPU in claims, and made p99 worse at 30k tasks/s
+    /// (docs/benchmarks-archive.md).
+    async fn sleep_until_next(&mut self, now: i64, times: [Option<i64>; 2]) -> Result<(), Stopped> {
+        let fallback_ms = self.opts.fallback.as_millis() as i64;
+        let next = times.into_iter().flatten().min();
+        let wait_ms = next.map_or(fallback_ms, |t| (t - now).clamp(0, fallback_ms));
+        self.last.bucket_due = true;
         if wait_ms == 0 {
-            bucket_due = true;
-            continue;
+            return Ok(());
         }
-        slot.plan(batch.now + wait_ms);
+        self.slot().plan(now + wait_ms);
         let deadline = Instant::now() + Duration::from_millis(wait_ms as u64);
         tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = slot.woken() => others_here = true,
-            _ = stop.changed() => return,
+            _ = tokio::time::sleep_until(deadline) => Ok(()),
+            _ = self.shards.get(self.shard).woken() => { self.last.others_here = true; Ok(()) }
+            _ = self.stop.changed() => Err(Stopped),
         }
-        bucket_due = true;
     }
 }
