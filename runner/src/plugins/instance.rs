@@ -47,6 +47,16 @@ pub(super) struct Warm {
     calls: u32,
 }
 
+impl Warm {
+    /// Whether the instance may serve another call: not after [`MAX_REUSE`] calls, nor once its
+    /// captured output is half full.
+    fn reusable(&self) -> bool {
+        self.calls < MAX_REUSE
+            && self.stdout.written() <= OUTPUT_CAP / 2
+            && self.stderr.written() <= OUTPUT_CAP / 2
+    }
+}
+
 /// Idle instances, least recently used first.
 pub(super) struct Pool {
     idle: Mutex<VecDeque<Warm>>,
@@ -136,57 +146,104 @@ pub(super) async fn call(
     host: Arc<dyn TaskHost>,
     settings: RunSettings,
 ) -> Run {
-    let RunSettings {
-        may_schedule,
-        timeout,
-        memory,
-        allowed_hosts,
-        config,
-    } = settings;
-    let CallEnv {
-        engine,
-        pool,
-        opts,
-        outbound,
-    } = env;
-    let mut warm = match warm_instance(engine, pool, loaded, timeout, memory).await {
+    let timeout = settings.timeout;
+    let mut warm = match warm_instance(env.engine, env.pool, loaded, timeout, settings.memory).await
+    {
         Ok(w) => w,
         Err(e) => return Run::failed(e),
     };
     let deadline = Instant::now() + timeout;
-    {
-        let data = warm.store.data_mut();
-        data.started_at.store(now_ms(), Ordering::Relaxed);
-        data.deadline = deadline;
-        data.call = CallCtx {
+    begin(&mut warm, &env, task, host, settings, deadline);
+    let result = tokio::time::timeout_at(
+        deadline.into(),
+        warm.plugin.call_handle(&mut warm.store, &task_input(task)),
+    )
+    .await;
+    let mut call = std::mem::take(&mut warm.store.data_mut().call);
+    let stderr_tail = drain_output(&mut warm, task, &mut call.log);
+    warm.calls += 1;
+    let run = match result {
+        // The guest was waiting in a host call (a WASI sleep or poll) at its deadline: the call
+        // was dropped mid-way, so the instance can't be used again.
+        Err(_) => {
+            let mut msg = format!(
+                "the plugin ran longer than its time limit of {timeout:?} (it was waiting in a host or WASI call)"
+            );
+            if !stderr_tail.is_empty() {
+                msg.push_str(&format!(" (stderr: {stderr_tail})"));
+            }
+            return Run::failed(msg).logged(call.log);
+        }
+        // A trap (or over budget): the instance can't be re-entered, drop it.
+        Ok(Err(e)) => {
+            return Run::failed(explain_trap(&e, timeout, &stderr_tail)).logged(call.log);
+        }
+        Ok(Ok(Ok(outcome))) => Run {
+            outcome: Ok(outcome_of(outcome)),
+            effects: call.effects,
+            log: call.log,
+        },
+        // The handler returned an error: a failed attempt; effects are dropped.
+        Ok(Ok(Err(e))) => {
+            Run::failed(format!("the handler returned an error: {e}")).logged(call.log)
+        }
+    };
+    if warm.reusable() {
+        env.pool.put(warm);
+    }
+    run
+}
+
+/// Readies `warm` for one call of `task`: what its host functions may do and see, and until when.
+fn begin(
+    warm: &mut Warm,
+    env: &CallEnv<'_>,
+    task: &Claimed,
+    host: Arc<dyn TaskHost>,
+    settings: RunSettings,
+    deadline: Instant,
+) {
+    let RunSettings {
+        may_schedule,
+        allowed_hosts,
+        config,
+        ..
+    } = settings;
+    let data = warm.store.data_mut();
+    data.started_at.store(now_ms(), Ordering::Relaxed);
+    data.deadline = deadline;
+    data.call = CallCtx {
+        task_id: task.id.clone(),
+        occurrence: task.created,
+        plugin: task.plugin.clone(),
+        effects: crate::executor::Effects {
+            cancel_also: may_schedule.clone(),
+            ..Default::default()
+        },
+        may_schedule,
+        host: Some(host),
+        budget: env.opts.budget.clone(),
+        max_payload_bytes: env.opts.max_payload_bytes,
+        default_max_attempts: env.opts.default_max_attempts,
+        http: Some(Arc::new(HttpCtx {
+            outbound: Arc::clone(env.outbound),
+            allowed_hosts,
+            traceparent: task.traceparent.clone(),
+            deadline,
             task_id: task.id.clone(),
             occurrence: task.created,
             plugin: task.plugin.clone(),
-            effects: crate::executor::Effects {
-                cancel_also: may_schedule.clone(),
-                ..Default::default()
-            },
-            may_schedule,
-            host: Some(host),
-            budget: opts.budget.clone(),
-            max_payload_bytes: opts.max_payload_bytes,
-            default_max_attempts: opts.default_max_attempts,
-            http: Some(Arc::new(HttpCtx {
-                outbound: Arc::clone(outbound),
-                allowed_hosts,
-                traceparent: task.traceparent.clone(),
-                deadline,
-                task_id: task.id.clone(),
-                occurrence: task.created,
-                plugin: task.plugin.clone(),
-                sent: Default::default(),
-            })),
-            config,
-            ..CallCtx::default()
-        };
-    }
+            sent: Default::default(),
+        })),
+        config,
+        ..CallCtx::default()
+    };
     warm.store.set_epoch_deadline(1);
-    let input = wit::Task {
+}
+
+/// The task as the plugin's `handle` receives it.
+fn task_input(task: &Claimed) -> wit::Task {
+    wit::Task {
         id: task.id.clone(),
         plugin: task.plugin.clone(),
         attempt: task.attempt,
@@ -194,47 +251,7 @@ pub(super) async fn call(
         due: task.due,
         owner: task.owner.clone(),
         payload: task.payload.clone(),
-    };
-    let result = tokio::time::timeout_at(
-        deadline.into(),
-        warm.plugin.call_handle(&mut warm.store, &input),
-    )
-    .await;
-    let mut call = std::mem::take(&mut warm.store.data_mut().call);
-    let stderr_tail = drain_output(&mut warm, task, &mut call.log);
-    let log = call.log;
-    warm.calls += 1;
-    let result = match result {
-        Ok(r) => r,
-        // The guest was waiting in a host call (a WASI sleep or poll) at its deadline: the call
-        // was dropped mid-way, so the instance can't be used again.
-        Err(_) => {
-            let mut msg = format!(
-                "the plugin ran longer than its time limit of {:?} (it was waiting in a host or WASI call)",
-                timeout
-            );
-            if !stderr_tail.is_empty() {
-                msg.push_str(&format!(" (stderr: {stderr_tail})"));
-            }
-            return Run::failed(msg).logged(log);
-        }
-    };
-    let run = match result {
-        Ok(Ok(outcome)) => Run {
-            outcome: Ok(outcome_of(outcome)),
-            effects: call.effects,
-            log,
-        },
-        // The handler returned an error: a failed attempt; effects are dropped.
-        Ok(Err(e)) => Run::failed(format!("the handler returned an error: {e}")).logged(log),
-        // A trap (or over budget): the instance can't be re-entered, drop it.
-        Err(e) => return Run::failed(explain_trap(&e, timeout, &stderr_tail)).logged(log),
-    };
-    let full = warm.stdout.written() > OUTPUT_CAP / 2 || warm.stderr.written() > OUTPUT_CAP / 2;
-    if warm.calls < MAX_REUSE && !full {
-        pool.put(warm);
     }
-    run
 }
 
 /// Instantiates `loaded` (its start code runs, bounded as a call is) and puts the instance in the
