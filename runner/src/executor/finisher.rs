@@ -139,6 +139,43 @@ impl Recorder {
     }
 
     async fn record(&self, shard: u32, mut group: Vec<Pending>) {
+        let spans = finish_spans(&group);
+        let verdicts = self.finish(shard, &group).await;
+        self.report(&group, &verdicts, &spans);
+        // the markers of the runs recorded (not of those refused or given back)
+        let markers: Vec<(String, u64)> = group
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| !matches!(v, Finished::Stale | Finished::Release | Finished::Defer))
+            .filter_map(|(p, _)| Some((p.id.clone(), p.marker?)))
+            .collect();
+        for p in &group {
+            self.held.remove(shard, &p.id, p.token);
+        }
+        // runs put back for a slot wait among that limit's runs (a run not recorded as put back
+        // is not waiting)
+        let waits: Vec<super::limits::SlotWait> = group
+            .iter_mut()
+            .zip(&verdicts)
+            .filter(|(_, v)| **v == Finished::Defer)
+            .filter_map(|(p, _)| p.slot_wait.take())
+            .collect();
+        // dropping `group` frees the slots: before the markers' round trip, if there is one
+        drop(group);
+        if !markers.is_empty() {
+            self.freed.notify_waiters();
+            self.drop_markers(markers).await;
+        }
+        for w in waits {
+            w.enter(&self.store).await;
+        }
+    }
+
+    /// Records the group's outcomes with one finish script, tried up to five times: the verdict
+    /// of each, or none when Redis could not be reached (the leases expire and the tasks run
+    /// again). A finish that was applied but whose answer was lost answers `stale` when sent
+    /// again (the claim is over): retrying is safe.
+    async fn finish(&self, shard: u32, group: &[Pending]) -> Vec<Finished> {
         let items: Vec<(&str, u64, &Finish)> = group
             .iter()
             .map(|p| (p.id.as_str(), p.token, &p.finish))
@@ -147,23 +184,11 @@ impl Recorder {
             .iter()
             .filter_map(|p| Some((p.id.as_str(), p.log.as_deref()?)))
             .collect();
-        // a span per outcome only when traces are exported (no allocation per group otherwise)
-        let spans: Vec<tracing::Span> = if tracing::enabled!(target: trace::TARGET, tracing::Level::INFO)
-        {
-            group
-                .iter()
-                .map(|p| info_span!(target: trace::TARGET, parent: &p.traced, "task.finish", outcome = tracing::field::Empty))
-                .collect()
-        } else {
-            Vec::new()
-        };
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
-        let verdicts = loop {
+        loop {
             match self.store.finish_logged(shard, &items, &logs).await {
-                Ok(v) => break Some(v),
-                // A finish that was applied but whose answer was lost answers `stale` when sent
-                // again (the claim is over): retrying is safe.
+                Ok(v) => return v,
                 Err(e) if tries < 4 => {
                     warn!(
                         shard,
@@ -178,62 +203,40 @@ impl Recorder {
                         shard,
                         "recording outcomes failed; the leases will expire and the tasks run again: {e:#}"
                     );
-                    break None;
+                    return Vec::new();
                 }
             }
-        };
-        if let Some(verdicts) = &verdicts {
-            for (s, v) in spans.iter().zip(verdicts) {
-                s.record("outcome", tracing::field::debug(v));
-            }
-            self.metrics.observe_finishes(
-                group
-                    .iter()
-                    .zip(verdicts)
-                    .map(|(p, v)| (p.plugin.as_str(), *v)),
-            );
-            for (p, v) in group.iter().zip(verdicts) {
-                if *v == Finished::Stale {
-                    warn!(id = %p.id, attempt = p.attempt, "outcome refused: the claim was lost");
-                } else {
-                    debug!(id = %p.id, attempt = p.attempt, ?v, "recorded");
-                }
-            }
-        }
-        // the markers of the runs recorded (not of those refused or given back)
-        let markers: Vec<(String, u64)> = match &verdicts {
-            Some(v) => group
-                .iter()
-                .zip(v)
-                .filter(|(_, v)| {
-                    !matches!(v, Finished::Stale | Finished::Release | Finished::Defer)
-                })
-                .filter_map(|(p, _)| Some((p.id.clone(), p.marker?)))
-                .collect(),
-            None => Vec::new(),
-        };
-        for p in &group {
-            self.held.remove(shard, &p.id, p.token);
-        }
-        // runs put back for a slot wait among that limit's runs (a run not recorded as put back
-        // is not waiting)
-        let waits: Vec<super::limits::SlotWait> = match &verdicts {
-            Some(v) => group
-                .iter_mut()
-                .zip(v)
-                .filter(|(_, v)| **v == Finished::Defer)
-                .filter_map(|(p, _)| p.slot_wait.take())
-                .collect(),
-            None => Vec::new(),
-        };
-        // dropping `group` frees the slots: before the markers' round trip, if there is one
-        drop(group);
-        if !markers.is_empty() {
-            self.freed.notify_waiters();
-            self.drop_markers(markers).await;
-        }
-        for w in waits {
-            w.enter(&self.store).await;
         }
     }
+
+    /// The verdicts in the tasks' spans, metrics and log.
+    fn report(&self, group: &[Pending], verdicts: &[Finished], spans: &[tracing::Span]) {
+        for (s, v) in spans.iter().zip(verdicts) {
+            s.record("outcome", tracing::field::debug(v));
+        }
+        self.metrics.observe_finishes(
+            group
+                .iter()
+                .zip(verdicts)
+                .map(|(p, v)| (p.plugin.as_str(), *v)),
+        );
+        for (p, v) in group.iter().zip(verdicts) {
+            if *v == Finished::Stale {
+                warn!(id = %p.id, attempt = p.attempt, "outcome refused: the claim was lost");
+            } else {
+                debug!(id = %p.id, attempt = p.attempt, ?v, "recorded");
+            }
+        }
+    }
+}
+
+/// A span per outcome, only when traces are exported (no allocation per group otherwise).
+fn finish_spans(group: &[Pending]) -> Vec<tracing::Span> {
+    if !tracing::enabled!(target: trace::TARGET, tracing::Level::INFO) {
+        return Vec::new();
+    }
+    group
+        .iter()
+        .map(|p| info_span!(target: trace::TARGET, parent: &p.traced, "task.finish", outcome = tracing::field::Empty))
+        .collect()
 }
