@@ -1,7 +1,8 @@
 //! The bounds every input keeps (API.md, "Limits every route keeps"): times, durations, ids and
-//! owners. The API, the CLI, the plugin host and the executor all check against these, so no
-//! stored time can leave the range and no arithmetic on one can overflow, in Rust or in Lua
-//! (whose numbers are doubles: every value here is far below 2^53).
+//! owners, attempts, plugin names, payloads. The API, the CLI, the plugin host (a follow-up task is
+//! held to the rules of one scheduled over HTTP, with the same messages) and the executor all
+//! check against these, so no stored time can leave the range and no arithmetic on one can
+//! overflow, in Rust or in Lua (whose numbers are doubles: every value here is far below 2^53).
 
 /// The latest time anything may be due: 9999-12-31T23:59:59.999Z, in ms since the Unix epoch.
 pub const MAX_TIME_MS: i64 = 253_402_300_799_999;
@@ -107,6 +108,39 @@ pub fn id(field: &str, s: &str) -> Result<(), OutOfBounds> {
     }
 }
 
+/// A number of attempts: 1 to [`MAX_ATTEMPTS`].
+pub fn attempts(field: &str, n: i64) -> Result<u32, OutOfBounds> {
+    match u32::try_from(n) {
+        Ok(n) if (1..=MAX_ATTEMPTS).contains(&n) => Ok(n),
+        _ => Err(OutOfBounds(format!(
+            "{field} must be an integer from 1 to {MAX_ATTEMPTS}"
+        ))),
+    }
+}
+
+/// A plugin's name (`[a-z0-9][a-z0-9-]{0,63}`), given in `field`.
+pub fn plugin(field: &str, name: &str) -> Result<(), OutOfBounds> {
+    if crate::plugins::valid_plugin_name(name) {
+        Ok(())
+    } else {
+        Err(OutOfBounds(format!(
+            "{field} {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+        )))
+    }
+}
+
+/// A task's payload: at most `max` bytes (`--max-payload-bytes`).
+pub fn payload(field: &str, payload: &str, max: usize) -> Result<(), OutOfBounds> {
+    if payload.len() <= max {
+        Ok(())
+    } else {
+        Err(OutOfBounds(format!(
+            "{field} is {} bytes; the limit is {max}",
+            payload.len()
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +169,28 @@ mod tests {
         assert!(shifted("run_at", 100, -101).is_err());
         assert!(shifted("run_at", MAX_TIME_MS, 1).is_err());
         assert!(shifted("run_at", i64::MAX, i64::MAX).is_err());
+    }
+
+    #[test]
+    fn attempts_plugins_and_payloads() {
+        assert_eq!(attempts("max_attempts", 1), Ok(1));
+        assert_eq!(attempts("max_attempts", 1000), Ok(1000));
+        for n in [0, -1, 1001, i64::MAX, i64::from(u32::MAX) + 1] {
+            assert_eq!(
+                attempts("max_attempts", n).unwrap_err().0,
+                "max_attempts must be an integer from 1 to 1000"
+            );
+        }
+        assert!(plugin("plugin", "auto-feed").is_ok());
+        assert_eq!(
+            plugin("[2].plugin", "Auto").unwrap_err().0,
+            "[2].plugin \"Auto\" is not a plugin name ([a-z0-9][a-z0-9-]{0,63})"
+        );
+        assert!(payload("payload", "{}", 2).is_ok());
+        assert_eq!(
+            payload("payload", "[1,2]", 4).unwrap_err().0,
+            "payload is 5 bytes; the limit is 4"
+        );
     }
 
     #[test]

@@ -186,19 +186,23 @@ impl TestHost {
             ))?;
         }
         self.spend(t.payload.len() + t.plugin.len())?;
-        serde_json::from_str::<serde_json::Value>(&t.payload)
-            .map_err(|e| Error(format!("the payload is not JSON: {e}")))?;
+        // the runner's rules and messages (its `limits` module)
         if !(0..=MAX_TIME_MS).contains(&t.run_at) {
             return Err(Error(format!(
-                "run_at {} is outside 0..={MAX_TIME_MS} (ms since the Unix epoch)",
+                "run_at must be a time from 0 to {MAX_TIME_MS} (ms since the Unix epoch), got {}",
                 t.run_at
             )));
         }
         if let Some(o) = &t.owner
             && (o.is_empty() || o.len() > 200 || o.chars().any(char::is_control))
         {
-            return Err("an owner is 1 to 200 bytes without control characters".into());
+            return Err(Error(format!(
+                "owner must be 1 to 200 bytes without control characters (got {} bytes)",
+                o.len()
+            )));
         }
+        serde_json::from_str::<serde_json::Value>(&t.payload)
+            .map_err(|e| Error(format!("payload is not JSON: {e}")))?;
         let id = derive_id(&self.task_id, self.created, self.scheduled.len());
         self.scheduled.push((id.clone(), t));
         Ok(id)

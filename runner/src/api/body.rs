@@ -227,14 +227,10 @@ pub mod field {
 
     /// A number of attempts: 1 to MAX_ATTEMPTS.
     pub fn max_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-        match int(d) {
-            Ok(None) => Ok(None),
-            Ok(Some(n)) if (1..=limits::MAX_ATTEMPTS as i64).contains(&n) => Ok(Some(n as u32)),
-            _ => Err(D::Error::custom(format!(
-                "must be an integer from 1 to {}",
-                limits::MAX_ATTEMPTS
-            ))),
-        }
+        // not an integer at all reads as one out of range: one message for both
+        let n = int(d).unwrap_or(Some(0));
+        n.map(|n| limits::attempts("", n).map_err(|e| D::Error::custom(e.0.trim_start())))
+            .transpose()
     }
 
     /// A shift, negative or not: within ±MAX_DURATION_MS.
@@ -266,12 +262,10 @@ pub mod field {
     /// A plugin's name.
     pub fn plugin<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         let s = string(d)?;
-        match &s {
-            Some(name) if !crate::plugins::valid_plugin_name(name) => Err(D::Error::custom(
-                format!("{name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"),
-            )),
-            _ => Ok(s),
+        if let Some(name) = &s {
+            limits::plugin("", name).map_err(|e| D::Error::custom(e.0.trim_start()))?;
         }
+        Ok(s)
     }
 
     /// A W3C traceparent: given (`Some`), it is `Some(None)` for one of zeros (no trace).
@@ -296,13 +290,7 @@ pub(super) fn integer(text: &str) -> Option<i64> {
 
 /// A plugin name given in a field (`at` prefixes the message, e.g. "[3].").
 pub fn plugin_name(at: &str, name: &str) -> ApiResult<()> {
-    if crate::plugins::valid_plugin_name(name) {
-        Ok(())
-    } else {
-        Err(ApiError::bad(format!(
-            "{at}plugin {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
-        )))
-    }
+    Ok(crate::limits::plugin(&format!("{at}plugin"), name)?)
 }
 
 /// The start of a raw value, for messages.

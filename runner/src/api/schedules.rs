@@ -107,12 +107,7 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
         .plugin
         .ok_or_else(|| ApiError::bad("plugin is required"))?;
     let payload = s.payload.map_or("null", |p| p.get());
-    if payload.len() > max_payload {
-        return Err(ApiError::too_large(format!(
-            "payload is {} bytes; the limit is {max_payload}",
-            payload.len()
-        )));
-    }
+    limits::payload("payload", payload, max_payload).map_err(|e| ApiError::too_large(e.0))?;
     let def = ScheduleDef {
         plugin,
         payload: payload.to_owned(),

@@ -123,12 +123,8 @@ impl TaskSpec<'_> {
             ));
         }
         let payload = self.payload.map_or("null", |p| p.get());
-        if payload.len() > max_payload {
-            return Err(ApiError::too_large(format!(
-                "{at}payload is {} bytes; the limit is {max_payload}",
-                payload.len()
-            )));
-        }
+        limits::payload(&format!("{at}payload"), payload, max_payload)
+            .map_err(|e| ApiError::too_large(e.0))?;
         Ok(NewTask {
             id: self.id.unwrap_or_else(new_id),
             plugin,

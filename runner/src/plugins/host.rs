@@ -20,18 +20,15 @@ use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
 use super::bindings::eggtimer::plugin::types as wit;
-use super::valid_plugin_name;
 use crate::clock::now_ms;
 use crate::executor::{Effects, TaskHost};
-use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS, id_like};
+use crate::limits::{self, MAX_DURATION_MS};
 use crate::store::{KvRead, KvWrite, NewTask};
 
 /// The longest kv TTL (10 years, the limit of every duration), in ms.
 const MAX_TTL_MS: u64 = MAX_DURATION_MS as u64;
 /// Longest kv key and value.
 const MAX_KEY_BYTES: usize = 512;
-/// Most attempts a follow-up may ask for.
-const MAX_ATTEMPTS: u32 = 100;
 
 /// What one run may ask for.
 #[derive(Clone, Debug, PartialEq)]
@@ -306,8 +303,9 @@ impl bindings::eggtimer::plugin::host::Host for State {
             .into());
         }
         c.spend(t.payload.len() + t.plugin.len(), "follow-up")?;
-        if !valid_plugin_name(&t.plugin) {
-            return Ok(Err(format!("{:?} is not a plugin name", t.plugin)));
+        // the rules of a task scheduled over HTTP, with the same messages
+        if let Err(e) = limits::plugin("plugin", &t.plugin) {
+            return Ok(Err(e.0));
         }
         if !c.may_touch(&t.plugin) {
             return Ok(Err(format!(
@@ -316,31 +314,23 @@ impl bindings::eggtimer::plugin::host::Host for State {
                 c.plugin, t.plugin
             )));
         }
-        if t.payload.len() > c.max_payload_bytes {
-            return Ok(Err(format!(
-                "the payload is larger than {} bytes",
-                c.max_payload_bytes
-            )));
-        }
+        let checked = limits::payload("payload", &t.payload, c.max_payload_bytes)
+            .and_then(|()| limits::time("run_at", t.run_at))
+            .and_then(|_| {
+                t.owner
+                    .as_deref()
+                    .map_or(Ok(()), |o| limits::id("owner", o))
+            })
+            .and_then(|()| {
+                let n = t.max_attempts.unwrap_or(c.default_max_attempts);
+                limits::attempts("max_attempts", n.into())
+            });
+        let max_attempts = match checked {
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e.0)),
+        };
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&t.payload) {
-            return Ok(Err(format!("the payload is not JSON: {e}")));
-        }
-        if !(0..=MAX_TIME_MS).contains(&t.run_at) {
-            return Ok(Err(format!(
-                "run_at {} is outside 0..={MAX_TIME_MS} (ms since the Unix epoch)",
-                t.run_at
-            )));
-        }
-        if let Some(o) = &t.owner
-            && !id_like(o)
-        {
-            return Ok(Err(
-                "an owner is 1 to 200 bytes without control characters".into()
-            ));
-        }
-        let max_attempts = t.max_attempts.unwrap_or(c.default_max_attempts);
-        if !(1..=MAX_ATTEMPTS).contains(&max_attempts) {
-            return Ok(Err(format!("max_attempts must be 1 to {MAX_ATTEMPTS}")));
+            return Ok(Err(format!("payload is not JSON: {e}")));
         }
         let id = derive_id(&c.task_id, c.occurrence, c.effects.schedule.len());
         c.effects.schedule.push(NewTask {
