@@ -145,7 +145,7 @@ impl ShardPoller {
             .store
             .claim_shared(self.shard, limit, self.exec.lease_ms(), &share)
             .await;
-        let batch = match claimed {
+        let mut batch = match claimed {
             Ok(batch) => batch,
             Err(e) => {
                 drop(room); // the places go back while the claim waits to be tried again
@@ -155,20 +155,18 @@ impl ShardPoller {
         self.claim_succeeded();
         self.exec.observe_share_waits(batch.set_aside);
         self.remember(&batch);
-        let (now, next_due, next_lease_expiry) =
-            (batch.now, batch.next_due, batch.next_lease_expiry);
         let more = batch.tasks.len() == limit || batch.waiting;
-        if batch.tasks.is_empty() {
+        let tasks = std::mem::take(&mut batch.tasks);
+        if tasks.is_empty() {
             drop(room);
         } else {
-            debug!(shard = self.shard, claimed = batch.tasks.len(), "claimed");
-            self.exec.submit(batch.tasks, room, sent);
+            debug!(shard = self.shard, claimed = tasks.len(), "claimed");
+            self.exec.submit(tasks, room, sent);
         }
         if more {
             return Ok(()); // more may be due: claim again when there is room
         }
-        self.sleep_until_next(now, [next_due, next_lease_expiry.map(|l| l + 1)])
-            .await
+        self.sleep_until_next(&batch).await
     }
 
     /// Another runner polls this shard; membership wakes this poller when it becomes ours.
@@ -261,15 +259,19 @@ impl ShardPoller {
         };
     }
 
-    /// Sleeps until the next due time or lease expiry (Redis time, `now` the claim's), or the
-    /// fallback. The wait is whole ms from the claim's whole-ms time, so a poller wakes up to
+    /// Sleeps until the shard's next due time or lease expiry (Redis time), as the claim said, or
+    /// the fallback. The wait is whole ms from the claim's whole-ms time, so a poller wakes up to
     /// ~1 ms after the due time (plus the timer's own ms): tasks due within that window share a
     /// claim. Kept so on purpose: waking to the µs cut W1's p50 lateness by 0.2–0.6 ms but took
     /// Redis 5–17% more CPU in claims, and made p99 worse at 30k tasks/s
     /// (docs/benchmarks-archive.md).
-    async fn sleep_until_next(&mut self, now: i64, times: [Option<i64>; 2]) -> Result<(), Stopped> {
+    async fn sleep_until_next(&mut self, batch: &ClaimBatch) -> Result<(), Stopped> {
+        let now = batch.now;
         let fallback_ms = self.opts.fallback.as_millis() as i64;
-        let next = times.into_iter().flatten().min();
+        let next = [batch.next_due, batch.next_lease_expiry.map(|l| l + 1)]
+            .into_iter()
+            .flatten()
+            .min();
         let wait_ms = next.map_or(fallback_ms, |t| (t - now).clamp(0, fallback_ms));
         self.last.bucket_due = true;
         if wait_ms == 0 {
