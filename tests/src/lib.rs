@@ -87,12 +87,19 @@ fn cargo() -> Command {
     c
 }
 
-/// Builds the runner binary (a no-op when it is up to date) and returns its path.
+/// The runner binary: `EGGTIMER_BIN` when set (`cargo xtask test` builds it first and says where),
+/// else built here (a no-op when it is up to date). Built as `cargo xtask test` builds it, with
+/// the whole workspace and its tests, so that the binary and the tests share one build of every
+/// dependency (built alone, cargo would resolve the dependencies' features differently and build
+/// wasmtime and the rest a second time).
 pub fn eggtimer_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("EGGTIMER_BIN") {
+            return PathBuf::from(bin);
+        }
         let status = cargo()
-            .args(["build", "--quiet", "-p", "eggtimer", "--bin", "eggtimer"])
+            .args(["build", "--quiet", "--workspace", "--bins", "--tests"])
             .status()
             .expect("running cargo");
         assert!(status.success(), "building the eggtimer binary failed");

@@ -6,7 +6,8 @@
 //! - `run [ARGS]` builds the plugins and the runner (cargo's progress shown), then becomes
 //!   `eggtimer serve --plugins-dir target/run-plugins ARGS` (exec: signals reach the runner) with
 //!   the sample plugins and `noop` (not the test-only ones).
-//! - `test [ARGS]` builds the plugins and the runner, then runs the whole test suite.
+//! - `test [ARGS]` builds the plugins and the runner, installs schemathesis into target/py, then
+//!   runs every test file (`test`), ending with one summary.
 //! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md).
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 
 mod guest;
+mod test;
 
 fn main() -> ExitCode {
     match run() {
@@ -49,8 +51,19 @@ fn run() -> Result<()> {
         }
         "test" => {
             build_plugins()?;
-            cargo(&["build", "-p", "eggtimer", "--bin", "eggtimer"], None, &[])?;
-            cargo(&["test", "--workspace"], None, &rest)
+            // the binary and the tests in one build: one set of features for every dependency
+            cargo(&["build", "--workspace", "--bins", "--tests"], None, &[])?;
+            test::schemathesis(&root())?;
+            // `cargo xtask test -- --test teams`: what follows `--` is cargo test's
+            let rest = match rest.first().map(String::as_str) {
+                Some("--") => &rest[1..],
+                _ => &rest[..],
+            };
+            test::run(
+                &root(),
+                &std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+                rest,
+            )
         }
         "bench" => {
             build_plugins()?;
