@@ -293,7 +293,8 @@ pub fn idempotency_key(task: &str, occurrence: i64, index: usize) -> String {
 }
 
 /// Whether a plugin may reach `ip` through a name: not loopback, private, link-local, shared,
-/// unspecified, multicast or reserved.
+/// unspecified, multicast or reserved, nor an IPv6 form that carries such an IPv4 address
+/// (IPv4-mapped, IPv4-compatible, NAT64, 6to4, Teredo).
 pub fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(a) => {
@@ -307,19 +308,45 @@ pub fn is_public(ip: IpAddr) -> bool {
                 || a.is_documentation()
                 || b0 == 0
                 || (b0 == 100 && (64..128).contains(&b1)) // shared (CGNAT)
+                || (b0 == 192 && b1 == 0 && a.octets()[2] == 0) // IETF protocol assignments
+                || (b0 == 198 && (b1 & 0xfe) == 18) // benchmarking
                 || b0 >= 240)
         }
         IpAddr::V6(a) => {
-            if let Some(v4) = a.to_ipv4_mapped() {
+            if let Some(v4) = embedded_ipv4(a) {
                 return is_public(IpAddr::V4(v4));
             }
-            let s0 = a.segments()[0];
+            let s = a.segments();
             !(a.is_loopback()
                 || a.is_unspecified()
                 || a.is_multicast()
-                || (s0 & 0xfe00) == 0xfc00 // unique local
-                || (s0 & 0xffc0) == 0xfe80) // link-local
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated, still routed inside sites)
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+                || (s[0] == 0x0100 && s[1..4] == [0, 0, 0])) // discard-only
         }
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, in the forms that reach an IPv4 host: IPv4-mapped
+/// (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::/96` and the local-use
+/// `64:ff9b:1::/48`, the address in the last 32 bits), 6to4 (`2002:AABB:CCDD::/48`) and Teredo
+/// (`2001:0::/32`, the client's address inverted in the last 32 bits).
+fn embedded_ipv4(a: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let s = a.segments();
+    let low = |hi: u16, lo: u16| std::net::Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if let Some(v4) = a.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    match s {
+        // IPv4-compatible; `::` and `::1` are the unspecified and loopback addresses themselves
+        [0, 0, 0, 0, 0, 0, hi, lo] if hi != 0 => Some(low(hi, lo)),
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(low(hi, lo)),
+        [0x64, 0xff9b, 1, ..] => Some(low(s[6], s[7])),
+        [0x2002, hi, lo, ..] => Some(low(hi, lo)),
+        [0x2001, 0, ..] => Some(low(!s[6], !s[7])),
+        _ => None,
     }
 }
 
@@ -434,23 +461,53 @@ mod tests {
 
     #[test]
     fn public_addresses() {
-        for a in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "100.64.0.1",
-            "::1",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(!is_public(a.parse().unwrap()), "{a}");
-        }
-        for a in ["93.184.216.34", "8.8.8.8", "2606:4700::1111"] {
-            assert!(is_public(a.parse().unwrap()), "{a}");
+        // (address, public?, what it is)
+        let table = [
+            ("127.0.0.1", false, "loopback"),
+            ("10.1.2.3", false, "private"),
+            ("172.16.0.1", false, "private"),
+            ("192.168.1.1", false, "private"),
+            ("169.254.169.254", false, "link-local: cloud metadata"),
+            ("0.0.0.0", false, "unspecified"),
+            ("100.64.0.1", false, "shared (CGNAT)"),
+            ("192.0.0.8", false, "IETF protocol assignments"),
+            ("198.18.0.1", false, "benchmarking"),
+            ("240.0.0.1", false, "reserved"),
+            ("::1", false, "loopback"),
+            ("::", false, "unspecified"),
+            ("fe80::1", false, "link-local"),
+            ("fec0::1", false, "site-local"),
+            ("fd00::1", false, "unique local"),
+            ("2001:db8::1", false, "documentation"),
+            ("::ffff:127.0.0.1", false, "IPv4-mapped loopback"),
+            ("::ffff:169.254.169.254", false, "IPv4-mapped metadata"),
+            ("::127.0.0.1", false, "IPv4-compatible loopback"),
+            ("::10.0.0.1", false, "IPv4-compatible private"),
+            ("64:ff9b::a9fe:a9fe", false, "NAT64 of 169.254.169.254"),
+            ("64:ff9b::10.0.0.1", false, "NAT64 of 10.0.0.1"),
+            ("64:ff9b:1::7f00:1", false, "local-use NAT64 of 127.0.0.1"),
+            ("2002:7f00:1::", false, "6to4 of 127.0.0.1"),
+            ("2002:a9fe:a9fe::1", false, "6to4 of 169.254.169.254"),
+            ("2002:c0a8:101::1", false, "6to4 of 192.168.1.1"),
+            (
+                "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+                false,
+                "Teredo of 10.0.0.1",
+            ),
+            ("93.184.216.34", true, "public"),
+            ("8.8.8.8", true, "public"),
+            ("2606:4700::1111", true, "public"),
+            ("::ffff:8.8.8.8", true, "IPv4-mapped public"),
+            ("64:ff9b::808:808", true, "NAT64 of 8.8.8.8"),
+            ("2002:808:808::1", true, "6to4 of 8.8.8.8"),
+            (
+                "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
+                true,
+                "Teredo of 8.8.8.8",
+            ),
+        ];
+        for (a, public, what) in table {
+            assert_eq!(is_public(a.parse().unwrap()), public, "{a} ({what})");
         }
     }
 
