@@ -175,6 +175,7 @@ impl Bench {
             .spawn(async move { store.own_connection().await })
             .await??;
         let registry = Registry::new(store.clone(), Arc::clone(&self.plugins), 16 << 20);
+        let cursors = Arc::new(eggtimer::api::Cursors::new(store.clone()));
         let state = eggtimer::api::AppState {
             access: Arc::new(eggtimer::api::Access::new(store.clone(), None, None)),
             scrape: Default::default(),
@@ -186,6 +187,8 @@ impl Bench {
             max_plugin_timeout_ms: 60_000,
             max_plugin_memory: 512 << 20,
             max_body_bytes: 32 << 20,
+            internal_hosts: vec![],
+            cursors,
             runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
             owned_shards: Arc::new(|| 0),
         };

@@ -216,6 +216,12 @@ fn secret_call(cmd: SecretCmd) -> Result<Call> {
                     line.trim_end_matches(['\n', '\r']).to_owned()
                 }
             };
+            if value.is_empty() {
+                bail!(
+                    "the secret {key:?} is empty: give its value as the last argument or on \
+                     standard input (`eggtimer plugin secret set {name} {key} < file`)"
+                );
+            }
             Call::new(Method::PUT, path(&name, &key)).json(json!({"value": value}))
         }
         SecretCmd::Delete { name, key } => Call::new(Method::DELETE, path(&name, &key)),

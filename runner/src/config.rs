@@ -130,11 +130,12 @@ pub struct ServeArgs {
     /// How long the audit of the API's changes and refusals is kept.
     #[arg(long, env = "EGGTIMER_AUDIT_RETENTION", default_value = "90d", value_parser = parse_duration)]
     pub audit_retention: Duration,
-    /// The most entries the audit keeps, whatever their age (a flood of refused requests can't
-    /// fill Redis).
+    /// The most entries each of the audit's streams (changes, refusals) keeps, whatever their
+    /// age (a flood of refused requests can't fill Redis, nor push a change out).
     #[arg(long, env = "EGGTIMER_AUDIT_MAX_LEN", default_value_t = 1_000_000)]
     pub audit_max_len: u64,
-    /// A bearer token /metrics asks for (none: /metrics is open).
+    /// A bearer token /metrics asks for (none: the admin's --token when there is one, else
+    /// /metrics is open).
     #[arg(long, env = "EGGTIMER_METRICS_TOKEN")]
     pub metrics_token: Option<String>,
     /// How long done tasks stay readable.

@@ -11,7 +11,20 @@ use eggtimer::config::{Cli, Command};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            if let Some(flag) = misplaced_client_flag(&e) {
+                eprintln!(
+                    "eggtimer: {flag} is a flag of the client commands, so it goes after the \
+                     command: `eggtimer task find {flag} ...` (before a command, flags are the \
+                     runner's: `eggtimer serve --help`)"
+                );
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     if let Some(Command::CompilePlugin) = cli.command {
         // no logging: the runner reads stderr as the compile's error
         return match eggtimer::plugins::compile_child() {
@@ -55,4 +68,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The client flag (`--token-file`, `--url`, `--json`) an unknown-argument error names: given
+/// before the command, where clap reads the runner's flags and would suggest `--token`.
+fn misplaced_client_flag(e: &clap::Error) -> Option<&'static str> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let name = arg.split('=').next().unwrap_or(arg);
+    ["--token-file", "--url", "--json"]
+        .into_iter()
+        .find(|f| *f == name)
 }

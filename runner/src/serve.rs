@@ -324,6 +324,7 @@ fn app_state(
     access.audit_keep_ms = args.audit_retention.as_millis() as i64;
     access.audit_max_len = args.audit_max_len;
     access.metrics_token = args.metrics_token.clone();
+    let cursors = Arc::new(api::Cursors::new(api_store.clone()));
     AppState {
         store: api_store,
         registry,
@@ -335,6 +336,8 @@ fn app_state(
         max_plugin_timeout_ms: args.max_plugin_timeout.as_millis() as u64,
         max_plugin_memory: args.max_plugin_memory as u64,
         max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),
+        internal_hosts: internal_hosts(args),
+        cursors,
         runners: Arc::new(move || {
             let s = runners_store.clone();
             Box::pin(async move {
@@ -361,4 +364,27 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// The hosts of this runner's listen address and of its Redis (every node a URL names), which no
+/// team may let a plugin call: `redis://h:p`, `redis+sentinel://[pw@]h:p,h:p/master`,
+/// `redis+cluster://h:p,h:p`.
+fn internal_hosts(args: &ServeArgs) -> Vec<String> {
+    let mut hosts = vec![args.listen.ip().to_string()];
+    if let Some(url) = &args.redis {
+        let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+        let rest = rest.split(['/', '?']).next().unwrap_or("");
+        for node in rest.split(',') {
+            let host = match node.rsplit_once(':') {
+                Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+                _ => node,
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            if !host.is_empty() {
+                hosts.push(host.to_ascii_lowercase());
+            }
+        }
+    }
+    hosts
 }

@@ -225,7 +225,7 @@ pages.overview = () => {
 };
 
 pages.tasks = (params) => {
-  let lastQuery = null, selected = null, cursor = null;
+  let lastQuery = null, selected = null, cursor = null, asked = 0;
   const err = h("p", { class: "error", id: "find-error", hidden: true });
   const form = h("form", { class: "inline", id: "find-form" },
     h("label", {}, "id", h("input", { id: "find-id", placeholder: "task id" })),
@@ -258,6 +258,7 @@ pages.tasks = (params) => {
   }
   async function load() {
     if (!lastQuery) return;
+    const mine = ++asked; // an answer to an older search that comes late is dropped
     const { id, owner, ...rest } = lastQuery;
     let tasks, next = null;
     if (id) {
@@ -273,6 +274,7 @@ pages.tasks = (params) => {
         if (!next || tasks.length >= 100) break;
       }
     }
+    if (mine !== asked) return;
     replace($("#task-rows"), table([
       { label: "id", nowrap: true, get: (t) => h("span", { class: "mono" }, t.id) },
       { label: "plugin", nowrap: true, get: (t) => t.plugin },
@@ -360,11 +362,19 @@ pages.tasks = (params) => {
           : h("p", { class: "muted" }, t.state === "running" ? "Running: it can't be changed until it finishes." : "Done."),
       e);
   }
-  // #/tasks?owner=x&plugin=y searches at once
-  if (params.get("owner")) $("#find-owner", form).value = params.get("owner");
-  if (params.get("id")) $("#find-id", form).value = params.get("id");
-  const auto = params.get("plugin") || params.get("owner") || params.get("id");
-  if (auto) setTimeout(search, 0);
+  // the page lists tasks as it opens, with the filters of its link:
+  // #/tasks?state=scheduled&plugin=y&owner=x&id=z&due_after=<ms>&due_before=<ms>
+  for (const [k, sel] of [["owner", "#find-owner"], ["id", "#find-id"], ["state", "#find-state"]]) {
+    if (params.get(k)) $(sel, form).value = params.get(k);
+  }
+  for (const [k, sel] of [["due_after", "#find-after"], ["due_before", "#find-before"]]) {
+    const ms = Number(params.get(k));
+    if (params.get(k) && Number.isFinite(ms)) {
+      // datetime-local shows local time: the instant moved by the zone's offset, in ISO form
+      $(sel, form).value = new Date(ms - new Date(ms).getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+    }
+  }
+  setTimeout(search, 0);
   return { root, refresh: async () => { await load(); await detail(); }, errorEl: () => err };
 };
 

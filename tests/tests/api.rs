@@ -418,7 +418,7 @@ async fn the_token_guards_every_v1_route_and_not_health() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    for path in ["/healthz", "/readyz"] {
         assert_eq!(
             http()
                 .get(format!("{}{path}", r.url))
@@ -431,6 +431,16 @@ async fn the_token_guards_every_v1_route_and_not_health() {
             "{path}"
         );
     }
+    // the metrics name every team's plugins: with a token they want it
+    let metrics = |bearer: Option<&'static str>| {
+        let mut rq = http().get(format!("{}/metrics", r.url));
+        if let Some(b) = bearer {
+            rq = rq.bearer_auth(b);
+        }
+        async move { rq.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(metrics(None).await, 401);
+    assert_eq!(metrics(Some("s3cret")).await, 200);
 }
 
 #[tokio::test]

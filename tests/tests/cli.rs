@@ -277,6 +277,21 @@ async fn a_plugins_secrets_hosts_and_config_from_the_cli() {
     );
     assert_eq!(c, Some(1));
     assert!(err.contains("has no secret \"signing_key\""), "{err}");
+    // nothing on standard input is a mistake, not an empty secret
+    let (c, _, err) = cli(&["plugin", "secret", "set", "webhook", "signing_key"], "");
+    assert_eq!(c, Some(1));
+    assert!(err.contains("is empty"), "{err}");
+    // a client flag before the command is named for where it goes (clap suggested --token)
+    let out = std::process::Command::new(eggtimer_bin())
+        .args(["--token-file", "/nonexistent", "task", "find"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--token-file is a flag of the client commands"),
+        "{err}"
+    );
 
     let (c, out, err) = cli(
         &[

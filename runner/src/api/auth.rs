@@ -1,8 +1,8 @@
 //! Who is asking, what their role allows, and the audit of what they did.
 //!
-//! Every /v1 request passes `guard`: without `--token` it must name this runner (or localhost)
+//! Every request passes `site_guard`: without `--token` it must name this runner (or localhost)
 //! as its `Host`; a browser's cross-site request (an `Origin` that is not the runner's own) is
-//! 403; the bearer is the runner's token (the admin), a key (`et_…`, looked up by its hash and
+//! 403. Every /v1 request then passes `guard`: the bearer is the runner's token (the admin), a key (`et_…`, looked up by its hash and
 //! kept at most `KEY_CACHE` here, so a revoked key is refused by every runner within it) or
 //! nothing when the runner has no token. The route's role is checked here; plugin scope is the
 //! handlers' (they know which plugin a request concerns). Every change and every 401/403 is
@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
@@ -20,6 +20,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 use tracing::warn;
+use utoipa::openapi::PathItem;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 use super::AppState;
 use super::error::{ApiError, Concerns};
@@ -113,11 +115,7 @@ impl Access {
 
     /// Who sent these headers: Ok(caller) or the 401.
     async fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+        let bearer = bearer(headers);
         let unauthorized = |why: &str| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -173,9 +171,43 @@ impl Access {
     }
 }
 
+impl Access {
+    /// Why `/metrics` refuses these headers: it wants `--metrics-token` when that is set, else the
+    /// admin's `--token` when that is set (a team's key is not enough: the metrics name every
+    /// team's plugins and the hosts they call), else nothing.
+    pub fn metrics_refused(&self, headers: &HeaderMap) -> Option<&'static str> {
+        let wanted: Vec<&String> = self.metrics_token.iter().chain(&self.token).collect();
+        if wanted.is_empty() {
+            return None;
+        }
+        let given = bearer(headers).unwrap_or("");
+        let ok = wanted
+            .iter()
+            .any(|t| bool::from(given.as_bytes().ct_eq(t.as_bytes())));
+        (!ok).then_some(
+            "/metrics wants a bearer token: the one given with --metrics-token, or the admin's --token",
+        )
+    }
+}
+
+/// The bearer of a request's `Authorization` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
 /// A browser's cross-site request: an `Origin` (or `Sec-Fetch-Site`) that is not this runner.
-fn cross_site(headers: &HeaderMap) -> Option<String> {
+/// A top-level navigation (a link to the dashboard followed from another site) is not one: it
+/// reads nothing back into the other site's page and changes nothing.
+fn cross_site(method: &Method, headers: &HeaderMap) -> Option<String> {
     let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
+    if method == Method::GET && get("sec-fetch-mode") == Some("navigate") && get("origin").is_none()
+    {
+        return None;
+    }
     if get("sec-fetch-site").is_some_and(|s| s == "cross-site") {
         return Some("a cross-site browser request (Sec-Fetch-Site: cross-site)".into());
     }
@@ -188,43 +220,94 @@ fn cross_site(headers: &HeaderMap) -> Option<String> {
     (!own).then(|| format!("a cross-site browser request (Origin {origin:?})"))
 }
 
-/// The role a route needs.
-fn needed(method: &Method, path: &str) -> Role {
-    if path.starts_with("/v1/keys") {
-        return Role::Admin;
+/// The role each /v1 route needs, declared where the route is registered (`api::v1_routes`):
+/// the guard reads it by the route's method and matched path, and refuses a route that has none.
+#[derive(Default)]
+pub struct Roles(HashMap<(Method, String), Role>);
+
+impl Roles {
+    /// Registers `routes` on `router`, each of their methods needing `role`.
+    pub fn add<S: Clone + Send + Sync + 'static>(
+        &mut self,
+        router: OpenApiRouter<S>,
+        role: Role,
+        routes: UtoipaMethodRouter<S>,
+    ) -> OpenApiRouter<S> {
+        for (path, item) in &routes.1.paths {
+            for method in methods(item) {
+                let old = self.0.insert((method.clone(), path.clone()), role);
+                assert!(old.is_none(), "{method} {path} is given a role twice");
+            }
+        }
+        router.routes(routes)
     }
-    if method == Method::GET {
-        return Role::Reader;
+
+    /// The role `method` on the route `path` (as registered) needs; HEAD is GET's.
+    pub fn of(&self, method: &Method, path: &str) -> Option<Role> {
+        let method = if method == Method::HEAD {
+            Method::GET
+        } else {
+            method.clone()
+        };
+        self.0.get(&(method, path.to_owned())).copied()
     }
-    let plugin_change = path == "/v1/plugins/{name}"
-        || path == "/v1/plugins/{name}/rollback"
-        || path.starts_with("/v1/plugins/{name}/secrets");
-    if plugin_change {
-        Role::Developer
-    } else {
-        Role::Operator
+
+    /// Whether some method of the route `path` is registered.
+    fn has_path(&self, path: &str) -> bool {
+        self.0.keys().any(|(_, p)| p == path)
     }
 }
 
-/// The /v1 guard: Host and Origin, the caller, the route's role, then the audit.
-pub async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let access = &st.access;
-    let refused = if let Some(why) = access.host_refused(req.headers()) {
-        Err(ApiError::forbidden(why))
-    } else if let Some(why) = cross_site(req.headers()) {
-        Err(ApiError::forbidden(format!(
-            "{why} is refused: the API takes no requests from other sites' pages"
-        )))
-    } else {
-        access.caller(req.headers()).await
+/// The methods a documented path takes.
+pub fn methods(item: &PathItem) -> Vec<Method> {
+    [
+        (Method::GET, &item.get),
+        (Method::PUT, &item.put),
+        (Method::POST, &item.post),
+        (Method::DELETE, &item.delete),
+        (Method::OPTIONS, &item.options),
+        (Method::HEAD, &item.head),
+        (Method::PATCH, &item.patch),
+        (Method::TRACE, &item.trace),
+    ]
+    .into_iter()
+    .filter_map(|(m, op)| op.as_ref().map(|_| m))
+    .collect()
+}
+
+/// Every route's first check (the dashboard's files, /metrics and the probes as much as /v1):
+/// without `--token` the `Host` must name this runner; a browser's cross-site request is 403.
+/// A refusal is audited.
+pub async fn site_guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let why = match st.access.host_refused(req.headers()) {
+        Some(why) => why,
+        None => match cross_site(req.method(), req.headers()) {
+            Some(why) => {
+                format!("{why} is refused: the API takes no requests from other sites' pages")
+            }
+            None => return next.run(req).await,
+        },
     };
-    let caller = match refused {
+    let res = ApiError::forbidden(why).into_response();
+    let e = entry(None, &Said::of(&req, Vec::new()), &res);
+    audit(&st, e).await;
+    res
+}
+
+/// The /v1 guard, after `site_guard`: the caller, the route's role, then the audit.
+pub async fn guard(
+    State((st, roles)): State<(AppState, Arc<Roles>)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (mut req, fields) = body_fields(req).await;
+    let said = Said::of(&req, fields);
+    let (method, path) = (said.method.clone(), said.path.clone());
+    let caller = match st.access.caller(req.headers()).await {
         Ok(c) => c,
         Err(e) => {
             let res = e.into_response();
-            let e = entry(None, &method, &path, &res);
+            let e = entry(None, &said, &res);
             audit(&st, e).await;
             return res;
         }
@@ -233,16 +316,31 @@ pub async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> 
         .extensions()
         .get::<MatchedPath>()
         .map_or(path.clone(), |m| m.as_str().to_owned());
-    let role = needed(&method, &route);
-    if caller.role < role {
-        let res = ApiError::forbidden(format!(
+    // a route registered without a role is refused to everyone (and fails the routes' test)
+    let refused = match roles.of(&method, &route) {
+        // a method the route does not take: axum's 405, and nothing runs
+        None if roles.has_path(&route) => {
+            return ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{route} does not take {method}"),
+            )
+            .into_response();
+        }
+        None => Some(format!(
+            "{method} {route} declares no role, so no key may use it"
+        )),
+        Some(role) if caller.role < role => Some(format!(
             "key {:?} has the {} role; {method} {route} needs {}",
             caller.name,
             caller.role.name(),
             role.name()
-        ))
-        .into_response();
-        let e = entry(Some(&caller), &method, &path, &res);
+        )),
+        Some(_) => None,
+    };
+    if let Some(why) = refused {
+        let res = ApiError::forbidden(why).into_response();
+        let e = entry(Some(&caller), &said, &res);
         audit(&st, e).await;
         return res;
     }
@@ -253,32 +351,100 @@ pub async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> 
         || status == StatusCode::UNAUTHORIZED
         || status == StatusCode::FORBIDDEN
     {
-        let e = entry(Some(&caller), &method, &path, &res);
+        let e = entry(Some(&caller), &said, &res);
         audit(&st, e).await;
     }
     res
 }
 
+/// What a request said, as the audit keeps it.
+struct Said {
+    method: Method,
+    path: String,
+    query: String,
+    fields: Vec<String>,
+}
+
+impl Said {
+    fn of(req: &Request, fields: Vec<String>) -> Said {
+        let cut = |s: &str| s[..s.floor_char_boundary(512)].to_owned();
+        Said {
+            method: req.method().clone(),
+            path: cut(req.uri().path()),
+            query: cut(req.uri().query().unwrap_or("")),
+            fields,
+        }
+    }
+}
+
+/// The most a body may be for the audit to name its fields (larger ones are passed on unread).
+const FIELDS_BODY: usize = 64 << 10;
+
+/// The names of the fields of a request's JSON object body (at most 64 of 64 bytes each), and
+/// the request with the same body. Only a body that says it is JSON and at most `FIELDS_BODY`
+/// bytes long is read: an upload, a large batch or a GET passes untouched.
+async fn body_fields(req: Request) -> (Request, Vec<String>) {
+    let headers = req.headers();
+    let small = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_some_and(|n| n <= FIELDS_BODY);
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if req.method() == Method::GET || !small || !json {
+        return (req, Vec::new());
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, FIELDS_BODY).await else {
+        return (
+            Request::from_parts(parts, axum::body::Body::empty()),
+            Vec::new(),
+        );
+    };
+    let fields = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
+        .map(|m| {
+            m.keys()
+                .take(64)
+                .map(|k| k[..k.floor_char_boundary(64)].to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    (
+        Request::from_parts(parts, axum::body::Body::from(bytes)),
+        fields,
+    )
+}
+
 /// The audit entry of one request (read before any await: a `Response` is not `Sync`).
-fn entry(caller: Option<&Caller>, method: &Method, path: &str, res: &Response) -> AuditEntry {
+fn entry(caller: Option<&Caller>, said: &Said, res: &Response) -> AuditEntry {
     let plugin = res
         .extensions()
         .get::<Concerns>()
         .map(|c| c.0.clone())
         .or_else(|| {
-            let rest = path.strip_prefix("/v1/plugins/")?;
+            let rest = said.path.strip_prefix("/v1/plugins/")?;
             Some(rest.split('/').next()?.to_owned())
         })
+        .or_else(|| {
+            // a filter: `DELETE /v1/dead?plugin=...`
+            let p = said
+                .query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("plugin="))?;
+            crate::plugins::valid_plugin_name(p).then(|| p.to_owned())
+        })
         .unwrap_or_default();
-    let mut path = path.to_owned();
-    path.truncate(path.floor_char_boundary(512));
     AuditEntry {
         id: String::new(),
         at: now_ms(),
         key: caller.map_or_else(String::new, |c| c.name.clone()),
         key_id: caller.map_or_else(String::new, |c| c.key_id.clone()),
-        method: method.to_string(),
-        path,
+        method: said.method.to_string(),
+        path: said.path.clone(),
+        query: said.query.clone(),
+        fields: said.fields.clone(),
         plugin,
         status: res.status().as_u16(),
     }

@@ -9,14 +9,16 @@ use serde_json::json;
 use super::AppState;
 use super::auth::plugins_for;
 use super::body::ApiResult;
+use super::cursor::fill;
 use super::doc;
 use super::error::ApiError;
 use super::params::{
-    PageQuery, PluginFilter, TaskId, check_id, page_cursor, page_limit, plugin_filter,
+    PageQuery, PluginFilter, TaskId, check_id, page_cursor, page_limit, page_place, plugin_filter,
 };
 use super::tasks::{refused, task_in_scope};
 use crate::access::Caller;
 use crate::store::DeadAction;
+use crate::store::TaskRecord;
 
 /// `GET /v1/dead?limit=&cursor=`.
 #[utoipa::path(get, path = "/v1/dead", tag = "dead letters", params(PageQuery),
@@ -28,12 +30,17 @@ pub async fn dead_list(
     Query(q): Query<PageQuery>,
 ) -> ApiResult<Response> {
     let limit = page_limit(&q, 100)?;
-    let (tasks, next) = st.store.dead(limit, page_cursor(&q)?).await?;
-    let tasks: Vec<_> = tasks
-        .into_iter()
-        .filter(|t| caller.sees(&t.plugin))
-        .collect();
-    let next = next.map(|(t, id)| format!("{t}:{id}"));
+    let cursor = page_cursor(&st, "dead", &q).await?;
+    let store = &st.store;
+    let (tasks, next) = fill(
+        limit,
+        cursor,
+        |t: &TaskRecord| caller.sees(&t.plugin),
+        |t| (t.finished_at.unwrap_or(0), t.id.clone()),
+        |c| async move { Ok(store.dead(limit, c).await?) },
+    )
+    .await?;
+    let next = page_place(&st, "dead", next).await?;
     Ok(axum::Json(json!({"tasks": tasks, "next_cursor": next})).into_response())
 }
 

@@ -240,6 +240,9 @@ pub struct PluginInfo {
     pub allowed_hosts: Vec<String>,
     /// Strings it reads with `config(name)`.
     pub config: std::collections::HashMap<String, String>,
+    /// An admin's ceilings on its limits (`{}`: none); the limits above are the values that
+    /// apply, each held under its ceiling.
+    pub ceilings: crate::store::Ceilings,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.

@@ -9,12 +9,13 @@ use serde_json::json;
 use super::AppState;
 use super::auth::plugin_in_scope;
 use super::body::ApiResult;
+use super::cursor::fill;
 use super::doc;
 use super::error::ApiError;
 use super::params::{check_owner, page_limit_of, plugin_filter};
 use crate::access::Caller;
 use crate::limits;
-use crate::store::{FindCursor, FindQuery, TaskState};
+use crate::store::{FindCursor, FindQuery, TaskRecord, TaskState};
 
 /// The filters of `GET /v1/tasks` (all optional; they combine).
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -41,11 +42,8 @@ pub struct FindParams {
     /// 1 to 1000 (default 100).
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
-    /// The `next_cursor` of the previous page (empty: the first page).
-    #[param(
-        max_length = 500,
-        pattern = "^([srxd]\\.-?[0-9]{1,19}\\.([0-9a-f]{2})*)?$"
-    )]
+    /// The `next_cursor` of the previous page, as it came (empty: the first page).
+    #[param(pattern = "^([A-Za-z0-9_-]{54,1000})?$")]
     cursor: Option<String>,
 }
 
@@ -63,7 +61,7 @@ fn time_param(v: Option<&str>, name: &str) -> ApiResult<Option<i64>> {
 
 /// `GET /v1/tasks`: a page of the tasks matching the filters. Scheduled and running tasks come
 /// soonest due first, dead and done most recent first. A page may hold fewer than `limit` tasks
-/// (even none) when filters skip many: the walk ends when `next_cursor` is null.
+/// (even none) when filters skip very many: the walk ends when `next_cursor` is null.
 #[utoipa::path(get, path = "/v1/tasks", tag = "tasks", params(FindParams),
     responses((status = 200, description = "a page of tasks", body = doc::TaskPage), doc::Errors),
     security((), ("bearer" = [])))]
@@ -99,7 +97,8 @@ pub async fn find_tasks(
     let cursor = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
         None => None,
         Some(c) => {
-            let c = FindCursor::decode(c)
+            let place = st.cursors.open("find", c).await?;
+            let c = FindCursor::decode(&place)
                 .ok_or_else(|| ApiError::bad("cursor is not one this route returned"))?;
             Some(c)
         }
@@ -107,15 +106,19 @@ pub async fn find_tasks(
     if let Some(p) = &q.plugin {
         plugin_in_scope(&caller, p)?;
     }
-    let (tasks, next) = st.store.find(&q, cursor).await?;
-    // a key that sees some plugins gets theirs only: a page may hold fewer (see above)
-    let tasks: Vec<_> = tasks
-        .into_iter()
-        .filter(|t| caller.sees(&t.plugin))
-        .collect();
-    Ok(axum::Json(json!({
-        "tasks": tasks,
-        "next_cursor": next.map(|c| c.encode()),
-    }))
-    .into_response())
+    // a key that sees some plugins gets theirs only, the page filled past the others' tasks
+    let (store, query) = (&st.store, &q);
+    let (tasks, next) = fill(
+        q.limit,
+        cursor,
+        |t: &TaskRecord| caller.sees(&t.plugin),
+        FindCursor::of,
+        |c| async move { Ok(store.find(query, c).await?) },
+    )
+    .await?;
+    let next = match next {
+        Some(c) => Some(st.cursors.seal("find", &c.encode()).await?),
+        None => None,
+    };
+    Ok(axum::Json(json!({"tasks": tasks, "next_cursor": next})).into_response())
 }

@@ -158,7 +158,7 @@ pub struct AuditParams {
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
     /// The `next_cursor` of the previous page.
-    #[param(pattern = "^([0-9]{1,19}-[0-9]{1,19})?$")]
+    #[param(pattern = "^([0-9]{1,19}-[0-9]{1,19}r?)?$")]
     cursor: Option<String>,
     /// Only this key's entries (its name or id).
     key: Option<String>,
@@ -227,8 +227,9 @@ pub async fn audit(
     .into_response())
 }
 
-/// A Redis Stream entry id (`<ms>-<seq>`).
+/// An audit entry's id: a Redis Stream entry id (`<ms>-<seq>`), `r` after it for a refusal.
 fn stream_id(s: &str) -> bool {
+    let s = s.strip_suffix('r').unwrap_or(s);
     s.split_once('-').is_some_and(|(a, b)| {
         (1..=19).contains(&a.len())
             && (1..=19).contains(&b.len())

@@ -11,6 +11,7 @@
 
 mod auth;
 mod body;
+mod cursor;
 mod dead;
 mod doc;
 mod error;
@@ -41,7 +42,10 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::access::Role;
+use auth::Roles;
 pub use auth::{Access, KEY_CACHE};
+pub use cursor::Cursors;
 pub use error::ApiError;
 pub use ops::ScrapeCache;
 pub use server::{HttpLimits, serve};
@@ -68,6 +72,11 @@ pub struct AppState {
     /// The most a plugin's `memory_bytes` may be unless an admin sets it.
     pub max_plugin_memory: u64,
     pub max_body_bytes: usize,
+    /// Seals and opens page cursors.
+    pub cursors: Arc<cursor::Cursors>,
+    /// Hosts no team may let its plugin call (this runner's listen address, Redis's): only an
+    /// admin may put them in `allowed_hosts`.
+    pub internal_hosts: Vec<String>,
     /// Live-runner listing, filled in by the membership module.
     pub runners:
         Arc<dyn Fn() -> futures::future::BoxFuture<'static, anyhow::Result<Value>> + Send + Sync>,
@@ -89,61 +98,95 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(ui::router())
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::site_guard,
+        ))
         .layer(middleware::map_response(json_errors))
         .with_state(state)
 }
 
 /// The documented routes (the bearer token guards the /v1 ones) and their OpenAPI document.
 pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let v1 = OpenApiRouter::new()
-        .routes(routes!(tasks::schedule, find::find_tasks))
-        .routes(routes!(
-            tasks::get_task,
-            tasks::move_task,
-            tasks::cancel_task
-        ))
-        .routes(routes!(tasks::run_now))
-        .routes(routes!(owners::owner_tasks, owners::owner_cancel))
-        .routes(routes!(owners::owner_shift))
-        .routes(routes!(dead::dead_list, dead::dead_drop_all))
-        .routes(routes!(dead::dead_retry_all))
-        .routes(routes!(dead::dead_retry))
-        .routes(routes!(dead::dead_drop))
-        .routes(routes!(plugins::plugin_list))
-        .routes(routes!(
-            plugins::plugin_upload,
-            plugins::plugin_get,
-            plugins::plugin_patch,
-            plugins::plugin_delete
-        ))
-        .routes(routes!(plugins::plugin_rollback))
-        .routes(routes!(secrets::secret_list))
-        .routes(routes!(secrets::secret_put, secrets::secret_delete))
-        .routes(routes!(plugins::plugin_pause))
-        .routes(routes!(plugins::plugin_resume))
-        .routes(routes!(schedules::schedule_list))
-        .routes(routes!(
-            schedules::schedule_put,
-            schedules::schedule_get,
-            schedules::schedule_delete
-        ))
-        .routes(routes!(schedules::schedule_pause))
-        .routes(routes!(schedules::schedule_resume))
-        .routes(routes!(ops::runners))
-        .routes(routes!(stats::stats))
-        .routes(routes!(stats::history))
-        .routes(routes!(stats::events))
-        .routes(routes!(keys::key_create, keys::key_list))
-        .routes(routes!(keys::key_delete))
-        .routes(routes!(keys::audit))
+    let (v1, roles) = v1_routes();
+    let v1 = v1
         .route_layer(middleware::from_fn_with_state(state.clone(), replicated))
-        .route_layer(middleware::from_fn_with_state(state, auth::guard));
+        .route_layer(middleware::from_fn_with_state(
+            (state, Arc::new(roles)),
+            auth::guard,
+        ));
     OpenApiRouter::with_openapi(doc::ApiDoc::openapi())
         .merge(v1)
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
+}
+
+/// Every /v1 route, each with the role it needs declared where it is registered (the guard
+/// refuses a route that has none). One path per `routes!`: it registers all its handlers on
+/// each path it names.
+fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
+    use Role::{Admin, Developer, Operator, Reader};
+    let mut roles = Roles::default();
+    let r = OpenApiRouter::new();
+    // tasks
+    let r = roles.add(r, Operator, routes!(tasks::schedule));
+    let r = roles.add(r, Reader, routes!(find::find_tasks));
+    let r = roles.add(r, Reader, routes!(tasks::get_task));
+    let r = roles.add(r, Operator, routes!(tasks::move_task, tasks::cancel_task));
+    let r = roles.add(r, Operator, routes!(tasks::run_now));
+    // an owner's tasks
+    let r = roles.add(r, Reader, routes!(owners::owner_tasks));
+    let r = roles.add(r, Operator, routes!(owners::owner_cancel));
+    let r = roles.add(r, Operator, routes!(owners::owner_shift));
+    // dead letters
+    let r = roles.add(r, Reader, routes!(dead::dead_list));
+    let r = roles.add(r, Operator, routes!(dead::dead_drop_all));
+    let r = roles.add(r, Operator, routes!(dead::dead_retry_all));
+    let r = roles.add(r, Operator, routes!(dead::dead_retry));
+    let r = roles.add(r, Operator, routes!(dead::dead_drop));
+    // plugins, their settings and secrets
+    let r = roles.add(r, Reader, routes!(plugins::plugin_list));
+    let r = roles.add(r, Reader, routes!(plugins::plugin_get));
+    let r = roles.add(
+        r,
+        Developer,
+        routes!(
+            plugins::plugin_upload,
+            plugins::plugin_patch,
+            plugins::plugin_delete
+        ),
+    );
+    let r = roles.add(r, Developer, routes!(plugins::plugin_rollback));
+    let r = roles.add(r, Reader, routes!(secrets::secret_list));
+    let r = roles.add(
+        r,
+        Developer,
+        routes!(secrets::secret_put, secrets::secret_delete),
+    );
+    let r = roles.add(r, Operator, routes!(plugins::plugin_pause));
+    let r = roles.add(r, Operator, routes!(plugins::plugin_resume));
+    // recurring schedules
+    let r = roles.add(r, Reader, routes!(schedules::schedule_list));
+    let r = roles.add(r, Reader, routes!(schedules::schedule_get));
+    let r = roles.add(
+        r,
+        Operator,
+        routes!(schedules::schedule_put, schedules::schedule_delete),
+    );
+    let r = roles.add(r, Operator, routes!(schedules::schedule_pause));
+    let r = roles.add(r, Operator, routes!(schedules::schedule_resume));
+    // the runners, statistics, events
+    let r = roles.add(r, Reader, routes!(ops::runners));
+    let r = roles.add(r, Reader, routes!(stats::stats));
+    let r = roles.add(r, Reader, routes!(stats::history));
+    let r = roles.add(r, Reader, routes!(stats::events));
+    // keys (the admin's) and the audit (any key: its own entries)
+    let r = roles.add(r, Admin, routes!(keys::key_create, keys::key_list));
+    let r = roles.add(r, Admin, routes!(keys::key_delete));
+    let r = roles.add(r, Reader, routes!(keys::audit));
+    (r, roles)
 }
 
 /// With `--min-replicas-acked N`, a write this API acknowledges (a request other than GET that
@@ -214,4 +257,34 @@ async fn json_errors(resp: Response) -> Response {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every /v1 route and method the API document describes has its role declared where it is
+    /// registered; a reader may GET everything but the keys, which are the admin's alone.
+    #[test]
+    fn every_route_declares_its_role() {
+        let (router, roles) = v1_routes();
+        let doc = router.into_openapi();
+        let mut seen = 0;
+        for (path, item) in &doc.paths.paths {
+            for method in auth::methods(item) {
+                let role = roles
+                    .of(&method, path)
+                    .unwrap_or_else(|| panic!("{method} {path} is registered without a role"));
+                if path.starts_with("/v1/keys") {
+                    assert_eq!(role, Role::Admin, "{method} {path}");
+                } else if method == axum::http::Method::GET {
+                    assert_eq!(role, Role::Reader, "{method} {path}");
+                } else {
+                    assert!(role > Role::Reader, "{method} {path} changes something");
+                }
+                seen += 1;
+            }
+        }
+        assert!(seen >= 35, "only {seen} routes described");
+    }
 }

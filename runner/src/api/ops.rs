@@ -44,23 +44,8 @@ pub async fn readyz(State(st): State<AppState>) -> ApiResult<Response> {
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"), doc::Errors))]
 pub async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> Response {
-    if let Some(t) = &st.access.metrics_token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(subtle::ConstantTimeEq::ct_eq(
-            given.as_bytes(),
-            t.as_bytes(),
-        )) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "/metrics wants the bearer token given with --metrics-token",
-            )
-            .into_response();
-        }
+    if let Some(why) = st.access.metrics_refused(&headers) {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response();
     }
     let (shards, runners) = st.scrape.read(&st).await;
     let g = Gauges {

@@ -10,14 +10,16 @@ use serde_json::json;
 use super::AppState;
 use super::auth::plugins_for;
 use super::body::{self, ApiResult, field};
+use super::cursor::fill;
 use super::doc;
 use super::error::ApiError;
 use super::params::{
-    MAX_PAGE, OwnerName, PageQuery, PluginFilter, check_owner, page_cursor, page_limit,
+    MAX_PAGE, OwnerName, PageQuery, PluginFilter, check_owner, page_cursor, page_limit, page_place,
     plugin_filter,
 };
 use super::tasks::SMALL_BODY;
 use crate::access::Caller;
+use crate::store::TaskRecord;
 
 /// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
 /// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
@@ -35,17 +37,20 @@ pub async fn owner_tasks(
 ) -> ApiResult<Response> {
     check_owner(&owner)?;
     let limit = page_limit(&q, MAX_PAGE)?;
-    let (tasks, next) = st
-        .store
-        .owner_tasks(&owner, limit, page_cursor(&q)?)
-        .await?;
-    let tasks: Vec<_> = tasks
-        .into_iter()
-        .filter(|t| caller.sees(&t.plugin))
-        .collect();
+    let route = format!("owner:{owner}");
+    let cursor = page_cursor(&st, &route, &q).await?;
+    let (store, owner) = (&st.store, &owner);
+    let (tasks, next) = fill(
+        limit,
+        cursor,
+        |t: &TaskRecord| caller.sees(&t.plugin),
+        |t| (t.run_at, t.id.clone()),
+        |c| async move { Ok(store.owner_tasks(owner, limit, c).await?) },
+    )
+    .await?;
     let mut resp = axum::Json(tasks).into_response();
-    if let Some((t, id)) = next
-        && let Ok(v) = HeaderValue::from_str(&format!("{t}:{id}"))
+    if let Some(c) = page_place(&st, &route, next).await?
+        && let Ok(v) = HeaderValue::from_str(&c)
     {
         resp.headers_mut().insert("x-next-cursor", v);
     }

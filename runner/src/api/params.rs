@@ -26,8 +26,9 @@ pub struct PageQuery {
     /// 1 to 1000.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
-    /// The `next_cursor` (or `X-Next-Cursor`) of the previous page; empty for the first page.
-    #[param(pattern = "^([0-9]{1,15}:[^\\x00-\\x1f\\x7f-\\x9f]{1,200})?$")]
+    /// The `next_cursor` (or `X-Next-Cursor`) of the previous page, as it came; empty for the
+    /// first page.
+    #[param(pattern = "^([A-Za-z0-9_-]{54,1000})?$")]
     cursor: Option<String>,
 }
 
@@ -85,11 +86,16 @@ pub fn page_limit(q: &PageQuery, default: usize) -> ApiResult<usize> {
     page_limit_of(q.limit.as_deref(), default)
 }
 
-/// A cursor `<ms>:<id>` as this API returns them.
-pub fn page_cursor(q: &PageQuery) -> ApiResult<Option<(i64, String)>> {
+/// The place a page's cursor names (`<ms>:<id>` sealed for `route`), None for the first page.
+pub async fn page_cursor(
+    st: &super::AppState,
+    route: &str,
+    q: &PageQuery,
+) -> ApiResult<Option<(i64, String)>> {
     match q.cursor.as_deref() {
         None | Some("") => Ok(None),
         Some(c) => {
+            let c = &st.cursors.open(route, c).await?;
             let bad = || ApiError::bad("cursor is not one this API returned");
             let (t, id) = c.split_once(':').ok_or_else(bad)?;
             // a position, not a due time: any 1 to 15 digits
@@ -100,6 +106,18 @@ pub fn page_cursor(q: &PageQuery) -> ApiResult<Option<(i64, String)>> {
             limits::id("cursor", id).map_err(|_| bad())?;
             Ok(Some((t, id.to_owned())))
         }
+    }
+}
+
+/// The cursor of the place `(ms, id)` on `route`, sealed.
+pub async fn page_place(
+    st: &super::AppState,
+    route: &str,
+    place: Option<(i64, String)>,
+) -> ApiResult<Option<String>> {
+    match place {
+        None => Ok(None),
+        Some((t, id)) => Ok(Some(st.cursors.seal(route, &format!("{t}:{id}")).await?)),
     }
 }
 

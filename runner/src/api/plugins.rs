@@ -1,7 +1,7 @@
 //! Plugin routes: upload (checked before it is stored), list, get, roll back, delete.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -95,14 +95,18 @@ pub async fn plugin_list(State(st): State<AppState>, caller: Caller) -> ApiResul
         .await?
         .iter()
         .filter(|e| caller.sees(&e.name))
-        .map(|e| with_settings(e, &settings.get(&e.name).cloned().unwrap_or_default()))
+        .map(|e| with_settings(&st, e, &settings.get(&e.name).cloned().unwrap_or_default()))
         .collect();
     Ok(axum::Json(list).into_response())
 }
 
 /// A version with the plugin's settings (paused, max_concurrency, weight).
-fn with_settings(e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
+fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
     let mut v = serde_json::to_value(e).expect("serializes");
+    v["ceilings"] = json!(s.ceilings.clone().unwrap_or_default());
+    // the values that apply: each held under its ceiling
+    let (time_limit, memory) = st.registry.plugins().run_defaults();
+    let s = &s.effective(time_limit, memory);
     v["paused"] = json!(s.paused);
     v["max_concurrency"] = json!(s.max_concurrency);
     v["max_concurrency_per_owner"] = json!(s.max_concurrency_per_owner);
@@ -130,7 +134,7 @@ async fn set_paused(st: &AppState, name: &str, paused: bool) -> ApiResult<Respon
     let cur = current(st, name).await?;
     st.store.set_paused(name, paused).await?;
     let s = st.store.plugin_settings(name).await?;
-    Ok(axum::Json(with_settings(&cur, &s)).into_response())
+    Ok(axum::Json(with_settings(st, &cur, &s)).into_response())
 }
 
 /// `POST /v1/plugins/{name}/pause`: no runner starts its tasks until it is resumed; they stay
@@ -182,15 +186,20 @@ pub async fn plugin_patch(
     let caps = Caps {
         time_limit_ms: st.max_plugin_timeout_ms,
         memory_bytes: st.max_plugin_memory,
+        internal_hosts: st.internal_hosts.clone(),
     };
-    let changes = patch.changes(&caller, caps)?;
     let cur = current(&st, &name).await?;
+    let changes = patch.changes(&caller, caps, &st.store.plugin_settings(&name).await?)?;
     for (field, value) in &changes {
         st.store.set_setting(&name, field, value).await?;
     }
     st.registry.sync_settings().await?;
-    let s = st.store.plugin_settings(&name).await?;
-    Ok(axum::Json(with_settings(&cur, &s)).into_response())
+    Ok(axum::Json(with_settings(
+        &st,
+        &cur,
+        &st.store.plugin_settings(&name).await?,
+    ))
+    .into_response())
 }
 
 /// `GET /v1/plugins/{name}`: the current version and the history.
@@ -209,7 +218,7 @@ pub async fn plugin_get(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))?;
     let history = st.store.plugin_history(&name).await?;
-    let mut v = with_settings(&cur, &st.store.plugin_settings(&name).await?);
+    let mut v = with_settings(&st, &cur, &st.store.plugin_settings(&name).await?);
     v["history"] = serde_json::to_value(history).expect("serializes");
     Ok(axum::Json(v).into_response())
 }
@@ -233,19 +242,58 @@ pub async fn plugin_rollback(
     }
 }
 
-/// `DELETE /v1/plugins/{name}`.
-#[utoipa::path(delete, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
+/// What `DELETE /v1/plugins/{name}` does with the plugin's tasks.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteQuery {
+    /// `cancel`: delete its scheduled and dead tasks with it. Without it a plugin that has any
+    /// is not deleted (409).
+    #[param(value_type = Option<String>, pattern = "^cancel$")]
+    tasks: Option<String>,
+}
+
+/// `DELETE /v1/plugins/{name}`: the plugin and what is its (versions, settings, ceilings,
+/// secrets, kv, concurrency and rate state), so that a name uploaded again starts clean. While it
+/// has scheduled or dead tasks it is 409 unless `?tasks=cancel`, which deletes them too (a run
+/// under way finishes).
+#[utoipa::path(delete, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName, DeleteQuery),
     responses((status = 204, description = "deleted"), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_delete(
     State(st): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    Query(q): Query<DeleteQuery>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
-    if st.registry.delete(&name).await? {
-        Ok(StatusCode::NO_CONTENT.into_response())
+    let cancel = match q.tasks.as_deref() {
+        None => false,
+        Some("cancel") => true,
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "tasks must be \"cancel\" (delete the plugin's tasks with it); got {other:?}"
+            )));
+        }
+    };
+    current(&st, &name).await?;
+    if cancel {
+        st.store.cancel_plugin(&name).await?;
     } else {
-        Err(ApiError::not_found(format!("no plugin {name:?}")))
+        let c = &st.store.plugin_counts(std::slice::from_ref(&name)).await?[0];
+        if c.scheduled + c.dead > 0 {
+            return Err(ApiError::conflict(format!(
+                "plugin {name:?} has {} scheduled and {} dead tasks: cancel them first, or \
+                 DELETE /v1/plugins/{name}?tasks=cancel to delete them with it",
+                c.scheduled, c.dead
+            )));
+        }
     }
+    if !st.registry.delete(&name).await? {
+        return Err(ApiError::not_found(format!("no plugin {name:?}")));
+    }
+    if cancel {
+        // what was scheduled between the first pass and the delete
+        st.store.cancel_plugin(&name).await?;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -50,8 +50,8 @@ fn no_key(st: &AppState) -> ApiResult<()> {
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SecretBody {
-    /// At most 64 KiB; never shown again.
-    #[schema(max_length = 65536)]
+    /// 1 byte to 64 KiB; never shown again.
+    #[schema(min_length = 1, max_length = 65536)]
     value: String,
 }
 
@@ -77,6 +77,11 @@ pub async fn secret_put(
         return Err(ApiError::bad(format!(
             "a secret is at most {MAX_SECRET_BYTES} bytes"
         )));
+    }
+    if value.is_empty() {
+        return Err(ApiError::bad(
+            "value is empty: a secret is 1 byte or more (DELETE the secret to remove it)",
+        ));
     }
     no_key(&st)?;
     st.store

@@ -12,7 +12,7 @@ use super::body::ApiResult;
 use super::doc::{AllowedOrigin, PluginPattern};
 use super::error::ApiError;
 use crate::access::{Caller, MAX_PATTERNS, Role, covers, valid_pattern};
-use crate::store::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, RateLimit};
+use crate::store::{Ceilings, DEFAULT_MAX_PENDING, MAX_MAX_PENDING, PluginSettings, RateLimit};
 
 /// The largest weight a plugin may have (the smallest is 1, every plugin's default).
 pub const MAX_WEIGHT: i64 = 1000;
@@ -94,6 +94,74 @@ pub struct PluginPatch {
     #[serde(default, deserialize_with = "config")]
     #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
     config: Setting<std::collections::BTreeMap<String, String>>,
+    /// An admin's ceilings on the limits above: a developer key then sets each at or below its
+    /// ceiling (never above, 403), and what applies is never above it. A field given sets its
+    /// ceiling, null removes it, absent leaves it; null for the whole removes them all. Admin
+    /// only.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<CeilingsBody>)]
+    ceilings: Setting<CeilingsBody>,
+}
+
+/// An admin's ceilings on a plugin's limits (each field as in the settings).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CeilingsBody {
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_PENDING>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000000)]
+    max_pending: Setting<i64>,
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_CONCURRENCY>")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
+    max_concurrency: Setting<i64>,
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_CONCURRENCY>")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
+    max_concurrency_per_owner: Setting<i64>,
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<RateLimitBody>)]
+    rate_limit: Setting<RateLimitBody>,
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_WEIGHT>")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    weight: Setting<i64>,
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_TIME_LIMIT_MS>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    time_limit_ms: Setting<i64>,
+    #[serde(
+        default,
+        deserialize_with = "ranged::<_, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES>"
+    )]
+    #[schema(value_type = Option<u64>, minimum = 1048576, maximum = 4294967296_u64)]
+    memory_bytes: Setting<i64>,
+}
+
+impl CeilingsBody {
+    /// `cur` with the ceilings given changed.
+    fn apply(self, mut cur: Ceilings) -> Ceilings {
+        fn set<T>(to: &mut Option<T>, v: Option<Option<T>>) {
+            if let Some(v) = v {
+                *to = v;
+            }
+        }
+        let n = |v: Setting<i64>| v.map(|v| v.map(|n| n as u64));
+        let n32 = |v: Setting<i64>| v.map(|v| v.map(|n| n as u32));
+        set(&mut cur.max_pending, n(self.max_pending));
+        set(&mut cur.max_concurrency, n32(self.max_concurrency));
+        set(
+            &mut cur.max_concurrency_per_owner,
+            n32(self.max_concurrency_per_owner),
+        );
+        set(&mut cur.rate_limit, self.rate_limit.map(|r| r.map(rate)));
+        set(&mut cur.weight, n32(self.weight));
+        set(&mut cur.time_limit_ms, n(self.time_limit_ms));
+        set(&mut cur.memory_bytes, n(self.memory_bytes));
+        cur
+    }
+}
+
+fn rate(r: RateLimitBody) -> RateLimit {
+    RateLimit {
+        max: r.max as u32,
+        per_ms: r.per_ms as u64,
+    }
 }
 
 /// A rate limit: at most `max` starts in any `per_ms` ms.
@@ -108,24 +176,35 @@ pub struct RateLimitBody {
     per_ms: i64,
 }
 
-/// The operator's caps a PATCH is checked against (`--max-plugin-timeout`, `--max-plugin-memory`).
+/// The most weight a developer key may give a plugin without an admin's ceiling saying more.
+pub const DEVELOPER_MAX_WEIGHT: i64 = 10;
+
+/// The operator's caps a PATCH is checked against (`--max-plugin-timeout`, `--max-plugin-memory`),
+/// and the hosts a team may not point its plugin at (the runner's listen address, Redis's).
 pub struct Caps {
     pub time_limit_ms: u64,
     pub memory_bytes: u64,
+    pub internal_hosts: Vec<String>,
 }
 
 impl PluginPatch {
     /// The settings to write, by name, in a fixed order, once every field is allowed for this
-    /// caller: past an operator's cap only an admin; `may_schedule` only within the caller's
-    /// own patterns unless it is an admin.
-    pub fn changes(self, caller: &Caller, caps: Caps) -> ApiResult<Vec<(&'static str, Value)>> {
+    /// caller: past an operator's cap only an admin; above an admin's ceiling (in `cur`), a
+    /// ceiling itself, a weight past `DEVELOPER_MAX_WEIGHT` or an origin that is not a public
+    /// address only an admin; `may_schedule` only within the caller's own patterns unless it is
+    /// an admin.
+    pub fn changes(
+        self,
+        caller: &Caller,
+        caps: Caps,
+        cur: &PluginSettings,
+    ) -> ApiResult<Vec<(&'static str, Value)>> {
+        let admin = caller.role >= Role::Admin;
         let capped = |name: &str, v: Setting<i64>, (cap, flag): (u64, &str)| -> ApiResult<()> {
             match v.flatten() {
-                Some(n) if n as u64 > cap && caller.role < Role::Admin => {
-                    Err(ApiError::bad(format!(
-                        "{name} {n} is past the operator's cap of {cap} ({flag}): only an admin can set more"
-                    )))
-                }
+                Some(n) if n as u64 > cap && !admin => Err(ApiError::bad(format!(
+                    "{name} {n} is past the operator's cap of {cap} ({flag}): only an admin can set more"
+                ))),
                 _ => Ok(()),
             }
         };
@@ -144,19 +223,37 @@ impl PluginPatch {
             self.max_pending,
             (DEFAULT_MAX_PENDING, "the default"),
         )?;
+        if !admin {
+            self.within_ceilings(cur.ceilings.as_ref().unwrap_or(&Ceilings::default()))?;
+            if self.ceilings.is_some() {
+                return Err(ApiError::forbidden(format!(
+                    "ceilings: key {:?} has the {} role; only an admin sets a plugin's ceilings",
+                    caller.name,
+                    caller.role.name()
+                )));
+            }
+            if let Some(Some(hosts)) = &self.allowed_hosts
+                && let Some(o) = hosts.iter().find(|o| internal(o, &caps.internal_hosts))
+            {
+                return Err(ApiError::forbidden(format!(
+                    "allowed_hosts: {o} is not a public address (loopback, private, link-local, \
+                     metadata, shared, an IPv4 address inside IPv6, this runner or its Redis): \
+                     only an admin may let a plugin call it"
+                )));
+            }
+        }
         if let Some(Some(list)) = &self.may_schedule {
             may_schedule_covered(caller, list)?;
         }
-        let rate_limit = self.rate_limit.map(|r| {
-            r.map(|r| RateLimit {
-                max: r.max as u32,
-                per_ms: r.per_ms as u64,
-            })
-        });
+        let rate_limit = self.rate_limit.map(|r| r.map(rate));
         // empty lists and maps are the default (cjson would also store an empty list as {})
         let may_schedule = self.may_schedule.map(|l| l.filter(|l| !l.is_empty()));
         let allowed_hosts = self.allowed_hosts.map(|l| l.filter(|l| !l.is_empty()));
         let config = self.config.map(|m| m.filter(|m| !m.is_empty()));
+        let ceilings = self.ceilings.map(|c| {
+            c.map(|c| c.apply(cur.ceilings.clone().unwrap_or_default()))
+                .filter(|c| !c.is_empty())
+        });
         let fields = [
             ("max_concurrency", self.max_concurrency.map(|v| json(&v))),
             (
@@ -171,11 +268,82 @@ impl PluginPatch {
             ("max_pending", self.max_pending.map(|v| json(&v))),
             ("allowed_hosts", allowed_hosts.map(|v| json(&v))),
             ("config", config.map(|v| json(&v))),
+            ("ceilings", ceilings.map(|v| json(&v))),
         ];
         Ok(fields
             .into_iter()
             .filter_map(|(name, v)| Some((name, v?)))
             .collect())
+    }
+
+    /// 403 for a value a developer gives above its admin's ceiling (a weight: above
+    /// `DEVELOPER_MAX_WEIGHT` without one). Null is always allowed: what applies stays under the
+    /// ceiling (`PluginSettings::effective`).
+    fn within_ceilings(&self, c: &Ceilings) -> ApiResult<()> {
+        let above = |name: &str, v: &Setting<i64>, ceiling: Option<u64>| -> ApiResult<()> {
+            match (v.flatten(), ceiling) {
+                (Some(n), Some(c)) if n as u64 > c => Err(ApiError::forbidden(format!(
+                    "{name} {n} is above the admin's ceiling of {c}: a team sets it at or below"
+                ))),
+                _ => Ok(()),
+            }
+        };
+        above("max_pending", &self.max_pending, c.max_pending)?;
+        above(
+            "max_concurrency",
+            &self.max_concurrency,
+            c.max_concurrency.map(u64::from),
+        )?;
+        above(
+            "max_concurrency_per_owner",
+            &self.max_concurrency_per_owner,
+            c.max_concurrency_per_owner.map(u64::from),
+        )?;
+        above("time_limit_ms", &self.time_limit_ms, c.time_limit_ms)?;
+        above("memory_bytes", &self.memory_bytes, c.memory_bytes)?;
+        above("weight", &self.weight, c.weight.map(u64::from))?;
+        if let (Some(Some(w)), None) = (self.weight, c.weight)
+            && w > DEVELOPER_MAX_WEIGHT
+        {
+            return Err(ApiError::forbidden(format!(
+                "weight {w} is above {DEVELOPER_MAX_WEIGHT}, the most a team may give its plugin \
+                 unless an admin's ceiling allows more"
+            )));
+        }
+        if let (Some(Some(r)), Some(c)) = (&self.rate_limit, c.rate_limit) {
+            let asked = rate(RateLimitBody {
+                max: r.max,
+                per_ms: r.per_ms,
+            });
+            if !asked.within(&c) {
+                return Err(ApiError::forbidden(format!(
+                    "rate_limit {} per {} ms is above the admin's ceiling of {} per {} ms: a team \
+                     sets it at or below (no more starts per second, no larger burst)",
+                    asked.max, asked.per_ms, c.max, c.per_ms
+                )));
+            }
+        }
+        // a rate limit removed (null) is held at the ceiling by `effective`
+        Ok(())
+    }
+}
+
+/// Whether an allowed origin reaches what is not a public address: an IP address in a
+/// loopback, private, link-local, shared or reserved range (IPv4 inside IPv6 decoded),
+/// `localhost`, or one of `also` (this runner's and Redis's hosts).
+pub fn internal(origin: &str, also: &[String]) -> bool {
+    let Ok(u) = url::Url::parse(origin.replace("://*.", "://wildcard.").as_str()) else {
+        return true;
+    };
+    let named = |h: &str| also.iter().any(|a| a.eq_ignore_ascii_case(h));
+    match u.host() {
+        Some(url::Host::Ipv4(a)) => !crate::plugins::is_public(a.into()) || named(&a.to_string()),
+        Some(url::Host::Ipv6(a)) => !crate::plugins::is_public(a.into()) || named(&a.to_string()),
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.');
+            d == "localhost" || d.ends_with(".localhost") || named(d)
+        }
+        None => true,
     }
 }
 
@@ -326,12 +494,29 @@ mod tests {
     const CAPS: Caps = Caps {
         time_limit_ms: 60_000,
         memory_bytes: 512 << 20,
+        internal_hosts: Vec::new(),
+    };
+
+    /// A plugin with no settings.
+    const NONE: PluginSettings = PluginSettings {
+        paused: false,
+        max_concurrency: None,
+        weight: None,
+        may_schedule: None,
+        time_limit_ms: None,
+        memory_bytes: None,
+        max_concurrency_per_owner: None,
+        rate_limit: None,
+        max_pending: None,
+        allowed_hosts: None,
+        config: None,
+        ceilings: None,
     };
 
     #[test]
     fn a_field_absent_is_left_alone_and_null_is_its_default() {
         let p = patch(r#"{"weight": 3, "max_concurrency": null}"#).unwrap();
-        let changes = p.changes(&Caller::admin(), CAPS).unwrap();
+        let changes = p.changes(&Caller::admin(), CAPS, &NONE).unwrap();
         assert_eq!(
             changes,
             vec![
@@ -340,7 +525,7 @@ mod tests {
             ]
         );
         let p = patch(r#"{"may_schedule": [], "rate_limit": {"max": 5, "per_ms": 1000}}"#).unwrap();
-        let changes = p.changes(&Caller::admin(), CAPS).unwrap();
+        let changes = p.changes(&Caller::admin(), CAPS, &NONE).unwrap();
         assert_eq!(
             changes,
             vec![
@@ -390,21 +575,175 @@ mod tests {
         let over = r#"{"time_limit_ms": 120000}"#;
         let e = patch(over)
             .unwrap()
-            .changes(&developer(), CAPS)
+            .changes(&developer(), CAPS, &NONE)
             .unwrap_err();
         assert!(e.message.contains("--max-plugin-timeout"), "{}", e.message);
-        assert!(patch(over).unwrap().changes(&Caller::admin(), CAPS).is_ok());
+        assert!(
+            patch(over)
+                .unwrap()
+                .changes(&Caller::admin(), CAPS, &NONE)
+                .is_ok()
+        );
         let other = r#"{"may_schedule": ["pet-*"]}"#;
         let e = patch(other)
             .unwrap()
-            .changes(&developer(), CAPS)
+            .changes(&developer(), CAPS, &NONE)
             .unwrap_err();
         assert_eq!(e.status, 403);
         assert!(
             patch(r#"{"may_schedule": ["order-cancel"]}"#)
                 .unwrap()
-                .changes(&developer(), CAPS)
+                .changes(&developer(), CAPS, &NONE)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_developer_sets_values_under_the_admins_ceilings_and_never_the_ceilings() {
+        let admin = patch(
+            r#"{"ceilings": {"max_pending": 5, "max_concurrency": 1, "weight": 4,
+                "rate_limit": {"max": 50, "per_ms": 1000}}}"#,
+        )
+        .unwrap()
+        .changes(&Caller::admin(), CAPS, &NONE)
+        .unwrap();
+        let (field, ceilings) = &admin[0];
+        assert_eq!(*field, "ceilings");
+        let cur = PluginSettings {
+            ceilings: Some(serde_json::from_value(ceilings.clone()).unwrap()),
+            ..NONE
+        };
+        let refused = |text: &str| {
+            patch(text)
+                .unwrap()
+                .changes(&developer(), CAPS, &cur)
+                .map(|_| ())
+                .unwrap_err()
+        };
+        for (text, says) in [
+            (
+                r#"{"max_pending": 6}"#,
+                "max_pending 6 is above the admin's ceiling of 5",
+            ),
+            (
+                r#"{"max_concurrency": 100000}"#,
+                "max_concurrency 100000 is above",
+            ),
+            (
+                r#"{"weight": 5}"#,
+                "weight 5 is above the admin's ceiling of 4",
+            ),
+            (
+                r#"{"rate_limit": {"max": 51, "per_ms": 1000}}"#,
+                "rate_limit 51 per 1000 ms",
+            ),
+            (
+                r#"{"rate_limit": {"max": 100, "per_ms": 1500}}"#,
+                "is above the admin's ceiling",
+            ),
+            (
+                r#"{"ceilings": null}"#,
+                "only an admin sets a plugin's ceilings",
+            ),
+            (r#"{"ceilings": {"max_pending": 10}}"#, "only an admin"),
+        ] {
+            let e = refused(text);
+            assert_eq!(e.status, 403, "{text}");
+            assert!(e.message.contains(says), "{text}: {}", e.message);
+        }
+        // at or below is the team's to set, and null too: what applies stays under the ceiling
+        for ok in [
+            r#"{"max_pending": 5, "max_concurrency": 1, "weight": 2}"#,
+            r#"{"rate_limit": {"max": 25, "per_ms": 1000}}"#,
+            r#"{"max_pending": null, "max_concurrency": null, "rate_limit": null}"#,
+        ] {
+            assert!(
+                patch(ok).unwrap().changes(&developer(), CAPS, &cur).is_ok(),
+                "{ok}"
+            );
+        }
+        let applied = PluginSettings {
+            max_concurrency: None,
+            rate_limit: None,
+            max_pending: None,
+            weight: Some(9),
+            ..cur.clone()
+        }
+        .effective(5_000, 64 << 20);
+        assert_eq!(applied.max_pending, Some(5));
+        assert_eq!(applied.max_concurrency, Some(1));
+        assert_eq!(applied.weight, Some(4));
+        assert_eq!(
+            applied.rate_limit.map(|r| (r.max, r.per_ms)),
+            Some((50, 1000))
+        );
+        // without a ceiling a developer's weight stops at DEVELOPER_MAX_WEIGHT
+        let e = patch(r#"{"weight": 1000}"#)
+            .unwrap()
+            .changes(&developer(), CAPS, &NONE)
+            .unwrap_err();
+        assert!(e.message.contains("weight 1000 is above"), "{}", e.message);
+        assert!(
+            patch(r#"{"weight": 1000}"#)
+                .unwrap()
+                .changes(&Caller::admin(), CAPS, &NONE)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn only_an_admin_lets_a_plugin_call_what_is_not_a_public_address() {
+        let caps = || Caps {
+            internal_hosts: vec!["127.0.0.1".into(), "redis.internal".into()],
+            ..CAPS
+        };
+        for o in [
+            "http://169.254.169.254",
+            "http://10.0.0.1",
+            "http://127.0.0.1:7000",
+            "http://localhost:9000",
+            "http://api.localhost",
+            "http://[::1]:8080",
+            "http://[::ffff:10.0.0.1]",
+            "http://[64:ff9b::a9fe:a9fe]",
+            "http://[2002:7f00:1::]",
+            "http://100.64.1.1",
+            "http://2130706433",
+            "http://0x7f.1",
+            "http://redis.internal:6379",
+        ] {
+            let text = format!(r#"{{"allowed_hosts": ["https://api.example.com", "{o}"]}}"#);
+            let e = patch(&text)
+                .unwrap()
+                .changes(&developer(), caps(), &NONE)
+                .unwrap_err();
+            assert_eq!(e.status, 403, "{o}");
+            assert!(
+                e.message.contains("not a public address"),
+                "{o}: {}",
+                e.message
+            );
+            assert!(
+                patch(&text)
+                    .unwrap()
+                    .changes(&Caller::admin(), caps(), &NONE)
+                    .is_ok(),
+                "{o}"
+            );
+        }
+        for o in [
+            "https://api.example.com",
+            "https://*.pay.example.com",
+            "http://93.184.216.34:8080",
+        ] {
+            let text = format!(r#"{{"allowed_hosts": ["{o}"]}}"#);
+            assert!(
+                patch(&text)
+                    .unwrap()
+                    .changes(&developer(), caps(), &NONE)
+                    .is_ok(),
+                "{o}"
+            );
+        }
     }
 }

@@ -81,7 +81,10 @@ const MAX_STDERR: u64 = 16 << 10;
 pub(super) fn compile(lim: &CompileLimits, wasm: &[u8]) -> Result<Vec<u8>, String> {
     let memory = lim.memory;
     let mut cmd = Command::new(&lim.exe);
+    // a cleared environment: the compile of an uploaded component learns nothing of the runner's
+    // (no EGGTIMER_TOKEN, no EGGTIMER_REDIS, no secrets key path)
     cmd.arg("compile-plugin")
+        .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

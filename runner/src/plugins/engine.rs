@@ -36,8 +36,8 @@ pub(super) struct WasmEngine {
     compiler: Option<CompileLimits>,
     /// One compile at a time: cranelift spreads a compile over every core already, so uploads and
     /// reloads arriving together queue here instead of multiplying the CPU and memory compiling
-    /// takes (loading from the cache does not queue).
-    compile_turn: Mutex<()>,
+    /// takes (loading from the cache does not queue); by turns between plugins.
+    compile_turn: super::turns::Turns,
     /// Compiles running or queued.
     compiles: AtomicUsize,
     /// When the cache was last cleaned (at most hourly).
@@ -269,7 +269,7 @@ impl WasmEngine {
                 .as_deref()
                 .and_then(|d| Cache::open(d, opts.cache_keep)),
             compiler: opts.compiler.clone(),
-            compile_turn: Mutex::new(()),
+            compile_turn: Default::default(),
             compiles: AtomicUsize::new(0),
             cleaned: Mutex::new(None),
         })
@@ -334,7 +334,7 @@ impl WasmEngine {
             Some(c) => c,
             None => {
                 let _counted = Counted::new(&self.compiles);
-                let _turn = self.compile_turn.lock().unwrap_or_else(|e| e.into_inner());
+                let _turn = self.compile_turn.take(name);
                 self.compile_fresh(&digest, wasm)?
             }
         };

@@ -23,6 +23,7 @@ mod instance;
 mod limiter;
 mod output;
 mod registry;
+mod turns;
 mod wasi_http;
 
 use std::collections::HashMap;
@@ -39,7 +40,7 @@ use tracing::{info, warn};
 
 pub use compiler::{CompileLimits, compile_child};
 pub use host::{Budget, derive_id, valid_topic};
-pub use http::{MAX_ALLOWED_HOSTS, valid_origin};
+pub use http::{MAX_ALLOWED_HOSTS, is_public, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
 pub use registry::{PluginVersion, Registry, UploadError, valid_plugin_name};
 
@@ -176,6 +177,15 @@ impl Plugins {
 
     /// Takes every plugin's settings: max_concurrency (also per owner), rate limit, weight,
     /// may_schedule, time limit, memory cap, allowed hosts, config.
+    /// What a plugin's setting `time_limit_ms` and `memory_bytes` mean when unset: the runner's
+    /// `--plugin-timeout` (ms) and `--plugin-memory` (bytes).
+    pub fn run_defaults(&self) -> (u64, u64) {
+        (
+            self.opts.timeout.as_millis() as u64,
+            self.opts.memory as u64,
+        )
+    }
+
     pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
         let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
             all.iter()

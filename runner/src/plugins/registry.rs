@@ -14,6 +14,14 @@ use super::{Loaded, Plugins, digest};
 use crate::clock::now_ms;
 use crate::store::{Heard, PluginEntry, Rollback, Store};
 
+/// What the registry's listener asks its loader to load.
+enum Load {
+    /// Every plugin (the reason, for a failure's log line).
+    Everything(&'static str),
+    /// The plugin of this name.
+    One(String),
+}
+
 /// A plugin version as the API shows it.
 pub type PluginVersion = PluginEntry;
 
@@ -72,6 +80,8 @@ impl Registry {
         if wasm.len() > self.max_bytes {
             return Err(UploadError::TooLarge(wasm.len(), self.max_bytes));
         }
+        // a name deleted earlier starts clean, even if that delete was cut short
+        self.store.plugin_purge(name).await?;
         let plugins = Arc::clone(&self.plugins);
         let owned = name.to_owned();
         let (loaded, wasm) =
@@ -139,6 +149,8 @@ impl Registry {
         Ok(r)
     }
 
+    /// Deletes a plugin and what is its (versions, settings, secrets, kv, slots, rate state);
+    /// its tasks are the caller's business.
     pub async fn delete(&self, name: &str) -> Result<bool> {
         let existed = self.store.plugin_delete(name).await?;
         self.plugins.remove(name);
@@ -196,9 +208,16 @@ impl Registry {
     }
 
     /// Loads every plugin's settings (max_concurrency, weight, may_schedule, time limit, memory
-    /// cap, max_pending) from the registry.
+    /// cap, max_pending) from the registry, each limit held under its admin's ceiling.
     pub async fn sync_settings(&self) -> Result<()> {
-        let all = self.store.plugin_settings_all().await?;
+        let (time_limit, memory) = self.plugins.run_defaults();
+        let all: std::collections::HashMap<_, _> = self
+            .store
+            .plugin_settings_all()
+            .await?
+            .into_iter()
+            .map(|(name, s)| (name, s.effective(time_limit, memory)))
+            .collect();
         self.plugins.set_settings(&all);
         let quotas = all
             .iter()
@@ -268,34 +287,70 @@ impl Registry {
         let _ = tokio::task::spawn_blocking(move || plugins.clean_cache()).await;
     }
 
-    /// Follows announcements until `stop`: on every (re)subscription it loads everything, then each
-    /// announced name; a periodic full sync covers a lost message. A sync under way when `stop`
-    /// comes is dropped (a compile in progress ends on its own thread, bounded by its timeout).
+    /// Follows announcements until `stop`: every announcement applies the settings at once, and
+    /// hands the plugin to load to `load` (a task of its own), so that a plugin compiling for a
+    /// minute holds up no setting of another; on every (re)subscription, and every 30 s in case
+    /// a message was lost, everything is loaded. A sync under way when `stop` comes is dropped (a
+    /// compile in progress ends on its own thread, bounded by its timeout).
     pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let channel = self.store.keys().plugins_channel();
         let mut sub = self.store.subscribe(channel, "plugin announcements");
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         resync.tick().await;
+        let (to_load, asked) = tokio::sync::mpsc::unbounded_channel();
+        let loader = tokio::spawn(Arc::clone(&self).load(asked));
         loop {
-            let step = async {
-                tokio::select! {
-                    heard = sub.next() => match heard {
-                        Heard::Subscribed => self.sync_everything("loading plugins from Redis").await,
-                        Heard::Message(name) => {
-                            if let Err(e) = self.sync_settings().await {
-                                warn!("reloading plugin settings failed: {e:#}");
-                            }
-                            if let Err(e) = self.sync_one(&name).await {
-                                warn!("reloading plugin {name} failed: {e:#}");
-                            }
-                        }
-                    },
-                    _ = resync.tick() => self.sync_everything("resyncing plugins").await,
-                }
-            };
             tokio::select! {
-                () = step => {}
-                _ = stop.changed() => return,
+                heard = sub.next() => match heard {
+                    Heard::Subscribed => {
+                        self.apply_settings().await;
+                        let _ = to_load.send(Load::Everything("loading plugins from Redis"));
+                    }
+                    Heard::Message(name) => {
+                        self.apply_settings().await;
+                        let _ = to_load.send(Load::One(name));
+                    }
+                },
+                _ = resync.tick() => {
+                    let _ = to_load.send(Load::Everything("resyncing plugins"));
+                }
+                _ = stop.changed() => {
+                    loader.abort();
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn apply_settings(&self) {
+        if let Err(e) = self.sync_settings().await {
+            warn!("reloading plugin settings failed: {e:#}");
+        }
+    }
+
+    /// Loads what `listen` asks for, one plugin at a time: what was asked while a compile ran is
+    /// loaded after it, each name once, everything once.
+    async fn load(self: Arc<Self>, mut asked: tokio::sync::mpsc::UnboundedReceiver<Load>) {
+        while let Some(first) = asked.recv().await {
+            let mut names: Vec<String> = Vec::new();
+            let mut everything = None;
+            let mut next = Some(first);
+            while let Some(l) = next {
+                match l {
+                    Load::Everything(what) => everything = Some(what),
+                    Load::One(name) if !names.contains(&name) => names.push(name),
+                    Load::One(_) => {}
+                }
+                next = asked.try_recv().ok();
+            }
+            if let Some(what) = everything {
+                self.sync_everything(what).await;
+                continue;
+            }
+            for name in names {
+                if let Err(e) = self.sync_one(&name).await {
+                    warn!("reloading plugin {name} failed: {e:#}");
+                }
             }
         }
     }

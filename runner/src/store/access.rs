@@ -33,10 +33,28 @@ pub struct AuditEntry {
     pub key_id: String,
     pub method: String,
     pub path: String,
+    /// The query string (without the `?`), when there is one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub query: String,
+    /// The names of the fields a JSON body of the request gave (a secret's name, never its
+    /// value); empty for a body that is not a JSON object or is larger than 64 KiB.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
     /// The plugin concerned, when one is.
     pub plugin: String,
     pub status: u16,
 }
+
+impl AuditEntry {
+    /// A refusal (401, 403): kept in a stream of its own.
+    pub fn refused(&self) -> bool {
+        matches!(self.status, 401 | 403)
+    }
+}
+
+/// The suffix of a refusal's id: the entries of both streams come newest first, and at one
+/// stream id the change first.
+const REFUSED: char = 'r';
 
 impl Store {
     /// Stores a new key under the hash of its secret.
@@ -138,6 +156,37 @@ impl Store {
         Ok(removed == 1)
     }
 
+    /// The namespace's key for sealing page cursors: made (random) by the first runner that needs
+    /// it, the same for every runner after.
+    pub async fn cursor_key(&self) -> Result<[u8; 32]> {
+        let k = self.keys().cursor_key();
+        let mut conn = self.conn();
+        let mut hex_key: Option<String> = redis::cmd("GET")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .context("reading the cursor key")?;
+        if hex_key.is_none() {
+            let fresh: [u8; 32] = rand::random();
+            let (got,): (Option<String>,) = redis::pipe()
+                .cmd("SET")
+                .arg(&k)
+                .arg(hex::encode(fresh))
+                .arg("NX")
+                .ignore()
+                .cmd("GET")
+                .arg(&k)
+                .query_async(&mut conn)
+                .await
+                .context("making the cursor key")?;
+            hex_key = got;
+        }
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(hex_key.unwrap_or_default().trim(), &mut key)
+            .context("the cursor key is not 64 hex digits")?;
+        Ok(key)
+    }
+
     /// Records that a key was used at `at` (ms).
     pub async fn key_used(&self, id: &str, at: i64) -> Result<()> {
         redis::cmd("HSET")
@@ -149,51 +198,87 @@ impl Store {
             .context("recording a key's use")
     }
 
-    /// Appends to the audit, keeping at most `max_len` entries and none older than `keep_ms`.
+    /// Appends to the audit (the changes' stream or the refusals'), keeping at most `max_len`
+    /// entries in each and none older than `keep_ms`.
     pub async fn audit_add(&self, e: &AuditEntry, keep_ms: i64, max_len: u64) -> Result<()> {
-        let key = self.keys().audit();
-        redis::pipe()
-            .cmd("XADD")
-            .arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
+        let k = self.keys();
+        let stream = if e.refused() {
+            k.audit_refused()
+        } else {
+            k.audit()
+        };
+        let mut inv = self.inner.scripts.audit.prepare_invoke();
+        inv.key(stream)
             .arg(max_len)
-            .arg("*")
-            .arg("at")
-            .arg(e.at)
-            .arg("key")
-            .arg(&e.key)
-            .arg("key_id")
-            .arg(&e.key_id)
-            .arg("method")
-            .arg(&e.method)
-            .arg("path")
-            .arg(&e.path)
-            .arg("plugin")
-            .arg(&e.plugin)
-            .arg("status")
-            .arg(e.status)
-            .ignore()
-            .cmd("XTRIM")
-            .arg(&key)
-            .arg("MINID")
-            .arg("~")
-            .arg(e.at.saturating_sub(keep_ms).max(0))
-            .ignore()
-            .query_async::<()>(&mut self.conn())
+            .arg(e.at.saturating_sub(keep_ms).max(0));
+        for (field, value) in [
+            ("at", e.at.to_string()),
+            ("key", e.key.clone()),
+            ("key_id", e.key_id.clone()),
+            ("method", e.method.clone()),
+            ("path", e.path.clone()),
+            ("query", e.query.clone()),
+            ("fields", e.fields.join(",")),
+            ("plugin", e.plugin.clone()),
+            ("status", e.status.to_string()),
+        ] {
+            inv.arg(field).arg(value);
+        }
+        inv.invoke_async::<String>(&mut self.conn())
             .await
+            .map(|_| ())
             .context("appending to the audit")
     }
 
-    /// Up to `count` audit entries, newest first, before the entry `before` (None: from the
-    /// newest).
-    pub async fn audit_page(&self, before: Option<&str>, count: usize) -> Result<Vec<AuditEntry>> {
-        if before.is_some_and(|b| b.split('-').all(|n| n.bytes().all(|c| c == b'0'))) {
+    /// Up to `count` audit entries of both streams, newest first (at one stream id the change
+    /// first), after the entry `cursor` (an entry's id; None: from the newest).
+    pub async fn audit_page(&self, cursor: Option<&str>, count: usize) -> Result<Vec<AuditEntry>> {
+        let k = self.keys();
+        // after a change at X: the refusals from X on (X included), the changes before X; after
+        // a refusal at X: both before X
+        let (changes_end, refused_end) = match cursor {
+            None => ("+".to_owned(), "+".to_owned()),
+            Some(c) => match c.strip_suffix(REFUSED) {
+                Some(x) => (format!("({x}"), format!("({x}")),
+                None => (format!("({c}"), c.to_owned()),
+            },
+        };
+        let mut all = self
+            .audit_read(&k.audit(), &changes_end, count, false)
+            .await?;
+        all.extend(
+            self.audit_read(&k.audit_refused(), &refused_end, count, true)
+                .await?,
+        );
+        let place = |e: &AuditEntry| {
+            let id = e.id.trim_end_matches(REFUSED);
+            let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+            let n = |s: &str| s.parse::<u64>().unwrap_or(0);
+            (n(ms), n(seq), !e.id.ends_with(REFUSED))
+        };
+        all.sort_by_key(|e| std::cmp::Reverse(place(e)));
+        all.truncate(count);
+        Ok(all)
+    }
+
+    /// Up to `count` entries of one audit stream from `end` down.
+    async fn audit_read(
+        &self,
+        stream: &str,
+        end: &str,
+        count: usize,
+        refused: bool,
+    ) -> Result<Vec<AuditEntry>> {
+        if end
+            .trim_start_matches('(')
+            .split('-')
+            .all(|n| n.bytes().all(|c| c == b'0'))
+            && end.starts_with('(')
+        {
             return Ok(Vec::new()); // nothing is before 0-0
         }
-        let end = before.map_or_else(|| "+".to_owned(), |b| format!("({b}"));
         let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
-            .arg(self.keys().audit())
+            .arg(stream)
             .arg(end)
             .arg("-")
             .arg("COUNT")
@@ -205,7 +290,11 @@ impl Store {
             .into_iter()
             .map(|(id, fields)| {
                 let mut e = AuditEntry {
-                    id,
+                    id: if refused {
+                        format!("{id}{REFUSED}")
+                    } else {
+                        id
+                    },
                     ..AuditEntry::default()
                 };
                 for (f, v) in fields {
@@ -215,6 +304,14 @@ impl Store {
                         "key_id" => e.key_id = v,
                         "method" => e.method = v,
                         "path" => e.path = v,
+                        "query" => e.query = v,
+                        "fields" => {
+                            e.fields = v
+                                .split(',')
+                                .filter(|f| !f.is_empty())
+                                .map(Into::into)
+                                .collect()
+                        }
                         "plugin" => e.plugin = v,
                         "status" => e.status = v.parse().unwrap_or(0),
                         _ => {}

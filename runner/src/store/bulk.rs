@@ -88,6 +88,11 @@ impl Store {
         self.bulk(op, "", plugin).await
     }
 
+    /// Deletes every scheduled and dead task of a plugin (running ones finish); returns how many.
+    pub async fn cancel_plugin(&self, plugin: &str) -> Result<u64> {
+        self.bulk("cancel_plugin", "", Some(plugin)).await
+    }
+
     /// Deletes the dead tasks that died before `before` (ms); returns how many.
     pub async fn expire_dead(&self, before: i64) -> Result<u64> {
         self.bulk("expire_dead", &before.to_string(), None).await

@@ -47,6 +47,20 @@ impl FindCursor {
         format!("{}.{}.{hex}", letter(self.state), self.key)
     }
 
+    /// The place of a task found: its state, its due time (scheduled, running) or finish time
+    /// (dead, done), its id.
+    pub fn of(r: &TaskRecord) -> FindCursor {
+        let key = match r.state {
+            TaskState::Scheduled | TaskState::Running => r.run_at,
+            TaskState::Dead | TaskState::Done => r.finished_at.unwrap_or(0),
+        };
+        FindCursor {
+            state: r.state,
+            key,
+            id: r.id.clone(),
+        }
+    }
+
     pub fn decode(s: &str) -> Option<FindCursor> {
         let mut parts = s.splitn(3, '.');
         let state = match parts.next()? {

@@ -187,6 +187,21 @@ impl Keys {
         format!("{{{}}}:plugin:rate:{}", self.ns, name)
     }
 
+    /// SET of deleted plugins whose pattern-named keys are still to be deleted.
+    pub fn plugin_purge(&self) -> String {
+        format!("{{{}}}:plugin:purge", self.ns)
+    }
+
+    /// The prefixes of a plugin's keys that only a pattern names: its kv, its per-owner slots
+    /// and slot waiters (deleted with the plugin by `plugin_purge.lua`).
+    pub fn plugin_key_prefixes(&self, name: &str) -> [String; 3] {
+        [
+            format!("{{{}}}:kv:{}:", self.ns, name),
+            format!("{{{}}}:plugin:owner-slots:{}:", self.ns, name),
+            format!("{{{}}}:plugin:owner-slot-waits:{}:", self.ns, name),
+        ]
+    }
+
     /// HASH secret name -> the sealed value of one plugin's secret (`secrets.rs`).
     pub fn plugin_secrets(&self, name: &str) -> String {
         format!("{{{}}}:plugin:secrets:{}", self.ns, name)
@@ -240,9 +255,20 @@ impl Keys {
         format!("{{{}}}:apikey:used", self.ns)
     }
 
-    /// STREAM of the API's changes and refusals (API.md: `{<ns>}:audit`).
+    /// STRING: the key the API seals its page cursors with (64 hex digits, made once).
+    pub fn cursor_key(&self) -> String {
+        format!("{{{}}}:cursor-key", self.ns)
+    }
+
+    /// STREAM of the API's changes (API.md: `{<ns>}:audit`).
     pub fn audit(&self) -> String {
         format!("{{{}}}:audit", self.ns)
+    }
+
+    /// STREAM of the API's refusals (401 and 403), kept apart so that they can't push changes
+    /// out of the audit.
+    pub fn audit_refused(&self) -> String {
+        format!("{{{}}}:audit:refused", self.ns)
     }
 
     /// The event stream of a topic (API.md: `{<ns>}:events:<topic>`).

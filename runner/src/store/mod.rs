@@ -42,7 +42,9 @@ pub use connection::{RedisTarget, is_full, is_unreachable, redact};
 pub use effects::MARKER_GRACE_MS;
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
-pub use plugins::{PluginEntry, PluginSettings, RateLimit, Rollback, SlotWaiter, SlotsOf};
+pub use plugins::{
+    Ceilings, PluginEntry, PluginSettings, RateLimit, Rollback, SlotWaiter, SlotsOf,
+};
 pub use pubsub::{Heard, Subscription};
 pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
 pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, field_safe};

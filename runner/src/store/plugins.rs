@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::Store;
+use super::{DEFAULT_MAX_PENDING, Store};
 
 /// One version of a plugin.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -55,6 +55,86 @@ pub struct PluginSettings {
     /// Strings the plugin reads with `config(name)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<std::collections::BTreeMap<String, String>>,
+    /// An admin's ceilings on the limits above: a developer key sets values at or below them,
+    /// and what applies is never above them (`effective`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceilings: Option<Ceilings>,
+}
+
+/// An admin's ceilings on a plugin's limits (None: no ceiling but the operator's caps).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Ceilings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency_per_owner: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+impl Ceilings {
+    pub fn is_empty(&self) -> bool {
+        self == &Ceilings::default()
+    }
+}
+
+/// The smaller of a value and a ceiling, where None is "no limit".
+fn under<T: Ord + Copy>(v: Option<T>, ceiling: Option<T>) -> Option<T> {
+    match (v, ceiling) {
+        (Some(v), Some(c)) => Some(v.min(c)),
+        (v, None) => v,
+        (None, c) => c,
+    }
+}
+
+impl RateLimit {
+    /// Whether this rate allows no more than `other`: no more starts per unit of time, and no
+    /// larger burst.
+    pub fn within(&self, other: &RateLimit) -> bool {
+        u128::from(self.max) * u128::from(other.per_ms)
+            <= u128::from(other.max) * u128::from(self.per_ms)
+            && self.max <= other.max
+    }
+}
+
+impl PluginSettings {
+    /// The settings that apply: each limit held under its ceiling. `time_limit_ms` and
+    /// `memory_bytes` unset mean the runner's defaults (given), held under a ceiling too.
+    pub fn effective(&self, default_time_limit_ms: u64, default_memory: u64) -> PluginSettings {
+        let Some(c) = &self.ceilings else {
+            return self.clone();
+        };
+        let with_default = |v: Option<u64>, c: Option<u64>, d: u64| match c {
+            Some(c) => Some(v.unwrap_or(d).min(c)),
+            None => v,
+        };
+        PluginSettings {
+            max_pending: with_default(self.max_pending, c.max_pending, DEFAULT_MAX_PENDING),
+            max_concurrency: under(self.max_concurrency, c.max_concurrency),
+            max_concurrency_per_owner: under(
+                self.max_concurrency_per_owner,
+                c.max_concurrency_per_owner,
+            ),
+            rate_limit: match (self.rate_limit, c.rate_limit) {
+                (Some(v), Some(c)) if !v.within(&c) => Some(c),
+                (None, c) => c,
+                (v, _) => v,
+            },
+            // unset is 1, the least there is: a ceiling can only lower a weight that was set
+            weight: self.weight.map(|w| w.min(c.weight.unwrap_or(u32::MAX))),
+            time_limit_ms: with_default(self.time_limit_ms, c.time_limit_ms, default_time_limit_ms),
+            memory_bytes: with_default(self.memory_bytes, c.memory_bytes, default_memory),
+            ..self.clone()
+        }
+    }
 }
 
 /// A run put back to wait for a concurrency slot: its task, occurrence and attempts (as the put
@@ -84,7 +164,7 @@ impl SlotWaiter {
 }
 
 /// A plugin's rate limit: at most `max` starts in any `per_ms` ms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RateLimit {
     pub max: u32,
     pub per_ms: u64,
@@ -175,11 +255,64 @@ impl Store {
 
     /// Deletes a plugin; false when there was none.
     pub async fn plugin_delete(&self, name: &str) -> Result<bool> {
+        let k = self.keys();
         let n: i64 = self
-            .plugin_script(&self.inner.scripts.plugin_delete, name)
+            .inner
+            .scripts
+            .plugin_delete
+            .key(k.plugins())
+            .key(k.plugin_history(name))
+            .key(k.plugin_settings())
+            .key(k.plugin_pause_epoch())
+            .key(k.plugin_secrets(name))
+            .key(k.plugin_slots(name))
+            .key(k.plugin_rate(name))
+            .key(k.plugin_slot_waits(name))
+            .key(k.plugin_purge())
+            .arg(name)
+            .arg(k.plugins_channel())
+            .arg(k.plugin_history_prefix())
+            .arg(k.plugin_blob_prefix())
+            .invoke_async(&mut self.conn())
             .await
             .context("deleting a plugin")?;
+        if n == 1 {
+            self.plugin_purge(name).await?;
+        }
         Ok(n == 1)
+    }
+
+    /// Deletes the keys of a deleted plugin that only a pattern names (kv, per-owner slots),
+    /// in chunks that hold Redis briefly; returns how many. A no-op unless `name` is in the
+    /// purge set (deleted, and not purged yet).
+    pub async fn plugin_purge(&self, name: &str) -> Result<u64> {
+        let k = self.keys();
+        let pending: bool = redis::cmd("SISMEMBER")
+            .arg(k.plugin_purge())
+            .arg(name)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading the purge set")?;
+        if !pending {
+            return Ok(0);
+        }
+        let (mut cursor, mut total) = ("0".to_owned(), 0u64);
+        loop {
+            let mut inv = self.inner.scripts.plugin_purge.prepare_invoke();
+            inv.key(k.plugin_purge()).arg(name).arg(&cursor).arg(1000);
+            for p in k.plugin_key_prefixes(name) {
+                inv.arg(p);
+            }
+            let (next, n): (String, u64) = inv
+                .invoke_async(&mut self.conn())
+                .await
+                .context("deleting a deleted plugin's keys")?;
+            total += n;
+            if next == "0" {
+                return Ok(total);
+            }
+            cursor = next;
+        }
     }
 
     /// Whether a plugin of this name was uploaded at some time (its version counter exists; a

@@ -85,10 +85,12 @@ scripts! {
     plugin_put: "plugin_put",
     plugin_rollback: "plugin_rollback",
     plugin_delete: "plugin_delete",
+    plugin_purge: "plugin_purge",
     plugin_setting: "plugin_setting",
     shard_lease: "shard_lease",
     heartbeat: "heartbeat",
     writable: "writable",
+    audit: "audit",
 }
 
 impl Scripts {

@@ -10,6 +10,9 @@
 --   'drop_dead':    deletes dead tasks (of `plugin`).
 --   'expire_dead':  deletes dead tasks that died before `owner` (ms: the argument carries the
 --                   bound for this op).
+--   'cancel_plugin': deletes the scheduled (parked included) and dead tasks of `plugin`, walking
+--                   the shard's records with HSCAN from `cursor` (a plugin's scheduled tasks
+--                   have no index of their own); running tasks are left alone.
 -- Returns {count, next cursor}.
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -36,6 +39,28 @@ if op == 'cancel_owner' then
     end
   end
   return chunk_done(count, members, limit)
+end
+if op == 'cancel_plugin' then
+  if cursor == '' then cursor = '0' end
+  local r = redis.call('HSCAN', K_TASKS, cursor, 'COUNT', limit)
+  local fields = r[2]
+  for i = 1, #fields, 2 do
+    local id, t = fields[i], parse(fields[i + 1])
+    if t and t.plugin == plugin and (t.st == 's' or t.st == 'x') then
+      if t.st == 's' then
+        unindex_scheduled(id, t)
+        redis.call('ZREM', K_UNIQUE, id)
+      else
+        unindex_dead(id, t)
+      end
+      redis.call('HDEL', K_TASKS, id)
+      redis.call('HDEL', K_LOGS, id)
+      redis.call('HDEL', K_RERUN, id)
+      count = count + 1
+    end
+  end
+  if r[1] == '0' then return {count, ''} end
+  return {count, r[1]}
 end
 -- dead tasks: each one handled leaves the dead indexes, so every chunk starts at the front
 local now = now_ms()
