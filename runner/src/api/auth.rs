@@ -2,9 +2,10 @@
 //!
 //! Every request passes `site_guard`: without `--token` it must name this runner (or localhost)
 //! as its `Host`; a browser's cross-site request (an `Origin` that is not the runner's own) is
-//! 403. Every /v1 request then passes `guard`: the bearer is the runner's token (the admin), a key (`et_…`, looked up by its hash and
-//! kept at most `KEY_CACHE` here, so a revoked key is refused by every runner within it) or
-//! nothing when the runner has no token. The route's role is checked here; plugin scope is the
+//! 403. Every /v1 request then passes `guard`: the bearer is the runner's token (the admin), a
+//! key (`et_…`, looked up by its hash and kept at most `KEY_CACHE` here, so a revoked key is
+//! refused by every runner within it) or nothing when the runner has no token. The route's role
+//! (`Roles`, declared where the route is registered) is checked here; plugin scope is the
 //! handlers' (they know which plugin a request concerns). Every change and every 401/403 is
 //! appended to the audit.
 
@@ -169,9 +170,7 @@ impl Access {
             )
         })
     }
-}
 
-impl Access {
     /// Why `/metrics` refuses these headers: it wants `--metrics-token` when that is set, else the
     /// admin's `--token` when that is set (a team's key is not enough: the metrics name every
     /// team's plugins and the hosts they call), else nothing.

@@ -18,6 +18,19 @@ local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[
   ARGV[5], ARGV[6], tonumber(ARGV[7])
 local count, earliest = 0, nil
 local members
+-- Deletes a scheduled or dead task: its indexes, its record, its log and rerun note (a scheduled
+-- one never finished, so it leaves no dedup window either).
+local function delete_task(id, t)
+  if t.st == 's' then
+    unindex_scheduled(id, t)
+    redis.call('ZREM', K_UNIQUE, id)
+  else
+    unindex_dead(id, t)
+  end
+  redis.call('HDEL', K_TASKS, id)
+  redis.call('HDEL', K_LOGS, id)
+  redis.call('HDEL', K_RERUN, id)
+end
 if op == 'cancel_owner' then
   local lo = '[' .. owner .. '\0'
   if cursor ~= '' then lo = '(' .. cursor end
@@ -27,11 +40,7 @@ if op == 'cancel_owner' then
     local t = parse(redis.call('HGET', K_TASKS, id))
     if t and t.st == 's' and t.owner == owner then
       if plugin == '' or t.plugin == plugin then
-        unindex_scheduled(id, t)
-        redis.call('HDEL', K_TASKS, id)
-        redis.call('HDEL', K_LOGS, id)
-        redis.call('HDEL', K_RERUN, id)
-        redis.call('ZREM', K_UNIQUE, id)
+        delete_task(id, t)
         count = count + 1
       end
     else
@@ -47,15 +56,7 @@ if op == 'cancel_plugin' then
   for i = 1, #fields, 2 do
     local id, t = fields[i], parse(fields[i + 1])
     if t and t.plugin == plugin and (t.st == 's' or t.st == 'x') then
-      if t.st == 's' then
-        unindex_scheduled(id, t)
-        redis.call('ZREM', K_UNIQUE, id)
-      else
-        unindex_dead(id, t)
-      end
-      redis.call('HDEL', K_TASKS, id)
-      redis.call('HDEL', K_LOGS, id)
-      redis.call('HDEL', K_RERUN, id)
+      delete_task(id, t)
       count = count + 1
     end
   end
