@@ -613,3 +613,52 @@ async fn a_setting_applies_while_another_plugin_compiles() {
         "b was still compiling when it applied the setting"
     );
 }
+
+/// Dead letters count against `max_pending`, and a retry of them is admitted (it moves a task from
+/// dead to scheduled). Before, three rounds of three failing tasks under `max_pending 3` were all
+/// 201, and a retry of them all made nine scheduled.
+#[tokio::test]
+async fn dead_letters_count_against_max_pending_and_their_retry_is_admitted() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::with_plugins(&redis, &[]);
+    let base = r.url.as_str();
+    let (s, b) = req(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-panic"),
+        None,
+        Some(json!({"max_pending": 3})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let failing =
+        |i: usize| json!({"plugin": "test-panic", "id": format!("f-{i}"), "max_attempts": 1});
+    let (s, b) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        None,
+        Some(json!([failing(0), failing(1), failing(2)])),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    for i in 0..3 {
+        eggtimer_tests::wait_state(base, &format!("f-{i}"), "dead", Duration::from_secs(60)).await;
+    }
+    let (s, e) = req("POST", &format!("{base}/v1/tasks"), None, Some(failing(3))).await;
+    assert_eq!(s, 429, "three dead letters fill a max_pending of 3: {e}");
+    assert!(
+        message(&e).contains("has 3 scheduled and dead tasks"),
+        "{e}"
+    );
+    let (s, b) = req(
+        "POST",
+        &format!("{base}/v1/dead/retry"),
+        None,
+        Some(json!({"plugin": "test-panic"})),
+    )
+    .await;
+    assert_eq!(
+        (s, &b["retried"]),
+        (200, &json!(3)),
+        "the retry is admitted: {b}"
+    );
+}

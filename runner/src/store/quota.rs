@@ -1,9 +1,12 @@
-//! `max_pending`: at most that many scheduled tasks of a plugin. What would pass it is refused
-//! before anything is written (the API answers 429 `quota_exceeded`, a run whose follow-ups would
-//! pass it fails its attempt, a schedule's firing is skipped).
+//! `max_pending`: at most that many scheduled and dead tasks of a plugin (a dead letter waits to
+//! be retried: counting it keeps failing tasks from piling up past the quota and a retry of them
+//! all from passing it, and a retry, which moves a task from dead to scheduled, needs no room).
+//! What would pass it is refused before anything is written (the API answers 429
+//! `quota_exceeded`, a run whose follow-ups would pass it fails its attempt, a schedule's firing is
+//! skipped).
 //!
 //! A plugin's pending tasks are the shards' per-plugin counts (`scheduled`, which every script
-//! keeps), read again at most every 250 ms per plugin; what this store admitted since the read
+//! keeps, and the plugin's entries of `byplugin`, the dead index), read again at most every 250 ms per plugin; what this store admitted since the read
 //! is added to it, so one runner never passes a quota by itself. Runners admitting at once may
 //! pass it together by what they admit within those 250 ms: a quota is held across runners only
 //! that closely (counting them exactly would need one key every schedule of the plugin writes,
@@ -13,8 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use futures::future::try_join_all;
+use anyhow::Result;
 
 use super::{NewTask, Store};
 
@@ -53,7 +55,7 @@ impl std::fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "quota_exceeded: plugin {:?} has {} scheduled tasks and its max_pending is {}; {} more would pass it",
+            "quota_exceeded: plugin {:?} has {} scheduled and dead tasks and its max_pending is {}; {} more would pass it",
             self.plugin, self.pending, self.max_pending, self.asked
         )
     }
@@ -136,23 +138,10 @@ impl Store {
         Ok(quotas.admit(&asks))
     }
 
-    /// A plugin's scheduled tasks over all shards.
+    /// A plugin's scheduled and dead tasks over all shards.
     async fn pending_of(&self, plugin: &str) -> Result<u64> {
-        let calls = (0..self.shards()).map(|shard| {
-            let key = self.keys().shard(shard).scheduled;
-            let mut conn = self.conn();
-            async move {
-                redis::cmd("HGET")
-                    .arg(key)
-                    .arg(plugin)
-                    .query_async::<Option<u64>>(&mut conn)
-                    .await
-            }
-        });
-        let counts = try_join_all(calls)
-            .await
-            .context("counting a plugin's scheduled tasks")?;
-        Ok(counts.into_iter().flatten().sum())
+        let counts = self.plugin_counts(&[plugin.to_owned()]).await?;
+        Ok(counts.iter().map(|c| c.scheduled + c.dead).sum())
     }
 }
 
@@ -182,7 +171,7 @@ mod tests {
         assert_eq!((e.pending, e.max_pending, e.asked), (9, 10, 2));
         assert!(
             e.to_string()
-                .starts_with("quota_exceeded: plugin \"p\" has 9")
+                .starts_with("quota_exceeded: plugin \"p\" has 9 scheduled and dead tasks")
         );
         assert_eq!(q.admit(&[("p", 1)]), Ok(()));
         assert!(q.admit(&[("p", 1)]).is_err());
