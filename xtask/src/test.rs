@@ -78,9 +78,9 @@ impl Tally {
 
 /// Runs `cargo test --workspace --no-fail-fast` with `args`, its output passed through, then the
 /// summary. Fails when a test failed or a test file did not run to its end.
-pub fn run(root: &Path, cargo: &str, args: &[String]) -> Result<()> {
+pub fn run(root: &Path, mut cargo: Command, args: &[String]) -> Result<()> {
     let started = Instant::now();
-    let mut child = Command::new(cargo)
+    let mut child = cargo
         .current_dir(root)
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(args)
