@@ -11,6 +11,7 @@
 
 mod auth;
 mod body;
+mod ceilings;
 mod cursor;
 mod dead;
 mod doc;
