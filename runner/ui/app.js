@@ -225,7 +225,8 @@ pages.overview = () => {
 };
 
 pages.tasks = (params) => {
-  let lastQuery = null, selected = null, cursor = null, asked = 0;
+  // a task id belongs to its plugin: the selected task is named by both
+  let lastQuery = null, selected = null, selectedPlugin = null, cursor = null, asked = 0;
   const err = h("p", { class: "error", id: "find-error", hidden: true });
   const form = h("form", { class: "inline", id: "find-form" },
     h("label", {}, "id", h("input", { id: "find-id", placeholder: "task id" })),
@@ -262,7 +263,7 @@ pages.tasks = (params) => {
     const { id, owner, ...rest } = lastQuery;
     let tasks, next = null;
     if (id) {
-      try { tasks = [await get("/v1/tasks/" + enc(id))]; } catch (e) { if (e.status === 404) tasks = []; else throw e; }
+      try { tasks = [await get("/v1/tasks/" + enc(id) + q({ plugin: rest.plugin }))]; } catch (e) { if (e.status === 404) tasks = []; else throw e; }
     } else {
       // a filter no index serves (scheduled tasks of one plugin, say) can leave a page short, even
       // empty, with more to come: read on until the page is full or 20 pages were read
@@ -282,7 +283,7 @@ pages.tasks = (params) => {
       { label: "state", get: (t) => pill(t.state) },
       { label: "due", get: (t) => h("span", { title: fmtTime(t.run_at) }, fmtAgo(t.run_at)) },
       { label: "attempts", num: true, get: (t) => `${t.attempts}/${t.max_attempts}` },
-    ], tasks, { pick: (t) => { selected = t.id; detail(); }, empty: next ? "No task matches yet among those read: the next page reads on." : "No task matches. Widen the filters (no state, no time range) or check the id." }));
+    ], tasks, { pick: (t) => { selected = t.id; selectedPlugin = t.plugin; detail(); }, empty: next ? "No task matches yet among those read: the next page reads on." : "No task matches. Widen the filters (no state, no time range) or check the id." }));
     $$("#task-rows tr[data-id]").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === selected));
     replace($("#task-more"), next ? action("Next page", async () => { cursor = next; await load(); }, { ghost: true }) : h("span"));
     ownerBar.hidden = !owner;
@@ -311,7 +312,7 @@ pages.tasks = (params) => {
     if (!selected) return;
     $$("#task-rows tr[data-id]").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === selected));
     let t;
-    try { t = await get("/v1/tasks/" + enc(selected)); }
+    try { t = await get("/v1/tasks/" + enc(selected) + q({ plugin: selectedPlugin })); }
     catch (e) {
       if (e.status === 404) { replace(box, h("div", { class: "empty" }, `Task ${selected} is gone (cancelled, or done longer ago than the retention window).`)); return; }
       throw e;
@@ -343,22 +344,22 @@ pages.tasks = (params) => {
           { label: "message", get: (l) => h("span", { class: "mono" + (l.level === "error" || l.level === "stderr" ? " error" : "") }, l.message) },
         ], t.log, { empty: "" }))] : []),
       t.state === "scheduled" ? h("div", { class: "actions" },
-        action("Run now", async () => { await api("POST", `/v1/tasks/${enc(t.id)}/run`); await done("Runs now"); }, { id: "act-run", errorEl: e }),
+        action("Run now", async () => { await api("POST", `/v1/tasks/${enc(t.id)}/run${q({ plugin: t.plugin })}`); await done("Runs now"); }, { id: "act-run", errorEl: e }),
         h("label", {}, "move to", h("input", { id: "move-at", type: "datetime-local", step: "1" })),
         action("Move", async () => {
           const v = $("#move-at").value;
           if (!v) throw new Error("Pick a date and time to move it to.");
-          await api("PATCH", `/v1/tasks/${enc(t.id)}`, { run_at: new Date(v).getTime() }); await done("Moved");
+          await api("PATCH", `/v1/tasks/${enc(t.id)}${q({ plugin: t.plugin })}`, { run_at: new Date(v).getTime() }); await done("Moved");
         }, { id: "act-move", ghost: true, errorEl: e }),
         h("label", {}, "or by (ms, ±)", h("input", { id: "move-by", type: "number", placeholder: "-7200000" })),
         action("Shift", async () => {
           const v = $("#move-by").value;
           if (!v) throw new Error("Enter how many ms to move it by (negative: earlier).");
-          await api("PATCH", `/v1/tasks/${enc(t.id)}`, { shift_ms: Number(v) }); await done("Moved");
+          await api("PATCH", `/v1/tasks/${enc(t.id)}${q({ plugin: t.plugin })}`, { shift_ms: Number(v) }); await done("Moved");
         }, { id: "act-shift", ghost: true, errorEl: e }),
-        action("Cancel", async () => { await api("DELETE", `/v1/tasks/${enc(t.id)}`); await done("Cancelled"); }, { id: "act-cancel", danger: true, errorEl: e }))
+        action("Cancel", async () => { await api("DELETE", `/v1/tasks/${enc(t.id)}${q({ plugin: t.plugin })}`); await done("Cancelled"); }, { id: "act-cancel", danger: true, errorEl: e }))
         : t.state === "dead" ? h("div", { class: "actions" },
-          action("Retry", async () => { await api("POST", `/v1/dead/${enc(t.id)}/retry`); await done("Put back"); }, { id: "act-retry", errorEl: e }))
+          action("Retry", async () => { await api("POST", `/v1/dead/${enc(t.id)}/retry${q({ plugin: t.plugin })}`); await done("Put back"); }, { id: "act-retry", errorEl: e }))
           : h("p", { class: "muted" }, t.state === "running" ? "Running: it can't be changed until it finishes." : "Done."),
       e);
   }
@@ -400,8 +401,8 @@ pages.dead = () => {
       { label: "attempts", num: true, get: (t) => t.attempts },
       { label: "error", get: (t) => h("span", { class: "error" }, t.last_error || "") },
       { label: "", get: (t) => h("div", { class: "actions" },
-        action("Retry", async () => { await api("POST", `/v1/dead/${enc(t.id)}/retry`); flash(`${t.id} put back`); await refresh(); }, { errorEl: err }),
-        action("Drop", async () => { await api("DELETE", `/v1/dead/${enc(t.id)}`); flash(`${t.id} dropped`); await refresh(); }, { danger: true, errorEl: err })) },
+        action("Retry", async () => { await api("POST", `/v1/dead/${enc(t.id)}/retry${q({ plugin: t.plugin })}`); flash(`${t.id} put back`); await refresh(); }, { errorEl: err }),
+        action("Drop", async () => { await api("DELETE", `/v1/dead/${enc(t.id)}${q({ plugin: t.plugin })}`); flash(`${t.id} dropped`); await refresh(); }, { danger: true, errorEl: err })) },
     ], r.tasks, { empty: "No dead letters" + (plugin() ? " of " + plugin() : "") + ". Tasks land here after their last attempt fails." }));
   }
   return { root, refresh, errorEl: () => err };

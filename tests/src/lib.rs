@@ -29,7 +29,7 @@ pub use released::released_eggtimer;
 pub use runner_process::RunnerProcess;
 pub use sentinel::Sentinels;
 pub use store::{
-    claim_when_due, due_entries, find_all, found_ids, layout_of, noop_task, store_keeping_done,
+    claim_when_due, due_entries, find_all, found_ids, key, layout_of, noop_task, store_keeping_done,
     store_on,
 };
 

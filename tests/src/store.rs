@@ -25,6 +25,11 @@ pub async fn store_keeping_done(redis: &RedisServer, shards: u32, keep_done_ms: 
 }
 
 /// A task of the `noop` plugin (3 attempts), for the store tests.
+/// The key a `noop` task of id `id` is stored under (a task id belongs to its plugin).
+pub fn key(id: &str) -> String {
+    eggtimer::store::task_key("noop", id)
+}
+
 pub fn noop_task(id: &str, run_at: i64) -> eggtimer::store::NewTask {
     eggtimer::store::NewTask {
         id: id.into(),

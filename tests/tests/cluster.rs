@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use eggtimer::store::{Finish, Finished, Move, NewTask, ScheduleMode, StoreOptions, TaskState};
 use eggtimer::{RedisTarget, Store};
-use eggtimer_tests::{RedisCluster, RunnerProcess, call, now_ms, plugins_dir, wait_state};
+use eggtimer_tests::{RedisCluster, RunnerProcess, call, key, now_ms, plugins_dir, wait_state};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
@@ -76,7 +76,7 @@ async fn the_store_scripts_work_on_a_cluster() {
                 (
                     t.id.as_str(),
                     t.token,
-                    if t.id == "c0" { &dead } else { &Finish::Done },
+                    if t.id == key("c0") { &dead } else { &Finish::Done },
                 )
             })
             .collect();
@@ -88,15 +88,15 @@ async fn the_store_scripts_work_on_a_cluster() {
                 .all(|v| *v != Finished::Stale)
         );
     }
-    assert_eq!(s.get("c2").await.unwrap().unwrap().state, TaskState::Done);
+    assert_eq!(s.get(&key("c2")).await.unwrap().unwrap().state, TaskState::Done);
     let (dead_list, _) = s.dead(10, None).await.unwrap();
     assert_eq!(dead_list.len(), 1);
-    s.revive("c0").await.unwrap().unwrap();
+    s.revive(&key("c0")).await.unwrap().unwrap();
     assert_eq!(
-        s.move_task("c1", Move::Shift(5)).await.unwrap(),
+        s.move_task(&key("c1"), Move::Shift(5)).await.unwrap(),
         Ok(far + 5)
     );
-    assert_eq!(s.cancel("c3").await.unwrap(), Ok(()));
+    assert_eq!(s.cancel(&key("c3")).await.unwrap(), Ok(()));
     assert_eq!(s.owner_tasks("bob", 1000, None).await.unwrap().0.len(), 99);
     // effects on the namespace slot, the registry, leases, heartbeats
     let run = &claimed[0];

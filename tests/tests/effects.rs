@@ -8,6 +8,7 @@ use eggtimer::store::{
     Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store, StoreOptions,
 };
 use eggtimer_tests::{
+    key,
     RedisServer, RunnerProcess, eventually, noop_task as task, read_stream, store_on as store,
     wait_state,
 };
@@ -123,7 +124,7 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
     assert_eq!(c.effects_claim, a.token, "after two lost claims");
     let release = Finish::Release;
     assert_eq!(
-        s.finish(0, &[("t", c.token, &release)]).await.unwrap(),
+        s.finish(0, &[(key("t").as_str(), c.token, &release)]).await.unwrap(),
         vec![Finished::Release]
     );
     let d = claim_one(&s, 30_000).await;
@@ -139,7 +140,7 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
         error: "again".into(),
     };
     assert_eq!(
-        s.finish(0, &[("t", d.token, &retry)]).await.unwrap(),
+        s.finish(0, &[(key("t").as_str(), d.token, &retry)]).await.unwrap(),
         vec![Finished::Retry]
     );
     let rerun_entries = || -> usize {
@@ -164,7 +165,7 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
         .unwrap();
     let f = claim_one(&s, 100).await;
     let g = claim_one(&s, 30_000).await;
-    assert_eq!((g.id.as_str(), g.effects_claim), ("u", f.token));
+    assert_eq!((g.id.clone(), g.effects_claim), (key("u"), f.token));
     assert_eq!(
         s.commit_ns_effects(&g, &emit(5)).await.unwrap(),
         Committed::Applied
@@ -176,7 +177,7 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
     assert_eq!(events(), 3);
     let done = Finish::Done;
     assert_eq!(
-        s.finish(0, &[("u", g.token, &done)]).await.unwrap(),
+        s.finish(0, &[(key("u").as_str(), g.token, &done)]).await.unwrap(),
         vec![Finished::Done]
     );
     assert_eq!(rerun_entries(), 0, "u's outcome ends its chain");
@@ -185,18 +186,18 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
         .await
         .unwrap();
     let v = claim_one(&s, 100).await;
-    assert_eq!(v.id, "v");
+    assert_eq!(v.id, key("v"));
     eventually(Duration::from_secs(5), "v's lease to expire", || async {
         // a claim of nothing due reaps; v comes back as due and is claimed, so give it back
         let b = s.claim(0, 10, 30_000).await.unwrap();
-        let w = b.tasks.into_iter().find(|t| t.id == "v")?;
+        let w = b.tasks.into_iter().find(|t| t.id == key("v"))?;
         let release = Finish::Release;
-        s.finish(0, &[("v", w.token, &release)]).await.unwrap();
+        s.finish(0, &[(key("v").as_str(), w.token, &release)]).await.unwrap();
         Some(())
     })
     .await;
     assert_eq!(rerun_entries(), 1, "v was put back by lease expiry");
-    assert!(s.cancel("v").await.unwrap().is_ok());
+    assert!(s.cancel(&key("v")).await.unwrap().is_ok());
     assert_eq!(rerun_entries(), 0, "cancel drops v's entry");
 }
 
@@ -231,7 +232,10 @@ async fn a_runner_takes_over_a_dead_runners_task_without_emitting_its_event_agai
         held.extend(s.claim(s.shard_of(id), 10, 300).await.unwrap().tasks);
     }
     assert_eq!(held.len(), 2, "{held:?}");
-    let dead_run = held.iter().find(|t| t.id == "committed").unwrap();
+    let dead_run = held
+        .iter()
+        .find(|t| t.id == eggtimer::store::task_key("coupon-expiry", "committed"))
+        .unwrap();
     let fx = NsEffects {
         events: vec![("push".into(), r#"{"from":"the dead runner"}"#.into())],
         ..NsEffects::default()

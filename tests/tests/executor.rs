@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
+    key,
     RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
     read_stream_timed, rss_bytes, runner_fast_retry as start, upload, variant, wait_state,
 };
@@ -412,7 +413,7 @@ async fn a_run_that_panics_fails_its_attempt_and_nothing_else() {
         .await
         .unwrap();
     let dead = eventually(Duration::from_secs(30), "boom-1 to be dead", || async {
-        let t = store.get("boom-1").await.unwrap()?;
+        let t = store.get(&key("boom-1")).await.unwrap()?;
         (t.state == eggtimer::store::TaskState::Dead).then_some(t)
     })
     .await;
@@ -423,7 +424,7 @@ async fn a_run_that_panics_fails_its_attempt_and_nothing_else() {
         "{error}"
     );
     eventually(Duration::from_secs(30), "fine-1 to be done", || async {
-        let t = store.get("fine-1").await.unwrap()?;
+        let t = store.get(&key("fine-1")).await.unwrap()?;
         (t.state == eggtimer::store::TaskState::Done).then_some(())
     })
     .await;

@@ -3,7 +3,7 @@
 //! time range moves nothing.
 
 use eggtimer::store::{Move, NewTask, Refused, ScheduleMode};
-use eggtimer_tests::{RedisServer, noop_task as task, store_on as store};
+use eggtimer_tests::{RedisServer, key, noop_task as task, store_on as store};
 
 fn now() -> i64 {
     eggtimer::clock::now_ms()
@@ -36,7 +36,12 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
     );
     assert_eq!(s.shift_owner("alice", 1000, None).await.unwrap(), Ok(10));
     for i in 0..20i64 {
-        let t = s.get(&format!("t{i}")).await.unwrap().unwrap();
+        let plugin = if i % 4 == 0 { "auto-feed" } else { "noop" };
+        let t = s
+            .get(&eggtimer::store::task_key(plugin, &format!("t{i}")))
+            .await
+            .unwrap()
+            .unwrap();
         let want = match (i % 2 == 0, i % 4 == 0) {
             (true, true) => base + i - 7_200_000 + 1000,
             (true, false) => base + i + 1000,
@@ -44,7 +49,7 @@ async fn owner_shift_moves_exactly_that_owners_tasks() {
         };
         assert_eq!(t.run_at, want, "t{i}");
     }
-    assert_eq!(s.get("prefix").await.unwrap().unwrap().run_at, base);
+    assert_eq!(s.get(&key("prefix")).await.unwrap().unwrap().run_at, base);
     let alice = s.owner_tasks("alice", 1000, None).await.unwrap().0;
     assert_eq!(alice.len(), 10);
     assert!(
@@ -75,7 +80,7 @@ async fn a_large_owner_is_shifted_in_chunks_each_task_exactly_once_and_pages_see
         );
     }
     for i in 0..n {
-        let t = s.get(&format!("big{i}")).await.unwrap().unwrap();
+        let t = s.get(&key(&format!("big{i}"))).await.unwrap().unwrap();
         assert_eq!(
             t.run_at,
             base + i as i64 - 2_000,
@@ -114,12 +119,12 @@ async fn a_shift_that_would_leave_the_time_range_moves_nothing() {
         Err(Refused::OutOfRange)
     );
     assert_eq!(
-        s.move_task("early", Move::Shift(-2_000)).await.unwrap(),
+        s.move_task(&key("early"), Move::Shift(-2_000)).await.unwrap(),
         Err(Refused::OutOfRange)
     );
-    assert_eq!(s.get("early").await.unwrap().unwrap().run_at, 1_000);
+    assert_eq!(s.get(&key("early")).await.unwrap().unwrap().run_at, 1_000);
     assert_eq!(
-        s.move_task("late", Move::Shift(eggtimer::limits::MAX_TIME_MS))
+        s.move_task(&key("late"), Move::Shift(eggtimer::limits::MAX_TIME_MS))
             .await
             .unwrap(),
         Err(Refused::OutOfRange)

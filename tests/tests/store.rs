@@ -9,7 +9,7 @@ use eggtimer::store::{
 use eggtimer::{RedisTarget, Store};
 use eggtimer_tests::{RedisServer, due_entries, eventually};
 
-use eggtimer_tests::{claim_when_due, noop_task as task, store_on as store};
+use eggtimer_tests::{claim_when_due, key, noop_task as task, store_on as store};
 
 fn now() -> i64 {
     eggtimer::clock::now_ms()
@@ -33,7 +33,7 @@ async fn schedule_is_an_idempotent_upsert() {
     t2.payload = "[1,2]".into();
     t2.owner = Some("u2".into());
     s.schedule(&[t2], ScheduleMode::Upsert).await.unwrap();
-    let got = s.get("a").await.unwrap().unwrap();
+    let got = s.get(&key("a")).await.unwrap().unwrap();
     assert_eq!(
         (got.run_at, got.payload.as_str(), got.owner.as_deref()),
         (t0 + 5, "[1,2]", Some("u2"))
@@ -45,7 +45,7 @@ async fn schedule_is_an_idempotent_upsert() {
     // only one entry in due
     let shard = s.shard_of("a");
     let entries = due_entries(&redis, &s.keys().shard(shard));
-    assert_eq!(entries, vec![("a".to_owned(), t0 + 5)]);
+    assert_eq!(entries, vec![(key("a"), t0 + 5)]);
     // IfAbsent leaves it alone
     let mut t3 = task("a", 1);
     t3.payload = "3".into();
@@ -53,7 +53,7 @@ async fn schedule_is_an_idempotent_upsert() {
         s.schedule(&[t3], ScheduleMode::IfAbsent).await.unwrap(),
         vec![Scheduled::Exists]
     );
-    assert_eq!(s.get("a").await.unwrap().unwrap().payload, "[1,2]");
+    assert_eq!(s.get(&key("a")).await.unwrap().unwrap().payload, "[1,2]");
 }
 
 #[tokio::test]
@@ -72,7 +72,7 @@ async fn never_claims_early_and_reports_the_next_due_time() {
     assert_eq!(b.tasks[0].attempt, 1);
     assert_eq!(b.next_due, None);
     assert_eq!(
-        s.get("later").await.unwrap().unwrap().state,
+        s.get(&key("later")).await.unwrap().unwrap().state,
         TaskState::Running
     );
 }
@@ -89,13 +89,13 @@ async fn running_tasks_refuse_moves_cancels_and_replacement() {
     .unwrap();
     let shard = s.shard_of("r");
     let b = s.claim(shard, 10, 30_000).await.unwrap();
-    assert!(b.tasks.iter().any(|t| t.id == "r"));
+    assert!(b.tasks.iter().any(|t| t.id == key("r")));
     let claimed_token = b.tasks[0].token;
     assert_eq!(
-        s.move_task("r", Move::Now).await.unwrap(),
+        s.move_task(&key("r"), Move::Now).await.unwrap(),
         Err(Refused::Running)
     );
-    assert_eq!(s.cancel("r").await.unwrap(), Err(Refused::Running));
+    assert_eq!(s.cancel(&key("r")).await.unwrap(), Err(Refused::Running));
     assert_eq!(
         s.schedule(&[task("r", 5)], ScheduleMode::Upsert)
             .await
@@ -103,36 +103,36 @@ async fn running_tasks_refuse_moves_cancels_and_replacement() {
         vec![Scheduled::Running]
     );
     // moves of a scheduled task
-    let base = s.get("m").await.unwrap().unwrap().run_at;
+    let base = s.get(&key("m")).await.unwrap().unwrap().run_at;
     assert_eq!(
-        s.move_task("m", Move::Shift(-1000)).await.unwrap(),
+        s.move_task(&key("m"), Move::Shift(-1000)).await.unwrap(),
         Ok(base - 1000)
     );
     assert_eq!(
-        s.move_task("m", Move::At(base + 7)).await.unwrap(),
+        s.move_task(&key("m"), Move::At(base + 7)).await.unwrap(),
         Ok(base + 7)
     );
-    let t = s.move_task("m", Move::Now).await.unwrap().unwrap();
+    let t = s.move_task(&key("m"), Move::Now).await.unwrap().unwrap();
     assert!(t <= now() + 5);
     assert_eq!(
-        s.move_task("nope", Move::Now).await.unwrap(),
+        s.move_task(&key("nope"), Move::Now).await.unwrap(),
         Err(Refused::Missing)
     );
-    assert_eq!(s.cancel("m").await.unwrap(), Ok(()));
-    assert!(s.get("m").await.unwrap().is_none());
-    assert_eq!(s.cancel("m").await.unwrap(), Err(Refused::Missing));
+    assert_eq!(s.cancel(&key("m")).await.unwrap(), Ok(()));
+    assert!(s.get(&key("m")).await.unwrap().is_none());
+    assert_eq!(s.cancel(&key("m")).await.unwrap(), Err(Refused::Missing));
     // done: readable, and refuses moves
     let f = Finish::Done;
     let token = claimed_token;
     assert_eq!(
-        s.finish(shard, &[("r", token, &f)]).await.unwrap(),
+        s.finish(shard, &[(key("r").as_str(), token, &f)]).await.unwrap(),
         vec![Finished::Done]
     );
-    let done = s.get("r").await.unwrap().unwrap();
+    let done = s.get(&key("r")).await.unwrap().unwrap();
     assert_eq!(done.state, TaskState::Done);
     assert!(done.finished_at.is_some());
     assert_eq!(
-        s.move_task("r", Move::Now).await.unwrap(),
+        s.move_task(&key("r"), Move::Now).await.unwrap(),
         Err(Refused::Done)
     );
 }
@@ -150,31 +150,31 @@ async fn an_expired_lease_is_run_again_and_the_late_ack_is_refused() {
     assert_eq!(a.next_lease_expiry.map(|l| l - a.now), Some(100));
     // runner B's claims reap it after the lease
     let b = claim_when_due(&s, 0, 10, "the lease to expire").await;
-    assert_eq!(b.tasks[0].id, "x");
+    assert_eq!(b.tasks[0].id, key("x"));
     assert_eq!(b.tasks[0].attempt, 2);
     assert_ne!(a.tasks[0].token, b.tasks[0].token);
     // A can't renew or finish any more; B's ack is accepted once
     assert_eq!(
-        s.renew(0, &[("x", a.tasks[0].token)], 30_000)
+        s.renew(0, &[(key("x").as_str(), a.tasks[0].token)], 30_000)
             .await
             .unwrap(),
         vec![false]
     );
     let done = Finish::Done;
     assert_eq!(
-        s.finish(0, &[("x", a.tasks[0].token, &done)])
+        s.finish(0, &[(key("x").as_str(), a.tasks[0].token, &done)])
             .await
             .unwrap(),
         vec![Finished::Stale]
     );
     assert_eq!(
-        s.finish(0, &[("x", b.tasks[0].token, &done)])
+        s.finish(0, &[(key("x").as_str(), b.tasks[0].token, &done)])
             .await
             .unwrap(),
         vec![Finished::Done]
     );
     assert_eq!(
-        s.finish(0, &[("x", b.tasks[0].token, &done)])
+        s.finish(0, &[(key("x").as_str(), b.tasks[0].token, &done)])
             .await
             .unwrap(),
         vec![Finished::Stale]
@@ -196,12 +196,12 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
             error: format!("boom\t{attempt}"),
         };
         let v = s
-            .finish(0, &[("f", b.tasks[0].token, &retry)])
+            .finish(0, &[(key("f").as_str(), b.tasks[0].token, &retry)])
             .await
             .unwrap();
         if attempt < 3 {
             assert_eq!(v, vec![Finished::Retry]);
-            let t = s.get("f").await.unwrap().unwrap();
+            let t = s.get(&key("f")).await.unwrap().unwrap();
             assert_eq!(t.state, TaskState::Scheduled);
             assert_eq!(
                 t.last_error.as_deref(),
@@ -218,14 +218,14 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
     assert_eq!(dead[0].state, TaskState::Dead);
     assert_eq!(dead[0].attempts, 3);
     assert_eq!(
-        s.move_task("f", Move::Now).await.unwrap(),
+        s.move_task(&key("f"), Move::Now).await.unwrap(),
         Err(Refused::Dead)
     );
     // replay: due now, attempts reset
-    s.revive("f").await.unwrap().unwrap();
-    let t = s.get("f").await.unwrap().unwrap();
+    s.revive(&key("f")).await.unwrap().unwrap();
+    let t = s.get(&key("f")).await.unwrap().unwrap();
     assert_eq!((t.state, t.attempts), (TaskState::Scheduled, 0));
-    assert_eq!(s.revive("f").await.unwrap(), Err(Refused::NotDead));
+    assert_eq!(s.revive(&key("f")).await.unwrap(), Err(Refused::NotDead));
     assert!(s.dead(10, None).await.unwrap().0.is_empty());
     // dead again through Fail, then dropped
     let b = s.claim(0, 10, 30_000).await.unwrap();
@@ -233,13 +233,13 @@ async fn retries_back_off_then_dead_letter_then_replay_and_drop() {
         error: "bad payload".into(),
     };
     assert_eq!(
-        s.finish(0, &[("f", b.tasks[0].token, &dead_now)])
+        s.finish(0, &[(key("f").as_str(), b.tasks[0].token, &dead_now)])
             .await
             .unwrap(),
         vec![Finished::Dead]
     );
-    assert_eq!(s.drop_dead("f").await.unwrap(), Ok(()));
-    assert!(s.get("f").await.unwrap().is_none());
+    assert_eq!(s.drop_dead(&key("f")).await.unwrap(), Ok(()));
+    assert!(s.get(&key("f")).await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -265,12 +265,12 @@ async fn run_again_and_release_put_the_task_back() {
         .await
         .unwrap();
     assert_eq!(v, vec![Finished::Again, Finished::Release]);
-    let g = s.get("g").await.unwrap().unwrap();
+    let g = s.get(&key("g")).await.unwrap().unwrap();
     assert_eq!(
         (g.state, g.run_at, g.attempts),
         (TaskState::Scheduled, later, 0)
     );
-    let h = s.get("h").await.unwrap().unwrap();
+    let h = s.get(&key("h")).await.unwrap().unwrap();
     assert_eq!(
         (h.state, h.run_at, h.attempts),
         (TaskState::Scheduled, 0, 0)
@@ -314,21 +314,21 @@ async fn done_records_expire_after_the_retention_window() {
         .await
         .unwrap();
     let b = s.claim(0, 1, 30_000).await.unwrap();
-    s.finish(0, &[("d", b.tasks[0].token, &Finish::Done)])
+    s.finish(0, &[(key("d").as_str(), b.tasks[0].token, &Finish::Done)])
         .await
         .unwrap();
-    assert_eq!(s.get("d").await.unwrap().unwrap().state, TaskState::Done);
+    assert_eq!(s.get(&key("d")).await.unwrap().unwrap().state, TaskState::Done);
     eventually(
         Duration::from_secs(5),
         "the done record to expire",
-        || async { s.get("d").await.unwrap().is_none().then_some(()) },
+        || async { s.get(&key("d")).await.unwrap().is_none().then_some(()) },
     )
     .await;
     // the next finish on the shard deletes it (done records are not kept forever)
-    let key = s.keys().shard(0).tasks;
+    let tasks = s.keys().shard(0).tasks;
     let kept: bool = redis::cmd("HEXISTS")
-        .arg(&key)
-        .arg("d")
+        .arg(&tasks)
+        .arg(key("d"))
         .query(&mut redis.conn())
         .unwrap();
     assert!(kept, "past its window but not yet swept");
@@ -336,12 +336,12 @@ async fn done_records_expire_after_the_retention_window() {
         .await
         .unwrap();
     let b = s.claim(0, 1, 30_000).await.unwrap();
-    s.finish(0, &[("e", b.tasks[0].token, &Finish::Done)])
+    s.finish(0, &[(key("e").as_str(), b.tasks[0].token, &Finish::Done)])
         .await
         .unwrap();
     let kept: bool = redis::cmd("HEXISTS")
-        .arg(&key)
-        .arg("d")
+        .arg(&tasks)
+        .arg(key("d"))
         .query(&mut redis.conn())
         .unwrap();
     assert!(
@@ -469,7 +469,7 @@ async fn a_claim_is_fenced_by_its_token_even_when_attempts_repeat() {
     let first = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
     let again = Finish::Again { at: 0 };
     assert_eq!(
-        s.finish(0, &[("a", first.token, &again)]).await.unwrap(),
+        s.finish(0, &[(key("a").as_str(), first.token, &again)]).await.unwrap(),
         vec![Finished::Again]
     );
     let second = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
@@ -480,20 +480,20 @@ async fn a_claim_is_fenced_by_its_token_even_when_attempts_repeat() {
         "run-again starts a new occurrence"
     );
     assert_eq!(
-        s.renew(0, &[("a", first.token), ("a", second.token)], 30_000)
+        s.renew(0, &[(key("a").as_str(), first.token), ("a", second.token)], 30_000)
             .await
             .unwrap(),
         vec![false, true]
     );
     assert_eq!(
-        s.finish(0, &[("a", first.token, &Finish::Done)])
+        s.finish(0, &[(key("a").as_str(), first.token, &Finish::Done)])
             .await
             .unwrap(),
         vec![Finished::Stale],
         "the first claim's late outcome is refused"
     );
     assert_eq!(
-        s.finish(0, &[("a", second.token, &Finish::Done)])
+        s.finish(0, &[(key("a").as_str(), second.token, &Finish::Done)])
             .await
             .unwrap(),
         vec![Finished::Done]
@@ -542,17 +542,17 @@ async fn a_claim_after_redis_lost_writes_never_repeats_a_live_claims_token() {
     }
     std::thread::sleep(Duration::from_millis(5));
     let again = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
-    assert_eq!(again.id, "a");
+    assert_eq!(again.id, key("a"));
     assert_ne!(again.token, lost.token, "a token repeated after the loss");
     assert_eq!(
-        s.finish(0, &[("a", lost.token, &Finish::Done)])
+        s.finish(0, &[(key("a").as_str(), lost.token, &Finish::Done)])
             .await
             .unwrap(),
         vec![Finished::Stale],
         "the lost claim's outcome is refused"
     );
     assert_eq!(
-        s.finish(0, &[("a", again.token, &Finish::Done)])
+        s.finish(0, &[(key("a").as_str(), again.token, &Finish::Done)])
             .await
             .unwrap(),
         vec![Finished::Done]
@@ -571,14 +571,14 @@ async fn renewing_keeps_a_slow_task_from_being_reaped() {
     let until = std::time::Instant::now() + Duration::from_millis(1200);
     while std::time::Instant::now() < until {
         assert_eq!(
-            s.renew(0, &[("slow", t.token)], 300).await.unwrap(),
+            s.renew(0, &[(key("slow").as_str(), t.token)], 300).await.unwrap(),
             vec![true]
         );
         assert!(s.claim(0, 10, 300).await.unwrap().tasks.is_empty());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        s.finish(0, &[("slow", t.token, &Finish::Done)])
+        s.finish(0, &[(key("slow").as_str(), t.token, &Finish::Done)])
             .await
             .unwrap(),
         vec![Finished::Done]

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use eggtimer::Store;
 use eggtimer::store::{FindQuery, Finish, Finished, NewTask, ScheduleMode, Scheduled, TaskState};
-use eggtimer_tests::{RedisServer, claim_when_due, due_entries, found_ids};
+use eggtimer_tests::{RedisServer, claim_when_due, due_entries, found_ids, key};
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
 /// The sizes of a shard's keys: (due, scheduled, byowner, running, done, tasks); scheduled is the
@@ -80,11 +80,11 @@ async fn batched_writes_keep_every_index_exact() {
             .unwrap(),
         vec![Scheduled::Ok; 3]
     );
-    assert_eq!(s.get("a").await.unwrap().unwrap().run_at, far + 10);
+    assert_eq!(s.get(&key("a")).await.unwrap().unwrap().run_at, far + 10);
     assert_eq!(key_sizes(&redis, &s, 0), (2, 2, 1, 0, 0, 2));
     assert!(s.owner_tasks("u1", 10, None).await.unwrap().0.is_empty());
-    s.cancel("a").await.unwrap().unwrap();
-    s.cancel("b").await.unwrap().unwrap();
+    s.cancel(&key("a")).await.unwrap().unwrap();
+    s.cancel(&key("b")).await.unwrap().unwrap();
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, 0, 0));
 
     // 5000 due tasks, claimed in one claim, renewed and finished in one call each
@@ -115,7 +115,7 @@ async fn batched_writes_keep_every_index_exact() {
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, n, n));
     assert_eq!(batches_left(&redis, &s, 0), (0, 0));
     assert_eq!(
-        s.get("t4999").await.unwrap().unwrap().state,
+        s.get(&key("t4999")).await.unwrap().unwrap().state,
         TaskState::Done
     );
 }

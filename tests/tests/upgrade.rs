@@ -151,6 +151,20 @@ async fn what_the_last_release_wrote_keeps_working() {
         (t["state"].as_str(), t["run_at"].as_i64()),
         (Some("scheduled"), Some(far))
     );
+    // scheduling its id again for its plugin replaces it, as before (ids now belong to their
+    // plugin; the release stored them bare)
+    post_tasks(
+        base,
+        json!({"plugin": "coupon-expiry", "id": "later", "owner": "u1", "run_at": far + 5,
+            "payload": {"coupon_id": "c1", "user_id": "u1", "expires_at": far + 7_200_000}}),
+    )
+    .await;
+    let t = call("GET", &format!("{base}/v1/tasks/later"), None).await.1;
+    assert_eq!(
+        (t["state"].as_str(), t["run_at"].as_i64()),
+        (Some("scheduled"), Some(far + 5)),
+        "{t}"
+    );
     let (s, b) = call("GET", &format!("{base}/v1/owners/u1/tasks"), None).await;
     assert_eq!(s, 200, "{b}");
     let ids: Vec<&str> = b

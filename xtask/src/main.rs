@@ -37,7 +37,7 @@ fn run() -> Result<()> {
         "run" => {
             require_redis_server()?;
             let dir = run_plugins(&build_plugins()?)?;
-            cargo(&["build", "-p", "eggtimer", "--bin", "eggtimer"], None, &[])?;
+            cargo(RUN_BUILD, None, &[])?;
             // the runner takes this process's place: a supervisor's, `timeout`'s or a terminal's
             // SIGTERM and SIGINT reach it, and it stops its redis-server and exits
             let err = exec(
@@ -51,8 +51,16 @@ fn run() -> Result<()> {
         }
         "test" => {
             build_plugins()?;
-            // the binary and the tests in one build: one set of features for every dependency
+            // what `cargo xtask run` builds (its test runs it: built here, not while tests run),
+            // then the binary and the tests in one build: one set of features for every
+            // dependency (the runner crate itself is compiled for each)
+            cargo(RUN_BUILD, None, &[])?;
             cargo(&["build", "--workspace", "--bins", "--tests"], None, &[])?;
+            // the tests run a copy: a `cargo xtask run` during them rebuilds target/debug/eggtimer
+            let bin = target_dir().join("test-bin");
+            std::fs::create_dir_all(&bin)?;
+            std::fs::copy(target_dir().join("debug/eggtimer"), bin.join("eggtimer"))
+                .context("copying the runner for the tests")?;
             test::schemathesis(&root())?;
             // `cargo xtask test -- --test teams`: what follows `--` is cargo test's
             let rest = match rest.first().map(String::as_str) {
@@ -100,6 +108,9 @@ fn exec(cmd: &mut Command) -> std::io::Error {
 }
 
 /// Cargo's target dir (`CARGO_TARGET_DIR`, else target/ of the workspace).
+/// The build `cargo xtask run` makes of the runner.
+const RUN_BUILD: &[&str] = &["build", "-p", "eggtimer", "--bin", "eggtimer"];
+
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)

@@ -84,13 +84,13 @@ pub fn run(root: &Path, mut cargo: Command, args: &[String]) -> Result<()> {
         .current_dir(root)
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(args)
-        // the runner binary built with the tests (the harness builds none of its own)
+        // the runner binary built with the tests, copied (the harness builds none of its own)
         .env(
             "EGGTIMER_BIN",
             std::env::var_os("CARGO_TARGET_DIR")
                 .map(std::path::PathBuf::from)
                 .unwrap_or_else(|| root.join("target"))
-                .join("debug/eggtimer"),
+                .join("test-bin/eggtimer"),
         )
         .stdout(Stdio::piped())
         .spawn()

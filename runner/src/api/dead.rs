@@ -13,9 +13,10 @@ use super::cursor::fill;
 use super::doc;
 use super::error::ApiError;
 use super::params::{
-    PageQuery, PluginFilter, TaskId, check_id, page_cursor, page_limit, page_place, plugin_filter,
+    PageQuery, PluginFilter, TaskId, page_cursor, page_limit, page_place, plugin_filter,
 };
-use super::tasks::{refused, task_in_scope};
+use super::task_ref::{OfPlugin, resolve};
+use super::tasks::refused;
 use crate::access::Caller;
 use crate::store::DeadAction;
 use crate::store::TaskRecord;
@@ -36,7 +37,7 @@ pub async fn dead_list(
         limit,
         cursor,
         |t: &TaskRecord| caller.sees(&t.plugin),
-        |t| (t.finished_at.unwrap_or(0), t.id.clone()),
+        |t| (t.finished_at.unwrap_or(0), t.key.clone()),
         |c| async move { Ok(store.dead(limit, c).await?) },
     )
     .await?;
@@ -45,33 +46,37 @@ pub async fn dead_list(
 }
 
 /// `POST /v1/dead/{id}/retry`.
-#[utoipa::path(post, path = "/v1/dead/{id}/retry", tag = "dead letters", params(TaskId),
+#[utoipa::path(post, path = "/v1/dead/{id}/retry", tag = "dead letters", params(TaskId, OfPlugin),
     responses((status = 200, description = "due now", body = doc::ScheduledTask), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn dead_retry(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    check_id(&id)?;
-    task_in_scope(&st, &caller, &id).await?;
-    let at = st.store.revive(&id).await?.map_err(|r| refused(&id, r))?;
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    let at = st
+        .store
+        .revive(&t.key)
+        .await?
+        .map_err(|r| refused(&id, r))?;
     Ok(axum::Json(json!({"id": id, "run_at": at})).into_response())
 }
 
 /// `DELETE /v1/dead/{id}`.
-#[utoipa::path(delete, path = "/v1/dead/{id}", tag = "dead letters", params(TaskId),
+#[utoipa::path(delete, path = "/v1/dead/{id}", tag = "dead letters", params(TaskId, OfPlugin),
     responses((status = 204, description = "dropped"), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn dead_drop(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    check_id(&id)?;
-    task_in_scope(&st, &caller, &id).await?;
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
     st.store
-        .drop_dead(&id)
+        .drop_dead(&t.key)
         .await?
         .map_err(|r| refused(&id, r))?;
     Ok(StatusCode::NO_CONTENT.into_response())

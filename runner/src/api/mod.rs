@@ -27,6 +27,7 @@ mod secrets;
 mod server;
 mod settings;
 mod stats;
+mod task_ref;
 mod tasks;
 mod ui;
 

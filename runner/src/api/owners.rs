@@ -44,7 +44,7 @@ pub async fn owner_tasks(
         limit,
         cursor,
         |t: &TaskRecord| caller.sees(&t.plugin),
-        |t| (t.run_at, t.id.clone()),
+        |t| (t.run_at, t.key.clone()),
         |c| async move { Ok(store.owner_tasks(owner, limit, c).await?) },
     )
     .await?;

@@ -103,7 +103,7 @@ pub async fn page_cursor(
                 return Err(bad());
             }
             let t = t.parse::<i64>().map_err(|_| bad())?;
-            limits::id("cursor", id).map_err(|_| bad())?;
+            limits::id("cursor", crate::store::public_id(id)).map_err(|_| bad())?;
             Ok(Some((t, id.to_owned())))
         }
     }

@@ -2,7 +2,7 @@
 //! tasks and shift; dead letters.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -14,7 +14,8 @@ use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
-use super::params::{TaskId, check_id};
+use super::params::TaskId;
+use super::task_ref::{OfPlugin, resolve};
 use crate::access::Caller;
 use crate::clock::now_ms;
 use crate::limits;
@@ -291,35 +292,27 @@ pub(super) fn refused(id: &str, r: Refused) -> ApiError {
     }
 }
 
-/// The task, as this caller may see it: 404 for a task of a plugin outside its key's scope.
-async fn task_reply(st: &AppState, caller: &Caller, id: &str) -> ApiResult<TaskRecord> {
+/// The task stored under `key` with its log, as its route answers it.
+async fn task_reply(st: &AppState, key: &str) -> ApiResult<TaskRecord> {
+    let id = crate::store::public_id(key);
     st.store
-        .get(id)
+        .get(key)
         .await?
-        .filter(|t| caller.sees(&t.plugin))
         .ok_or_else(|| ApiError::not_found(format!("no task {id:?}")))
 }
 
-/// 404 unless the task exists and its plugin is in the caller's scope (nothing read for a key
-/// that sees every plugin).
-pub(super) async fn task_in_scope(st: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
-    if caller.sees_all() {
-        return Ok(());
-    }
-    task_reply(st, caller, id).await.map(|_| ())
-}
-
 /// `GET /v1/tasks/{id}`.
-#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId, OfPlugin),
     responses((status = 200, description = "the task", body = crate::store::TaskRecord), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn get_task(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    check_id(&id)?;
-    Ok(axum::Json(task_reply(&st, &caller, &id).await?).into_response())
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    Ok(axum::Json(task_reply(&st, &t.key).await?).into_response())
 }
 
 /// The fields of a PATCH body (documented as `doc::MoveBody`): exactly one of them.
@@ -333,7 +326,7 @@ struct MoveFields {
 }
 
 /// `PATCH /v1/tasks/{id}`: `{"run_at"}` or `{"shift_ms"}`.
-#[utoipa::path(patch, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
+#[utoipa::path(patch, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId, OfPlugin),
     request_body(content = doc::MoveBody, content_type = "application/json"),
     responses((status = 200, description = "moved", body = crate::store::TaskRecord), doc::Errors),
     security((), ("bearer" = [])))]
@@ -341,11 +334,11 @@ pub async fn move_task(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(of): Query<OfPlugin>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    check_id(&id)?;
-    task_in_scope(&st, &caller, &id).await?;
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, SMALL_BODY).await?;
     let b: MoveFields = body::typed(body::raw(&bytes)?)?;
@@ -355,41 +348,44 @@ pub async fn move_task(
         _ => return Err(ApiError::bad("give exactly one of run_at or shift_ms")),
     };
     st.store
-        .move_task(&id, how)
+        .move_task(&t.key, how)
         .await?
         .map_err(|r| refused(&id, r))?;
-    Ok(axum::Json(task_reply(&st, &caller, &id).await?).into_response())
+    Ok(axum::Json(task_reply(&st, &t.key).await?).into_response())
 }
 
 /// `DELETE /v1/tasks/{id}`.
-#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId),
+#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId, OfPlugin),
     responses((status = 204, description = "cancelled"), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn cancel_task(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    check_id(&id)?;
-    task_in_scope(&st, &caller, &id).await?;
-    st.store.cancel(&id).await?.map_err(|r| refused(&id, r))?;
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    st.store
+        .cancel(&t.key)
+        .await?
+        .map_err(|r| refused(&id, r))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /v1/tasks/{id}/run`.
-#[utoipa::path(post, path = "/v1/tasks/{id}/run", tag = "tasks", params(TaskId),
+#[utoipa::path(post, path = "/v1/tasks/{id}/run", tag = "tasks", params(TaskId, OfPlugin),
     responses((status = 202, description = "due now", body = doc::ScheduledTask), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn run_now(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    check_id(&id)?;
-    task_in_scope(&st, &caller, &id).await?;
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
     let at = st
         .store
-        .move_task(&id, Move::Now)
+        .move_task(&t.key, Move::Now)
         .await?
         .map_err(|r| refused(&id, r))?;
     Ok((

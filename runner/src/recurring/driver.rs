@@ -125,11 +125,13 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
         debug!(schedule = %id, at = fire_at, created, "fired");
     }
     let next = def.next_after(fire_at.max(at));
+    // the schedule records its firing by the key it is stored under
+    let key = crate::store::task_key(&def.plugin, &task_id);
     let moved = store
-        .schedule_advance(id, &row.def, at, next, (!skip).then_some(task_id.as_str()))
+        .schedule_advance(id, &row.def, at, next, (!skip).then_some(key.as_str()))
         .await?;
     if moved && !skip {
-        store.unfire(&task_id).await?;
+        store.unfire(&key).await?;
     }
     Ok(())
 }

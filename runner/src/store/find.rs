@@ -57,7 +57,7 @@ impl FindCursor {
         FindCursor {
             state: r.state,
             key,
-            id: r.id.clone(),
+            id: r.key.clone(),
         }
     }
 

@@ -3,13 +3,44 @@
 use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
-use super::{Scheduled, ShardCounts, Store, TaskRecord, TaskState};
+use super::{Scheduled, ShardCounts, Store, TaskRecord, TaskState, task_key};
 
 impl Store {
-    /// Reads one task in any state, with its log (a done task until its retention ends: its
-    /// record may outlive the window until a later finish on its shard deletes it, but is not
-    /// shown).
-    pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>> {
+    /// The tasks of id `id` of the plugins `plugins` (without their logs), in one read: the
+    /// tasks of one id share a shard. A record eggtimer 0.1.0 stored under the bare id is one of
+    /// them when its plugin is in `plugins` and that plugin has none under its key. Done tasks
+    /// past the retention window are left out.
+    pub async fn tasks_of_id(&self, id: &str, plugins: &[String]) -> Result<Vec<TaskRecord>> {
+        let mut keys: Vec<String> = plugins.iter().map(|p| task_key(p, id)).collect();
+        keys.push(id.to_owned());
+        let k = self.keys().shard(self.shard_of(id));
+        let raw: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&k.tasks)
+            .arg(&keys)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a task's records")?;
+        let mut found: Vec<TaskRecord> = keys
+            .iter()
+            .zip(raw)
+            .filter_map(|(key, r)| TaskRecord::decode(key, &r?))
+            .filter(|r| self.retained(r))
+            .collect();
+        if let Some(at) = found.iter().position(|r| r.key == id) {
+            let bare = &found[at];
+            let keyed = |r: &TaskRecord| r.key != id && r.plugin == bare.plugin;
+            if !plugins.contains(&bare.plugin) || found.iter().any(keyed) {
+                found.remove(at);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Reads the task stored under `key` in any state, with its log (a done task until its
+    /// retention ends: its record may outlive the window until a later finish on its shard
+    /// deletes it, but is not shown).
+    pub async fn get(&self, key: &str) -> Result<Option<TaskRecord>> {
+        let id = key;
         let k = self.keys().shard(self.shard_of(id));
         let (rec, log): (Option<String>, Option<String>) = redis::pipe()
             .hget(&k.tasks, id)

@@ -1,16 +1,21 @@
 //! The data layout of a namespace, checked when a store opens.
 //!
-//! Each shard records its layout in its meta hash (`layout`). This build reads and writes the
-//! layout of eggtimer 0.1.0; data of the builds before 0.1.0 is refused with what to do, since
-//! only 0.1.0 knows how to bring it up to date.
+//! Each shard records its layout in its meta hash (`layout`). This build writes layout 6 (task
+//! records stored under `<plugin>\x1f<id>`) and reads eggtimer 0.1.0's layout 5 as well: a shard
+//! of layout 5 is marked `legacy` (its records under a bare id are read and replaced as tasks of
+//! their plugin, see `lua/schedule.lua`) and recorded as 6. Data of the builds before 0.1.0 is
+//! refused with what to do, since only 0.1.0 knows how to bring it up to date.
 
 use anyhow::{Result, bail};
 use futures::future::try_join_all;
 
 use super::Store;
 
-/// The layout this build keeps: the one eggtimer 0.1.0 wrote.
-pub const LAYOUT: &str = "5";
+/// The layout this build writes.
+pub const LAYOUT: &str = "6";
+
+/// The layout eggtimer 0.1.0 wrote (task records under their bare id), read as well.
+pub const LAYOUT_0_1: &str = "5";
 
 /// What a shard holds, as far as its layout goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -27,8 +32,8 @@ impl ShardLayout {
     /// Why this build can't use the shard (None: it can), for a person.
     pub fn refusal(&self) -> Option<String> {
         match &self.recorded {
-            Some(l) if l == LAYOUT && self.old_keys.is_empty() => None,
-            Some(l) if l == LAYOUT => Some(format!(
+            Some(l) if (l == LAYOUT || l == LAYOUT_0_1) && self.old_keys.is_empty() => None,
+            Some(l) if l == LAYOUT || l == LAYOUT_0_1 => Some(format!(
                 "it holds the keys {} of a build before 0.1.0 (a runner of that build may still be running)",
                 self.old_keys.join(", ")
             )),
@@ -54,14 +59,29 @@ impl Store {
                     self.inner.opts.namespace
                 );
             }
-            if layout.recorded.is_none() {
-                let k = self.keys().shard(shard);
-                let _: i64 = redis::cmd("HSETNX")
-                    .arg(&k.meta)
-                    .arg("layout")
-                    .arg(LAYOUT)
-                    .query_async(&mut self.conn())
-                    .await?;
+            let k = self.keys().shard(shard);
+            match layout.recorded.as_deref() {
+                None => {
+                    let _: i64 = redis::cmd("HSETNX")
+                        .arg(&k.meta)
+                        .arg("layout")
+                        .arg(LAYOUT)
+                        .query_async(&mut self.conn())
+                        .await?;
+                }
+                // 0.1.0's shard (a runner of it may still write there): its bare ids are read
+                // from now on, and the mark stays
+                Some(LAYOUT_0_1) => {
+                    let () = redis::cmd("HSET")
+                        .arg(&k.meta)
+                        .arg("legacy")
+                        .arg(1)
+                        .arg("layout")
+                        .arg(LAYOUT)
+                        .query_async(&mut self.conn())
+                        .await?;
+                }
+                Some(_) => {}
             }
             Ok(())
         });
@@ -115,6 +135,7 @@ mod tests {
     fn a_new_shard_and_one_of_this_layout_are_used() {
         assert_eq!(shard(None, false, &[]).refusal(), None);
         assert_eq!(shard(Some(LAYOUT), true, &[]).refusal(), None);
+        assert_eq!(shard(Some(LAYOUT_0_1), true, &[]).refusal(), None);
     }
 
     #[test]

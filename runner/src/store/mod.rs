@@ -184,9 +184,10 @@ impl Store {
         &self.inner.opts
     }
 
-    /// The shard of a task id: FNV-1a of the id, mod the shard count.
-    pub fn shard_of(&self, id: &str) -> u32 {
-        shard_of(id, self.shards())
+    /// The shard of a task (its key or its id): FNV-1a of the id, mod the shard count. The
+    /// tasks of every plugin that share an id share a shard, so one read finds them all.
+    pub fn shard_of(&self, key: &str) -> u32 {
+        shard_of(public_id(key), self.shards())
     }
 
     /// The indexes of `ids` grouped by shard, for one call per shard (shards without ids left out).
@@ -216,6 +217,29 @@ impl Store {
     }
 }
 
+/// Separates a task's plugin from its id in the key its records are stored under.
+pub const KEY_MARK: char = '\x1f';
+
+/// The key a task of `plugin` with the id `id` is stored under: `<plugin>\x1f<id>`. A task id
+/// belongs to its plugin: two plugins' tasks of one id are two tasks, and nothing done with one
+/// of them reaches the other. (Ids hold no control characters, so the key is unambiguous; a
+/// record written by 0.1.0 is stored under its bare id, which has no mark.)
+pub fn task_key(plugin: &str, id: &str) -> String {
+    let mut key = String::with_capacity(plugin.len() + 1 + id.len());
+    key.push_str(plugin);
+    key.push(KEY_MARK);
+    key.push_str(id);
+    key
+}
+
+/// The id of the task stored under `key` (a 0.1.0 record's key is its id).
+pub fn public_id(key: &str) -> &str {
+    match key.split_once(KEY_MARK) {
+        Some((_, id)) => id,
+        None => key,
+    }
+}
+
 /// FNV-1a 64 of the id, mod the shard count.
 pub fn shard_of(id: &str, shards: u32) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -229,6 +253,16 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_key_names_its_plugin_and_its_id_keeps_its_shard() {
+        let k = task_key("order-cancel", "c-1");
+        assert_eq!(k, "order-cancel\x1fc-1");
+        assert_eq!(public_id(&k), "c-1");
+        assert_eq!(public_id("c-1"), "c-1", "a 0.1.0 record's key is its id");
+        assert_eq!(shard_of(public_id(&k), 16), shard_of("c-1", 16));
+        assert_ne!(task_key("coupon-remind", "c-1"), k);
+    }
 
     #[test]
     fn shards_spread_ids() {

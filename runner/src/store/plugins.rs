@@ -327,6 +327,15 @@ impl Store {
             .context("reading the plugin version counters")
     }
 
+    /// The name of every plugin in the registry.
+    pub async fn plugin_names(&self) -> Result<Vec<String>> {
+        redis::cmd("HKEYS")
+            .arg(self.keys().plugins())
+            .query_async(&mut self.conn())
+            .await
+            .context("listing plugin names")
+    }
+
     /// The current version of every plugin.
     pub async fn plugin_list(&self) -> Result<Vec<PluginEntry>> {
         let all: Vec<(String, String)> = redis::cmd("HGETALL")

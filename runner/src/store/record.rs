@@ -15,7 +15,11 @@ pub enum TaskState {
 /// A task as a reader sees it (the API's task object).
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct TaskRecord {
+    /// The task's id (unique within its plugin).
     pub id: String,
+    /// The key it is stored under ([`task_key`](super::task_key), or a 0.1.0 record's id).
+    #[serde(skip)]
+    pub key: String,
     pub plugin: String,
     /// The payload, raw JSON text exactly as scheduled.
     #[serde(serialize_with = "raw_json")]
@@ -198,8 +202,8 @@ fn raw_json<S: serde::Serializer>(payload: &str, s: S) -> Result<S::Ok, S::Error
 }
 
 impl TaskRecord {
-    /// Decodes a stored record (ten tab-separated fields, the payload last).
-    pub fn decode(id: &str, rec: &str) -> Option<TaskRecord> {
+    /// Decodes the record stored under `key` (ten tab-separated fields, the payload last).
+    pub fn decode(key: &str, rec: &str) -> Option<TaskRecord> {
         let mut f = rec.splitn(10, '\t');
         let state = match f.next()? {
             "s" => TaskState::Scheduled,
@@ -223,7 +227,8 @@ impl TaskRecord {
         let last_error = Some(f.next()?).filter(|e| !e.is_empty()).map(str::to_owned);
         let last = LastField::split(f.next()?);
         Some(TaskRecord {
-            id: id.to_owned(),
+            id: super::public_id(key).to_owned(),
+            key: key.to_owned(),
             plugin,
             payload: last.payload.to_owned(),
             run_at,

@@ -252,7 +252,7 @@ impl Store {
         inv.key(self.keys().fired(shard));
         inv.arg(self.keys().wake_channel())
             .arg(shard)
-            .arg(&task.id)
+            .arg(super::task_key(&task.plugin, &task.id))
             .arg(task.run_at)
             .arg(task.max_attempts)
             .arg(&task.plugin)
@@ -278,7 +278,7 @@ impl Store {
         }
     }
 
-    /// Forgets the creation mark of a firing its schedule has recorded.
+    /// Forgets the creation mark of a firing (by its key) its schedule has recorded.
     pub async fn unfire(&self, id: &str) -> Result<()> {
         let shard = self.shard_of(id);
         let _: i64 = redis::cmd("ZREM")

@@ -10,7 +10,7 @@ use redis::Value;
 use super::types::Verdict;
 use super::{
     ClaimBatch, Claimed, Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, Share,
-    Store, TaskRecord, field_safe,
+    Store, TaskRecord, field_safe, task_key,
 };
 
 /// An outcome as the finish script takes it: kind, claim token, value, error.
@@ -35,8 +35,9 @@ impl Store {
             return Ok(Ok(()));
         };
         if tasks.iter().any(|t| self.shard_of(&t.id) != first) {
-            let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
-            let conflicts = self.conflicts_among(&ids).await?;
+            let keys: Vec<String> = tasks.iter().map(|t| task_key(&t.plugin, &t.id)).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let conflicts = self.conflicts_among(&keys).await?;
             if let Some(refused) = conflicts
                 .iter()
                 .enumerate()
@@ -91,7 +92,7 @@ impl Store {
                     .arg(f.unique_for_ms);
                 for &i in &rest[..len] {
                     let t = &tasks[i];
-                    inv.arg(&t.id)
+                    inv.arg(task_key(&t.plugin, &t.id))
                         .arg(t.run_at.max(0))
                         .arg(t.owner.as_deref().unwrap_or(""))
                         .arg(

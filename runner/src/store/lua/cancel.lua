@@ -2,14 +2,15 @@
 --! needs indexes
 -- Cancels one task: a scheduled or dead task is deleted.
 -- KEYS: the shard's keys (the `shard` part).
--- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: else only a task of
--- this plugin is cancelled, as when a plugin cancels a task), then plugin patterns whose tasks
--- may be cancelled too (a name, a prefix ending in '*', or '*'; the plugin's may_schedule).
+-- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: the id is the task's
+-- key; else a plugin cancels a task by its id, and only a task of this plugin is cancelled), then
+-- plugin patterns whose tasks may be cancelled too (a name, a prefix ending in '*', or '*'; the
+-- plugin's may_schedule).
+-- A plugin's cancel of id X cancels the first there is of: its own task X, the task X of a plugin
+-- its patterns name (in their order), of a plugin they cover that has scheduled tasks in this
+-- shard, and a record eggtimer 0.1.0 stored under X.
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin'.
 local id, only_dead, plugin = ARGV[1], ARGV[2] == '1', ARGV[3]
-local t = parse(redis.call('HGET', K_TASKS, id))
-if not t then return 'missing' end
-if t.st == 'd' then return 'done' end
 local function covered(name)
   if plugin == '' or name == plugin then return true end
   for i = 4, #ARGV do
@@ -20,6 +21,26 @@ local function covered(name)
   end
   return false
 end
+if plugin ~= '' then
+  local found = nil
+  local function try(name)
+    local key = name .. '\31' .. id
+    if not found and redis.call('HEXISTS', K_TASKS, key) == 1 then found = key end
+  end
+  try(plugin)
+  for i = 4, #ARGV do
+    if string.sub(ARGV[i], -1) ~= '*' then try(ARGV[i]) end
+  end
+  if not found then
+    for _, name in ipairs(redis.call('HKEYS', K_SCHEDULED)) do
+      if covered(name) then try(name) end
+    end
+  end
+  id = found or id
+end
+local t = parse(redis.call('HGET', K_TASKS, id))
+if not t then return 'missing' end
+if t.st == 'd' then return 'done' end
 if not covered(t.plugin) then return 'other_plugin' end
 if only_dead and t.st ~= 'x' then return 'not_dead' end
 if t.st == 'r' then return 'running' end

@@ -12,6 +12,9 @@
 -- window, nothing is written and the others answer 'not_written'.
 -- Returns one string, a letter per task in the order given: o(k) r(unning) d(uplicate) e(xists)
 -- n(ot_written). (One reply value, not one per task: each costs Redis ~0.3 µs.)
+-- An id is a task's key, `<plugin>\x1f<id>`. In a shard that holds data of eggtimer 0.1.0 (meta
+-- `legacy`), a record stored under the bare id by that release is the same task when its plugin
+-- is the same: it is replaced (or, running, refuses the batch) as a record under the key is.
 local channel, shard, mode = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local now_s = string.format('%d', now)
@@ -35,15 +38,27 @@ while a <= #ARGV do
 end
 local n = #ids
 local recs = records_of(ids)
+-- index -> {bare id, its parsed 0.1.0 record} where one of the same plugin is there
+local legacy = {}
+if redis.call('HEXISTS', K_META, 'legacy') == 1 then
+  for i, key in ipairs(ids) do
+    local mark = string.find(key, '\31', 1, true)
+    if mark and not recs[i] then
+      local bare = string.sub(key, mark + 1)
+      local t = parse(redis.call('HGET', K_TASKS, bare))
+      if t and t.plugin == string.sub(key, 1, mark - 1) then legacy[i] = { bare, t } end
+    end
+  end
+end
 if mode == 'upsert' then
   local refused = false
   for i, id in ipairs(ids) do
     local old = recs[i]
     out[i] = 'n'
-    if old and string.sub(old, 1, 1) == 'r' then
+    if (old and string.sub(old, 1, 1) == 'r') or (legacy[i] and legacy[i][2].st == 'r') then
       out[i] = 'r'
       refused = true
-    elseif uniques and in_unique_window(id, now) then
+    elseif uniques and (in_unique_window(id, now) or (legacy[i] and in_unique_window(legacy[i][1], now))) then
       out[i] = 'd'
       refused = true
     end
@@ -73,7 +88,21 @@ for i = 1, n do
     old = parse(recs[i])
   end
   local verdict = 'o'
-  if old then
+  local was = legacy[i]
+  if was and not old then
+    local bare, t = was[1], was[2]
+    if t.st == 'r' then verdict = 'r'
+    elseif mode == 'absent' then verdict = 'e'
+    else
+      if t.st == 's' then unindex_scheduled(bare, t) elseif t.st == 'x' then unindex_dead(bare, t) end
+      redis.call('HDEL', K_TASKS, bare)
+      redis.call('HDEL', K_LOGS, bare)
+      redis.call('HDEL', K_RERUN, bare)
+      redis.call('ZREM', K_UNIQUE, bare)
+    end
+  end
+  if verdict ~= 'o' then
+  elseif old then
     if old.st == 'r' then verdict = 'r'
     elseif mode == 'absent' then verdict = 'e'
     elseif old.st == 's' then unindex_scheduled(id, old)
