@@ -29,8 +29,8 @@ pub use released::released_eggtimer;
 pub use runner_process::RunnerProcess;
 pub use sentinel::Sentinels;
 pub use store::{
-    claim_when_due, due_entries, find_all, found_ids, key, layout_of, noop_task, store_keeping_done,
-    store_on,
+    claim_when_due, due_entries, find_all, found_ids, key, layout_of, noop_task,
+    store_keeping_done, store_on,
 };
 
 /// The workspace root.

@@ -76,7 +76,11 @@ async fn the_store_scripts_work_on_a_cluster() {
                 (
                     t.id.as_str(),
                     t.token,
-                    if t.id == key("c0") { &dead } else { &Finish::Done },
+                    if t.id == key("c0") {
+                        &dead
+                    } else {
+                        &Finish::Done
+                    },
                 )
             })
             .collect();
@@ -88,7 +92,10 @@ async fn the_store_scripts_work_on_a_cluster() {
                 .all(|v| *v != Finished::Stale)
         );
     }
-    assert_eq!(s.get(&key("c2")).await.unwrap().unwrap().state, TaskState::Done);
+    assert_eq!(
+        s.get(&key("c2")).await.unwrap().unwrap().state,
+        TaskState::Done
+    );
     let (dead_list, _) = s.dead(10, None).await.unwrap();
     assert_eq!(dead_list.len(), 1);
     s.revive(&key("c0")).await.unwrap().unwrap();

@@ -55,7 +55,7 @@ async fn on_a_cluster_min_replicas_acked_waits_for_the_replicas() {
         let () = redis::cmd("READONLY").query(&mut c).unwrap();
         let there: bool = redis::cmd("HEXISTS")
             .arg(format!("{{eggtimer:{shard}}}:tasks"))
-            .arg(id)
+            .arg(eggtimer::store::task_key("noop", id))
             .query(&mut c)
             .unwrap();
         assert!(there, "{id} is not on the replica of its shard's master");

@@ -193,7 +193,7 @@ async fn a_batch_with_one_refused_spec_stores_nothing_and_names_it() {
     wait_state(&r.url, "busy", "running", T).await;
     let batch: Vec<Value> = (0..40)
         .map(|i| json!({"plugin": "noop", "id": format!("b{i}")}))
-        .chain([json!({"plugin": "noop", "id": "busy"})])
+        .chain([json!({"plugin": "test-sleep", "id": "busy", "payload": {"ms": 1}})])
         .collect();
     let (s, b) = call("POST", &tasks, Some(json!(batch))).await;
     assert_eq!((s, code(&b)), (409, "conflict"), "{b}");
@@ -272,7 +272,7 @@ async fn sigterm_stops_claiming_at_once_even_while_a_client_holds_a_request_open
     let shard = eggtimer::store::shard_of("later", 16);
     let rec: String = redis::cmd("HGET")
         .arg(format!("{{eggtimer:{shard}}}:tasks"))
-        .arg("later")
+        .arg(eggtimer::store::task_key("noop", "later"))
         .query(&mut redis.conn())
         .unwrap();
     assert!(
@@ -432,7 +432,7 @@ async fn a_32_mib_error_is_kept_cut_saying_how_long_it_was() {
         let shard = eggtimer::store::shard_of(what, 16);
         let rec: String = redis::cmd("HGET")
             .arg(format!("{{eggtimer:{shard}}}:tasks"))
-            .arg(what)
+            .arg(eggtimer::store::task_key("test-flood", what))
             .query(&mut redis.conn())
             .unwrap();
         assert!(

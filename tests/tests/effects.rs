@@ -8,8 +8,7 @@ use eggtimer::store::{
     Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store, StoreOptions,
 };
 use eggtimer_tests::{
-    key,
-    RedisServer, RunnerProcess, eventually, noop_task as task, read_stream, store_on as store,
+    RedisServer, RunnerProcess, eventually, key, noop_task as task, read_stream, store_on as store,
     wait_state,
 };
 
@@ -124,7 +123,9 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
     assert_eq!(c.effects_claim, a.token, "after two lost claims");
     let release = Finish::Release;
     assert_eq!(
-        s.finish(0, &[(key("t").as_str(), c.token, &release)]).await.unwrap(),
+        s.finish(0, &[(key("t").as_str(), c.token, &release)])
+            .await
+            .unwrap(),
         vec![Finished::Release]
     );
     let d = claim_one(&s, 30_000).await;
@@ -140,7 +141,9 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
         error: "again".into(),
     };
     assert_eq!(
-        s.finish(0, &[(key("t").as_str(), d.token, &retry)]).await.unwrap(),
+        s.finish(0, &[(key("t").as_str(), d.token, &retry)])
+            .await
+            .unwrap(),
         vec![Finished::Retry]
     );
     let rerun_entries = || -> usize {
@@ -177,7 +180,9 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
     assert_eq!(events(), 3);
     let done = Finish::Done;
     assert_eq!(
-        s.finish(0, &[(key("u").as_str(), g.token, &done)]).await.unwrap(),
+        s.finish(0, &[(key("u").as_str(), g.token, &done)])
+            .await
+            .unwrap(),
         vec![Finished::Done]
     );
     assert_eq!(rerun_entries(), 0, "u's outcome ends its chain");
@@ -192,7 +197,9 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
         let b = s.claim(0, 10, 30_000).await.unwrap();
         let w = b.tasks.into_iter().find(|t| t.id == key("v"))?;
         let release = Finish::Release;
-        s.finish(0, &[(key("v").as_str(), w.token, &release)]).await.unwrap();
+        s.finish(0, &[(key("v").as_str(), w.token, &release)])
+            .await
+            .unwrap();
         Some(())
     })
     .await;

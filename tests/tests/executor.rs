@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
-    key,
-    RedisServer, call, eventually, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
+    RedisServer, call, eventually, key, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
     read_stream_timed, rss_bytes, runner_fast_retry as start, upload, variant, wait_state,
 };
 use serde_json::{Value, json};
@@ -385,7 +384,10 @@ impl eggtimer::Handler for Panicky {
         _host: std::sync::Arc<dyn eggtimer::TaskHost>,
     ) -> futures::future::BoxFuture<'static, eggtimer::Run> {
         Box::pin(async move {
-            assert!(!task.id.starts_with("boom"), "the handler's host has a bug");
+            assert!(
+                !task.task_id().starts_with("boom"),
+                "the handler's host has a bug"
+            );
             eggtimer::Run::outcome(eggtimer::Outcome::Done)
         })
     }

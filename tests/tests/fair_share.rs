@@ -406,7 +406,7 @@ async fn a_rate_limit_holds_across_two_runners_and_waiting_uses_no_attempt() {
     // start is reported a moment after it is granted, never before)
     for (_, _, d) in &runs {
         let tag = d["tag"].as_str().unwrap();
-        let at = granted[&format!("{tag}\t1")];
+        let at = granted[&format!("{}\t1", eggtimer::store::task_key("test-sleep", tag))];
         let started = d["started_at"].as_i64().unwrap();
         assert!(started >= at, "{tag} started at {started}, granted {at}");
     }

@@ -24,7 +24,10 @@ async fn two_teams(redis: &RedisServer) -> (RunnerProcess, String, String) {
             "50ms",
         ],
     );
-    for (name, wasm) in [("coupon-panic", "test-panic"), ("coupon-sleep", "test-sleep")] {
+    for (name, wasm) in [
+        ("coupon-panic", "test-panic"),
+        ("coupon-sleep", "test-sleep"),
+    ] {
         let (s, b) = upload_as(&r.url, ADMIN, name, plugin_wasm(wasm)).await;
         assert_eq!(s, 201, "{b}");
     }
@@ -65,12 +68,30 @@ async fn another_teams_task_ids_can_be_neither_replaced_nor_blocked_nor_seen() {
         "{t}"
     );
     let (s, t) = req("GET", &format!("{base}/v1/tasks/c-1"), Some(&orders), None).await;
-    assert_eq!((s, t["plugin"].as_str()), (200, Some("order-cancel")), "{t}");
-    let (s, owned) = req("GET", &format!("{base}/v1/owners/u7/tasks"), Some(&coupons), None).await;
-    assert_eq!((s, owned.as_array().map(Vec::len)), (200, Some(1)), "{owned}");
+    assert_eq!(
+        (s, t["plugin"].as_str()),
+        (200, Some("order-cancel")),
+        "{t}"
+    );
+    let (s, owned) = req(
+        "GET",
+        &format!("{base}/v1/owners/u7/tasks"),
+        Some(&coupons),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, owned.as_array().map(Vec::len)),
+        (200, Some(1)),
+        "{owned}"
+    );
     // a key that sees both plugins names the one it means
     let (s, e) = req("GET", &format!("{base}/v1/tasks/c-1"), Some(ADMIN), None).await;
-    assert_eq!((s, e["error"]["code"].as_str()), (409, Some("ambiguous_id")), "{e}");
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (409, Some("ambiguous_id")),
+        "{e}"
+    );
     assert!(
         e["error"]["message"]
             .as_str()
@@ -85,7 +106,11 @@ async fn another_teams_task_ids_can_be_neither_replaced_nor_blocked_nor_seen() {
         None,
     )
     .await;
-    assert_eq!((s, t["plugin"].as_str()), (200, Some("coupon-expiry")), "{t}");
+    assert_eq!(
+        (s, t["plugin"].as_str()),
+        (200, Some("coupon-expiry")),
+        "{t}"
+    );
     // naming the other team's plugin is refused whether or not it has the id
     for id in ["c-1", "no-such-id"] {
         for (method, path) in [
@@ -98,9 +123,21 @@ async fn another_teams_task_ids_can_be_neither_replaced_nor_blocked_nor_seen() {
         }
     }
     // its cancel and run-now reach its own task only
-    let (s, e) = req("DELETE", &format!("{base}/v1/tasks/c-1"), Some(&orders), None).await;
+    let (s, e) = req(
+        "DELETE",
+        &format!("{base}/v1/tasks/c-1"),
+        Some(&orders),
+        None,
+    )
+    .await;
     assert_eq!(s, 204, "{e}");
-    let (s, e) = req("DELETE", &format!("{base}/v1/tasks/c-1"), Some(&orders), None).await;
+    let (s, e) = req(
+        "DELETE",
+        &format!("{base}/v1/tasks/c-1"),
+        Some(&orders),
+        None,
+    )
+    .await;
     assert_eq!(s, 404, "{e}");
     let (s, t) = req("GET", &format!("{base}/v1/tasks/c-1"), Some(&coupons), None).await;
     assert_eq!((s, t["state"].as_str()), (200, Some("scheduled")), "{t}");
@@ -124,8 +161,17 @@ async fn another_teams_task_ids_can_be_neither_replaced_nor_blocked_nor_seen() {
         .map(|t| t["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["d-1"], "{dead}");
-    let (s, e) = req("DELETE", &format!("{base}/v1/dead/d-1"), Some(&orders), None).await;
-    assert_eq!(s, 404, "the orders team has no dead d-1: {e}");
+    // the orders team's drop names its own d-1, which is not dead
+    let (s, e) = req(
+        "DELETE",
+        &format!("{base}/v1/dead/d-1"),
+        Some(&orders),
+        None,
+    )
+    .await;
+    assert_eq!(s, 409, "{e}");
+    let (s, t) = req("GET", &format!("{base}/v1/tasks/d-1"), Some(&coupons), None).await;
+    assert_eq!((s, t["state"].as_str()), (200, Some("dead")), "{t}");
 
     // a dedup window: the other team's id is not squatted
     let (s, b) = post(
@@ -136,10 +182,14 @@ async fn another_teams_task_ids_can_be_neither_replaced_nor_blocked_nor_seen() {
     )
     .await;
     assert_eq!(s, 201, "{b}");
-    eventually(Duration::from_secs(60), "u-1 of orders to be done", || async {
-        let (s, t) = req("GET", &format!("{base}/v1/tasks/u-1"), Some(&orders), None).await;
-        (s == 200 && t["state"] == "done").then_some(())
-    })
+    eventually(
+        Duration::from_secs(60),
+        "u-1 of orders to be done",
+        || async {
+            let (s, t) = req("GET", &format!("{base}/v1/tasks/u-1"), Some(&orders), None).await;
+            (s == 200 && t["state"] == "done").then_some(())
+        },
+    )
     .await;
     let (s, b) = post(base, &coupons, coupon("u-1", far)).await;
     assert_eq!(s, 201, "the coupons team's first u-1: {b}");
@@ -164,7 +214,13 @@ async fn another_teams_task_ids_can_be_neither_replaced_nor_blocked_nor_seen() {
     .await;
     assert_eq!(s, 201, "{b}");
     eventually(Duration::from_secs(60), "run-1 to be running", || async {
-        let (s, t) = req("GET", &format!("{base}/v1/tasks/run-1"), Some(&coupons), None).await;
+        let (s, t) = req(
+            "GET",
+            &format!("{base}/v1/tasks/run-1"),
+            Some(&coupons),
+            None,
+        )
+        .await;
         (s == 200 && t["state"] == "running").then_some(())
     })
     .await;
@@ -211,6 +267,12 @@ async fn another_teams_ids_do_not_take_a_schedules_firings() {
         },
     )
     .await;
-    let (s, t) = req("GET", &format!("{base}/v1/tasks/{first}"), Some(&orders), None).await;
+    let (s, t) = req(
+        "GET",
+        &format!("{base}/v1/tasks/{first}"),
+        Some(&orders),
+        None,
+    )
+    .await;
     assert_eq!((s, t["state"].as_str()), (200, Some("scheduled")), "{t}");
 }

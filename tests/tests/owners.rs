@@ -119,7 +119,9 @@ async fn a_shift_that_would_leave_the_time_range_moves_nothing() {
         Err(Refused::OutOfRange)
     );
     assert_eq!(
-        s.move_task(&key("early"), Move::Shift(-2_000)).await.unwrap(),
+        s.move_task(&key("early"), Move::Shift(-2_000))
+            .await
+            .unwrap(),
         Err(Refused::OutOfRange)
     );
     assert_eq!(s.get(&key("early")).await.unwrap().unwrap().run_at, 1_000);
@@ -153,7 +155,7 @@ async fn concurrent_shifts_of_one_owner_each_move_every_task_once() {
     assert_eq!(up.unwrap().unwrap(), 2000);
     assert_eq!(down.unwrap().unwrap(), 2000);
     for (i, t) in tasks.iter().enumerate() {
-        let got = s.get(&t.id).await.unwrap().unwrap().run_at;
+        let got = s.get(&key(&t.id)).await.unwrap().unwrap().run_at;
         assert_eq!(got, base + i as i64 + 4999, "{}", t.id);
     }
 }

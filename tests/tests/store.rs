@@ -125,7 +125,9 @@ async fn running_tasks_refuse_moves_cancels_and_replacement() {
     let f = Finish::Done;
     let token = claimed_token;
     assert_eq!(
-        s.finish(shard, &[(key("r").as_str(), token, &f)]).await.unwrap(),
+        s.finish(shard, &[(key("r").as_str(), token, &f)])
+            .await
+            .unwrap(),
         vec![Finished::Done]
     );
     let done = s.get(&key("r")).await.unwrap().unwrap();
@@ -258,8 +260,8 @@ async fn run_again_and_release_put_the_task_back() {
         .finish(
             0,
             &[
-                ("g", b.tasks[0].token, &again),
-                ("h", b.tasks[0].token, &release),
+                (key("g").as_str(), b.tasks[0].token, &again),
+                (key("h").as_str(), b.tasks[0].token, &release),
             ],
         )
         .await
@@ -289,7 +291,7 @@ async fn tasks_survive_a_redis_kill_and_restart_with_aof() {
     redis.start_again();
     let s = store(&redis, 4).await;
     for want in &tasks {
-        let t = s.get(&want.id).await.unwrap().expect("survived");
+        let t = s.get(&key(&want.id)).await.unwrap().expect("survived");
         assert_eq!(t.run_at, want.run_at);
     }
     // a runner started with another shard count refuses, saying why
@@ -317,7 +319,10 @@ async fn done_records_expire_after_the_retention_window() {
     s.finish(0, &[(key("d").as_str(), b.tasks[0].token, &Finish::Done)])
         .await
         .unwrap();
-    assert_eq!(s.get(&key("d")).await.unwrap().unwrap().state, TaskState::Done);
+    assert_eq!(
+        s.get(&key("d")).await.unwrap().unwrap().state,
+        TaskState::Done
+    );
     eventually(
         Duration::from_secs(5),
         "the done record to expire",
@@ -469,7 +474,9 @@ async fn a_claim_is_fenced_by_its_token_even_when_attempts_repeat() {
     let first = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
     let again = Finish::Again { at: 0 };
     assert_eq!(
-        s.finish(0, &[(key("a").as_str(), first.token, &again)]).await.unwrap(),
+        s.finish(0, &[(key("a").as_str(), first.token, &again)])
+            .await
+            .unwrap(),
         vec![Finished::Again]
     );
     let second = s.claim(0, 10, 30_000).await.unwrap().tasks.remove(0);
@@ -480,9 +487,16 @@ async fn a_claim_is_fenced_by_its_token_even_when_attempts_repeat() {
         "run-again starts a new occurrence"
     );
     assert_eq!(
-        s.renew(0, &[(key("a").as_str(), first.token), ("a", second.token)], 30_000)
-            .await
-            .unwrap(),
+        s.renew(
+            0,
+            &[
+                (key("a").as_str(), first.token),
+                (key("a").as_str(), second.token)
+            ],
+            30_000
+        )
+        .await
+        .unwrap(),
         vec![false, true]
     );
     assert_eq!(
@@ -571,7 +585,9 @@ async fn renewing_keeps_a_slow_task_from_being_reaped() {
     let until = std::time::Instant::now() + Duration::from_millis(1200);
     while std::time::Instant::now() < until {
         assert_eq!(
-            s.renew(0, &[(key("slow").as_str(), t.token)], 300).await.unwrap(),
+            s.renew(0, &[(key("slow").as_str(), t.token)], 300)
+                .await
+                .unwrap(),
             vec![true]
         );
         assert!(s.claim(0, 10, 300).await.unwrap().tasks.is_empty());

@@ -149,7 +149,8 @@ async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks()
     let rest: BTreeSet<String> = a.tasks[6..].iter().map(|t| t.id.clone()).collect();
     let running: BTreeSet<String> = found_ids(&s, TaskState::Running)
         .await
-        .into_iter()
+        .iter()
+        .map(|id| key(id))
         .collect();
     assert_eq!(running, rest);
     // the runner is gone: after its lease, another claim takes over the four, and only them
@@ -268,8 +269,9 @@ async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows() {
     let ids: Vec<String> = (0..16).map(|i| format!("c{i}")).collect();
     let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, far)).collect();
     s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
-    let mut asked: Vec<&str> = ids.iter().map(String::as_str).collect();
-    asked.extend(["r", "u"]);
+    let mut asked: Vec<String> = ids.iter().map(|id| key(id)).collect();
+    asked.extend([key("r"), key("u")]);
+    let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
     let shards: BTreeSet<u32> = asked.iter().map(|id| s.shard_of(id)).collect();
     assert_eq!(shards.len(), 4, "the ids asked about span every shard");
     assert_eq!(s.conflicts_among(&asked).await.unwrap(), vec![None; 18]);
@@ -284,7 +286,7 @@ async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows() {
     assert_eq!(s.conflicts_among(&asked).await.unwrap(), want);
     let done = Finish::Done;
     let t = &b.tasks[0];
-    let outcome = [("r", t.token, &done)];
+    let outcome = [(t.id.as_str(), t.token, &done)];
     let fin = s.finish(s.shard_of("r"), &outcome).await.unwrap();
     assert_eq!(fin, vec![Finished::Done]);
     // an id inside its dedup window, where nothing runs
@@ -292,7 +294,7 @@ async fn the_check_before_a_batch_finds_running_ids_and_dedup_windows() {
     u.unique_for_ms = 600_000;
     s.schedule(&[u], ScheduleMode::Upsert).await.unwrap();
     let b = claim_when_due(&s, s.shard_of("u"), 10, "u to be due").await;
-    let outcome = [("u", b.tasks[0].token, &done)];
+    let outcome = [(b.tasks[0].id.as_str(), b.tasks[0].token, &done)];
     let fin = s.finish(s.shard_of("u"), &outcome).await.unwrap();
     assert_eq!(fin, vec![Finished::Done]);
     let mut want = vec![None; 18];

@@ -8,8 +8,17 @@
 use std::collections::BTreeMap;
 
 use eggtimer::Store;
+use eggtimer::store::public_id;
 use eggtimer::store::{FindQuery, Move, ScheduleMode, TaskState};
-use eggtimer_tests::{RedisServer, claim_when_due, due_entries, find_all};
+use eggtimer_tests::{RedisServer, claim_when_due, due_entries, find_all, key};
+
+/// The shard's due entries, each named by its task's id.
+fn due_ids(redis: &RedisServer, k: &eggtimer::store::ShardKeys) -> Vec<(String, i64)> {
+    due_entries(redis, k)
+        .into_iter()
+        .map(|(key, due)| (public_id(&key).to_owned(), due))
+        .collect()
+}
 use eggtimer_tests::{noop_task as task, now_ms as now, store_on as store};
 
 /// A small deterministic generator (xorshift), so a failure replays.
@@ -57,7 +66,7 @@ async fn every_change_keeps_tasks_in_their_buckets_and_claims_take_them_in_due_o
     }
     let run: Vec<(String, i64)> = (0..400).map(|i| (format!("r{i}"), base + 1)).collect();
     schedule(&s, &mut model, &run).await;
-    assert_eq!(due_entries(&redis, &k), in_order(&model));
+    assert_eq!(due_ids(&redis, &k), in_order(&model));
     // upserts to new times, moves, cancels, and tasks earlier than every bucket
     for i in 0..300 {
         let id = format!("t{}", g.below(3000));
@@ -69,13 +78,16 @@ async fn every_change_keeps_tasks_in_their_buckets_and_claims_take_them_in_due_o
             1 => {
                 let due = base + g.below(600_000) as i64;
                 if let Some(d) = model.get_mut(&id) {
-                    s.move_task(&id, Move::At(due)).await.unwrap().unwrap();
+                    s.move_task(&key(&id), Move::At(due))
+                        .await
+                        .unwrap()
+                        .unwrap();
                     *d = due;
                 }
             }
             2 => {
                 if model.remove(&id).is_some() {
-                    s.cancel(&id).await.unwrap().unwrap();
+                    s.cancel(&key(&id)).await.unwrap().unwrap();
                 }
             }
             _ => {
@@ -84,7 +96,7 @@ async fn every_change_keeps_tasks_in_their_buckets_and_claims_take_them_in_due_o
             }
         }
     }
-    let entries = due_entries(&redis, &k);
+    let entries = due_ids(&redis, &k);
     assert_eq!(entries, in_order(&model));
     // the run of 400 at one instant is one bucket; the others stay listpacks (checked above)
     let buckets: u64 = redis::cmd("ZCARD")
@@ -136,21 +148,24 @@ async fn every_change_keeps_tasks_in_their_buckets_and_claims_take_them_in_due_o
     // all due now: claims take them earliest first, each once, and report the next due time
     let shift = now() - base - 700_000;
     for id in model.keys() {
-        s.move_task(id, Move::Shift(shift)).await.unwrap().unwrap();
+        s.move_task(&key(id), Move::Shift(shift))
+            .await
+            .unwrap()
+            .unwrap();
     }
     let mut want = in_order(&model);
     for e in &mut want {
         e.1 += shift;
     }
-    assert_eq!(due_entries(&redis, &k), want);
+    assert_eq!(due_ids(&redis, &k), want);
     let mut claimed = Vec::new();
     while claimed.len() < want.len() {
         let b = claim_when_due(&s, 0, 97, "the shifted tasks").await;
-        claimed.extend(b.tasks.iter().map(|t| (t.id.clone(), t.due)));
+        claimed.extend(b.tasks.iter().map(|t| (public_id(&t.id).to_owned(), t.due)));
         assert_eq!(b.next_due, want.get(claimed.len()).map(|e| e.1));
     }
     assert_eq!(claimed, want);
-    assert!(due_entries(&redis, &k).is_empty());
+    assert!(due_ids(&redis, &k).is_empty());
     let left: u64 = redis::cmd("EXISTS")
         .arg(&k.duex)
         .query(&mut redis.conn())

@@ -46,7 +46,10 @@ async fn per_plugin_counts_follow_every_change_of_state() {
     s.schedule(&[task("a0", "b", far)], ScheduleMode::Upsert)
         .await
         .unwrap();
-    s.move_task(&task_key("a", "a1"), Move::Shift(5)).await.unwrap().unwrap();
+    s.move_task(&task_key("a", "a1"), Move::Shift(5))
+        .await
+        .unwrap()
+        .unwrap();
     s.cancel(&task_key("a", "a2")).await.unwrap().unwrap();
     assert_eq!(counts(&s, &["a", "b"]).await, [(29, 0), (21, 0)]);
     // claimed tasks are no longer scheduled; their outcomes put some back or bury them

@@ -11,12 +11,12 @@ use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
 
-/// The raw log Redis keeps for a task (None: none).
-fn stored_log(redis: &RedisServer, id: &str) -> Option<String> {
+/// The raw log Redis keeps for a task of `plugin` (None: none).
+fn stored_log(redis: &RedisServer, plugin: &str, id: &str) -> Option<String> {
     let shard = eggtimer::store::shard_of(id, 16);
     redis::cmd("HGET")
         .arg(format!("{{eggtimer:{shard}}}:logs"))
-        .arg(id)
+        .arg(eggtimer::store::task_key(plugin, id))
         .query(&mut redis.conn())
         .unwrap()
 }
@@ -92,12 +92,16 @@ async fn a_task_keeps_the_log_lines_of_its_last_three_attempts() {
     // a task that logged nothing shows no log, and Redis keeps none for it
     let quiet = wait_state(base, "quiet", "done", T).await;
     assert!(quiet.get("log").is_none(), "{quiet}");
-    assert_eq!(stored_log(&redis, "quiet"), None);
+    assert_eq!(stored_log(&redis, "noop", "quiet"), None);
     // scheduling the id again is a new task: the old one's log goes with it
-    schedule(base, json!({"plugin": "noop", "id": "logged"})).await;
-    let again = wait_state(base, "logged", "done", T).await;
+    schedule(
+        base,
+        json!({"plugin": "test-flood", "id": "logged", "delay_ms": 3_600_000}),
+    )
+    .await;
+    let again = wait_state(base, "logged", "scheduled", T).await;
     assert!(again.get("log").is_none(), "{again}");
-    assert_eq!(stored_log(&redis, "logged"), None);
+    assert_eq!(stored_log(&redis, "test-flood", "logged"), None);
 }
 
 #[tokio::test]
@@ -112,7 +116,7 @@ async fn a_flood_of_log_lines_keeps_8_kib_and_goes_with_its_task() {
     )
     .await;
     let t = wait_state(base, "chatty", "dead", T).await;
-    let stored = stored_log(&redis, "chatty").expect("a log kept");
+    let stored = stored_log(&redis, "test-flood", "chatty").expect("a log kept");
     assert!(stored.len() <= 8192, "{} bytes kept", stored.len());
     let log = t["log"].as_array().unwrap();
     // one attempt's lines fill the 8 KiB: only the last attempt's are kept
@@ -133,7 +137,7 @@ async fn a_flood_of_log_lines_keeps_8_kib_and_goes_with_its_task() {
     // dropping the dead letter drops its log
     let (s, _) = call("DELETE", &format!("{base}/v1/dead/chatty"), None).await;
     assert_eq!(s, 204);
-    assert_eq!(stored_log(&redis, "chatty"), None);
+    assert_eq!(stored_log(&redis, "test-flood", "chatty"), None);
 }
 
 #[tokio::test]

@@ -169,7 +169,10 @@ fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<doc::ScheduleInfo> {
         overlap: def.overlap,
         paused: row.paused,
         next_run_at: row.next,
-        last_task_id: row.last.as_deref().map(|k| crate::store::public_id(k).to_owned()),
+        last_task_id: row
+            .last
+            .as_deref()
+            .map(|k| crate::store::public_id(k).to_owned()),
         upcoming,
     })
 }

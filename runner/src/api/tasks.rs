@@ -14,7 +14,7 @@ use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
-use super::params::TaskId;
+use super::params::{TaskId, check_id};
 use super::task_ref::{OfPlugin, resolve};
 use crate::access::Caller;
 use crate::clock::now_ms;
@@ -338,7 +338,8 @@ pub async fn move_task(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    // the body first: a malformed request is 400 whichever tasks the id names
+    check_id(&id)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, SMALL_BODY).await?;
     let b: MoveFields = body::typed(body::raw(&bytes)?)?;
@@ -347,6 +348,7 @@ pub async fn move_task(
         (None, Some(d)) => Move::Shift(d),
         _ => return Err(ApiError::bad("give exactly one of run_at or shift_ms")),
     };
+    let t = resolve(&st, &caller, &id, of.plugin).await?;
     st.store
         .move_task(&t.key, how)
         .await?

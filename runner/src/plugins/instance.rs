@@ -213,7 +213,7 @@ fn begin(
     data.started_at.store(now_ms(), Ordering::Relaxed);
     data.deadline = deadline;
     data.call = CallCtx {
-        task_id: crate::store::public_id(&task.id).to_owned(),
+        task_id: task.task_id().to_owned(),
         occurrence: task.created,
         plugin: task.plugin.clone(),
         effects: crate::executor::Effects {
@@ -230,7 +230,7 @@ fn begin(
             allowed_hosts,
             traceparent: task.traceparent.clone(),
             deadline,
-            task_id: crate::store::public_id(&task.id).to_owned(),
+            task_id: task.task_id().to_owned(),
             occurrence: task.created,
             plugin: task.plugin.clone(),
             sent: Default::default(),
@@ -244,7 +244,7 @@ fn begin(
 /// The task as the plugin's `handle` receives it.
 fn task_input(task: &Claimed) -> wit::Task {
     wit::Task {
-        id: crate::store::public_id(&task.id).to_owned(),
+        id: task.task_id().to_owned(),
         plugin: task.plugin.clone(),
         attempt: task.attempt,
         max_attempts: task.max_attempts,

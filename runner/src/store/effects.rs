@@ -20,10 +20,12 @@ impl Store {
     /// (else nothing is written: [`Committed::Conflict`]). At most once per claim, or per chain of
     /// claims whose runners died before recording an outcome ([`Claimed::effects_claim`]).
     pub async fn commit_ns_effects(&self, run: &Claimed, fx: &NsEffects) -> Result<Committed> {
-        let (task_id, plugin) = (run.id.as_str(), run.plugin.as_str());
+        let plugin = run.plugin.as_str();
+        // the marker is the task's key's; an event names the task by its id
+        let task_id = run.task_id();
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
-        inv.key(keys.effects_marker(task_id, &run.effects_claim.to_string()));
+        inv.key(keys.effects_marker(&run.id, &run.effects_claim.to_string()));
         inv.arg(MARKER_TTL_MS)
             .arg(self.inner.opts.stream_maxlen)
             .arg(fx.reads.len());

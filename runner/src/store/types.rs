@@ -47,6 +47,8 @@ pub enum Scheduled {
 /// effects) and its lease while the claim is current.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claimed {
+    /// The key the task is stored under (`task_key`: its plugin and id); [`Claimed::task_id`] is
+    /// its id.
     pub id: String,
     pub shard: u32,
     /// The claim token: unique per claim of this task (the shard's claim counter).
@@ -68,6 +70,13 @@ pub struct Claimed {
     pub traceparent: Option<String>,
     /// The latest time it may start (ms), if it has one.
     pub start_by: Option<i64>,
+}
+
+impl Claimed {
+    /// The task's id (its `id` field is the key it is stored under, which names its plugin).
+    pub fn task_id(&self) -> &str {
+        super::public_id(&self.id)
+    }
 }
 
 /// The result of one claim.
