@@ -51,7 +51,7 @@ impl Handler for Recorder {
     fn handle(self: Arc<Self>, task: Claimed, host: Arc<dyn TaskHost>) -> BoxFuture<'static, Run> {
         let started = now_us();
         if let Some(i) = task
-            .id
+            .task_id()
             .strip_prefix('b')
             .and_then(|s| s.parse::<usize>().ok())
             && i < self.runs.len()
