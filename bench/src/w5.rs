@@ -80,7 +80,7 @@ impl Bench {
         if now_ms() > start {
             bail!("scheduling took past the first due time; run with a smaller --n");
         }
-        let key = format!("{{{}}}:events:bench", self.store.keys().ns());
+        let key = self.store.keys().events("bench-record", "bench");
         until(
             Duration::from_secs(60),
             Duration::from_millis(20),

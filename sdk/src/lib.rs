@@ -232,8 +232,8 @@ pub fn cancel(id: &str) {
     sys::cancel(id)
 }
 
-/// Appends an event to the topic's Redis Stream (`{eggtimer}:events:<topic>`), with this task's
-/// id and plugin. Topics are `[a-z0-9._-]`, 1 to 64 characters.
+/// Appends an event to this plugin's stream of the topic (`{eggtimer}:events:<plugin>:<topic>`:
+/// no other plugin writes or trims it), with this task's id and plugin. Topics are `[a-z0-9._-]`, 1 to 64 characters.
 ///
 /// ```
 /// eggtimer_sdk::emit("order", &serde_json::json!({"type": "order_cancelled"})).unwrap();

@@ -36,14 +36,23 @@ pub async fn upload_all(base: &str, names: &[&str]) {
     }
 }
 
-/// The `data` field of every entry of a stream, by task id.
-pub fn events_by_task(redis: &RedisServer, topic: &str) -> HashMap<String, Vec<String>> {
-    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(format!("{{eggtimer}}:events:{topic}"))
-        .arg("-")
-        .arg("+")
-        .query(&mut redis.conn())
-        .unwrap();
+/// The `data` field of every event of these plugins on a topic, by task id.
+pub fn events_by_task(
+    redis: &RedisServer,
+    plugins: &[&str],
+    topic: &str,
+) -> HashMap<String, Vec<String>> {
+    let rows: Vec<(String, Vec<(String, String)>)> = plugins
+        .iter()
+        .flat_map(|p| {
+            redis::cmd("XRANGE")
+                .arg(crate::events_key(p, topic))
+                .arg("-")
+                .arg("+")
+                .query::<Vec<(String, Vec<(String, String)>)>>(&mut redis.conn())
+                .unwrap()
+        })
+        .collect();
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
     for (_, fields) in rows {
         let f: HashMap<String, String> = fields.into_iter().collect();

@@ -22,6 +22,7 @@ mod released;
 mod runner_process;
 mod sentinel;
 mod store;
+mod streams;
 pub use cluster::RedisCluster;
 pub use proxy::Proxy;
 pub use redis_server::RedisServer;
@@ -32,6 +33,7 @@ pub use store::{
     claim_when_due, due_entries, find_all, found_ids, key, layout_of, noop_task,
     store_keeping_done, store_on,
 };
+pub use streams::{events_key, read_events, read_events_timed, read_stream, read_stream_timed};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -192,73 +194,6 @@ pub fn http() -> reqwest::Client {
 /// An HTTP client whose requests give up after `timeout`.
 fn http_within(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder().timeout(timeout).build().unwrap()
-}
-
-/// Reads every entry of an event stream as (task_id, plugin, data JSON).
-pub fn read_stream(
-    conn: &mut redis::Connection,
-    key: &str,
-) -> Vec<(String, String, serde_json::Value)> {
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(key)
-        .arg("-")
-        .arg("+")
-        .query(conn)
-        .unwrap();
-    let mut out = Vec::new();
-    if let redis::Value::Array(entries) = v {
-        for e in entries {
-            if let redis::Value::Array(parts) = e
-                && let Some(redis::Value::Array(fields)) = parts.get(1)
-            {
-                let mut task = String::new();
-                let mut plugin = String::new();
-                let mut data = serde_json::Value::Null;
-                for kv in fields.chunks(2) {
-                    let k: String = redis::from_redis_value_ref(&kv[0]).unwrap();
-                    let v: String = redis::from_redis_value_ref(&kv[1]).unwrap();
-                    match k.as_str() {
-                        "task_id" => task = v,
-                        "plugin" => plugin = v,
-                        "data" => data = serde_json::from_str(&v).unwrap(),
-                        _ => {}
-                    }
-                }
-                out.push((task, plugin, data));
-            }
-        }
-    }
-    out
-}
-
-/// Every entry of an event stream as (Redis time of the XADD in ms, task_id, data JSON).
-pub fn read_stream_timed(
-    conn: &mut redis::Connection,
-    key: &str,
-) -> Vec<(i64, String, serde_json::Value)> {
-    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(key)
-        .arg("-")
-        .arg("+")
-        .query(conn)
-        .unwrap();
-    rows.into_iter()
-        .map(|(id, fields)| {
-            let at: i64 = id.split('-').next().unwrap().parse().unwrap();
-            let get = |k: &str| {
-                fields
-                    .iter()
-                    .find(|(f, _)| f == k)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_default()
-            };
-            (
-                at,
-                get("task_id"),
-                serde_json::from_str(&get("data")).unwrap(),
-            )
-        })
-        .collect()
 }
 
 /// The resident memory of a process, in bytes (Linux).

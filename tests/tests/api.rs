@@ -324,7 +324,7 @@ async fn plugin_routes_upload_list_roll_back_delete_and_refuse_bad_binaries() {
     // the rolled-back version runs: noop emits nothing, so the task is simply done
     call("POST", &format!("{}/v1/tasks", r.url), Some(json!({"plugin": "rb", "id": "x", "payload": {"coupon_id": "c", "user_id": "u", "expires_at": 1}}))).await;
     wait_state(&r.url, "x", "done", T).await;
-    assert!(eggtimer_tests::read_stream(&mut redis.conn(), "{eggtimer}:events:push").is_empty());
+    assert!(eggtimer_tests::read_events(&mut redis.conn(), &["rb"], "push").is_empty());
     let (s, _) = call("DELETE", &format!("{p}/rb"), None).await;
     assert_eq!(s, 204);
     let (s, b) = call("GET", &format!("{p}/rb"), None).await;
@@ -508,7 +508,7 @@ async fn redis_away_gives_503_and_everything_resumes_when_it_is_back() {
     for i in 0..50 {
         wait_state(&r.url, &format!("o{i}"), "done", T).await;
     }
-    let events = eggtimer_tests::read_stream(&mut redis.conn(), "{eggtimer}:events:order");
+    let events = eggtimer_tests::read_events(&mut redis.conn(), &["order-cancel"], "order");
     assert_eq!(events.len(), 50);
     assert_eq!(
         call("POST", &tasks, Some(json!({"plugin": "noop"})))

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use eggtimer::store::{Finish, Finished, Move, NewTask, ScheduleMode, StoreOptions, TaskState};
 use eggtimer::{RedisTarget, Store};
-use eggtimer_tests::{RedisCluster, RunnerProcess, call, key, now_ms, plugins_dir, wait_state};
+use eggtimer_tests::{
+    RedisCluster, RunnerProcess, call, events_key, key, now_ms, plugins_dir, wait_state,
+};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
@@ -166,15 +168,15 @@ async fn the_sample_plugins_run_end_to_end_on_a_cluster() {
     assert_eq!(call("POST", &tasks, Some(json!({"plugin": "order-cancel", "id": "order", "payload": {"order_id": "o", "user_id": "u"}}))).await.0, 201);
     wait_state(&r.url, "order", "done", T).await;
     assert_eq!(
-        cluster.stream_task_ids("{eggtimer}:events:push"),
+        cluster.stream_task_ids(&events_key("coupon-expiry", "push")),
         ["coupon"]
     );
     assert_eq!(
-        cluster.stream_task_ids("{eggtimer}:events:order"),
+        cluster.stream_task_ids(&events_key("order-cancel", "order")),
         ["order"]
     );
     assert_eq!(
-        cluster.stream_task_ids("{eggtimer}:events:pet"),
+        cluster.stream_task_ids(&events_key("auto-feed", "pet")),
         ["meal", "meal"]
     );
     // the follow-up meal, moved by an acceleration card
@@ -252,7 +254,7 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
     // wait for the flow to drain, then count from the events
     eggtimer_tests::wait_drained(&store, T).await;
     let ran: std::collections::HashSet<String> = cluster
-        .stream_task_ids("{eggtimer}:events:push")
+        .stream_task_ids(&events_key("coupon-expiry", "push"))
         .into_iter()
         .collect();
     let missing: Vec<&String> = acked.iter().filter(|id| !ran.contains(*id)).collect();
@@ -413,7 +415,7 @@ async fn a_stalled_master_runs_no_task_of_the_other_masters_twice() {
         wait_state(&r.url, id, "done", T).await;
     }
     let mut runs: HashMap<String, usize> = HashMap::new();
-    for id in cluster.stream_task_ids("{eggtimer}:events:sleep") {
+    for id in cluster.stream_task_ids(&events_key("test-sleep", "sleep")) {
         *runs.entry(id).or_default() += 1;
     }
     for id in &healthy {

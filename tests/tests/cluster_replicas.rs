@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use eggtimer::store::StoreOptions;
 use eggtimer::{RedisTarget, Store};
-use eggtimer_tests::{RedisCluster, RunnerProcess, call, eventually, plugins_dir};
+use eggtimer_tests::{RedisCluster, RunnerProcess, call, events_key, eventually, plugins_dir};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
@@ -98,7 +98,7 @@ async fn frozen_replica_then_failover_on_a_cluster(extra: &[&str]) -> (usize, us
     .unwrap();
     eggtimer_tests::wait_drained(&store, T).await;
     let ran: std::collections::HashSet<String> = cluster
-        .stream_task_ids("{eggtimer}:events:push")
+        .stream_task_ids(&events_key("coupon-expiry", "push"))
         .into_iter()
         .collect();
     let lost = acknowledged.iter().filter(|id| !ran.contains(*id)).count();

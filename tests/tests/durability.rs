@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, Sentinels, call, eventually, now_ms, plugin_wasm, plugins_dir,
-    post_tasks as schedule, read_stream, runner_fast_retry as start, sorted_ids, upload, variant,
-    wait_state,
+    RedisServer, RunnerProcess, Sentinels, call, events_key, eventually, now_ms, plugin_wasm,
+    plugins_dir, post_tasks as schedule, read_events, runner_fast_retry as start, sorted_ids,
+    upload, variant, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -119,7 +119,7 @@ async fn a_full_redis_refuses_new_tasks_and_loses_or_buries_none_of_those_due() 
     while now_ms() < t0 + 6_000 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(read_stream(&mut c, "{eggtimer}:events:push").len(), 0);
+    assert_eq!(read_events(&mut c, &["coupon-expiry"], "push").len(), 0);
     for i in [0, 999, 1999] {
         let (s, t) = call("GET", &format!("{}/v1/tasks/c{i}", r.url), None).await;
         assert_eq!(
@@ -141,7 +141,7 @@ async fn a_full_redis_refuses_new_tasks_and_loses_or_buries_none_of_those_due() 
             .unwrap();
     }
     let pushed = eventually(T, "2,000 reminders", || async {
-        let p = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+        let p = read_events(&mut redis.conn(), &["coupon-expiry"], "push");
         (p.len() >= 2000).then_some(p)
     })
     .await;
@@ -193,7 +193,7 @@ async fn an_event_stream_keeps_at_most_events_max_len_entries() {
     })
     .await;
     let len: usize = redis::cmd("XLEN")
-        .arg("{eggtimer}:events:push")
+        .arg(events_key("coupon-expiry", "push"))
         .query(&mut redis.conn())
         .unwrap();
     // trimmed by whole stream nodes (`XADD MAXLEN ~`: 100 entries a node by default)
@@ -423,7 +423,7 @@ async fn behind_sentinel_a_runner_follows_a_failover_and_every_acknowledged_task
     let deadline = std::time::Instant::now() + T;
     let lost = loop {
         let ran: std::collections::HashSet<String> =
-            read_stream(&mut new_master.conn(), "{eggtimer}:events:push")
+            read_events(&mut new_master.conn(), &["coupon-expiry"], "push")
                 .into_iter()
                 .map(|(id, _, _)| id)
                 .collect();
@@ -485,7 +485,7 @@ async fn partition_then_failover(extra: &[&str]) -> (usize, usize) {
     .unwrap();
     eggtimer_tests::wait_drained(&store, T).await;
     let ran: std::collections::HashSet<String> =
-        read_stream(&mut replica.conn(), "{eggtimer}:events:push")
+        read_events(&mut replica.conn(), &["coupon-expiry"], "push")
             .into_iter()
             .map(|(id, _, _)| id)
             .collect();

@@ -8,8 +8,8 @@ use eggtimer::store::{
     Claimed, Committed, Finish, Finished, NewTask, NsEffects, ScheduleMode, Store, StoreOptions,
 };
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, eventually, key, noop_task as task, read_stream, store_on as store,
-    wait_state,
+    RedisServer, RunnerProcess, events_key, eventually, key, noop_task as task, read_events,
+    store_on as store, wait_state,
 };
 
 #[tokio::test]
@@ -45,7 +45,7 @@ async fn effects_commit_only_if_the_kv_entries_read_are_unchanged() {
         "the second run read a value that has changed"
     );
     let len: usize = redis::cmd("XLEN")
-        .arg("{eggtimer}:events:order")
+        .arg(events_key("noop", "order"))
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(len, 1, "the conflicting run wrote nothing");
@@ -96,7 +96,7 @@ async fn effects_of_a_run_whose_runner_died_are_not_committed_again_by_its_rerun
     };
     let events = || -> usize {
         redis::cmd("XLEN")
-            .arg("{eggtimer}:events:fx")
+            .arg(events_key("noop", "fx"))
             .query(&mut redis.conn())
             .unwrap()
     };
@@ -256,7 +256,7 @@ async fn a_runner_takes_over_a_dead_runners_task_without_emitting_its_event_agai
         let t = wait_state(&r.url, id, "done", Duration::from_secs(30)).await;
         assert_eq!(t["attempts"], 2, "{t}");
     }
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+    let events = read_events(&mut redis.conn(), &["coupon-expiry"], "push");
     let of = |id: &str| -> Vec<serde_json::Value> {
         events
             .iter()
@@ -300,7 +300,7 @@ async fn effect_markers_go_once_their_tasks_outcomes_are_recorded() {
     eggtimer_tests::post_tasks(&r.url, serde_json::Value::Array(specs)).await;
     let mut c = redis.conn();
     eventually(Duration::from_secs(60), "500 reminders emitted", || {
-        let n = read_stream(&mut c, "{eggtimer}:events:push").len();
+        let n = read_events(&mut c, &["coupon-expiry"], "push").len();
         async move { (n == 500).then_some(()) }
     })
     .await;

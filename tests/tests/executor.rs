@@ -6,15 +6,16 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, key, now_ms, plugin_wasm, post_tasks as schedule, read_stream,
-    read_stream_timed, rss_bytes, runner_fast_retry as start, upload, variant, wait_state,
+    RedisServer, call, eventually, key, now_ms, plugin_wasm, post_tasks as schedule, read_events,
+    read_events_timed, read_stream, rss_bytes, runner_fast_retry as start, upload, variant,
+    wait_state,
 };
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
 
-async fn wait_events(redis: &RedisServer, topic: &str, n: usize, limit: Duration) {
-    let key = format!("{{eggtimer}}:events:{topic}");
+async fn wait_events(redis: &RedisServer, plugin: &str, topic: &str, n: usize, limit: Duration) {
+    let key = eggtimer_tests::events_key(plugin, topic);
     eventually(limit, &format!("{n} events on {topic}"), || async {
         (read_stream(&mut redis.conn(), &key).len() >= n).then_some(())
     })
@@ -40,8 +41,8 @@ async fn a_plugin_that_sleeps_fails_alone_and_other_plugins_tasks_stay_on_time()
         })
         .collect();
     schedule(&r.url, json!(reminders)).await;
-    wait_events(&redis, "push", 200, T).await;
-    let events = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:push");
+    wait_events(&redis, "coupon-expiry", "push", 200, T).await;
+    let events = read_events_timed(&mut redis.conn(), &["coupon-expiry"], "push");
     let mut late: Vec<i64> = events
         .iter()
         .map(|(at, id, _)| {
@@ -103,7 +104,7 @@ async fn two_tasks_for_one_order_due_at_one_instant_on_two_runners_cancel_it_onc
             wait_state(&b.url, &format!("o{k}-{side}"), "done", T).await;
         }
     }
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:order");
+    let events = read_events(&mut redis.conn(), &["order-cancel"], "order");
     let mut per_order: HashMap<String, usize> = HashMap::new();
     for e in &events {
         *per_order
@@ -143,7 +144,7 @@ async fn handlers_slower_than_the_lease_run_exactly_once() {
         let t = wait_state(&r.url, &format!("slow-{i}"), "done", T).await;
         assert_eq!(t["attempts"], 1, "slow-{i} was claimed again: {t}");
     }
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+    let events = read_events(&mut redis.conn(), &["test-sleep"], "sleep");
     let mut runs: HashMap<String, usize> = HashMap::new();
     for e in &events {
         *runs
@@ -177,7 +178,7 @@ async fn a_killed_runners_tasks_run_again_within_about_one_lease_with_the_defaul
         wait_state(&b.url, &format!("k{i}"), "done", Duration::from_secs(40)).await;
     }
     let took = killed.elapsed();
-    let events = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:sleep");
+    let events = read_events_timed(&mut redis.conn(), &["test-sleep"], "sleep");
     let mut per_tag: HashMap<String, Vec<i64>> = HashMap::new();
     for (at, _, d) in &events {
         per_tag
@@ -224,7 +225,7 @@ async fn a_plugin_that_floods_effects_fails_alone_with_none_of_them_applied() {
         .query(&mut c)
         .unwrap();
     assert!(kv.is_empty(), "kv writes of a failed run applied: {kv:?}");
-    assert!(read_stream(&mut c, "{eggtimer}:events:flood").is_empty());
+    assert!(read_events(&mut c, &["test-flood"], "flood").is_empty());
     let (_, listed) = call("GET", &format!("{}/v1/dead", r.url), None).await;
     assert_eq!(listed["tasks"].as_array().unwrap().len(), kinds.len());
     let tasks: usize = (0..16)
@@ -321,7 +322,7 @@ async fn a_bad_ttl_fails_the_run_and_nothing_of_it_is_written() {
         .query(&mut c)
         .unwrap();
     assert_eq!(written, None, "a write of the failed run was applied");
-    assert!(read_stream(&mut c, "{eggtimer}:events:flood").is_empty());
+    assert!(read_events(&mut c, &["test-flood"], "flood").is_empty());
 }
 
 #[tokio::test]

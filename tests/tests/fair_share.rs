@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use eggtimer_tests::{
     RedisServer, call, eventually, metric, now_ms, plugin_wasm, post_tasks as schedule,
-    read_stream, read_stream_timed, runner_fast_retry as start, upload, wait_state,
+    read_events, read_events_timed, runner_fast_retry as start, upload, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -34,10 +34,10 @@ async fn a_plugins_backlog_of_slow_runs_does_not_hold_up_another_plugins_tasks()
         .collect();
     schedule(&r.url, json!(reminders)).await;
     eventually(T, "60 reminders", || async {
-        (read_stream(&mut redis.conn(), "{eggtimer}:events:push").len() >= 60).then_some(())
+        (read_events(&mut redis.conn(), &["coupon-expiry"], "push").len() >= 60).then_some(())
     })
     .await;
-    let mut late: Vec<i64> = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:push")
+    let mut late: Vec<i64> = read_events_timed(&mut redis.conn(), &["coupon-expiry"], "push")
         .iter()
         .map(|(at, id, _)| at - (t0 + id.trim_start_matches('c').parse::<i64>().unwrap() * 10))
         .collect();
@@ -67,7 +67,7 @@ async fn a_plugins_backlog_of_slow_runs_does_not_hold_up_another_plugins_tasks()
         "the slow runs were done {:?} after the reminders",
         started.elapsed()
     );
-    let runs = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+    let runs = read_events(&mut redis.conn(), &["test-sleep"], "sleep");
     assert_eq!(runs.len(), slow, "every slow run once");
     // the tasks that waited for their plugin's share show in the metrics
     let waits = metric(&r.url, "eggtimer_fair_share_waits_total")
@@ -118,13 +118,15 @@ async fn workers_are_shared_by_weight_between_plugins_that_compete() {
     schedule(&r.url, json!(specs)).await;
     // three rounds of the 8 workers
     eventually(T, "24 runs", || async {
-        (read_stream(&mut redis.conn(), "{eggtimer}:events:sleep").len() >= 24).then_some(())
+        (read_events(&mut redis.conn(), &["test-sleep", "sleep-b"], "sleep").len() >= 24)
+            .then_some(())
     })
     .await;
-    let started: Vec<(String, i64)> = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep")
-        .into_iter()
-        .map(|(_, plugin, data)| (plugin, data["started_at"].as_i64().unwrap()))
-        .collect();
+    let started: Vec<(String, i64)> =
+        read_events(&mut redis.conn(), &["test-sleep", "sleep-b"], "sleep")
+            .into_iter()
+            .map(|(_, plugin, data)| (plugin, data["started_at"].as_i64().unwrap()))
+            .collect();
     let first = started.iter().map(|(_, at)| *at).min().unwrap();
     // the runs that started in the first three rounds (1.2 s: each round is 0.5 s)
     let count = |p: &str| {
@@ -309,7 +311,7 @@ async fn max_concurrency_per_owner_holds_each_owners_runs_across_two_runners() {
     }
     schedule(base, json!(specs)).await;
     let runs = eventually(T, "20 runs", || async {
-        let runs = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:sleep");
+        let runs = read_events_timed(&mut redis.conn(), &["test-sleep"], "sleep");
         (runs.len() >= 20).then_some(runs)
     })
     .await;
@@ -384,7 +386,7 @@ async fn a_rate_limit_holds_across_two_runners_and_waiting_uses_no_attempt() {
     })
     .await;
     let runs = eventually(T, "20 runs", || async {
-        let runs = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+        let runs = read_events(&mut redis.conn(), &["test-sleep"], "sleep");
         (runs.len() >= 20).then_some(runs)
     })
     .await;
@@ -457,7 +459,7 @@ async fn a_backlog_waiting_for_max_concurrency_is_woken_in_due_order_without_cyc
         .collect();
     schedule(base, json!(specs)).await;
     let runs = eventually(T, "20 runs", || async {
-        let runs = read_stream(&mut redis.conn(), "{eggtimer}:events:sleep");
+        let runs = read_events(&mut redis.conn(), &["test-sleep"], "sleep");
         (runs.len() >= 20).then_some(runs)
     })
     .await;

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, now_ms, post_tasks, read_stream, read_stream_timed,
+    RedisServer, call, eventually, now_ms, post_tasks, read_events, read_events_timed,
     runner_fast_retry as start, wait_state,
 };
 use serde_json::{Value, json};
@@ -64,7 +64,7 @@ async fn pause_holds_a_plugins_tasks_and_resume_runs_them_in_due_order() {
         during < 60,
         "{during} Redis commands in 2 s while the only due tasks are paused: the pollers spin"
     );
-    assert!(read_stream(&mut c, "{eggtimer}:events:push").is_empty());
+    assert!(read_events(&mut c, &["coupon-expiry"], "push").is_empty());
     let (_, t) = call("GET", &format!("{}/v1/tasks/p00", r.url), None).await;
     assert_eq!(
         (&t["state"], &t["attempts"]),
@@ -89,10 +89,10 @@ async fn pause_holds_a_plugins_tasks_and_resume_runs_them_in_due_order() {
     .await;
     assert_eq!(s, 200);
     eventually(T, "31 reminders", || async {
-        (read_stream(&mut redis.conn(), "{eggtimer}:events:push").len() >= 31).then_some(())
+        (read_events(&mut redis.conn(), &["coupon-expiry"], "push").len() >= 31).then_some(())
     })
     .await;
-    let order: Vec<String> = read_stream(&mut c, "{eggtimer}:events:push")
+    let order: Vec<String> = read_events(&mut c, &["coupon-expiry"], "push")
         .into_iter()
         .map(|(id, _, _)| id)
         .collect();
@@ -332,10 +332,10 @@ async fn max_concurrency_holds_across_two_runners() {
     post_tasks(&r1.url, json!(specs)).await;
     post_tasks(&r2.url, json!([coupon("beside", now_ms() + 200)])).await;
     eventually(Duration::from_secs(60), "16 sleeps", || async {
-        (read_stream(&mut redis.conn(), "{eggtimer}:events:sleep").len() >= 16).then_some(())
+        (read_events(&mut redis.conn(), &["test-sleep"], "sleep").len() >= 16).then_some(())
     })
     .await;
-    let ev = read_stream_timed(&mut redis.conn(), "{eggtimer}:events:sleep");
+    let ev = read_events_timed(&mut redis.conn(), &["test-sleep"], "sleep");
     assert_eq!(ev.len(), 16, "each ran once");
     // the most runs at once: each run lies within [started_at, its event's time]
     let mut points = Vec::new();
@@ -400,7 +400,7 @@ async fn a_dedup_window_refuses_the_same_id_after_it_ran() {
     let (s, _) = call("GET", &format!("{}/v1/tasks/fresh-1", r.url), None).await;
     assert_eq!(s, 404, "a refused batch wrote nothing");
     assert_eq!(
-        read_stream(&mut redis.conn(), "{eggtimer}:events:push").len(),
+        read_events(&mut redis.conn(), &["coupon-expiry"], "push").len(),
         1
     );
     // after the window
@@ -412,7 +412,7 @@ async fn a_dedup_window_refuses_the_same_id_after_it_ran() {
     assert_eq!(s, 201, "{b}");
     wait_state(&r.url, "once", "done", T).await;
     assert_eq!(
-        read_stream(&mut redis.conn(), "{eggtimer}:events:push").len(),
+        read_events(&mut redis.conn(), &["coupon-expiry"], "push").len(),
         2
     );
 }

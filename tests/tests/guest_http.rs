@@ -80,7 +80,7 @@ async fn typescript_and_python_plugins_call_services_with_config_and_secrets() {
         let t = wait_state(base, id, "done", T).await;
         assert_eq!(t["attempts"], 1, "{t}");
     }
-    let events = events_by_task(&redis, "http");
+    let events = events_by_task(&redis, &["test-http-ts", "test-http-py"], "http");
     for (id, token) in [("ts", "tok-ts"), ("py", "tok-py")] {
         let data: serde_json::Value = serde_json::from_str(&events[id][0]).unwrap();
         assert_eq!(
@@ -201,7 +201,7 @@ export async function handle(task) {
         .collect();
     let key = eggtimer_sdk::testing::idempotency_key("sm-ok", t["created_at"].as_i64().unwrap(), 0);
     assert_eq!(got, vec![(key, "hello sm-ok".to_owned())]);
-    let events = events_by_task(&redis, "fetched");
+    let events = events_by_task(&redis, &["fetcher"], "fetched");
     assert_eq!(
         events["sm-ok"],
         vec![r#"{"text":"201 got hello sm-ok"}"#.to_owned()]

@@ -5,8 +5,11 @@
 
 use std::time::Duration;
 
-use eggtimer_tests::as_key::{ADMIN, make_key, req, upload_as};
-use eggtimer_tests::{RedisServer, RunnerProcess, everything_in_redis, plugin_wasm, plugins_dir};
+use eggtimer_tests::as_key::{ADMIN, make_key, req, upload_as, wait_state};
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, events_key, eventually, everything_in_redis, plugin_wasm,
+    plugins_dir,
+};
 use serde_json::{Value, json};
 
 fn message(e: &Value) -> &str {
@@ -310,4 +313,113 @@ async fn dead_letters_count_against_max_pending_and_their_retry_is_admitted() {
         (200, &json!(3)),
         "the retry is admitted: {b}"
     );
+}
+
+/// A plugin's events are its own: the `orders` team's plugin emitting 250 events on `push` (with
+/// `--events-max-len 10`: Redis trims whole nodes of 100) neither trims nor joins the `coupons` team's 3 events on that topic, each
+/// team reads only its own plugins' events, and a deleted plugin's streams go with it. Before, a
+/// topic was one stream for every plugin (`coupons` read 0 of its 3).
+#[tokio::test]
+async fn a_teams_events_can_be_neither_trimmed_nor_joined_by_another_team() {
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--token",
+            ADMIN,
+            "--plugins-dir",
+            dir.to_str().unwrap(),
+            "--events-max-len",
+            "10",
+        ],
+    );
+    let base = r.url.as_str();
+    // the reminder's code (it emits on `push`) as a plugin of the orders team
+    let (s, b) = upload_as(base, ADMIN, "order-push", plugin_wasm("coupon-expiry")).await;
+    assert_eq!(s, 201, "{b}");
+    let (_, orders) = make_key(base, "orders", "developer", &["order-*"]).await;
+    let (_, coupons) = make_key(base, "coupons", "developer", &["coupon-*"]).await;
+    let spec = |plugin: &str, id: String| {
+        json!({"plugin": plugin, "id": id,
+            "payload": {"coupon_id": "c1", "user_id": "u7", "expires_at": 0}})
+    };
+    let tasks = format!("{base}/v1/tasks");
+    let mine: Vec<Value> = (0..3)
+        .map(|i| spec("coupon-expiry", format!("c-{i}")))
+        .collect();
+    assert_eq!(
+        req("POST", &tasks, Some(&coupons), Some(json!(mine)))
+            .await
+            .0,
+        201
+    );
+    wait_state(base, "c-2", "done").await;
+    let flood: Vec<Value> = (0..250)
+        .map(|i| spec("order-push", format!("o-{i}")))
+        .collect();
+    assert_eq!(
+        req("POST", &tasks, Some(&orders), Some(json!(flood)))
+            .await
+            .0,
+        201
+    );
+    for i in 0..250 {
+        wait_state(base, &format!("o-{i}"), "done").await;
+    }
+
+    let events = format!("{base}/v1/events/push?limit=100");
+    let (s, seen) = req("GET", &events, Some(&coupons), None).await;
+    assert_eq!(s, 200, "{seen}");
+    let of = |seen: &Value, field: &str| -> Vec<String> {
+        let mut v: Vec<String> = seen
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e[field].as_str().unwrap().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(of(&seen, "task_id"), ["c-0", "c-1", "c-2"], "{seen}");
+    let (s, seen) = req("GET", &events, Some(&orders), None).await;
+    assert_eq!(s, 200, "{seen}");
+    let plugins = of(&seen, "plugin");
+    assert!(
+        !plugins.is_empty() && plugins.iter().all(|p| p == "order-push"),
+        "the orders key reads only its own events: {seen}"
+    );
+    let (s, b) = req(
+        "GET",
+        &format!("{events}&plugin=coupon-expiry"),
+        Some(&orders),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{b}");
+    let xlen = |key: &str| -> usize {
+        redis::cmd("XLEN")
+            .arg(key)
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert_eq!(xlen(&events_key("coupon-expiry", "push")), 3);
+    let flooded = xlen(&events_key("order-push", "push"));
+    assert!((10..250).contains(&flooded), "trimmed to {flooded}");
+    // a deleted plugin's streams are deleted with it
+    let (s, b) = req(
+        "DELETE",
+        &format!("{base}/v1/plugins/order-push"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    eventually(
+        Duration::from_secs(10),
+        "the deleted plugin's stream gone",
+        || std::future::ready((xlen(&events_key("order-push", "push")) == 0).then_some(())),
+    )
+    .await;
+    assert_eq!(xlen(&events_key("coupon-expiry", "push")), 3);
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use eggtimer_tests::guests::{events_by_task, guest_runner as runner, program, run_ok, upload_all};
 use eggtimer_tests::{
-    RedisServer, built_plugins, call, plugin_wasm, post_tasks, read_stream, temp_dir, upload,
+    RedisServer, built_plugins, call, plugin_wasm, post_tasks, read_events, temp_dir, upload,
     wait_state, workspace,
 };
 use serde_json::json;
@@ -74,7 +74,11 @@ async fn the_typescript_and_python_samples_do_what_the_rust_samples_do() {
             "{dead}"
         );
     }
-    let push = events_by_task(&redis, "push");
+    let push = events_by_task(
+        &redis,
+        &["coupon-expiry", "coupon-expiry-ts", "coupon-expiry-py"],
+        "push",
+    );
     let rust = &push["coupon"];
     assert_eq!(rust.len(), 1, "{push:?}");
     for l in ["-ts", "-py"] {
@@ -84,7 +88,11 @@ async fn the_typescript_and_python_samples_do_what_the_rust_samples_do() {
             "coupon-expiry{l} emits what Rust emits"
         );
     }
-    let orders = read_stream(&mut redis.conn(), "{eggtimer}:events:order");
+    let orders = read_events(
+        &mut redis.conn(),
+        &["order-cancel", "order-cancel-ts", "order-cancel-py"],
+        "order",
+    );
     for l in langs {
         let mine: Vec<_> = orders
             .iter()
@@ -92,7 +100,11 @@ async fn the_typescript_and_python_samples_do_what_the_rust_samples_do() {
             .collect();
         assert_eq!(mine.len(), 1, "order-cancel{l}: once per order: {orders:?}");
     }
-    let by_task = events_by_task(&redis, "order");
+    let by_task = events_by_task(
+        &redis,
+        &["order-cancel", "order-cancel-ts", "order-cancel-py"],
+        "order",
+    );
     let text = |l: &str| {
         let a = by_task.get(&format!("order{l}-a"));
         let b = by_task.get(&format!("order{l}-b"));

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, http, post_tasks, runner_fast_retry, wait_state,
-    workspace,
+    RedisServer, RunnerProcess, call, events_key, eventually, http, post_tasks, runner_fast_retry,
+    wait_state, workspace,
 };
 use prometheus_parse::{Scrape, Value};
 use prost::Message;
@@ -338,7 +338,7 @@ async fn a_task_run_joins_the_trace_of_its_traceparent_and_carries_it_on() {
     assert_ne!(follow.id, first.id);
 
     // every event of the meal's run carries the run's context; the follow-up's events its own
-    let events = stream_fields(&redis, "{eggtimer}:events:pet");
+    let events = stream_fields(&redis, &events_key("auto-feed", "pet"));
     let of_meal: Vec<_> = events.iter().filter(|e| e["task_id"] == "meal-1").collect();
     assert_eq!(of_meal.len(), 2, "{events:?}");
     for e in &of_meal {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_stream, sorted_ids,
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, read_events, sorted_ids,
     upload, wait_state,
 };
 use serde_json::json;
@@ -34,7 +34,7 @@ async fn auto_feed_feeds_again_with_a_card_and_an_acceleration_card_shifts_the_f
     assert_eq!(s, 201, "{b}");
     wait_state(&r.url, "meal-1", "done", T).await;
     let mut c = redis.conn();
-    let events = read_stream(&mut c, "{eggtimer}:events:pet");
+    let events = read_events(&mut c, &["auto-feed"], "pet");
     let types: Vec<&str> = events
         .iter()
         .map(|e| e.2["type"].as_str().unwrap())
@@ -70,7 +70,7 @@ async fn auto_feed_feeds_again_with_a_card_and_an_acceleration_card_shifts_the_f
     )
     .await;
     wait_state(&r.url, &next_id, "done", T).await;
-    let events = read_stream(&mut c, "{eggtimer}:events:pet");
+    let events = read_events(&mut c, &["auto-feed"], "pet");
     assert_eq!(events.len(), 3);
     assert_eq!(events[2].2["type"], "finished_eating");
     let (_, list) = call("GET", &format!("{}/v1/owners/u1/tasks", r.url), None).await;
@@ -91,7 +91,7 @@ async fn coupon_expiry_reminds_two_hours_before() {
     .await;
     assert_eq!(s, 201);
     wait_state(&r.url, "coupon-c9", "done", T).await;
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+    let events = read_events(&mut redis.conn(), &["coupon-expiry"], "push");
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].0, "coupon-c9");
     assert_eq!(events[0].1, "coupon-expiry");
@@ -125,7 +125,7 @@ async fn order_cancel_emits_once_per_order_and_nothing_for_a_paid_order() {
     // a third order after it, to know the runner got past order-2's due time
     call("POST", &tasks, Some(json!({"plugin": "order-cancel", "id": "order-3", "delay_ms": 600, "payload": {"order_id": "3", "user_id": "u1"}}))).await;
     wait_state(&r.url, "order-3", "done", T).await;
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:order");
+    let events = read_events(&mut redis.conn(), &["order-cancel"], "order");
     let orders: Vec<&str> = events
         .iter()
         .map(|e| e.2["order_id"].as_str().unwrap())
@@ -165,7 +165,7 @@ async fn misbehaving_plugins_fail_their_own_tasks_while_good_ones_keep_running()
         assert_eq!(t["attempts"], 2, "{id} was retried once before it died");
     }
     eventually(T, "all good tasks to run", || async {
-        let n = read_stream(&mut redis.conn(), "{eggtimer}:events:order").len();
+        let n = read_events(&mut redis.conn(), &["order-cancel"], "order").len();
         (n == 300).then_some(())
     })
     .await;
@@ -205,7 +205,7 @@ async fn a_hot_swap_under_a_stream_of_tasks_loses_none() {
     for i in 0..n {
         wait_state(&r.url, &format!("s{i}"), "done", T).await;
     }
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+    let events = read_events(&mut redis.conn(), &["swap"], "push");
     let with_event: std::collections::HashSet<String> =
         events.iter().map(|e| e.0.clone()).collect();
     for i in &after_swap {
@@ -234,7 +234,7 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
     }
     // Two occurrences of the parent (scheduled twice): two auto_fed events and two follow-ups,
     // whose ids are derived from (parent, occurrence, index) exactly as the SDK's test host does.
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:pet");
+    let events = read_events(&mut redis.conn(), &["auto-feed"], "pet");
     assert_eq!(
         events.iter().filter(|e| e.2["type"] == "auto_fed").count(),
         2

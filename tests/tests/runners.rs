@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use eggtimer::store::{NewTask, ScheduleMode, StoreOptions};
 use eggtimer::{RedisTarget, Store};
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, now_ms, plugins_dir, read_stream,
+    RedisServer, RunnerProcess, call, events_key, eventually, now_ms, plugins_dir, read_events,
 };
 use serde_json::Value;
 
@@ -85,12 +85,12 @@ async fn settle(
     eventually(limit, "every task to run", || async {
         let pending = store.shard_counts().await.ok()?;
         let busy = pending.iter().any(|c| c.scheduled + c.inflight > 0);
-        let n = read_stream(&mut redis.conn(), "{eggtimer}:events:push").len();
+        let n = read_events(&mut redis.conn(), &["coupon-expiry"], "push").len();
         (!busy && n >= ids.len()).then_some(())
     })
     .await;
     let mut runs: HashMap<String, usize> = HashMap::new();
-    for (task, _, _) in read_stream(&mut redis.conn(), "{eggtimer}:events:push") {
+    for (task, _, _) in read_events(&mut redis.conn(), &["coupon-expiry"], "push") {
         *runs.entry(task).or_default() += 1;
     }
     let missing: Vec<String> = ids
@@ -319,12 +319,12 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
     store.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
     let due: HashMap<String, i64> = tasks.iter().map(|t| (t.id.clone(), t.run_at)).collect();
     eventually(Duration::from_secs(20), "all tasks to run", || async {
-        (read_stream(&mut redis.conn(), "{eggtimer}:events:push").len() >= 200).then_some(())
+        (read_events(&mut redis.conn(), &["coupon-expiry"], "push").len() >= 200).then_some(())
     })
     .await;
     // each event's stream id is the Redis time of its XADD, after its handler started
     let v: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg("{eggtimer}:events:push")
+        .arg(events_key("coupon-expiry", "push"))
         .arg("-")
         .arg("+")
         .query(&mut redis.conn())

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, RunnerProcess, call, eventually, read_stream, runner_fast_retry as start,
+    RedisServer, RunnerProcess, call, eventually, read_events, runner_fast_retry as start,
 };
 use serde_json::{Value, json};
 
@@ -110,7 +110,7 @@ async fn schedules_fire_every_firing_once_over_a_restart_and_a_kill() {
         .then_some(())
     })
     .await;
-    let events = read_stream(&mut redis.conn(), "{eggtimer}:events:push");
+    let events = read_events(&mut redis.conn(), &["coupon-expiry"], "push");
     let mut runs: HashMap<String, usize> = HashMap::new();
     for (task, _, _) in &events {
         *runs.entry(task.clone()).or_default() += 1;

@@ -247,6 +247,9 @@ pub struct EventParams {
     /// 1 to 1000 (default 50).
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
+    /// Only this plugin's events of the topic (default: every plugin the key may see).
+    #[param(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
 }
 
 /// One entry of a topic's stream.
@@ -263,7 +266,9 @@ pub struct Event {
     pub traceparent: Option<String>,
 }
 
-/// `GET /v1/events/{topic}`: the latest entries of a topic's event stream, newest first.
+/// `GET /v1/events/{topic}`: the latest events of a topic, newest first: each plugin's of its own
+/// stream (`{ns}:events:<plugin>:<topic>`), of the plugins the key may see or the one `?plugin=`
+/// names.
 #[utoipa::path(get, path = "/v1/events/{topic}", tag = "operations",
     params(("topic" = String, Path, pattern = "^[a-z0-9._-]{1,64}$"), EventParams),
     responses((status = 200, description = "newest first", body = Vec<Event>), doc::Errors),
@@ -280,7 +285,8 @@ pub async fn events(
         )));
     }
     let limit = super::params::page_limit_of(q.limit.as_deref(), 50)?;
-    let rows = st.store.latest_events(&topic, limit).await?;
+    let plugins = super::task_ref::plugins_named(&st, &caller, q.plugin).await?;
+    let rows = st.store.latest_events(&plugins, &topic, limit).await?;
     Ok(axum::Json(
         rows.into_iter()
             .map(|(id, fields)| {
@@ -309,7 +315,6 @@ pub async fn events(
                 }
                 e
             })
-            .filter(|e| caller.sees_all() || e.plugin.as_deref().is_some_and(|p| caller.sees(p)))
             .collect(),
     ))
 }

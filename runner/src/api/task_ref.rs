@@ -35,13 +35,7 @@ pub async fn resolve(
     plugin: Option<String>,
 ) -> ApiResult<TaskRecord> {
     check_id(id)?;
-    let plugins = match plugin_filter(plugin)? {
-        Some(p) => {
-            plugin_in_scope(caller, &p)?;
-            vec![p]
-        }
-        None => plugins_seen(st, caller).await?,
-    };
+    let plugins = plugins_named(st, caller, plugin).await?;
     let mut found = st.store.tasks_of_id(id, &plugins).await?;
     match found.len() {
         0 => Err(ApiError::not_found(format!("no task {id:?}"))),
@@ -58,6 +52,21 @@ pub async fn resolve(
                 ),
             ))
         }
+    }
+}
+
+/// The one plugin `plugin` names (403 outside the caller's key), or every plugin the key may see.
+pub async fn plugins_named(
+    st: &AppState,
+    caller: &Caller,
+    plugin: Option<String>,
+) -> ApiResult<Vec<String>> {
+    match plugin_filter(plugin)? {
+        Some(p) => {
+            plugin_in_scope(caller, &p)?;
+            Ok(vec![p])
+        }
+        None => plugins_seen(st, caller).await,
     }
 }
 

@@ -53,7 +53,7 @@ impl Store {
         }
         for (topic, data) in &fx.events {
             ix += 1;
-            inv.key(keys.events(topic));
+            inv.key(keys.events(plugin, topic));
             match &fx.traceparent {
                 Some(tp) => inv
                     .arg("emit_tp")

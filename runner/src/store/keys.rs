@@ -192,11 +192,12 @@ impl Keys {
         format!("{{{}}}:plugin:purge", self.ns)
     }
 
-    /// The prefixes of a plugin's keys that only a pattern names: its kv, its per-owner slots
-    /// and slot waiters (deleted with the plugin by `plugin_purge.lua`).
-    pub fn plugin_key_prefixes(&self, name: &str) -> [String; 3] {
+    /// The prefixes of a plugin's keys that only a pattern names: its kv, its event streams, its
+    /// per-owner slots and slot waiters (deleted with the plugin by `plugin_purge.lua`).
+    pub fn plugin_key_prefixes(&self, name: &str) -> [String; 4] {
         [
             format!("{{{}}}:kv:{}:", self.ns, name),
+            format!("{{{}}}:events:{}:", self.ns, name),
             format!("{{{}}}:plugin:owner-slots:{}:", self.ns, name),
             format!("{{{}}}:plugin:owner-slot-waits:{}:", self.ns, name),
         ]
@@ -271,8 +272,14 @@ impl Keys {
         format!("{{{}}}:audit:refused", self.ns)
     }
 
-    /// The event stream of a topic (API.md: `{<ns>}:events:<topic>`).
-    pub fn events(&self, topic: &str) -> String {
+    /// The event stream of one plugin's topic: a plugin writes and trims only its own streams
+    /// (a plugin name holds no `:`, a topic neither, so no two pairs share a key).
+    pub fn events(&self, plugin: &str, topic: &str) -> String {
+        format!("{{{}}}:events:{}:{}", self.ns, plugin, topic)
+    }
+
+    /// The stream of a topic as 0.1.0 wrote it, shared by every plugin (read, never written).
+    pub fn events_0_1(&self, topic: &str) -> String {
         format!("{{{}}}:events:{}", self.ns, topic)
     }
 
@@ -307,6 +314,10 @@ mod tests {
         assert!(k.schedules(3).starts_with("{eggtimer:3}:"));
         assert!(k.schedule_next(3).starts_with("{eggtimer:3}:"));
         assert!(k.fired(3).starts_with("{eggtimer:3}:"));
-        assert_eq!(k.events("order"), "{eggtimer}:events:order");
+        assert_eq!(
+            k.events("order-cancel", "order"),
+            "{eggtimer}:events:order-cancel:order"
+        );
+        assert_eq!(k.events_0_1("order"), "{eggtimer}:events:order");
     }
 }

@@ -38,6 +38,9 @@ pub struct DueHistogram {
     pub counts: Vec<u64>,
 }
 
+/// One stream entry: its id (`<ms>-<seq>`) and its fields.
+pub type StreamEntry = (String, Vec<(String, String)>);
+
 impl Store {
     /// Adds one runner's counts to the history bucket starting at `bucket_ms`.
     pub async fn add_stats(&self, bucket_ms: i64, fields: &[(String, i64)]) -> Result<()> {
@@ -128,20 +131,47 @@ impl Store {
         })
     }
 
-    /// The newest `limit` entries of a topic's event stream, newest first: (entry id, fields).
+    /// The newest `limit` entries of a topic among these plugins' streams, newest first: (entry
+    /// id, fields). 0.1.0's shared stream of the topic is read too, keeping only these plugins'
+    /// entries (its newest `limit`, so a page may hold fewer). One pipeline on the namespace slot.
     pub async fn latest_events(
         &self,
+        plugins: &[String],
         topic: &str,
         limit: usize,
-    ) -> Result<Vec<(String, Vec<(String, String)>)>> {
-        redis::cmd("XREVRANGE")
-            .arg(self.keys().events(topic))
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(limit)
+    ) -> Result<Vec<StreamEntry>> {
+        let k = self.keys();
+        let mut pipe = redis::pipe();
+        for key in plugins
+            .iter()
+            .map(|p| k.events(p, topic))
+            .chain([k.events_0_1(topic)])
+        {
+            pipe.cmd("XREVRANGE")
+                .arg(key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(limit);
+        }
+        let mut streams: Vec<Vec<StreamEntry>> = pipe
             .query_async(&mut self.conn())
             .await
-            .context("reading events")
+            .context("reading events")?;
+        let of_0_1 = streams.pop().unwrap_or_default();
+        let mut rows: Vec<_> = streams.into_iter().flatten().collect();
+        rows.extend(of_0_1.into_iter().filter(|(_, fields)| {
+            fields
+                .iter()
+                .any(|(f, v)| f == "plugin" && plugins.contains(v))
+        }));
+        // newest first by entry id `<ms>-<seq>`, numerically
+        let order = |id: &str| -> (u64, u64) {
+            let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+            (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+        };
+        rows.sort_by_key(|(id, _)| std::cmp::Reverse(order(id)));
+        rows.truncate(limit);
+        Ok(rows)
     }
 }
