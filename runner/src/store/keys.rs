@@ -182,9 +182,14 @@ impl Keys {
         format!("{{{}}}:plugin:slots:{}", self.ns, name)
     }
 
-    /// ZSET of a plugin's starts under its rate limit (run -> start time, made or reserved).
+    /// ZSET of a plugin's starts under its rate limit (run -> start time), the last window's.
     pub fn plugin_rate(&self, name: &str) -> String {
         format!("{{{}}}:plugin:rate:{}", self.ns, name)
+    }
+
+    /// ZSET of a plugin's runs waiting for a start under its rate limit (run -> reserved start).
+    pub fn plugin_rate_queue(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:rate-queue:{}", self.ns, name)
     }
 
     /// SET of deleted plugins whose pattern-named keys are still to be deleted.

@@ -269,6 +269,7 @@ impl Store {
             .key(k.plugin_rate(name))
             .key(k.plugin_slot_waits(name))
             .key(k.plugin_purge())
+            .key(k.plugin_rate_queue(name))
             .arg(name)
             .arg(k.plugins_channel())
             .arg(k.plugin_history_prefix())
@@ -480,6 +481,7 @@ impl Store {
             .scripts
             .rate
             .key(self.keys().plugin_rate(plugin))
+            .key(self.keys().plugin_rate_queue(plugin))
             .arg(format!("{id}\t{attempt}"))
             .arg(rate.max)
             .arg(rate.per_ms)
