@@ -238,6 +238,15 @@ fn type_of(s: &Value) -> String {
     if t.starts_with("array") {
         t = t.replacen("array", &format!("array of {}", type_of(&s["items"])), 1);
     }
+    if s["additionalProperties"].is_object() {
+        // a map: its names' schema to its values'
+        let names = match s["propertyNames"].is_object() {
+            true => type_of(&s["propertyNames"]),
+            false => "string".to_owned(),
+        };
+        let values = type_of(&s["additionalProperties"]);
+        t = format!("object of {names} to {values}");
+    }
     let mut bounds = Vec::new();
     match (s["minimum"].as_i64(), s["maximum"].as_i64()) {
         (Some(a), Some(b)) => bounds.push(format!("{a} to {b}")),
@@ -252,6 +261,9 @@ fn type_of(s: &Value) -> String {
     }
     if let Some(n) = s["maxItems"].as_u64() {
         bounds.push(format!("≤ {n} items"));
+    }
+    if let Some(n) = s["maxProperties"].as_u64() {
+        bounds.push(format!("≤ {n} names"));
     }
     if let Some(f) = s["format"].as_str() {
         bounds.push(f.to_owned());

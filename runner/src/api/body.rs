@@ -51,8 +51,8 @@ pub fn typed<'a, T: Deserialize<'a>>(v: &'a RawValue) -> ApiResult<T> {
     typed_at(v, "")
 }
 
-/// A JSON array read into its element type (each a JSON object), refusing (413) more than `max`
-/// as soon as it sees one more; an error names the element and field (`[3].plugin`).
+/// A JSON array read into its element type (each a JSON object), refusing (400, as the schema's
+/// `maxItems` says) more than `max` as soon as it sees one more; an error names the element and field (`[3].plugin`).
 pub fn typed_array<'a, T: Deserialize<'a>>(
     v: &'a RawValue,
     max: usize,
@@ -82,14 +82,9 @@ pub fn typed_array<'a, T: Deserialize<'a>>(
         }
     }
     let mut d = serde_json::Deserializer::from_str(v.get());
-    let items = Capped(max).deserialize(&mut d).map_err(|e| {
-        let msg = format!("{what}: {}", without_position(&e.to_string()));
-        if msg.contains("more than") {
-            ApiError::too_large(msg)
-        } else {
-            ApiError::bad(msg)
-        }
-    })?;
+    let items = Capped(max)
+        .deserialize(&mut d)
+        .map_err(|e| ApiError::bad(format!("{what}: {}", without_position(&e.to_string()))))?;
     items
         .into_iter()
         .enumerate()
@@ -318,7 +313,7 @@ mod tests {
         let e = typed_array::<Spec>(over, 3, "tasks").unwrap_err();
         assert_eq!(
             (e.status.as_u16(), e.message.as_str()),
-            (413, "tasks: more than 3 elements")
+            (400, "tasks: more than 3 elements")
         );
     }
 

@@ -47,7 +47,7 @@ impl IntoResponses for Errors {
             ("405", "the route does not take this method"),
             ("408", "the request took too long"),
             ("409", "conflict, e.g. the task is running"),
-            ("413", "body, payload or batch too large"),
+            ("413", "body or payload too large"),
             ("415", "wrong content type"),
             ("422", "well-formed but impossible, e.g. an unknown plugin"),
             (
@@ -253,6 +253,38 @@ pub struct PluginInfo {
 )]
 #[allow(dead_code)]
 pub struct PluginPattern(String);
+
+/// A plugin's config: up to 64 names (1 to 128 bytes, no control characters) to strings of up
+/// to 4 KiB.
+#[allow(dead_code)]
+pub struct ConfigMap;
+
+impl utoipa::PartialSchema for ConfigMap {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        use super::settings::{MAX_CONFIG_NAME, MAX_CONFIG_NAMES, MAX_CONFIG_VALUE};
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let name = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(MAX_CONFIG_NAME))
+            .pattern(Some("^[^\\u0000-\\u001f\\u007f-\\u009f]+$"));
+        let value = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(MAX_CONFIG_VALUE));
+        ObjectBuilder::new()
+            .property_names(Some(name))
+            .additional_properties(Some(value))
+            .max_properties(Some(MAX_CONFIG_NAMES))
+            .description(Some(
+                "Strings a plugin reads with `config(name)`: names (1 to 128 bytes, no control \
+                 characters) to values (up to 4 KiB), at most 64; null or {}: none. Replaces the \
+                 whole map.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for ConfigMap {}
 
 /// An origin a plugin may call: `http(s)://host[:port]`.
 #[derive(ToSchema, serde::Deserialize)]

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::body::ApiResult;
 use super::ceilings::{CeilingsBody, internal};
-use super::doc::{AllowedOrigin, PluginPattern};
+use super::doc::{AllowedOrigin, ConfigMap, PluginPattern};
 use super::error::ApiError;
 use crate::access::{Caller, MAX_PATTERNS, Role, covers, valid_pattern};
 use crate::store::{Ceilings, DEFAULT_MAX_PENDING, MAX_MAX_PENDING, PluginSettings, RateLimit};
@@ -29,9 +29,9 @@ pub const MIN_MEMORY_BYTES: i64 = 1 << 20;
 pub(super) const MAX_MEMORY_BYTES: i64 = crate::plugins::MAX_MEMORY_BYTES as i64;
 pub(super) const MAX_PENDING: i64 = MAX_MAX_PENDING as i64;
 /// The most names of a `config`, and the longest name and value (bytes).
-const MAX_CONFIG_NAMES: usize = 64;
-const MAX_CONFIG_NAME: usize = 128;
-const MAX_CONFIG_VALUE: usize = 4096;
+pub(super) const MAX_CONFIG_NAMES: usize = 64;
+pub(super) const MAX_CONFIG_NAME: usize = 128;
+pub(super) const MAX_CONFIG_VALUE: usize = 4096;
 
 /// What `Some(None)` means in each field: given as null, back to the default.
 pub(super) type Setting<T> = Option<Option<T>>;
@@ -94,7 +94,7 @@ pub struct PluginPatch {
     /// Strings it reads with `config(name)` (names of 1 to 128 bytes, values up to 4 KiB); null
     /// or {}: none. Replaces the whole map.
     #[serde(default, deserialize_with = "config")]
-    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
+    #[schema(value_type = Option<ConfigMap>)]
     config: Setting<std::collections::BTreeMap<String, String>>,
     /// An admin's ceilings on the limits above: a developer key then sets each at or below its
     /// ceiling (never above, 403), and what applies is never above it. A field given sets its
