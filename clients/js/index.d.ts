@@ -83,10 +83,16 @@ export interface ClientOptions {
   token?: string;
   /** Per request; default 10 s. */
   timeoutMs?: number;
+  /** The plugin whose tasks the calls by task id name (see `inPlugin`). */
+  plugin?: string;
 }
 
 export class Client {
   constructor(options?: ClientOptions);
+  /** A client whose calls by task id (get, move, cancel, runNow) name the task of this plugin:
+   *  needed only where plugins your key may see each have a task of one id (else 409
+   *  `ambiguous_id`). */
+  inPlugin(plugin: string): Client;
   schedule(plugin: string, payload?: unknown, options?: ScheduleOptions): Promise<Scheduled>;
   /** Up to 10,000 at once, all or none (an error names the refused index). */
   scheduleMany(specs: TaskSpec[]): Promise<Scheduled[]>;

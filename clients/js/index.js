@@ -21,10 +21,22 @@ function defined(obj) {
 
 export class Client {
   /** @param {{url?: string, token?: string, timeoutMs?: number}} [options] */
-  constructor({ url = 'http://127.0.0.1:8080', token, timeoutMs = 10_000 } = {}) {
+  constructor({ url = 'http://127.0.0.1:8080', token, timeoutMs = 10_000, plugin } = {}) {
     this.url = url.replace(/\/+$/, '');
     this.token = token;
     this.timeoutMs = timeoutMs;
+    this.plugin = plugin;
+  }
+
+  /** A client whose calls by task id name the task of this plugin (`?plugin=`): needed only
+   *  where plugins your key may see each have a task of one id (else 409 `ambiguous_id`). */
+  inPlugin(plugin) {
+    return new Client({ url: this.url, token: this.token, timeoutMs: this.timeoutMs, plugin });
+  }
+
+  #task(id, then = '') {
+    const q = this.plugin === undefined ? '' : `?plugin=${seg(this.plugin)}`;
+    return `/v1/tasks/${seg(id)}${then}${q}`;
   }
 
   // --- tasks ---
@@ -38,7 +50,7 @@ export class Client {
   }
 
   async get(id) {
-    return this.#orNull(this.#call('GET', `/v1/tasks/${seg(id)}`));
+    return this.#orNull(this.#call('GET', this.#task(id)));
   }
 
   move(id, to) {
@@ -47,12 +59,12 @@ export class Client {
       throw new TypeError('move takes one of runAt or shiftMs');
     }
     const body = runAt !== undefined ? { run_at: runAt } : { shift_ms: shiftMs };
-    return this.#call('PATCH', `/v1/tasks/${seg(id)}`, body);
+    return this.#call('PATCH', this.#task(id), body);
   }
 
   async cancel(id) {
     try {
-      await this.#call('DELETE', `/v1/tasks/${seg(id)}`);
+      await this.#call('DELETE', this.#task(id));
       return true;
     } catch (e) {
       if (e instanceof EggtimerError && e.status === 404) return false;
@@ -61,7 +73,7 @@ export class Client {
   }
 
   async runNow(id) {
-    await this.#call('POST', `/v1/tasks/${seg(id)}/run`);
+    await this.#call('POST', this.#task(id, '/run'));
   }
 
   // --- an owner's tasks ---

@@ -269,7 +269,9 @@ fn payload(text: &str) -> Result<Value> {
 }
 
 fn task_call(cmd: TaskCmd) -> Result<Call> {
-    let path = |id: &str, then: &str| format!("/v1/tasks/{}{then}", enc(id));
+    let path = |id: &str, then: &str, plugin: Option<String>| {
+        format!("/v1/tasks/{}{then}{}", enc(id), plugin_query(plugin))
+    };
     Ok(match cmd {
         TaskCmd::Add {
             plugin,
@@ -315,10 +317,10 @@ fn task_call(cmd: TaskCmd) -> Result<Call> {
                 ..Call::get(format!("/v1/tasks?{}", q.join("&"))).view(View::Tasks)
             }
         }
-        TaskCmd::Get { id } => Call::get(path(&id, "")).view(View::Task),
-        TaskCmd::Cancel { id } => Call::new(Method::DELETE, path(&id, "")),
-        TaskCmd::Run { id } => Call::new(Method::POST, path(&id, "/run")),
-        TaskCmd::Move { id, at, by } => {
+        TaskCmd::Get { id, plugin } => Call::get(path(&id, "", plugin)).view(View::Task),
+        TaskCmd::Cancel { id, plugin } => Call::new(Method::DELETE, path(&id, "", plugin)),
+        TaskCmd::Run { id, plugin } => Call::new(Method::POST, path(&id, "/run", plugin)),
+        TaskCmd::Move { id, plugin, at, by } => {
             let body = match (at, by) {
                 (Some(t), None) => json!({"run_at": t}),
                 (None, Some(b)) => {
@@ -326,7 +328,7 @@ fn task_call(cmd: TaskCmd) -> Result<Call> {
                 }
                 _ => bail!("give --at T or --by DURATION"),
             };
-            Call::new(Method::PATCH, path(&id, "")).json(body)
+            Call::new(Method::PATCH, path(&id, "", plugin)).json(body)
         }
     })
 }
@@ -359,8 +361,14 @@ fn owner_call(cmd: OwnerCmd) -> Result<Call> {
 fn dead_call(cmd: DeadCmd) -> Call {
     match cmd {
         DeadCmd::List { limit } => Call::get(format!("/v1/dead?limit={limit}")).view(View::Tasks),
-        DeadCmd::Retry { id } => Call::new(Method::POST, format!("/v1/dead/{}/retry", enc(&id))),
-        DeadCmd::Drop { id } => Call::new(Method::DELETE, format!("/v1/dead/{}", enc(&id))),
+        DeadCmd::Retry { id, plugin } => Call::new(
+            Method::POST,
+            format!("/v1/dead/{}/retry{}", enc(&id), plugin_query(plugin)),
+        ),
+        DeadCmd::Drop { id, plugin } => Call::new(
+            Method::DELETE,
+            format!("/v1/dead/{}{}", enc(&id), plugin_query(plugin)),
+        ),
         DeadCmd::RetryAll { plugin } => {
             Call::new(Method::POST, "/v1/dead/retry").json(json!({"plugin": plugin}))
         }

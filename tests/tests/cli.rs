@@ -151,6 +151,27 @@ async fn the_cli_speaks_the_api() {
     let (c, _, err) = cli(&["task", "cancel", "nope"]);
     assert_eq!(c, Some(1));
     assert!(err.contains("404"), "{err}");
+    // one id in two plugins: --plugin names one
+    for plugin in ["cli-noop", "noop"] {
+        let (c, _, err) = cli(&["task", "add", plugin, "--in", "2h", "--id", "twin"]);
+        assert_eq!(c, Some(0), "{err}");
+    }
+    let (c, _, err) = cli(&["task", "get", "twin"]);
+    assert_eq!(c, Some(1));
+    assert!(
+        err.contains("409") && err.contains("each have a task"),
+        "{err}"
+    );
+    let (c, out, err) = cli(&["task", "get", "twin", "--plugin", "noop", "--json"]);
+    assert_eq!(c, Some(0), "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["plugin"],
+        "noop"
+    );
+    let (c, _, err) = cli(&["task", "cancel", "twin", "--plugin", "noop"]);
+    assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["task", "cancel", "twin"]);
+    assert_eq!(c, Some(0), "the other plugin's, now the only one: {err}");
     let (c, _, err) = cli(&["task", "add", "nosuch"]);
     assert_eq!(c, Some(1));
     assert!(err.contains("no plugin named"), "{err}");

@@ -24,6 +24,7 @@ fn run_suite(cmd: &mut Command, what: &str, r: &RunnerProcess) -> String {
         cmd.env("EGGTIMER_URL", &r.url)
             .env("EGGTIMER_TOKEN", TOKEN)
             .env("EGGTIMER_PLUGIN", "noop")
+            .env("EGGTIMER_PLUGIN_2", "test-sleep")
             .env("PYTHONDONTWRITEBYTECODE", "1"),
         what,
     )
@@ -60,6 +61,23 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
     assert!(et.cancel("rs order/1").await.unwrap());
     assert!(et.get("rs order/1").await.unwrap().is_none());
     assert!(!et.cancel("rs order/1").await.unwrap());
+
+    // one id in two plugins: the by-id calls name one with in_plugin
+    for plugin in ["noop", "test-sleep"] {
+        let spec = TaskSpec::new(plugin).id("rs twin").run_at(at);
+        et.schedule(&spec).await.unwrap();
+    }
+    let e = et.get("rs twin").await.unwrap_err();
+    assert_eq!(e.code(), Some("ambiguous_id"), "{e}");
+    let sleep = et.in_plugin("test-sleep");
+    assert_eq!(
+        sleep.get("rs twin").await.unwrap().unwrap().plugin,
+        "test-sleep"
+    );
+    assert_eq!(sleep.shift("rs twin", 5).await.unwrap().run_at, at + 5);
+    assert!(sleep.cancel("rs twin").await.unwrap());
+    assert_eq!(et.get("rs twin").await.unwrap().unwrap().plugin, "noop");
+    assert!(et.cancel("rs twin").await.unwrap());
 
     // due now, and run now: both run
     let now = et.schedule(&TaskSpec::new("noop")).await.unwrap();
@@ -145,7 +163,7 @@ async fn the_typescript_client_passes_its_suite_against_a_real_runner() {
         &r,
     );
     assert!(
-        out.contains("# pass 7") && out.contains("# fail 0"),
+        out.contains("# pass 8") && out.contains("# fail 0"),
         "{out}"
     );
 
@@ -196,5 +214,5 @@ async fn the_python_client_passes_its_suite_against_a_real_runner() {
         "python3 -m unittest (clients/python)",
         &r,
     );
-    assert!(out.contains("Ran 7 tests") && out.contains("\nOK"), "{out}");
+    assert!(out.contains("Ran 8 tests") && out.contains("\nOK"), "{out}");
 }

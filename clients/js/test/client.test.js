@@ -52,6 +52,20 @@ test('schedule, move, cancel', async () => {
   assert.equal(await et.cancel(id), false);
 });
 
+test('one id in two plugins: inPlugin names one', async () => {
+  const other = process.env.EGGTIMER_PLUGIN_2 ?? 'test-sleep';
+  const id = fresh('twin');
+  const at = Date.now() + HOUR;
+  for (const plugin of [PLUGIN, other]) await et.schedule(plugin, {}, { id, run_at: at });
+  await assert.rejects(et.get(id), (e) => e instanceof EggtimerError && e.code === 'ambiguous_id');
+  const mine = et.inPlugin(other);
+  assert.equal((await mine.get(id)).plugin, other);
+  assert.equal((await mine.move(id, { shiftMs: 5 })).run_at, at + 5);
+  assert.equal(await mine.cancel(id), true);
+  assert.equal((await et.get(id)).plugin, PLUGIN);
+  assert.equal(await et.cancel(id), true);
+});
+
 test('a task due now runs', async () => {
   const { id } = await et.schedule(PLUGIN, { n: 2 });
   assert.ok(id);

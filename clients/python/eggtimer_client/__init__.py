@@ -92,10 +92,26 @@ def _segment(s: str) -> str:
 class Client:
     """One eggtimer (any runner of a namespace serves the whole namespace)."""
 
-    def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None, timeout: float = 10.0):
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        token: Optional[str] = None,
+        timeout: float = 10.0,
+        plugin: Optional[str] = None,
+    ):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.plugin = plugin
+
+    def in_plugin(self, plugin: str) -> "Client":
+        """A client whose calls by task id name the task of this plugin (`?plugin=`): needed only
+        where plugins your key may see each have a task of one id (else 409 `ambiguous_id`)."""
+        return Client(self.url, self.token, self.timeout, plugin)
+
+    def _task(self, id: str, then: str = "") -> str:
+        q = "" if self.plugin is None else f"?plugin={_segment(self.plugin)}"
+        return f"/v1/tasks/{_segment(id)}{then}{q}"
 
     # --- tasks -----------------------------------------------------------------------------
 
@@ -137,7 +153,7 @@ class Client:
     def get(self, id: str) -> Optional[Task]:
         """The task, or None when there is no such task (never scheduled, cancelled, or forgotten)."""
         try:
-            return self._call("GET", f"/v1/tasks/{_segment(id)}")
+            return self._call("GET", self._task(id))
         except EggtimerError as e:
             if e.status == 404:
                 return None
@@ -148,12 +164,12 @@ class Client:
         if (run_at is None) == (shift_ms is None):
             raise ValueError("move takes one of run_at or shift_ms")
         body = {"run_at": run_at} if run_at is not None else {"shift_ms": shift_ms}
-        return self._call("PATCH", f"/v1/tasks/{_segment(id)}", body)
+        return self._call("PATCH", self._task(id), body)
 
     def cancel(self, id: str) -> bool:
         """Cancels a scheduled task: True if it was cancelled, False if there was none."""
         try:
-            self._call("DELETE", f"/v1/tasks/{_segment(id)}")
+            self._call("DELETE", self._task(id))
             return True
         except EggtimerError as e:
             if e.status == 404:
@@ -162,7 +178,7 @@ class Client:
 
     def run_now(self, id: str) -> None:
         """Makes a scheduled task due now."""
-        self._call("POST", f"/v1/tasks/{_segment(id)}/run")
+        self._call("POST", self._task(id, "/run"))
 
     # --- an owner's tasks ------------------------------------------------------------------
 

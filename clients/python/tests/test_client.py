@@ -50,6 +50,22 @@ class ClientTest(unittest.TestCase):
         self.assertIsNone(self.et.get(id))
         self.assertFalse(self.et.cancel(id))
 
+    def test_one_id_in_two_plugins_in_plugin_names_one(self):
+        other = os.environ.get("EGGTIMER_PLUGIN_2", "test-sleep")
+        id = self.fresh("twin")
+        at = now_ms() + HOUR
+        for plugin in (PLUGIN, other):
+            self.et.schedule(plugin, {}, id=id, run_at=at)
+        with self.assertRaises(EggtimerError) as e:
+            self.et.get(id)
+        self.assertEqual(e.exception.code, "ambiguous_id")
+        mine = self.et.in_plugin(other)
+        self.assertEqual(mine.get(id)["plugin"], other)
+        self.assertEqual(mine.move(id, shift_ms=5)["run_at"], at + 5)
+        self.assertTrue(mine.cancel(id))
+        self.assertEqual(self.et.get(id)["plugin"], PLUGIN)
+        self.assertTrue(self.et.cancel(id))
+
     def test_a_task_due_now_runs(self):
         got = self.et.schedule(PLUGIN, {"n": 2})
         self.assertTrue(got["id"])

@@ -177,6 +177,8 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// The plugin whose tasks the by-id calls name (`?plugin=`), if set.
+    plugin: Option<String>,
 }
 
 /// A path segment, percent-encoded (ids and owners may hold spaces, slashes, anything printable).
@@ -199,7 +201,27 @@ impl Client {
             http: reqwest::Client::new(),
             base: url.trim_end_matches('/').to_owned(),
             token: None,
+            plugin: None,
         }
+    }
+
+    /// A client whose calls by task id (`get`, `move_to`, `shift`, `cancel`, `run_now`) name
+    /// the task of this plugin. Needed only where plugins your key may see each have a task of
+    /// one id (a task id belongs to its plugin; without it that is 409 `ambiguous_id`).
+    pub fn in_plugin(&self, plugin: &str) -> Client {
+        Client {
+            plugin: Some(plugin.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// `/v1/tasks/<id><then>`, with `?plugin=` when the client names one.
+    fn task_path(&self, id: &str, then: &str) -> String {
+        let mut path = format!("/v1/tasks/{}{then}", segment(id));
+        if let Some(p) = &self.plugin {
+            path += &format!("?plugin={}", segment(p));
+        }
+        path
     }
 
     /// Sends `token` (an API key `et_...` or the admin token) as the bearer of every request.
@@ -226,50 +248,38 @@ impl Client {
     /// The task, or `None` when there is no such task.
     pub async fn get(&self, id: &str) -> Result<Option<Task>> {
         not_found_is_none(
-            self.typed(
-                Method::GET,
-                &format!("/v1/tasks/{}", segment(id)),
-                Body::None,
-            )
-            .await,
+            self.typed(Method::GET, &self.task_path(id, ""), Body::None)
+                .await,
         )
     }
 
     /// Moves a scheduled task to `run_at` (409 if it is running or done).
     pub async fn move_to(&self, id: &str, run_at: i64) -> Result<Scheduled> {
         let body = Body::Json(serde_json::json!({ "run_at": run_at }));
-        self.typed(Method::PATCH, &format!("/v1/tasks/{}", segment(id)), body)
+        self.typed(Method::PATCH, &self.task_path(id, ""), body)
             .await
     }
 
     /// Moves a scheduled task by `shift_ms` (negative: earlier).
     pub async fn shift(&self, id: &str, shift_ms: i64) -> Result<Scheduled> {
         let body = Body::Json(serde_json::json!({ "shift_ms": shift_ms }));
-        self.typed(Method::PATCH, &format!("/v1/tasks/{}", segment(id)), body)
+        self.typed(Method::PATCH, &self.task_path(id, ""), body)
             .await
     }
 
     /// Cancels a scheduled task: `true` if it was cancelled, `false` if there was none.
     pub async fn cancel(&self, id: &str) -> Result<bool> {
         let r = self
-            .call(
-                Method::DELETE,
-                &format!("/v1/tasks/{}", segment(id)),
-                Body::None,
-            )
+            .call(Method::DELETE, &self.task_path(id, ""), Body::None)
             .await;
         Ok(not_found_is_none(r)?.is_some())
     }
 
     /// Makes a scheduled task due now.
     pub async fn run_now(&self, id: &str) -> Result<()> {
-        self.call(
-            Method::POST,
-            &format!("/v1/tasks/{}/run", segment(id)),
-            Body::None,
-        )
-        .await
-        .map(drop)
+        self.call(Method::POST, &self.task_path(id, "/run"), Body::None)
+            .await
+            .map(drop)
     }
 
     /// Every scheduled task of `owner`, soonest first (all pages).

@@ -247,7 +247,12 @@ pub enum TaskCmd {
         start_by: Option<i64>,
     },
     /// Show a task (and the log lines of its last attempts).
-    Get { id: String },
+    Get {
+        id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
     /// Find tasks by plugin, state, owner and due range (one page; --cursor for the next).
     Find {
         #[arg(long)]
@@ -269,12 +274,25 @@ pub enum TaskCmd {
         cursor: Option<String>,
     },
     /// Cancel a task.
-    Cancel { id: String },
+    Cancel {
+        id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
     /// Run a task now.
-    Run { id: String },
+    Run {
+        id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
     /// Move a task: to a time (--at) or by a signed duration (--by -2h).
     Move {
         id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
         #[arg(long, conflicts_with = "by")]
         at: Option<i64>,
         #[arg(long, allow_hyphen_values = true)]
@@ -310,9 +328,19 @@ pub enum DeadCmd {
         limit: usize,
     },
     /// Put a dead task back (due now).
-    Retry { id: String },
+    Retry {
+        id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
     /// Drop a dead task.
-    Drop { id: String },
+    Drop {
+        id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
     /// Put every dead task (of one plugin) back.
     RetryAll {
         #[arg(long)]
