@@ -250,7 +250,7 @@ async fn a_firing_past_max_pending_is_skipped_and_the_api_answers_429() {
     );
     let msg = e["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("has 2 scheduled and dead tasks and its max_pending is 2"),
+        msg.contains("has 2 scheduled, running and dead tasks and its max_pending is 2"),
         "{e}"
     );
     // a schedule firing every second: its firings are skipped while the quota is full

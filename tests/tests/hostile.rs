@@ -298,7 +298,7 @@ async fn dead_letters_count_against_max_pending_and_their_retry_is_admitted() {
     let (s, e) = req("POST", &format!("{base}/v1/tasks"), None, Some(failing(3))).await;
     assert_eq!(s, 429, "three dead letters fill a max_pending of 3: {e}");
     assert!(
-        message(&e).contains("has 3 scheduled and dead tasks"),
+        message(&e).contains("has 3 scheduled, running and dead tasks"),
         "{e}"
     );
     let (s, b) = req(
@@ -422,4 +422,50 @@ async fn a_teams_events_can_be_neither_trimmed_nor_joined_by_another_team() {
     )
     .await;
     assert_eq!(xlen(&events_key("coupon-expiry", "push")), 3);
+}
+
+/// max_pending holds across runners to within 1%: a plugin whose every run schedules 50 runs of
+/// itself, on two runners, under max_pending 10,000. Before, each runner admitted against its
+/// own count and what it admitted itself, and the two together passed the quota by a fifth.
+#[tokio::test]
+async fn max_pending_holds_across_two_runners_against_a_plugin_that_forks() {
+    let redis = RedisServer::start();
+    let r = eggtimer_tests::runner_fast_retry(&redis, &[]);
+    let _second = eggtimer_tests::runner_fast_retry(&redis, &[]);
+    let base = r.url.as_str();
+    let max = 10_000;
+    let plugin = format!("{base}/v1/plugins/test-flood");
+    let (s, p) = req("PATCH", &plugin, None, Some(json!({"max_pending": max}))).await;
+    assert_eq!((s, &p["max_pending"]), (200, &json!(max)), "{p}");
+    // every runner applies a setting within a second
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let fork = json!({"plugin": "test-flood", "id": "fork-0", "payload": {"what": "fork"}});
+    let (s, b) = req("POST", &format!("{base}/v1/tasks"), None, Some(fork)).await;
+    assert_eq!(s, 201, "{b}");
+    // its pending tasks (scheduled and dead), read every 50 ms for 3 s once they near the quota
+    let pending = || async {
+        let (_, stats) = req("GET", &format!("{base}/v1/stats"), None, None).await;
+        let mine = stats["plugins"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["plugin"] == "test-flood").cloned());
+        mine.map_or(0, |p| {
+            p["scheduled"].as_u64().unwrap() + p["dead"].as_u64().unwrap()
+        })
+    };
+    let mut most = eventually(
+        Duration::from_secs(60),
+        "the forks near the quota",
+        || async {
+            let n = pending().await;
+            (n >= max * 9 / 10).then_some(n)
+        },
+    )
+    .await;
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        most = most.max(pending().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("test-flood's most pending tasks: {most} (max_pending {max})");
+    assert!(most <= max + max / 100, "{most} pending, max_pending {max}");
 }

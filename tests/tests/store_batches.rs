@@ -47,6 +47,16 @@ fn key_sizes(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64, u64, u64,
 
 /// The claim batches still holding a lease: (entries in `claim_leases`, fields of `batches` besides its
 /// running count).
+/// A plugin's running tasks as its shard counts them (for max_pending).
+fn running_of(redis: &RedisServer, s: &Store, shard: u32, plugin: &str) -> Option<u64> {
+    redis::cmd("HGET")
+        .arg(&s.keys().shard(shard).batches)
+        .arg(format!("running:{plugin}"))
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// The claims' leases, and the claims' fields of `batches` (not the running counts).
 fn batches_left(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64) {
     let k = s.keys().shard(shard);
     let mut c = redis.conn();
@@ -57,7 +67,7 @@ fn batches_left(redis: &RedisServer, s: &Store, shard: u32) -> (u64, u64) {
     let fields: Vec<String> = redis::cmd("HKEYS").arg(&k.batches).query(&mut c).unwrap();
     (
         leases,
-        fields.iter().filter(|f| *f != "running").count() as u64,
+        fields.iter().filter(|f| !f.starts_with("running")).count() as u64,
     )
 }
 
@@ -97,6 +107,7 @@ async fn batched_writes_keep_every_index_exact() {
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, n, 0, n));
     // one lease for the whole claim: its token and its count
     assert_eq!(batches_left(&redis, &s, 0), (1, 2));
+    assert_eq!(running_of(&redis, &s, 0, "noop"), Some(n));
     assert!(b.tasks.iter().all(|t| t.attempt == 1));
     let held: Vec<(&str, u64)> = b.tasks.iter().map(|t| (t.id.as_str(), t.token)).collect();
     assert!(s.renew(0, &held, 30_000).await.unwrap().iter().all(|x| *x));
@@ -114,6 +125,7 @@ async fn batched_writes_keep_every_index_exact() {
     assert_eq!(verdicts.last(), Some(&Finished::Stale));
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, n, n));
     assert_eq!(batches_left(&redis, &s, 0), (0, 0));
+    assert_eq!(running_of(&redis, &s, 0, "noop"), None, "none left running");
     assert_eq!(
         s.get(&key("t4999")).await.unwrap().unwrap().state,
         TaskState::Done
@@ -146,6 +158,7 @@ async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks()
     assert_eq!(key_sizes(&redis, &s, 0).3, 4);
     assert_eq!(s.shard_counts().await.unwrap()[0].inflight, 4);
     assert_eq!(batches_left(&redis, &s, 0), (1, 2));
+    assert_eq!(running_of(&redis, &s, 0, "noop"), Some(4));
     let rest: BTreeSet<String> = a.tasks[6..].iter().map(|t| t.id.clone()).collect();
     let running: BTreeSet<String> = found_ids(&s, TaskState::Running)
         .await
@@ -157,6 +170,11 @@ async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks()
     let b = claim_when_due(&s, 0, 100, "the batch's lease to end").await;
     let again: BTreeSet<String> = b.tasks.iter().map(|t| t.id.clone()).collect();
     assert_eq!(again, rest);
+    assert_eq!(
+        running_of(&redis, &s, 0, "noop"),
+        Some(4),
+        "reaped, claimed again"
+    );
     assert!(b.tasks.iter().all(|t| t.attempt == 2));
     for t in &a.tasks[..6] {
         assert_eq!(s.get(&t.id).await.unwrap().unwrap().state, TaskState::Done);
@@ -177,6 +195,7 @@ async fn a_batch_whose_runner_dies_half_done_gives_back_only_its_running_tasks()
         .collect();
     assert_eq!(s.finish(0, &last).await.unwrap(), vec![Finished::Done; 4]);
     assert_eq!(batches_left(&redis, &s, 0), (0, 0));
+    assert_eq!(running_of(&redis, &s, 0, "noop"), None);
     assert_eq!(key_sizes(&redis, &s, 0), (0, 0, 0, 0, 10, 10));
 }
 

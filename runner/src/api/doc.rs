@@ -234,7 +234,7 @@ pub struct PluginInfo {
     /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
     /// `--plugin-memory`.
     pub memory_bytes: Option<u64>,
-    /// At most this many of its tasks scheduled or dead (default 1,000,000).
+    /// At most this many of its tasks scheduled, running or dead (default 1,000,000).
     pub max_pending: u64,
     /// Origins it may send HTTP requests to (default none).
     pub allowed_hosts: Vec<String>,

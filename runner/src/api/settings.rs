@@ -77,7 +77,7 @@ pub struct PluginPatch {
     )]
     #[schema(value_type = Option<u64>, minimum = 1048576, maximum = 4294967296_u64)]
     memory_bytes: Setting<i64>,
-    /// At most this many of its tasks scheduled or dead (a retry of dead letters needs no
+    /// At most this many of its tasks scheduled, running or dead (a retry of dead letters needs no
     /// room); past it, scheduling is 429 `quota_exceeded`,
     /// a run whose follow-ups would pass it fails its attempt, a firing is skipped. Null: the
     /// default, 1,000,000; past it only an admin may set it (else 400).

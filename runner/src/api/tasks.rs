@@ -196,16 +196,21 @@ pub async fn schedule(
             ));
         }
     }
-    if let Err(q) = st.store.admit(&specs).await? {
-        let mut e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "quota_exceeded",
-            q.to_string(),
-        );
-        e.concerns = Some(q.plugin);
-        return Err(e);
-    }
-    match st.store.schedule_all_or_none(&specs).await? {
+    let admitted = match st.store.admit(&specs).await? {
+        Ok(a) => a,
+        Err(q) => {
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                q.to_string(),
+            );
+            e.concerns = Some(q.plugin);
+            return Err(e);
+        }
+    };
+    let written = st.store.schedule_all_or_none(&specs).await;
+    st.store.landed(admitted).await;
+    match written? {
         Err((i, Scheduled::Duplicate)) => return Err(duplicate(&at(i), &specs[i].id)),
         Err((i, _)) => return Err(running_conflict(&at(i), &specs[i].id)),
         Ok(()) => {}

@@ -77,13 +77,28 @@ impl Executor {
             }
         }
         // before anything is written: a run whose follow-ups would pass a quota writes nothing
+        let mut admitted = None;
         if !fx.schedule.is_empty() {
             match self.store.admit(&fx.schedule).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(a)) => admitted = Some(a),
                 Ok(Err(q)) => return Err(NotCommitted::OverQuota(q.to_string())),
                 Err(e) => return Err(NotCommitted::Failed(e)),
             }
         }
+        let written = self.write_effects(task, fx, marked).await;
+        if let Some(a) = admitted {
+            self.store.landed(a).await;
+        }
+        written
+    }
+
+    /// Writes a run's admitted effects: kv writes and events, follow-ups, cancels.
+    async fn write_effects(
+        &self,
+        task: &Claimed,
+        fx: &Effects,
+        marked: &mut bool,
+    ) -> Result<(), NotCommitted> {
         let ns = &fx.ns;
         if !ns.kv.is_empty() || !ns.events.is_empty() || !ns.reads.is_empty() {
             match self.store.commit_ns_effects(task, ns).await {

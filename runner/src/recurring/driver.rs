@@ -117,12 +117,19 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
     };
     if skip {
         debug!(schedule = %id, at = fire_at, "skipped: the previous firing has not finished");
-    } else if let Err(q) = store.admit(std::slice::from_ref(&task)).await? {
-        warn!(schedule = %id, at = fire_at, "a firing is skipped: {q}");
-        skip = true;
     } else {
-        let created = store.fire(&task).await.context("creating a firing")?;
-        debug!(schedule = %id, at = fire_at, created, "fired");
+        match store.admit(std::slice::from_ref(&task)).await? {
+            Err(q) => {
+                warn!(schedule = %id, at = fire_at, "a firing is skipped: {q}");
+                skip = true;
+            }
+            Ok(admitted) => {
+                let created = store.fire(&task).await;
+                store.landed(admitted).await;
+                let created = created.context("creating a firing")?;
+                debug!(schedule = %id, at = fire_at, created, "fired");
+            }
+        }
     }
     let next = def.next_after(fire_at.max(at));
     // the schedule records its firing by the key it is stored under

@@ -187,6 +187,12 @@ impl Keys {
         format!("{{{}}}:plugin:rate:{}", self.ns, name)
     }
 
+    /// ZSET `<n>:<unique>` -> ms: what runners admitted of a plugin with a max_pending of its
+    /// own in the last seconds (`admit.lua`).
+    pub fn plugin_admits(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:admits:{}", self.ns, name)
+    }
+
     /// ZSET of a plugin's runs waiting for a start under its rate limit (run -> reserved start).
     pub fn plugin_rate_queue(&self, name: &str) -> String {
         format!("{{{}}}:plugin:rate-queue:{}", self.ns, name)

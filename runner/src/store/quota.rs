@@ -1,4 +1,4 @@
-//! `max_pending`: at most that many scheduled and dead tasks of a plugin (a dead letter waits to
+//! `max_pending`: at most that many scheduled, running and dead tasks of a plugin (a dead letter waits to
 //! be retried: counting it keeps failing tasks from piling up past the quota and a retry of them
 //! all from passing it, and a retry, which moves a task from dead to scheduled, needs no room).
 //! What would pass it is refused before anything is written (the API answers 429
@@ -6,17 +6,27 @@
 //! skipped).
 //!
 //! A plugin's pending tasks are the shards' per-plugin counts (`scheduled`, which every script
-//! keeps, and the plugin's entries of `byplugin`, the dead index), read again at most every 250 ms per plugin; what this store admitted since the read
-//! is added to it, so one runner never passes a quota by itself. Runners admitting at once may
-//! pass it together by what they admit within those 250 ms: a quota is held across runners only
-//! that closely (counting them exactly would need one key every schedule of the plugin writes,
-//! on one Redis node, whatever shard its tasks are on).
+//! keeps, and the plugin's entries of `byplugin`, the dead index), read again at most every
+//! 250 ms per plugin. What was admitted since the read is added to it:
+//! - for a plugin with a max_pending of its own (set, or held under an admin's ceiling), what
+//!   every runner admitted and had not written when the count was read, from a ledger on the
+//!   namespace's slot (`admit.lua`: two more round trips per schedule of such a plugin, one to
+//!   admit and one to say the tasks are written): runners admitting at once don't pass it
+//!   together;
+//! - for the others (the default, 1,000,000), what this store admitted: runners admitting at once
+//!   may pass it together by what they admit within those 250 ms.
+//!
+//! A running task counts as well while the quota is checked (each shard counts its runs per
+//! plugin, `running:<plugin>` in `batches`): a run that fails goes back to scheduled without being
+//! admitted again, and runs in flight would otherwise let a forking plugin pass its quota by them.
+//! (What the API shows as pending stays scheduled and dead.)
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{NewTask, Store};
 
@@ -24,6 +34,20 @@ use super::{NewTask, Store};
 pub const DEFAULT_MAX_PENDING: u64 = 1_000_000;
 /// The most an admin can set.
 pub const MAX_MAX_PENDING: u64 = 1_000_000_000;
+/// Makes each ledger entry's member unique in this process (with [`process_tag`], in Redis).
+static ENTRIES: AtomicU64 = AtomicU64::new(0);
+
+/// A random tag of this process (two runners in containers may both be pid 1).
+fn process_tag() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static TAG: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    })
+}
+
 /// How long a read of a plugin's pending count is trusted.
 const FRESH: Duration = Duration::from_millis(250);
 
@@ -40,7 +64,16 @@ struct Count {
     read: u64,
     admitted: u64,
     at: Instant,
+    /// When the read started, by the ledger's Redis clock (ms; plugins with a max_pending of
+    /// their own).
+    at_ms: i64,
 }
+
+/// What an admission wrote into the ledger: (ledger, member) of each plugin with a max_pending of
+/// its own. Hand it to [`Store::landed`] once the tasks are written (or refused).
+#[must_use = "say when the admitted tasks are written: Store::landed"]
+#[derive(Debug, Default)]
+pub struct Admitted(Vec<(String, String)>);
 
 /// A schedule refused because it would pass its plugin's max_pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +88,7 @@ impl std::fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "quota_exceeded: plugin {:?} has {} scheduled and dead tasks and its max_pending is {}; {} more would pass it",
+            "quota_exceeded: plugin {:?} has {} scheduled, running and dead tasks and its max_pending is {}; {} more would pass it",
             self.plugin, self.pending, self.max_pending, self.asked
         )
     }
@@ -63,17 +96,33 @@ impl std::fmt::Display for QuotaExceeded {
 
 impl Quotas {
     fn limit(&self, plugin: &str) -> u64 {
+        self.own_limit(plugin).unwrap_or(DEFAULT_MAX_PENDING)
+    }
+
+    /// A plugin's max_pending when it has one of its own (its admissions go through the ledger).
+    fn own_limit(&self, plugin: &str) -> Option<u64> {
         let limits = self.limits.read().unwrap_or_else(|e| e.into_inner());
-        limits.get(plugin).copied().unwrap_or(DEFAULT_MAX_PENDING)
+        limits.get(plugin).copied()
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Count>> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits `asks` (plugin, tasks) all or none against counts read at most `FRESH` ago.
+    /// Admits `asks` (plugin, tasks) all or none against counts read at most `FRESH` ago and
+    /// what this store admitted since.
     fn admit(&self, asks: &[(&str, u64)]) -> Result<(), QuotaExceeded> {
+        self.check(asks)?;
         let mut counts = self.counts();
+        for &(plugin, asked) in asks {
+            counts.get_mut(plugin).expect("read before").admitted += asked;
+        }
+        Ok(())
+    }
+
+    /// Whether `asks` fit, without admitting them.
+    fn check(&self, asks: &[(&str, u64)]) -> Result<(), QuotaExceeded> {
+        let counts = self.counts();
         for &(plugin, asked) in asks {
             let c = counts.get(plugin).expect("read before");
             let (pending, max_pending) = (c.read + c.admitted, self.limit(plugin));
@@ -85,9 +134,6 @@ impl Quotas {
                     asked,
                 });
             }
-        }
-        for &(plugin, asked) in asks {
-            counts.get_mut(plugin).expect("read before").admitted += asked;
         }
         Ok(())
     }
@@ -105,8 +151,8 @@ impl Store {
     }
 
     /// Admits new tasks against their plugins' max_pending, all or none; counts them as
-    /// pending once admitted (call it right before scheduling them).
-    pub async fn admit(&self, tasks: &[NewTask]) -> Result<Result<(), QuotaExceeded>> {
+    /// pending once admitted (call it right before scheduling them, and [`Store::landed`] after).
+    pub async fn admit(&self, tasks: &[NewTask]) -> Result<Result<Admitted, QuotaExceeded>> {
         let mut asks: Vec<(&str, u64)> = Vec::new();
         for t in tasks {
             match asks.iter_mut().find(|(p, _)| *p == t.plugin) {
@@ -122,6 +168,10 @@ impl Store {
                 .is_none_or(|c| c.at.elapsed() >= FRESH);
             if stale {
                 let at = Instant::now();
+                let at_ms = match quotas.own_limit(plugin) {
+                    Some(_) => self.ledger_now(plugin).await?,
+                    None => 0,
+                };
                 let read = self.pending_of(plugin).await?;
                 let mut counts = quotas.counts();
                 // another call may have read it meanwhile, and admitted on it
@@ -130,18 +180,97 @@ impl Store {
                         read,
                         admitted: 0,
                         at,
+                        at_ms,
                     };
                     counts.insert(plugin.to_owned(), count);
                 }
             }
         }
-        Ok(quotas.admit(&asks))
+        let (shared, own): (Vec<_>, Vec<_>) = asks
+            .iter()
+            .partition(|(p, _)| quotas.own_limit(p).is_some());
+        if shared.is_empty() {
+            return Ok(quotas.admit(&own).map(|()| Admitted::default()));
+        }
+        if let Err(e) = quotas.check(&own) {
+            return Ok(Err(e));
+        }
+        let admitted = match self.admit_shared(&shared).await? {
+            Ok(a) => a,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(quotas.admit(&own).map(|()| admitted))
     }
 
-    /// A plugin's scheduled and dead tasks over all shards.
+    /// The tasks of an admission are written (or were refused): its ledger entries no longer
+    /// add to counts read from now on. Best effort: an entry left pending goes after 10 s.
+    pub async fn landed(&self, admitted: Admitted) {
+        if admitted.0.is_empty() {
+            return;
+        }
+        let mut inv = self.inner.scripts.admit.prepare_invoke();
+        inv.arg("landed");
+        for (key, member) in &admitted.0 {
+            inv.key(key).arg(member);
+        }
+        if let Err(e) = inv.invoke_async::<i64>(&mut self.conn()).await {
+            tracing::debug!("marking admitted tasks written failed (they count 10 s more): {e:#}");
+        }
+    }
+
+    /// The time by the Redis that holds this plugin's ledger (ms).
+    async fn ledger_now(&self, plugin: &str) -> Result<i64> {
+        let mut inv = self.inner.scripts.admit.prepare_invoke();
+        inv.key(self.keys().plugin_admits(plugin)).arg("now");
+        inv.invoke_async(&mut self.conn())
+            .await
+            .context("reading the time of the quota ledger")
+    }
+
+    /// Admits tasks of plugins with a max_pending of their own through the namespace's ledger
+    /// (`admit.lua`): what every runner admitted since a little before each count was read.
+    async fn admit_shared(&self, asks: &[(&str, u64)]) -> Result<Result<Admitted, QuotaExceeded>> {
+        let quotas = &self.inner.quotas;
+        let n = ENTRIES.fetch_add(1, Ordering::Relaxed);
+        let suffix = format!("{:x}.{n:x}", process_tag());
+        let mut inv = self.inner.scripts.admit.prepare_invoke();
+        inv.arg("admit").arg(&suffix);
+        let mut reads = Vec::with_capacity(asks.len());
+        let mut entries = Vec::with_capacity(asks.len());
+        {
+            let counts = quotas.counts();
+            for &(plugin, asked) in asks {
+                let c = counts.get(plugin).expect("read before");
+                let room = quotas.limit(plugin) as i64 - c.read as i64;
+                let key = self.keys().plugin_admits(plugin);
+                inv.key(&key).arg(c.at_ms).arg(asked).arg(room);
+                reads.push(c.read);
+                entries.push((key, format!("{asked}:{suffix}")));
+            }
+        }
+        let (refused, held): (usize, u64) = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("admitting tasks under max_pending")?;
+        Ok(match refused.checked_sub(1) {
+            None => Ok(Admitted(entries)),
+            Some(i) => Err(QuotaExceeded {
+                plugin: asks[i].0.to_owned(),
+                max_pending: quotas.limit(asks[i].0),
+                pending: reads[i] + held,
+                asked: asks[i].1,
+            }),
+        })
+    }
+
+    /// A plugin's scheduled, dead and running tasks over all shards (a running task may come
+    /// back to scheduled, without being admitted again).
     async fn pending_of(&self, plugin: &str) -> Result<u64> {
         let counts = self.plugin_counts(&[plugin.to_owned()]).await?;
-        Ok(counts.iter().map(|c| c.scheduled + c.dead).sum())
+        Ok(counts
+            .iter()
+            .map(|c| c.scheduled + c.dead + c.running)
+            .sum())
     }
 }
 
@@ -158,6 +287,7 @@ mod tests {
                 read,
                 admitted: 0,
                 at: Instant::now(),
+                at_ms: 0,
             },
         );
         q
@@ -170,8 +300,9 @@ mod tests {
         let e = q.admit(&[("p", 2)]).unwrap_err();
         assert_eq!((e.pending, e.max_pending, e.asked), (9, 10, 2));
         assert!(
-            e.to_string()
-                .starts_with("quota_exceeded: plugin \"p\" has 9 scheduled and dead tasks")
+            e.to_string().starts_with(
+                "quota_exceeded: plugin \"p\" has 9 scheduled, running and dead tasks"
+            )
         );
         assert_eq!(q.admit(&[("p", 1)]), Ok(()));
         assert!(q.admit(&[("p", 1)]).is_err());
@@ -186,6 +317,7 @@ mod tests {
                 read: 0,
                 admitted: 0,
                 at: Instant::now(),
+                at_ms: 0,
             },
         );
         // "other" has the default; "p" would pass its 10: neither is counted

@@ -81,6 +81,7 @@ scripts! {
     recurring_due: "recurring_due",
     slots: "slots",
     rate: "rate",
+    admit: "admit",
     effects: "effects",
     plugin_put: "plugin_put",
     plugin_rollback: "plugin_rollback",

@@ -22,12 +22,14 @@ pub struct StatsBucket {
     pub fields: HashMap<String, i64>,
 }
 
-/// A plugin's scheduled and dead tasks (all shards).
+/// A plugin's scheduled, dead and running tasks (all shards).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PluginCounts {
     pub plugin: String,
     pub scheduled: u64,
     pub dead: u64,
+    /// Claimed and not finished (a run that fails goes back to scheduled).
+    pub running: u64,
 }
 
 /// Scheduled tasks falling due per bucket from `from`.
@@ -81,7 +83,7 @@ impl Store {
             .collect())
     }
 
-    /// Scheduled and dead tasks of each of these plugins (all shards).
+    /// Scheduled, dead and running tasks of each of these plugins (all shards).
     pub async fn plugin_counts(&self, plugins: &[String]) -> Result<Vec<PluginCounts>> {
         if plugins.is_empty() {
             return Ok(vec![]); // (an empty pipeline is not a reply)
@@ -95,6 +97,7 @@ impl Store {
                     .arg(&k.byplugin)
                     .arg(format!("[{name}\0x\0"))
                     .arg(format!("({name}\0x\x01"));
+                p.cmd("HGET").arg(&k.batches).arg(format!("running:{name}"));
             }
             let mut conn = self.conn();
             async move { p.query_async::<Vec<Option<u64>>>(&mut conn).await }
@@ -107,8 +110,9 @@ impl Store {
             .enumerate()
             .map(|(i, name)| PluginCounts {
                 plugin: name.clone(),
-                scheduled: per_shard.iter().map(|c| c[2 * i].unwrap_or(0)).sum(),
-                dead: per_shard.iter().map(|c| c[2 * i + 1].unwrap_or(0)).sum(),
+                scheduled: per_shard.iter().map(|c| c[3 * i].unwrap_or(0)).sum(),
+                dead: per_shard.iter().map(|c| c[3 * i + 1].unwrap_or(0)).sum(),
+                running: per_shard.iter().map(|c| c[3 * i + 2].unwrap_or(0)).sum(),
             })
             .collect())
     }

@@ -181,7 +181,10 @@ if #c_ids > 0 then
     if first then push(firsts, i, first) end
   end
   call_many('ZREM', K_BYOWNER, unowner)
-  for p, k in pairs(counts) do count_scheduled(p, -k) end
+  for p, k in pairs(counts) do
+    count_scheduled(p, -k)
+    count_running(p, k)
+  end
   call_many('HSET', K_TASKS, records)
   lease_batch(token, c_ids, expires)
   if not reaped then

@@ -50,7 +50,7 @@ local n = #ids
 local letter = { done = 'd', retry = 'r', dead = 'x', again = 'a', release = 'l', defer = 'f' }
 local recs = records_of(ids)
 -- the done ones (the hot path) are written together, one variadic call per key
-local released, records, dones, seen, ran = {}, {}, {}, {}, {}
+local released, records, dones, seen, ran, ended = {}, {}, {}, {}, {}, {}
 for i = 1, n do
   local h = run_of[i]
   local id, kind, token, value, err = ids[i], ARGV[h], ARGV[h + 1], tonumber(ARGV[h + 2]),
@@ -79,6 +79,8 @@ for i = 1, n do
   if held then
     seen[id] = true
     released[token] = (released[token] or 0) + 1
+    local plugin = plugin_of(id, rec)
+    ended[plugin] = (ended[plugin] or 0) + 1
     if kind == 'done' then
       push(records, id, done)
       dones[#dones + 1] = id
@@ -110,6 +112,7 @@ for j = 5, logs_end, 2 do
   if seen[ARGV[j]] then keep_log(ARGV[j], ARGV[j + 1]) end
 end
 release_batches(released)
+for plugin, k in pairs(ended) do count_running(plugin, -k) end
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
 log_done(dones, now)

@@ -5,6 +5,21 @@
 -- last task's outcome is recorded, or when its lease ends (the reaper puts back the tasks still
 -- running under it).
 
+-- `n` more (or fewer, n < 0) running tasks of `plugin` (`batches` field `running:<plugin>`, read
+-- by max_pending: a running task may come back to scheduled); at zero the field goes.
+local function count_running(plugin, n)
+  local field = 'running:' .. plugin
+  if redis.call('HINCRBY', K_BATCHES, field, string.format('%d', n)) <= 0 then
+    redis.call('HDEL', K_BATCHES, field)
+  end
+end
+
+-- The plugin of a running task from its key (`<plugin>\31<id>`), or from its record `rec` for a
+-- key 0.1.0 wrote (a bare id).
+local function plugin_of(id, rec)
+  return string.match(id, '^([^\31]+)\31') or parse(rec).plugin
+end
+
 -- The lowest score of the ZSET `key` (nil when it is empty).
 local function first_score(key)
   return tonumber(redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')[2])
@@ -30,6 +45,7 @@ end
 -- A running task `t` whose lease ended goes back to due at `now`, or is dead-lettered when that
 -- attempt was its last.
 local function reap(id, t, now)
+  count_running(t.plugin, -1)
   t.err = 'lease expired during attempt ' .. t.att .. ' (its runner died or stalled)'
   if t.att >= t.max then
     bury(id, t, now, t.err)
