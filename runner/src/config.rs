@@ -157,11 +157,16 @@ pub struct ServeArgs {
     #[arg(long, env = "EGGTIMER_KEEP_VERSIONS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub keep_versions: u32,
-    /// Most entries an event stream keeps (older ones are trimmed as new ones arrive, `XADD
-    /// MAXLEN ~`).
+    /// Most entries an event stream (one plugin's of one topic) keeps (older ones are trimmed as
+    /// new ones arrive, `XADD MAXLEN ~`).
     #[arg(long, env = "EGGTIMER_EVENTS_MAX_LEN", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub events_max_len: u64,
+    /// Most topics one plugin writes events to (a run that would write a new one past it fails
+    /// its attempt, nothing of its effects written).
+    #[arg(long, env = "EGGTIMER_MAX_TOPICS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_topics: u64,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,

@@ -332,3 +332,68 @@ async fn effect_markers_go_once_their_tasks_outcomes_are_recorded() {
     })
     .await;
 }
+
+/// A plugin writes events to at most `--max-topics` topics: a run whose events would add one past
+/// it writes nothing (kv included) and says so; topics it has written stay open to it. Before, a
+/// plugin could create any number of streams.
+#[tokio::test]
+async fn a_plugin_writes_events_to_at_most_max_topics_topics() {
+    use eggtimer::store::KvWrite;
+    let redis = RedisServer::start();
+    let opts = eggtimer::store::StoreOptions {
+        shards: 1,
+        max_topics: 3,
+        ..Default::default()
+    };
+    let s = Store::open(RedisTarget::Single(redis.url()), opts)
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..4).map(|i| format!("t{i}")).collect();
+    let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, 0)).collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let claimed = s.claim(0, 10, 30_000).await.unwrap().tasks;
+    assert_eq!(claimed.len(), 4);
+    let emit = |topics: &[&str]| NsEffects {
+        kv: vec![KvWrite::Set {
+            key: "written".into(),
+            value: topics.join(","),
+            ttl_ms: None,
+        }],
+        events: topics
+            .iter()
+            .map(|t| (t.to_string(), "{}".into()))
+            .collect(),
+        ..NsEffects::default()
+    };
+    // three topics (one named twice): room for them
+    let fx = emit(&["a", "b", "a", "c"]);
+    assert_eq!(
+        s.commit_ns_effects(&claimed[0], &fx).await.unwrap(),
+        Committed::Applied
+    );
+    // a fourth: refused, nothing of the run written
+    let fx = emit(&["a", "d"]);
+    assert_eq!(
+        s.commit_ns_effects(&claimed[1], &fx).await.unwrap(),
+        Committed::TooManyTopics { max: 3 }
+    );
+    assert_eq!(
+        s.kv_get("noop", "written").await.unwrap().as_deref(),
+        Some("a,b,a,c")
+    );
+    let len = |key: String| -> usize {
+        redis::cmd("XLEN")
+            .arg(key)
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert_eq!(len(events_key("noop", "a")), 2);
+    assert_eq!(len(events_key("noop", "d")), 0);
+    // the topics it has stay open
+    let fx = emit(&["c", "b"]);
+    assert_eq!(
+        s.commit_ns_effects(&claimed[2], &fx).await.unwrap(),
+        Committed::Applied
+    );
+    assert_eq!(len(events_key("noop", "c")), 2);
+}

@@ -20,7 +20,8 @@ pub(super) enum NotCommitted {
     Lost,
     /// Redis failed: let the lease expire, the task runs again.
     Failed(anyhow::Error),
-    /// Its follow-ups would pass their plugin's max_pending: a failed attempt, nothing written.
+    /// Its follow-ups would pass their plugin's max_pending, or its events the plugin's
+    /// `--max-topics`: a failed attempt, nothing written.
     OverQuota(String),
 }
 
@@ -104,6 +105,12 @@ impl Executor {
             match self.store.commit_ns_effects(task, ns).await {
                 Ok(Committed::Applied | Committed::AppliedBefore) => *marked = true,
                 Ok(Committed::Conflict) => return Err(NotCommitted::Conflict),
+                Ok(Committed::TooManyTopics { max }) => {
+                    return Err(NotCommitted::OverQuota(format!(
+                        "plugin {:?} would write events to more than {max} topics (--max-topics); nothing of this run was written",
+                        task.plugin
+                    )));
+                }
                 Err(e) => return Err(NotCommitted::Failed(e)),
             }
         }

@@ -26,8 +26,15 @@ impl Store {
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
         inv.key(keys.effects_marker(&run.id, &run.effects_claim.to_string()));
+        // the SET of the plugin's topics, when the run emits: the key after the others
+        let topics_ix = match fx.events.is_empty() {
+            true => 0,
+            false => 2 + fx.reads.len() + fx.kv.len() + fx.events.len(),
+        };
         inv.arg(MARKER_TTL_MS)
             .arg(self.inner.opts.stream_maxlen)
+            .arg(self.inner.opts.max_topics)
+            .arg(topics_ix)
             .arg(fx.reads.len());
         let mut ix = 1;
         for r in &fx.reads {
@@ -58,12 +65,22 @@ impl Store {
                 Some(tp) => inv
                     .arg("emit_tp")
                     .arg(ix)
+                    .arg(topic)
                     .arg(task_id)
                     .arg(plugin)
                     .arg(data)
                     .arg(tp),
-                None => inv.arg("emit").arg(ix).arg(task_id).arg(plugin).arg(data),
+                None => inv
+                    .arg("emit")
+                    .arg(ix)
+                    .arg(topic)
+                    .arg(task_id)
+                    .arg(plugin)
+                    .arg(data),
             };
+        }
+        if topics_ix > 0 {
+            inv.key(keys.plugin_topics(plugin));
         }
         let v: i64 = inv
             .invoke_async(&mut self.conn())
@@ -73,6 +90,9 @@ impl Store {
             1 => Committed::Applied,
             0 => Committed::AppliedBefore,
             -1 => Committed::Conflict,
+            -2 => Committed::TooManyTopics {
+                max: self.inner.opts.max_topics,
+            },
             other => bail!("the effects script answered {other}, which this runner does not know"),
         })
     }

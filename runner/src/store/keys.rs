@@ -289,6 +289,11 @@ impl Keys {
         format!("{{{}}}:events:{}:{}", self.ns, plugin, topic)
     }
 
+    /// SET of the topics a plugin has written events to (bounded by `--max-topics`).
+    pub fn plugin_topics(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:topics:{}", self.ns, name)
+    }
+
     /// The stream of a topic as 0.1.0 wrote it, shared by every plugin (read, never written).
     pub fn events_0_1(&self, topic: &str) -> String {
         format!("{{{}}}:events:{}", self.ns, topic)

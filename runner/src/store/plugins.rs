@@ -270,6 +270,7 @@ impl Store {
             .key(k.plugin_slot_waits(name))
             .key(k.plugin_purge())
             .key(k.plugin_rate_queue(name))
+            .key(k.plugin_topics(name))
             .arg(name)
             .arg(k.plugins_channel())
             .arg(k.plugin_history_prefix())

@@ -1,6 +1,7 @@
-//! `max_pending`: at most that many scheduled, running and dead tasks of a plugin (a dead letter waits to
-//! be retried: counting it keeps failing tasks from piling up past the quota and a retry of them
-//! all from passing it, and a retry, which moves a task from dead to scheduled, needs no room).
+//! `max_pending`: at most that many scheduled, running and dead tasks of a plugin (a dead letter
+//! waits to be retried: counting it keeps failing tasks from piling up past the quota and a retry
+//! of them all from passing it, and a retry, which moves a task from dead to scheduled, needs no
+//! room).
 //! What would pass it is refused before anything is written (the API answers 429
 //! `quota_exceeded`, a run whose follow-ups would pass it fails its attempt, a schedule's firing is
 //! skipped).
@@ -228,7 +229,8 @@ impl Store {
     }
 
     /// Admits tasks of plugins with a max_pending of their own through the namespace's ledger
-    /// (`admit.lua`): what every runner admitted since a little before each count was read.
+    /// (`admit.lua`): each count read plus what every runner admitted and had not written when
+    /// it was read (the ledger's entries pending, or landed since).
     async fn admit_shared(&self, asks: &[(&str, u64)]) -> Result<Result<Admitted, QuotaExceeded>> {
         let quotas = &self.inner.quotas;
         let n = ENTRIES.fetch_add(1, Ordering::Relaxed);

@@ -231,6 +231,10 @@ pub enum Committed {
     AppliedBefore,
     /// A kv entry the run read has changed: nothing was written; run the handler again.
     Conflict,
+    /// Its events would take its plugin past `max` topics: nothing was written.
+    TooManyTopics {
+        max: u64,
+    },
 }
 
 /// Options of a store.
@@ -242,6 +246,8 @@ pub struct StoreOptions {
     pub keep_done_ms: u64,
     /// Cap of each event stream (XADD MAXLEN ~).
     pub stream_maxlen: u64,
+    /// Most topics one plugin writes events to.
+    pub max_topics: u64,
     /// Versions of a plugin kept (its history); older ones and their bytes are dropped.
     pub keep_versions: u32,
     /// Replicas that must confirm the writes the API acknowledges (`WAIT`), and how long they
@@ -259,6 +265,7 @@ impl Default for StoreOptions {
             shards: 16,
             keep_done_ms: 600_000,
             stream_maxlen: 1_000_000,
+            max_topics: 100,
             keep_versions: 10,
             min_replicas_acked: 0,
             replica_ack_timeout_ms: 1000,
