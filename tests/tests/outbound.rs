@@ -99,6 +99,17 @@ fn runner(redis: &RedisServer, key: &std::path::Path, extra: &[&str]) -> RunnerP
     RunnerProcess::start(&redis.url(), &args)
 }
 
+/// Gives the webhook plugin its signing secret.
+async fn set_signing_key(base: &str) {
+    let (s, b) = call(
+        "PUT",
+        &format!("{base}/v1/plugins/webhook/secrets/signing_key"),
+        Some(json!({"value": SECRET})),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+}
+
 fn delivery(id: &str, url: &str) -> Value {
     json!({"plugin": "webhook", "id": id, "max_attempts": 3,
            "payload": {"url": url, "body": {"order_id": id, "amount": 1250}}})
@@ -127,13 +138,7 @@ async fn webhooks_go_only_where_allowed_signed_once_with_one_idempotency_key() {
     let origin = format!("http://127.0.0.1:{port}");
 
     // the secret: set, listed by name, never shown
-    let (s, b) = call(
-        "PUT",
-        &format!("{base}/v1/plugins/webhook/secrets/signing_key"),
-        Some(json!({"value": SECRET})),
-    )
-    .await;
-    assert_eq!(s, 204, "{b}");
+    set_signing_key(base).await;
     let (s, list) = call("GET", &format!("{base}/v1/plugins/webhook/secrets"), None).await;
     assert_eq!(s, 200);
     assert_eq!(list[0]["name"], "signing_key", "{list}");
@@ -478,13 +483,7 @@ async fn a_rate_limit_holds_at_the_receiver_across_two_runners() {
     let _second = runner(&redis, &key, &[]);
     let base = &r.url;
     let origin = format!("http://127.0.0.1:{port}");
-    let (s, b) = call(
-        "PUT",
-        &format!("{base}/v1/plugins/webhook/secrets/signing_key"),
-        Some(json!({"value": SECRET})),
-    )
-    .await;
-    assert_eq!(s, 204, "{b}");
+    set_signing_key(base).await;
     let (s, p) = call(
         "PATCH",
         &format!("{base}/v1/plugins/webhook"),
