@@ -345,25 +345,17 @@ async fn a_teams_events_can_be_neither_trimmed_nor_joined_by_another_team() {
             "payload": {"coupon_id": "c1", "user_id": "u7", "expires_at": 0}})
     };
     let tasks = format!("{base}/v1/tasks");
-    let mine: Vec<Value> = (0..3)
-        .map(|i| spec("coupon-expiry", format!("c-{i}")))
-        .collect();
-    assert_eq!(
-        req("POST", &tasks, Some(&coupons), Some(json!(mine)))
-            .await
-            .0,
-        201
-    );
+    // `n` tasks of `plugin` with ids `<prefix>-<i>`, posted with `key`
+    let post = |key: String, plugin: &'static str, prefix: &'static str, n: usize| {
+        let specs: Vec<Value> = (0..n)
+            .map(|i| spec(plugin, format!("{prefix}-{i}")))
+            .collect();
+        let tasks = tasks.clone();
+        async move { req("POST", &tasks, Some(&key), Some(json!(specs))).await.0 }
+    };
+    assert_eq!(post(coupons.clone(), "coupon-expiry", "c", 3).await, 201);
     wait_state(base, "c-2", "done").await;
-    let flood: Vec<Value> = (0..250)
-        .map(|i| spec("order-push", format!("o-{i}")))
-        .collect();
-    assert_eq!(
-        req("POST", &tasks, Some(&orders), Some(json!(flood)))
-            .await
-            .0,
-        201
-    );
+    assert_eq!(post(orders.clone(), "order-push", "o", 250).await, 201);
     for i in 0..250 {
         wait_state(base, &format!("o-{i}"), "done").await;
     }
