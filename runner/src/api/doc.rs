@@ -286,6 +286,29 @@ impl utoipa::PartialSchema for ConfigMap {
 
 impl ToSchema for ConfigMap {}
 
+/// A cron expression, as the schema's pattern admits it (`recurring::cron_pattern`).
+#[allow(dead_code)]
+pub struct CronExpr;
+
+impl utoipa::PartialSchema for CronExpr {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(crate::recurring::cron_pattern()))
+            .description(Some(
+                "5 fields: minute hour day-of-month month day-of-week. Each field: `*`, a number \
+                 in its range, a range `a-b` (a range whose start is past its end wraps around: \
+                 hours `22-2` are 22, 23, 0, 1, 2), a step (`*/15`, `0-30/10`), a month or day \
+                 name, `?` in the day fields, or a list of those. `L`, `W` and `#` (last day, \
+                 nearest weekday, nth weekday) and ranges of names are taken too.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for CronExpr {}
+
 /// An origin a plugin may call: `http(s)://host[:port]`.
 #[derive(ToSchema, serde::Deserialize)]
 #[schema(value_type = String, pattern = "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#@]+$", max_length = 268)]

@@ -58,9 +58,8 @@ pub struct ScheduleSpec<'a> {
     #[serde(borrow)]
     #[schema(value_type = Option<Value>)]
     payload: Option<&'a RawValue>,
-    /// 5 fields: minute hour day-of-month month day-of-week.
     #[serde(default, deserialize_with = "field::string")]
-    #[schema(pattern = "^ *[0-9A-Za-z*,/?#-]+( +[0-9A-Za-z*,/?#-]+){4} *$")]
+    #[schema(value_type = Option<doc::CronExpr>)]
     cron: Option<String>,
     #[serde(default, deserialize_with = "field::int")]
     #[schema(minimum = 1000, maximum = 315360000000_i64)]

@@ -36,6 +36,114 @@ pub fn is_cron_shaped(cron: &str) -> bool {
     fields.len() == 5 && fields.iter().all(|f| field(f))
 }
 
+/// One cron field's values: the regular expression of a number in its range, its least and
+/// greatest value, and the names it may hold (alone, not in a range).
+struct CronField {
+    number: &'static str,
+    min: u16,
+    max: u16,
+    names: &'static [&'static str],
+    /// Whether `?` (any) may stand for the whole field.
+    any: bool,
+}
+
+const MONTHS: &[&str] = &[
+    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+];
+const DAYS: &[&str] = &["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+
+/// minute hour day-of-month month day-of-week
+const CRON_FIELDS: [CronField; 5] = [
+    CronField {
+        number: "[0-5]?[0-9]",
+        min: 0,
+        max: 59,
+        names: &[],
+        any: false,
+    },
+    CronField {
+        number: "[01]?[0-9]|2[0-3]",
+        min: 0,
+        max: 23,
+        names: &[],
+        any: false,
+    },
+    CronField {
+        number: "0?[1-9]|[12][0-9]|3[01]",
+        min: 1,
+        max: 31,
+        names: &[],
+        any: true,
+    },
+    CronField {
+        number: "0?[1-9]|1[0-2]",
+        min: 1,
+        max: 12,
+        names: MONTHS,
+        any: false,
+    },
+    CronField {
+        number: "[0-7]",
+        min: 0,
+        max: 7,
+        names: DAYS,
+        any: true,
+    },
+];
+
+/// The regular expression of the cron expressions the API document promises to take: five
+/// fields, each `*`, `?` (day fields), or a list of: a number in the field's range, a range
+/// `a-b` (with `/step`; `a` past `b` wraps around: hours `22-2` are 22, 23, 0, 1, 2), `*/step`,
+/// a month or day name (upper or lower case). The server takes more (`L`, `W`, `#`,
+/// names in any case); a string that matches this is never refused.
+pub fn cron_pattern() -> String {
+    let step = "/[1-9][0-9]{0,2}";
+    let fields: Vec<String> = CRON_FIELDS
+        .iter()
+        .map(|f| {
+            let n = f.number;
+            // `*` alone is the whole field; in a list only with a step
+            let mut item = format!(r"\*{step}|({n})(-({n})({step})?)?");
+            for name in f.names {
+                item.push_str(&format!("|{name}|{}", name.to_lowercase()));
+            }
+            let any = if f.any { r"\?|" } else { "" };
+            format!(r"(\*|{any}({item})(,({item}))*)")
+        })
+        .collect();
+    format!("^ *{} *$", fields.join(" +"))
+}
+
+/// `cron` with each numeric range whose start is past its end written as the two ranges it
+/// wraps around to (`22-2/2` → `22-23/2,0-2/2`), which is what the parser takes.
+fn wrap_ranges(cron: &str) -> String {
+    let fields: Vec<&str> = cron.split_whitespace().collect();
+    if fields.len() != CRON_FIELDS.len() {
+        return cron.to_owned();
+    }
+    let wrap = |item: &str, f: &CronField| -> Option<String> {
+        let (range, step) = item
+            .split_once('/')
+            .map_or((item, None), |(r, s)| (r, Some(s)));
+        let (a, b) = range.split_once('-')?;
+        let (a, b): (u16, u16) = (a.parse().ok()?, b.parse().ok()?);
+        let step = step.map_or(String::new(), |s| format!("/{s}"));
+        (a > b).then(|| format!("{a}-{}{step},{}-{b}{step}", f.max, f.min))
+    };
+    fields
+        .iter()
+        .zip(&CRON_FIELDS)
+        .map(|(field, f)| {
+            field
+                .split(',')
+                .map(|item| wrap(item, f).unwrap_or_else(|| item.to_owned()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Firings missed by up to this long (a runner died and another took its shards over) are all
 /// still created, late; of older ones (no runner ran) only the most recent is.
 pub const CATCH_UP_MS: i64 = 60_000;
@@ -102,7 +210,7 @@ impl ScheduleDef {
         }
         match (&self.cron, self.every_ms) {
             (Some(c), None) => {
-                let cron = cron_parser().parse(c).map_err(|e| {
+                let cron = cron_parser().parse(&wrap_ranges(c)).map_err(|e| {
                     format!("cron {c:?} is not a 5-field cron expression (minute hour day-of-month month day-of-week): {e}")
                 })?;
                 Ok(Rule::Cron(Box::new(cron), tz))
@@ -198,6 +306,71 @@ fn at_ms(tz: &Tz, ms: i64) -> Option<DateTime<Tz>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn every_day(expr: &str) -> ScheduleDef {
+        cron(expr, "UTC")
+    }
+
+    proptest::proptest! {
+        /// What the API document's pattern admits, the parser takes (a fuzzer that reads the
+        /// document sends such strings and must not be refused).
+        #[test]
+        fn every_cron_the_document_admits_parses(
+            expr in proptest::string::string_regex(
+                cron_pattern().trim_start_matches('^').trim_end_matches('$'),
+            )
+            .unwrap()
+        ) {
+            proptest::prop_assert!(is_cron_shaped(&expr), "{expr:?}");
+            let rule = every_day(&expr).rule();
+            proptest::prop_assert!(rule.is_ok(), "{expr:?}: {:?}", rule.err());
+        }
+    }
+
+    #[test]
+    fn the_document_does_not_admit_crons_out_of_range() {
+        let pattern = regex::Regex::new(&cron_pattern()).unwrap();
+        for bad in [
+            "0 0 0 0 0",
+            "60 * * * *",
+            "0 24 * * *",
+            "0 0 32 * *",
+            "0 0 * 13 *",
+            "* * * * 8",
+            "0 0 1/2 * *",
+            "*/0 * * * *",
+            "? * * * *",
+        ] {
+            assert!(!pattern.is_match(bad), "{bad:?}");
+            assert!(every_day(bad).rule().is_err(), "{bad:?}");
+        }
+        for good in [
+            "*/5 * * * *",
+            "0 9 * * MON-FRI",
+            "0 0 1 jan,JUL ?",
+            "59 23 31 12 7",
+        ] {
+            assert!(every_day(good).rule().is_ok(), "{good:?}");
+        }
+        // the server takes more than the document promises
+        assert!(!pattern.is_match("0 9 * * MON-FRI"));
+    }
+
+    #[test]
+    fn a_range_past_its_end_wraps_around() {
+        assert_eq!(
+            wrap_ranges("0 22-2/2 * * 5-1"),
+            "0 22-23/2,0-2/2 * * 5-7,0-1"
+        );
+        assert_eq!(wrap_ranges("1-5,7 * * * *"), "1-5,7 * * * *");
+        let def = every_day("0 22-1 * * *");
+        let from = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+        let hours: Vec<i64> = std::iter::successors(def.next_after(from), |&t| def.next_after(t))
+            .take(4)
+            .map(|t| (t - from) / 3_600_000)
+            .collect();
+        assert_eq!(hours, [1, 22, 23, 24]);
+    }
 
     #[test]
     fn a_cron_expression_has_five_fields() {
