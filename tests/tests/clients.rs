@@ -50,7 +50,7 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
     assert_eq!(task.owner.as_deref(), Some("u-rs"));
 
     assert_eq!(
-        et.shift("rs order/1", -HOUR / 2).await.unwrap().run_at,
+        et.move_by("rs order/1", -HOUR / 2).await.unwrap().run_at,
         at - HOUR / 2
     );
     assert_eq!(
@@ -74,7 +74,7 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
         sleep.get("rs twin").await.unwrap().unwrap().plugin,
         "test-sleep"
     );
-    assert_eq!(sleep.shift("rs twin", 5).await.unwrap().run_at, at + 5);
+    assert_eq!(sleep.move_by("rs twin", 5).await.unwrap().run_at, at + 5);
     assert!(sleep.cancel("rs twin").await.unwrap());
     assert_eq!(et.get("rs twin").await.unwrap().unwrap().plugin, "noop");
     assert!(et.cancel("rs twin").await.unwrap());

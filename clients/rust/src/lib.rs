@@ -9,7 +9,7 @@
 //!     .id("cancel-o-17")
 //!     .delay_ms(15 * 60_000);
 //! et.schedule(&spec).await?;
-//! et.shift("cancel-o-17", -5 * 60_000).await?;
+//! et.move_by("cancel-o-17", -5 * 60_000).await?;
 //! et.cancel("cancel-o-17").await?;
 //! # Ok(()) }
 //! ```
@@ -260,8 +260,10 @@ impl Client {
             .await
     }
 
-    /// Moves a scheduled task by `shift_ms` (negative: earlier).
-    pub async fn shift(&self, id: &str, shift_ms: i64) -> Result<Scheduled> {
+    /// Moves a scheduled task by `shift_ms` (negative: earlier). Moving a task is `move_to` or
+    /// `move_by` here, `move(id, {runAt} | {shiftMs})` in the JavaScript client,
+    /// `move(id, run_at= | shift_ms=)` in the Python one and `eggtimer task move --at | --by`.
+    pub async fn move_by(&self, id: &str, shift_ms: i64) -> Result<Scheduled> {
         let body = Body::Json(serde_json::json!({ "shift_ms": shift_ms }));
         self.typed(Method::PATCH, &self.task_path(id, ""), body)
             .await
