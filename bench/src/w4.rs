@@ -45,8 +45,9 @@ impl Bench {
             allowed_hosts: Some(vec![format!("http://127.0.0.1:{port}")]),
             ..Default::default()
         };
-        self.plugins
-            .set_settings(&[("webhook".to_owned(), settings)].into_iter().collect());
+        let policies = eggtimer::policy::Policies::default();
+        policies.set([("webhook".to_owned(), settings)].into_iter().collect());
+        self.plugins.follow(&policies);
         let hook =
             format!(r#"{{"url":"http://127.0.0.1:{port}/hook","body":{{"order_id":"o1"}}}}"#);
         let host: Arc<dyn TaskHost> = Arc::new(NoKv);

@@ -87,6 +87,28 @@ pub struct KeyRecord {
     pub role: Role,
     pub plugins: Vec<String>,
     pub created_at: i64,
+    /// What the plugins its patterns hold may add up to (None: no ceiling of the key's own).
+    #[serde(default, flatten)]
+    pub limits: KeyLimits,
+}
+
+/// An admin's ceilings on what one key's plugins hold together.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyLimits {
+    /// Most plugins its patterns hold: the key uploads no new plugin past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_plugins: Option<u32>,
+    /// Most tasks (scheduled, running and dead) its plugins hold together: each plugin the key
+    /// uploads gets what is left of it as the ceiling of its `max_pending`; the key uploads no
+    /// new plugin when nothing is left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending: Option<u64>,
+}
+
+impl KeyLimits {
+    pub fn is_none(&self) -> bool {
+        self.max_plugins.is_none() && self.max_pending.is_none()
+    }
 }
 
 /// A new key's id and secret.
@@ -111,6 +133,8 @@ pub struct Caller {
     pub name: String,
     pub role: Role,
     pub plugins: Vec<String>,
+    /// The key's ceilings on what its plugins hold together.
+    pub limits: KeyLimits,
 }
 
 impl Caller {
@@ -121,6 +145,7 @@ impl Caller {
             name: "admin".into(),
             role: Role::Admin,
             plugins: vec!["*".into()],
+            limits: KeyLimits::default(),
         }
     }
 
@@ -130,6 +155,7 @@ impl Caller {
             name: k.name.clone(),
             role: k.role,
             plugins: k.plugins.clone(),
+            limits: k.limits,
         }
     }
 

@@ -235,10 +235,18 @@ fn key_call(cmd: KeyCmd) -> Call {
             name,
             role,
             plugins,
+            max_plugins,
+            max_pending,
         } => {
             eprintln!("the key's secret (\"key\") is shown this once: Redis keeps only its hash");
-            Call::new(Method::POST, "/v1/keys")
-                .json(json!({"name": name, "role": role, "plugins": plugins}))
+            let mut body = json!({"name": name, "role": role, "plugins": plugins});
+            if let Some(m) = max_plugins {
+                body["max_plugins"] = json!(m);
+            }
+            if let Some(m) = max_pending {
+                body["max_pending"] = json!(m);
+            }
+            Call::new(Method::POST, "/v1/keys").json(body)
         }
         KeyCmd::List => Call::get("/v1/keys").view(View::Keys),
         KeyCmd::Revoke { id } => Call::new(Method::DELETE, format!("/v1/keys/{}", enc(&id))),

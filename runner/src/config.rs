@@ -167,6 +167,15 @@ pub struct ServeArgs {
     #[arg(long, env = "EGGTIMER_MAX_TOPICS", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_topics: u64,
+    /// Most kv keys one plugin keeps (a run whose writes would add one past it fails its attempt,
+    /// nothing of its effects written; keys whose TTL has passed don't count).
+    #[arg(long, env = "EGGTIMER_KV_MAX_KEYS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_max_keys: u64,
+    /// Most bytes of kv keys and values one plugin keeps (the same way).
+    #[arg(long, env = "EGGTIMER_KV_MAX_BYTES", default_value_t = 64 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_max_bytes: u64,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,

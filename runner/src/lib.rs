@@ -12,6 +12,7 @@ pub mod local_redis;
 pub mod membership;
 pub mod metrics;
 pub mod plugins;
+pub mod policy;
 pub mod poller;
 pub mod recurring;
 pub mod runner;

@@ -140,6 +140,8 @@ async fn serve(
         keep_done_ms: args.keep_done.as_millis().max(1) as u64,
         stream_maxlen: args.events_max_len,
         max_topics: args.max_topics,
+        kv_max_keys: args.kv_max_keys,
+        kv_max_bytes: args.kv_max_bytes,
         keep_versions: args.keep_versions,
         min_replicas_acked: args.min_replicas_acked,
         replica_ack_timeout_ms: args.replica_ack_timeout.as_millis().max(1) as u64,

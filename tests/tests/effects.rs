@@ -397,3 +397,91 @@ async fn a_plugin_writes_events_to_at_most_max_topics_topics() {
     );
     assert_eq!(len(events_key("noop", "c")), 2);
 }
+
+/// A plugin keeps at most `--kv-max-keys` kv keys and `--kv-max-bytes` bytes of keys and values:
+/// a run whose writes would add past either writes nothing and says so; overwriting and deleting
+/// stay open, and an entry whose TTL has passed no longer counts. Before, one team's plugin could
+/// fill Redis with kv, and then every team's schedules got 507.
+#[tokio::test]
+async fn a_plugin_keeps_at_most_kv_max_keys_keys_and_kv_max_bytes_bytes() {
+    use eggtimer::store::KvWrite;
+    let redis = RedisServer::start();
+    let opts = eggtimer::store::StoreOptions {
+        shards: 1,
+        kv_max_keys: 3,
+        kv_max_bytes: 100,
+        ..Default::default()
+    };
+    let s = Store::open(RedisTarget::Single(redis.url()), opts)
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+    let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, 0)).collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let mut claimed = s.claim(0, 40, 30_000).await.unwrap().tasks.into_iter();
+    let set = |key: &str, value: &str, ttl_ms: Option<u64>| KvWrite::Set {
+        key: key.into(),
+        value: value.into(),
+        ttl_ms,
+    };
+    let del = |key: &str| KvWrite::Delete { key: key.into() };
+    let mut commit = async |kv: Vec<KvWrite>| {
+        let fx = NsEffects {
+            kv,
+            ..NsEffects::default()
+        };
+        let run = claimed.next().expect("a claimed task left");
+        s.commit_ns_effects(&run, &fx).await.unwrap()
+    };
+    let full = Committed::KvFull {
+        max_keys: 3,
+        max_bytes: 100,
+    };
+    assert_eq!(
+        commit(vec![
+            set("a", "1", None),
+            set("b", "2", None),
+            set("c", "3", None)
+        ])
+        .await,
+        Committed::Applied
+    );
+    // a fourth key: refused whole (the overwrite beside it too)
+    assert_eq!(
+        commit(vec![set("a", "9", None), set("d", "4", None)]).await,
+        full
+    );
+    assert_eq!(s.kv_get("noop", "d").await.unwrap(), None);
+    assert_eq!(s.kv_get("noop", "a").await.unwrap().as_deref(), Some("1"));
+    // overwriting, and a delete that makes room, are taken
+    assert_eq!(commit(vec![set("a", "10", None)]).await, Committed::Applied);
+    assert_eq!(
+        commit(vec![del("b"), set("d", "4", None)]).await,
+        Committed::Applied
+    );
+    assert_eq!(s.kv_get("noop", "d").await.unwrap().as_deref(), Some("4"));
+    // bytes: a value that would take the keys and values past 100 bytes
+    let big = "x".repeat(97); // with "a", "c" and "d": 102 bytes
+    assert_eq!(commit(vec![set("a", &big, None)]).await, full);
+    assert_eq!(s.kv_get("noop", "a").await.unwrap().as_deref(), Some("10"));
+    // an entry with a TTL counts until the TTL has passed, then it makes room
+    assert_eq!(
+        commit(vec![del("c"), set("e", "5", Some(200))]).await,
+        Committed::Applied
+    );
+    assert_eq!(commit(vec![set("f", "6", None)]).await, full);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match commit(vec![set("f", "6", None)]).await {
+            Committed::Applied => break,
+            c => assert_eq!(c, full),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an entry whose TTL passed still counts"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.kv_get("noop", "e").await.unwrap(), None);
+    assert_eq!(s.kv_get("noop", "f").await.unwrap().as_deref(), Some("6"));
+}

@@ -316,13 +316,13 @@ async fn a_slow_compile_does_not_install_over_a_newer_version() {
     .unwrap();
     let noop = plugin_wasm("noop");
     let (p, wasm) = (plugins.clone(), noop.clone());
-    tokio::task::spawn_blocking(move || p.compile("noop", 0, &wasm).map(|_| ()))
+    tokio::task::spawn_blocking(move || p.compile("noop", "noop", 0, &wasm).map(|_| ()))
         .await
         .unwrap()
         .unwrap();
     let python = plugin_wasm("coupon-expiry-py");
     store
-        .plugin_put("p", &digest(&python), &python, now_ms())
+        .plugin_put("p", &digest(&python), &python, now_ms(), None)
         .await
         .unwrap();
     let registry = Registry::new(store.clone(), plugins.clone(), 64 << 20);
@@ -334,7 +334,7 @@ async fn a_slow_compile_does_not_install_over_a_newer_version() {
         (plugins.compiles() == 1).then_some(())
     })
     .await;
-    let (entry, created) = registry.upload("p", noop.clone()).await.unwrap();
+    let (entry, created) = registry.upload("p", None, noop.clone()).await.unwrap();
     assert_eq!((entry.version, created), (2, true));
     assert_eq!(plugins.get("p").unwrap().version, 2);
     assert_eq!(plugins.compiles(), 1, "the reload compiles still");

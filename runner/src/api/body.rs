@@ -188,7 +188,7 @@ pub mod field {
         let Some(r) = raw(d)? else { return Ok(None) };
         super::integer(r.get()).map(Some).ok_or_else(|| {
             D::Error::custom(format!(
-                "must be an integer (ms) from {} to {}, got {}",
+                "must be an integer from {} to {}, got {}",
                 i64::MIN,
                 i64::MAX,
                 super::short(r.get())

@@ -1,13 +1,20 @@
 //! An admin's ceilings on a plugin's limits (the body of `ceilings` in
-//! `PATCH /v1/plugins/{name}`), and the origins only an admin may let a plugin call.
+//! `PATCH /v1/plugins/{name}`), a key's ceilings on what its plugins hold together, and the
+//! origins only an admin may let a plugin call.
 
+use axum::http::StatusCode;
 use serde::Deserialize;
 
+use super::AppState;
+use super::body::ApiResult;
+use super::error::ApiError;
 use super::settings::{
     MAX_CONCURRENCY, MAX_MEMORY_BYTES, MAX_PENDING, MAX_TIME_LIMIT_MS, MAX_WEIGHT,
     MIN_MEMORY_BYTES, RateLimitBody, Setting, given, ranged, rate,
 };
-use crate::store::Ceilings;
+use crate::access::Caller;
+use crate::policy::Policy;
+use crate::store::{Ceilings, DEFAULT_MAX_PENDING};
 
 /// An admin's ceilings on a plugin's limits (each field as in the settings).
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -61,6 +68,80 @@ impl CeilingsBody {
         set(&mut cur.memory_bytes, n(self.memory_bytes));
         cur
     }
+}
+
+/// What the caller's own ceilings (its key's `max_plugins` and `max_pending`) let it upload as
+/// the new plugin `name`: 403 `key_limit` when its patterns hold `max_plugins` plugins already,
+/// or when its plugins' `max_pending` take all of its own; else the ceiling of `max_pending`
+/// the new plugin gets: what is left, shared evenly among the plugins the key may still add
+/// when it has a `max_plugins` (None: the key has no `max_pending`, or `name` exists and this
+/// is a new version of it).
+pub(super) async fn key_share(
+    st: &AppState,
+    caller: &Caller,
+    name: &str,
+) -> ApiResult<Option<u64>> {
+    let limits = caller.limits;
+    if limits.is_none() || st.store.plugin_current(name).await?.is_some() {
+        return Ok(None);
+    }
+    let held: Vec<String> = st
+        .store
+        .plugin_names()
+        .await?
+        .into_iter()
+        .filter(|n| n != name && caller.sees(n))
+        .collect();
+    let refuse = |why: String| ApiError::new(StatusCode::FORBIDDEN, "key_limit", why);
+    if let Some(max) = limits.max_plugins
+        && held.len() >= max as usize
+    {
+        return Err(refuse(format!(
+            "key {:?} may hold {max} plugins (its max_plugins) and holds {}: delete one, or ask an admin for more",
+            caller.name,
+            held.len()
+        )));
+    }
+    let Some(max) = limits.max_pending else {
+        return Ok(None);
+    };
+    let settings = st.store.plugin_settings_all().await?;
+    let defaults = st.store.policies().defaults();
+    let used: u64 = held
+        .iter()
+        .map(|n| {
+            let policy = settings.get(n).map(|s| Policy::of(s, defaults));
+            policy
+                .and_then(|p| p.max_pending)
+                .unwrap_or(DEFAULT_MAX_PENDING)
+        })
+        .sum();
+    let still = limits
+        .max_plugins
+        .map_or(1, |m| u64::from(m).saturating_sub(held.len() as u64).max(1));
+    match max.saturating_sub(used) / still {
+        0 => Err(refuse(format!(
+            "key {:?}'s plugins may hold {max} tasks together (its max_pending), and the max_pending of the {} it holds add up to {used}: lower one, or ask an admin for more",
+            caller.name,
+            held.len()
+        ))),
+        left => Ok(Some(left.min(DEFAULT_MAX_PENDING))),
+    }
+}
+
+/// Gives the new plugin `name` its share of its key's `max_pending` as the ceiling of its own.
+pub(super) async fn give_share(st: &AppState, name: &str, share: u64) -> ApiResult<()> {
+    let mut ceilings = st
+        .store
+        .plugin_settings(name)
+        .await?
+        .ceilings
+        .unwrap_or_default();
+    ceilings.max_pending = Some(ceilings.max_pending.map_or(share, |c| c.min(share)));
+    let value = serde_json::to_value(&ceilings).expect("serializes");
+    st.store.set_setting(name, "ceilings", &value).await?;
+    st.registry.sync_settings().await?;
+    Ok(())
 }
 
 /// Whether an allowed origin reaches what is not a public address: an IP address in a

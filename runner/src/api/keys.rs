@@ -8,16 +8,19 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::body::{self, ApiResult};
+use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::ApiError;
 use super::params::page_limit_of;
 use crate::access::{
-    Caller, KeyRecord, MAX_PATTERNS, Role, new_secret, secret_hash, valid_pattern,
+    Caller, KeyLimits, KeyRecord, MAX_PATTERNS, Role, new_secret, secret_hash, valid_pattern,
 };
 use crate::clock::now_ms;
 use crate::limits;
-use crate::store::AuditEntry;
+use crate::store::{AuditEntry, MAX_MAX_PENDING};
+
+/// Most a key's `max_plugins` may be.
+const MAX_PLUGINS_OF_KEY: u64 = 100_000;
 
 /// A new key.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -34,6 +37,15 @@ pub struct NewKey {
     /// Plugin patterns: a name, a prefix ending in `*`, or `*` for every plugin.
     #[schema(min_items = 1, max_items = 100, value_type = Vec<doc::PluginPattern>)]
     plugins: Vec<String>,
+    /// Most plugins its patterns may hold (it uploads no new plugin past it).
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(value_type = Option<u32>, minimum = 0, maximum = 100000)]
+    max_plugins: Option<i64>,
+    /// Most tasks its plugins may hold together: each plugin it uploads gets what is left as
+    /// the ceiling of its `max_pending`.
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000000)]
+    max_pending: Option<i64>,
 }
 
 /// A key, without its secret.
@@ -44,6 +56,12 @@ pub struct KeyInfo {
     role: Role,
     plugins: Vec<String>,
     created_at: i64,
+    /// Most plugins its patterns may hold (absent: no ceiling of the key's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_plugins: Option<u32>,
+    /// Most tasks its plugins may hold together (absent: no ceiling of the key's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_pending: Option<u64>,
     /// When a runner last took it (to the second), null if never.
     last_used_at: Option<i64>,
 }
@@ -56,6 +74,12 @@ pub struct KeyCreated {
     role: Role,
     plugins: Vec<String>,
     created_at: i64,
+    /// Most plugins its patterns may hold (absent: no ceiling of the key's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_plugins: Option<u32>,
+    /// Most tasks its plugins may hold together (absent: no ceiling of the key's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_pending: Option<u64>,
     /// The bearer secret. Redis keeps only its hash: it can't be shown again.
     key: String,
 }
@@ -83,6 +107,17 @@ pub async fn key_create(
             "plugins: {p:?} is not a pattern (a plugin name, a prefix ending in `*`, or `*`)"
         )));
     }
+    let within = |field: &str, v: Option<i64>, max: u64| -> ApiResult<Option<u64>> {
+        v.map(|n| {
+            u64::try_from(n)
+                .ok()
+                .filter(|n| *n <= max)
+                .ok_or_else(|| ApiError::bad(format!("{field} must be from 0 to {max}, got {n}")))
+        })
+        .transpose()
+    };
+    let max_plugins = within("max_plugins", k.max_plugins, MAX_PLUGINS_OF_KEY)?;
+    let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
     let (id, secret) = new_secret();
     let record = KeyRecord {
         id,
@@ -90,6 +125,10 @@ pub async fn key_create(
         role: k.role,
         plugins: k.plugins,
         created_at: now_ms(),
+        limits: KeyLimits {
+            max_plugins: max_plugins.map(|n| n as u32),
+            max_pending,
+        },
     };
     st.store.key_put(&record, &secret_hash(&secret)).await?;
     let created = KeyCreated {
@@ -98,6 +137,8 @@ pub async fn key_create(
         role: record.role,
         plugins: record.plugins,
         created_at: record.created_at,
+        max_plugins: record.limits.max_plugins,
+        max_pending: record.limits.max_pending,
         key: secret,
     };
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
@@ -118,6 +159,8 @@ pub async fn key_list(State(st): State<AppState>) -> ApiResult<Response> {
             role: k.role,
             plugins: k.plugins,
             created_at: k.created_at,
+            max_plugins: k.limits.max_plugins,
+            max_pending: k.limits.max_pending,
             last_used_at: used,
         })
         .collect();

@@ -54,9 +54,17 @@ pub async fn plugin_upload(
     body::require_content_type(&headers, "application/wasm")?;
     check_name(&caller, &name)?;
     let wasm = body::read(body, st.max_plugin_bytes).await?;
+    let share = super::ceilings::key_share(&st, &caller, &name).await?;
     use crate::plugins::UploadError as U;
-    match st.registry.upload(&name, wasm.to_vec()).await {
+    match st
+        .registry
+        .upload(&name, Some(&caller.key_id), wasm.to_vec())
+        .await
+    {
         Ok((entry, created)) => {
+            if let Some(share) = share {
+                super::ceilings::give_share(&st, &name, share).await?;
+            }
             let status = if created {
                 StatusCode::CREATED
             } else {
@@ -105,8 +113,8 @@ fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> serde_js
     let mut v = serde_json::to_value(e).expect("serializes");
     v["ceilings"] = json!(s.ceilings.clone().unwrap_or_default());
     // the values that apply: each held under its ceiling
-    let (time_limit, memory) = st.registry.plugins().run_defaults();
-    let s = &s.effective(time_limit, memory);
+    let d = st.store.policies().defaults();
+    let s = &s.effective(d.time_limit.as_millis() as u64, d.memory as u64);
     v["paused"] = json!(s.paused);
     v["max_concurrency"] = json!(s.max_concurrency);
     v["max_concurrency_per_owner"] = json!(s.max_concurrency_per_owner);

@@ -419,6 +419,7 @@ pub(super) mod tests {
             name: "orders".into(),
             role: Role::Developer,
             plugins: vec!["order-*".into()],
+            limits: Default::default(),
         }
     }
 

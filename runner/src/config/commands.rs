@@ -20,6 +20,13 @@ pub enum KeyCmd {
         /// Plugin patterns, comma-separated: names, prefixes ending in `*`, or `*` for all.
         #[arg(long, value_delimiter = ',', required = true)]
         plugins: Vec<String>,
+        /// Most plugins its patterns may hold (it uploads no new plugin past it).
+        #[arg(long)]
+        max_plugins: Option<u32>,
+        /// Most tasks its plugins may hold together (each new plugin gets its share as the
+        /// ceiling of its own max_pending).
+        #[arg(long)]
+        max_pending: Option<u64>,
     },
     /// List the keys (without secrets), with when each was last used.
     List,

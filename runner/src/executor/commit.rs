@@ -111,6 +111,15 @@ impl Executor {
                         task.plugin
                     )));
                 }
+                Ok(Committed::KvFull {
+                    max_keys,
+                    max_bytes,
+                }) => {
+                    return Err(NotCommitted::OverQuota(format!(
+                        "plugin {:?} would keep more than {max_keys} kv keys (--kv-max-keys) or {max_bytes} bytes of kv keys and values (--kv-max-bytes); nothing of this run was written",
+                        task.plugin
+                    )));
+                }
                 Err(e) => return Err(NotCommitted::Failed(e)),
             }
         }

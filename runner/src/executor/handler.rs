@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::store::{AttemptLog, Claimed, NewTask, NsEffects, RateLimit};
+use crate::store::{AttemptLog, Claimed, NewTask, NsEffects};
 
 /// What a handler decided about its task.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,38 +124,9 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
-    /// At most this many runs of `plugin` at once across the namespace's runners (None: no
-    /// limit). The executor takes a slot in Redis before each run.
-    fn max_concurrency(&self, _plugin: &str) -> Option<u32> {
-        None
-    }
-
-    /// At most this many runs of one owner's tasks of `plugin` at once across the namespace's
-    /// runners (None: no limit). The executor takes a slot in Redis before each such run.
-    fn max_concurrency_per_owner(&self, _plugin: &str) -> Option<u32> {
-        None
-    }
-
-    /// At most `max` starts of `plugin` in any `per_ms` ms across the namespace's runners (None:
-    /// no limit). The executor asks Redis before each run.
-    fn rate_limit(&self, _plugin: &str) -> Option<RateLimit> {
-        None
-    }
-
     /// Whether this runner has `plugin` loaded (false: its tasks can't run here yet).
     fn has_plugin(&self, _plugin: &str) -> bool {
         true
-    }
-
-    /// The plugin's weight in the fair share between plugins (1 unless set).
-    fn weight(&self, _plugin: &str) -> u32 {
-        1
-    }
-
-    /// How long a concurrency slot lasts without being taken again: longer than one call can run,
-    /// so only a dead runner's slots expire.
-    fn slot_lease_ms(&self, _plugin: &str) -> u64 {
-        60_000
     }
 }
 

@@ -85,7 +85,7 @@ impl Executor {
     /// Over its plugin's rate: back to scheduled at the start reserved for it, the attempt
     /// given back (asked before the slots: a start it can't take is its rate's, not others').
     pub(super) async fn over_rate(&self, task: &Claimed) -> Option<Finish> {
-        let rate = self.handler.rate_limit(&task.plugin)?;
+        let rate = self.store.policy(&task.plugin).rate_limit?;
         match self
             .store
             .rate_take(&task.plugin, (&task.id, task.attempt), rate)
@@ -126,13 +126,12 @@ impl Executor {
     /// owner's `max_concurrency_per_owner`.
     pub(super) fn slot_limits<'a>(&self, task: &'a Claimed) -> Vec<(SlotsOf<'a>, u32)> {
         let mut limits = Vec::new();
-        if let Some(max) = self.handler.max_concurrency(&task.plugin) {
+        let policy = self.store.policy(&task.plugin);
+        if let Some(max) = policy.max_concurrency {
             limits.push((SlotsOf::Plugin(&task.plugin), max));
         }
-        if let (Some(max), Some(owner)) = (
-            self.handler.max_concurrency_per_owner(&task.plugin),
-            task.owner.as_deref(),
-        ) {
+        if let (Some(max), Some(owner)) = (policy.max_concurrency_per_owner, task.owner.as_deref())
+        {
             let plugin = &task.plugin;
             limits.push((SlotsOf::Owner { plugin, owner }, max));
         }
@@ -147,7 +146,7 @@ impl Executor {
         holder: &str,
         limits: &[(SlotsOf<'_>, u32)],
     ) -> Result<(), usize> {
-        let lease = self.handler.slot_lease_ms(&task.plugin);
+        let lease = self.store.policy(&task.plugin).slot_lease_ms();
         for (i, &(of, max)) in limits.iter().enumerate() {
             let taken = match self.store.slot_take(of, holder, max, lease).await {
                 Ok(taken) => taken,
@@ -171,7 +170,7 @@ impl Executor {
         holder: &str,
         limits: &[(SlotsOf<'_>, u32)],
     ) {
-        let within_ms = self.handler.slot_lease_ms(&task.plugin);
+        let within_ms = self.store.policy(&task.plugin).slot_lease_ms();
         for &(of, _) in limits {
             match self.store.slot_give(of, holder).await {
                 Ok(Some(next)) => wake_next(&self.store, of, next, within_ms).await,
@@ -201,7 +200,7 @@ impl Executor {
                 attempts: task.attempt.saturating_sub(1),
             },
             due: task.due,
-            within_ms: self.handler.slot_lease_ms(&task.plugin),
+            within_ms: self.store.policy(&task.plugin).slot_lease_ms(),
         }
     }
 
@@ -213,7 +212,7 @@ impl Executor {
         holder: &str,
         limits: &[(SlotsOf<'_>, u32)],
     ) {
-        let lease = self.handler.slot_lease_ms(&task.plugin);
+        let lease = self.store.policy(&task.plugin).slot_lease_ms();
         for &(of, max) in limits {
             if let Err(e) = self.store.slot_take(of, holder, max, lease).await {
                 warn!(plugin = %task.plugin, "renewing a concurrency slot failed: {e:#}");

@@ -41,7 +41,7 @@ impl Executor {
         Share {
             held: held
                 .iter()
-                .map(|(p, &n)| (p.clone(), n, self.handler.weight(p).max(1)))
+                .map(|(p, &n)| (p.clone(), n, self.store.policy(p).weight))
                 .collect(),
             extra: if crowded { SHARE_WALK } else { 0 },
             headroom: res.headroom,
@@ -77,7 +77,7 @@ impl Executor {
             let Ok(worker) = Arc::clone(&self.running).try_acquire_owned() else {
                 return;
             };
-            let next = queue.pop(|p| self.handler.weight(p));
+            let next = queue.pop(|p| self.store.policy(p).weight);
             let waits = std::mem::take(&mut queue.share_waits);
             drop(queue);
             self.observe_share_waits(waits);

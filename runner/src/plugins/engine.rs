@@ -316,8 +316,15 @@ impl WasmEngine {
 
     /// Compiles and checks a plugin binary: it must be a component whose imports the host
     /// provides and which exports `handle` of the contract. Blocking (seconds for a large
-    /// plugin): call it off the async runtime.
-    pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
+    /// plugin): call it off the async runtime. Compiles take turns by `team` (the key that
+    /// uploaded the plugin, else its name).
+    pub fn compile(
+        &self,
+        name: &str,
+        team: &str,
+        version: u64,
+        wasm: &[u8],
+    ) -> Result<Loaded, String> {
         let digest = digest(wasm);
         let cached = self
             .cache_path(&digest)
@@ -334,7 +341,7 @@ impl WasmEngine {
             Some(c) => c,
             None => {
                 let _counted = Counted::new(&self.compiles);
-                let _turn = self.compile_turn.take(name);
+                let _turn = self.compile_turn.take(team);
                 self.compile_fresh(&digest, wasm)?
             }
         };

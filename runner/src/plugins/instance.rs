@@ -30,6 +30,7 @@ use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
 use crate::clock::now_ms;
 use crate::executor::{Outcome, Run, TaskHost};
+use crate::policy::Policy;
 use crate::store::Claimed;
 
 /// Captured guest output kept per instance before it is recycled.
@@ -115,21 +116,6 @@ impl Pool {
     }
 }
 
-/// What a plugin's settings make of one of its runs.
-#[derive(Clone)]
-pub(super) struct RunSettings {
-    /// The plugins it may schedule and cancel besides its own.
-    pub may_schedule: Option<Arc<[String]>>,
-    /// Its time limit.
-    pub timeout: Duration,
-    /// Its memory cap, all of an instance's memories together (bytes).
-    pub memory: usize,
-    /// The origins it may send HTTP requests to.
-    pub allowed_hosts: Arc<[String]>,
-    /// Its `config` setting.
-    pub config: Arc<std::collections::BTreeMap<String, String>>,
-}
-
 /// What every call shares: the engine, the warm pool, the host's options, the HTTP client.
 pub(super) struct CallEnv<'a> {
     pub engine: &'a wasmtime::Engine,
@@ -144,16 +130,15 @@ pub(super) async fn call(
     loaded: &Loaded,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
-    settings: RunSettings,
+    policy: Arc<Policy>,
 ) -> Run {
-    let timeout = settings.timeout;
-    let mut warm = match warm_instance(env.engine, env.pool, loaded, timeout, settings.memory).await
-    {
+    let timeout = policy.time_limit;
+    let mut warm = match warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await {
         Ok(w) => w,
         Err(e) => return Run::failed(e),
     };
     let deadline = Instant::now() + timeout;
-    begin(&mut warm, &env, task, host, settings, deadline);
+    begin(&mut warm, &env, task, host, &policy, deadline);
     let result = tokio::time::timeout_at(
         deadline.into(),
         warm.plugin.call_handle(&mut warm.store, &task_input(task)),
@@ -200,15 +185,10 @@ fn begin(
     env: &CallEnv<'_>,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
-    settings: RunSettings,
+    policy: &Policy,
     deadline: Instant,
 ) {
-    let RunSettings {
-        may_schedule,
-        allowed_hosts,
-        config,
-        ..
-    } = settings;
+    let may_schedule = policy.may_schedule.clone();
     let data = warm.store.data_mut();
     data.started_at.store(now_ms(), Ordering::Relaxed);
     data.deadline = deadline;
@@ -227,7 +207,7 @@ fn begin(
         default_max_attempts: env.opts.default_max_attempts,
         http: Some(Arc::new(HttpCtx {
             outbound: Arc::clone(env.outbound),
-            allowed_hosts,
+            allowed_hosts: Arc::clone(&policy.allowed_hosts),
             traceparent: task.traceparent.clone(),
             deadline,
             task_id: task.task_id().to_owned(),
@@ -235,7 +215,7 @@ fn begin(
             plugin: task.plugin.clone(),
             sent: Default::default(),
         })),
-        config,
+        config: Arc::clone(&policy.config),
         ..CallCtx::default()
     };
     warm.store.set_epoch_deadline(1);

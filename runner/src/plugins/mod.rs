@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::store::{PluginSettings, RateLimit};
+use crate::policy::{Defaults, Policies, Policy};
 
 use anyhow::{Context, Result, anyhow};
 use futures::future::BoxFuture;
@@ -129,17 +129,9 @@ impl Drop for CallRuntime {
 pub struct Plugins {
     engine: engine::WasmEngine,
     current: RwLock<HashMap<String, Arc<Loaded>>>,
-    /// Each plugin's max_concurrency (from the registry's settings).
-    limits: RwLock<HashMap<String, u32>>,
-    /// Each plugin's max_concurrency_per_owner.
-    per_owner: RwLock<HashMap<String, u32>>,
-    /// Each plugin's rate limit.
-    rates: RwLock<HashMap<String, RateLimit>>,
-    /// Each plugin's weight in the fair share, where it is not 1.
-    weights: RwLock<HashMap<String, u32>>,
-    /// What each plugin's own settings make of its runs (`may_schedule`, `time_limit_ms`,
-    /// `memory_bytes`), where it has any.
-    runs: RwLock<HashMap<String, instance::RunSettings>>,
+    /// Each plugin's policy (time limit, memory, hosts, `may_schedule`, config): the store's,
+    /// once a registry serves this host ([`Plugins::follow`]).
+    policies: RwLock<Policies>,
     pool: instance::Pool,
     /// The HTTP client of plugins' requests.
     outbound: Arc<http::Outbound>,
@@ -164,89 +156,51 @@ impl Plugins {
             outbound: Arc::new(outbound),
             engine,
             current: RwLock::new(HashMap::new()),
-            limits: RwLock::new(HashMap::new()),
-            per_owner: RwLock::new(HashMap::new()),
-            rates: RwLock::new(HashMap::new()),
-            weights: RwLock::new(HashMap::new()),
-            runs: RwLock::new(HashMap::new()),
+            policies: RwLock::new(Policies::new(Defaults {
+                time_limit: opts.timeout,
+                memory: opts.memory,
+            })),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
         }))
     }
 
-    /// Takes every plugin's settings: max_concurrency (also per owner), rate limit, weight,
-    /// may_schedule, time limit, memory cap, allowed hosts, config.
-    /// What a plugin's setting `time_limit_ms` and `memory_bytes` mean when unset: the runner's
-    /// `--plugin-timeout` (ms) and `--plugin-memory` (bytes).
-    pub fn run_defaults(&self) -> (u64, u64) {
-        (
-            self.opts.timeout.as_millis() as u64,
-            self.opts.memory as u64,
-        )
+    /// What a plugin leaves unset: the runner's `--plugin-timeout` and `--plugin-memory`.
+    pub fn defaults(&self) -> Defaults {
+        Defaults {
+            time_limit: self.opts.timeout,
+            memory: self.opts.memory,
+        }
     }
 
-    pub fn set_settings(&self, all: &HashMap<String, PluginSettings>) {
-        let pick = |f: &dyn Fn(&PluginSettings) -> Option<u32>| -> HashMap<String, u32> {
-            all.iter()
-                .filter_map(|(name, s)| Some((name.clone(), f(s)?)))
-                .collect()
-        };
-        let limits = pick(&|s| s.max_concurrency);
-        let per_owner = pick(&|s| s.max_concurrency_per_owner);
-        let rates = all
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.rate_limit?)))
-            .collect();
-        let weights = pick(&|s| s.weight.filter(|w| *w != 1));
-        let runs = all
-            .iter()
-            .filter(|(_, s)| {
-                s.may_schedule.is_some()
-                    || s.time_limit_ms.is_some()
-                    || s.memory_bytes.is_some()
-                    || s.allowed_hosts.is_some()
-                    || s.config.is_some()
-            })
-            .map(|(name, s)| {
-                let run = instance::RunSettings {
-                    may_schedule: s.may_schedule.clone().map(Into::into),
-                    timeout: s
-                        .time_limit_ms
-                        .map_or(self.opts.timeout, Duration::from_millis),
-                    memory: s.memory_bytes.map_or(self.opts.memory, |b| b as usize),
-                    allowed_hosts: s.allowed_hosts.clone().unwrap_or_default().into(),
-                    config: Arc::new(s.config.clone().unwrap_or_default()),
-                };
-                (name.clone(), run)
-            })
-            .collect();
-        *self.limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
-        *self.per_owner.write().unwrap_or_else(|e| e.into_inner()) = per_owner;
-        *self.rates.write().unwrap_or_else(|e| e.into_inner()) = rates;
-        *self.weights.write().unwrap_or_else(|e| e.into_inner()) = weights;
-        *self.runs.write().unwrap_or_else(|e| e.into_inner()) = runs;
+    /// Reads each plugin's policy from `policies` (the store's, which the registry's sync makes)
+    /// from now on, and makes them with this host's defaults.
+    pub fn follow(&self, policies: &Policies) {
+        policies.set_defaults(self.defaults());
+        *self.policies.write().unwrap_or_else(|e| e.into_inner()) = policies.clone();
     }
 
-    /// What a plugin's settings make of its runs: its own, else the runner's.
-    fn run_settings(&self, plugin: &str) -> instance::RunSettings {
-        self.runs
+    /// A plugin's policy.
+    fn policy(&self, plugin: &str) -> Arc<Policy> {
+        self.policies
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(plugin)
-            .cloned()
-            .unwrap_or_else(|| instance::RunSettings {
-                may_schedule: None,
-                timeout: self.opts.timeout,
-                memory: self.opts.memory,
-                allowed_hosts: Arc::new([]),
-                config: Arc::default(),
-            })
     }
 
-    /// Compiles and checks a plugin binary (blocking: call it off the async runtime).
-    pub fn compile(&self, name: &str, version: u64, wasm: &[u8]) -> Result<Loaded, String> {
-        self.engine.compile(name, version, wasm)
+    /// Compiles and checks a plugin binary (blocking: call it off the async runtime). One
+    /// compile runs at a time; when several wait, a `team` (the key that uploaded the plugin)
+    /// other than the one served last goes first, so one team's uploads hold up another team's
+    /// deploy for one compile at most.
+    pub fn compile(
+        &self,
+        name: &str,
+        team: &str,
+        version: u64,
+        wasm: &[u8],
+    ) -> Result<Loaded, String> {
+        self.engine.compile(name, team, version, wasm)
     }
 
     /// Instantiates `loaded` once, as its first call would (its start code runs, under the
@@ -257,13 +211,13 @@ impl Plugins {
         let this = Arc::clone(self);
         let loaded = loaded.clone();
         let start = async move {
-            let s = this.run_settings(&loaded.name);
+            let p = this.policy(&loaded.name);
             instance::start_once(
                 &this.engine.engine,
                 &this.pool,
                 &loaded,
-                s.timeout,
-                s.memory,
+                p.time_limit,
+                p.memory,
             )
             .await
         };
@@ -365,7 +319,7 @@ impl Plugins {
             opts: &self.opts,
             outbound: &self.outbound,
         };
-        instance::call(env, &loaded, task, host, self.run_settings(&task.plugin)).await
+        instance::call(env, &loaded, task, host, self.policy(&task.plugin)).await
     }
 }
 
@@ -380,45 +334,8 @@ impl Handler for Plugins {
         self.rt.0.as_ref().map(|r| r.handle().clone())
     }
 
-    fn max_concurrency(&self, plugin: &str) -> Option<u32> {
-        self.limits
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(plugin)
-            .copied()
-    }
-
-    fn max_concurrency_per_owner(&self, plugin: &str) -> Option<u32> {
-        self.per_owner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(plugin)
-            .copied()
-    }
-
-    fn rate_limit(&self, plugin: &str) -> Option<RateLimit> {
-        self.rates
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(plugin)
-            .copied()
-    }
-
     fn has_plugin(&self, plugin: &str) -> bool {
         self.get(plugin).is_some()
-    }
-
-    fn weight(&self, plugin: &str) -> u32 {
-        self.weights
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(plugin)
-            .copied()
-            .unwrap_or(1)
-    }
-
-    fn slot_lease_ms(&self, plugin: &str) -> u64 {
-        (self.run_settings(plugin).timeout + Duration::from_secs(5)).as_millis() as u64
     }
 }
 
@@ -448,7 +365,7 @@ pub fn load_dir(plugins: &Plugins, dir: &Path) -> Result<Vec<String>> {
         }
         let wasm = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let loaded = plugins
-            .compile(&name, 0, &wasm)
+            .compile(&name, &name, 0, &wasm)
             .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         plugins.install(loaded);
         names.push(name);

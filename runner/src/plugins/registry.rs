@@ -56,7 +56,10 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The registry of `store`'s namespace, serving `plugins`: both read each plugin's policy
+    /// from the store's table, which [`Registry::sync_settings`] makes.
     pub fn new(store: Store, plugins: Arc<Plugins>, max_bytes: usize) -> Arc<Registry> {
+        plugins.follow(store.policies());
         Arc::new(Registry {
             store,
             plugins,
@@ -68,10 +71,12 @@ impl Registry {
         &self.plugins
     }
 
-    /// Checks, stores and installs a plugin; returns its entry and whether it is a new version.
+    /// Checks, stores and installs a plugin uploaded by the key `team` (None: the runner's own
+    /// seeding); returns its entry and whether it is a new version.
     pub async fn upload(
         &self,
         name: &str,
+        team: Option<&str>,
         wasm: Vec<u8>,
     ) -> Result<(PluginEntry, bool), UploadError> {
         if !valid_plugin_name(name) {
@@ -83,9 +88,9 @@ impl Registry {
         // a name deleted earlier starts clean, even if that delete was cut short
         self.store.plugin_purge(name).await?;
         let plugins = Arc::clone(&self.plugins);
-        let owned = name.to_owned();
+        let (owned, turn) = (name.to_owned(), team.unwrap_or(name).to_owned());
         let (loaded, wasm) =
-            tokio::task::spawn_blocking(move || (plugins.compile(&owned, 0, &wasm), wasm))
+            tokio::task::spawn_blocking(move || (plugins.compile(&owned, &turn, 0, &wasm), wasm))
                 .await
                 .context("compiling a plugin")?;
         let mut loaded = loaded.map_err(UploadError::Invalid)?;
@@ -97,7 +102,7 @@ impl Registry {
         let at = now_ms();
         let (version, created) = self
             .store
-            .plugin_put(name, &loaded.digest, &wasm, at)
+            .plugin_put(name, &loaded.digest, &wasm, at, team)
             .await?;
         loaded.version = version;
         let entry = PluginEntry {
@@ -106,6 +111,7 @@ impl Registry {
             digest: loaded.digest.clone(),
             size: wasm.len() as u64,
             uploaded_at: at,
+            uploaded_by: team.map(str::to_owned),
         };
         let entry = if created {
             entry
@@ -178,9 +184,10 @@ impl Registry {
                     .await?
                     .unwrap_or_default();
                 let e = entry.clone();
-                if let Ok(Ok(loaded)) =
-                    tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
-                        .await
+                if let Ok(Ok(loaded)) = tokio::task::spawn_blocking(move || {
+                    plugins.compile(&e.name, e.team(), e.version, &wasm)
+                })
+                .await
                 {
                     self.install_if_current(loaded).await?;
                 }
@@ -199,30 +206,21 @@ impl Registry {
             })?;
         let plugins = Arc::clone(&self.plugins);
         let e = entry.clone();
-        let loaded =
-            tokio::task::spawn_blocking(move || plugins.compile(&e.name, e.version, &wasm))
-                .await
-                .context("compiling a plugin")?
-                .map_err(|err| anyhow::anyhow!("{name} v{}: {err}", entry.version))?;
+        let loaded = tokio::task::spawn_blocking(move || {
+            plugins.compile(&e.name, e.team(), e.version, &wasm)
+        })
+        .await
+        .context("compiling a plugin")?
+        .map_err(|err| anyhow::anyhow!("{name} v{}: {err}", entry.version))?;
         self.install_if_current(loaded).await
     }
 
-    /// Loads every plugin's settings (max_concurrency, weight, may_schedule, time limit, memory
-    /// cap, max_pending) from the registry, each limit held under its admin's ceiling.
+    /// Makes every plugin's policy from the registry's settings (each limit held under its
+    /// admin's ceiling) and swaps them in whole: the executor, the plugin host and the quota
+    /// check read the new ones from their next read on.
     pub async fn sync_settings(&self) -> Result<()> {
-        let (time_limit, memory) = self.plugins.run_defaults();
-        let all: std::collections::HashMap<_, _> = self
-            .store
-            .plugin_settings_all()
-            .await?
-            .into_iter()
-            .map(|(name, s)| (name, s.effective(time_limit, memory)))
-            .collect();
-        self.plugins.set_settings(&all);
-        let quotas = all
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.max_pending?)));
-        self.store.use_quotas(quotas.collect());
+        let all = self.store.plugin_settings_all().await?;
+        self.store.policies().set(all);
         Ok(())
     }
 
@@ -271,7 +269,7 @@ impl Registry {
                     info!(plugin = %name, "{name} was deleted; not seeding {}", path.display());
                 }
                 _ => {
-                    self.upload(&name, wasm)
+                    self.upload(&name, None, wasm)
                         .await
                         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
                     seeded.push(name);

@@ -1,7 +1,8 @@
 //! Whose turn it is to compile. One compile at a time (cranelift spreads a compile over every
-//! core already), and when several plugins wait, the one that waited longest among those that
-//! were not served last goes first: a plugin uploaded again and again holds up another plugin's
-//! compile for one compile at most, where a plain lock let whichever thread woke first win.
+//! core already), and when several teams wait (a team: the key that uploaded the plugin), the
+//! compile that waited longest among those of teams not served last goes first: one team's
+//! uploads, however many plugins, hold up another team's compile for one compile at most, where
+//! a plain lock let whichever thread woke first win.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -15,15 +16,15 @@ pub(super) struct Turns {
 #[derive(Default)]
 struct State {
     busy: bool,
-    /// Waiting compiles (ticket, plugin name), in the order they came.
+    /// Waiting compiles (ticket, team), in the order they came.
     waiting: VecDeque<(u64, String)>,
-    /// The plugin served last.
+    /// The team served last.
     last: Option<String>,
     tickets: u64,
 }
 
 impl State {
-    /// The ticket whose turn is next: the first waiting for another plugin than the last one
+    /// The ticket whose turn is next: the first waiting of another team than the last one
     /// served, else the first.
     fn next(&self) -> Option<u64> {
         self.waiting
@@ -42,18 +43,18 @@ impl Turns {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for plugin `name`'s turn to compile (blocking).
-    pub fn take(&self, name: &str) -> Turn<'_> {
+    /// Waits for a turn of `team` to compile (blocking).
+    pub fn take(&self, team: &str) -> Turn<'_> {
         let mut st = self.lock();
         let me = st.tickets;
         st.tickets += 1;
-        st.waiting.push_back((me, name.to_owned()));
+        st.waiting.push_back((me, team.to_owned()));
         while st.busy || st.next() != Some(me) {
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.waiting.retain(|(t, _)| *t != me);
         st.busy = true;
-        st.last = Some(name.to_owned());
+        st.last = Some(team.to_owned());
         Turn(self)
     }
 }
@@ -71,9 +72,10 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    /// While `a` compiles, `a` asks twice more and then `b` once: `b` goes next, not after both.
+    /// While team `a` compiles, `a` asks twice more (two plugins, or one plugin again) and then
+    /// `b` once: `b` goes next, not after both.
     #[test]
-    fn a_plugin_compiling_again_and_again_lets_another_go_next() {
+    fn a_team_compiling_again_and_again_lets_another_go_next() {
         let turns = Arc::new(Turns::default());
         let order = Arc::new(Mutex::new(Vec::new()));
         let first = turns.take("a");

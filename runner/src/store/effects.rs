@@ -26,15 +26,26 @@ impl Store {
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
         inv.key(keys.effects_marker(&run.id, &run.effects_claim.to_string()));
-        // the SET of the plugin's topics, when the run emits: the key after the others
+        // the SET of the plugin's topics, when the run emits: the key after the others; then
+        // the plugin's kv index (three keys), when the run writes kv
+        let after = 2 + fx.reads.len() + fx.kv.len() + fx.events.len();
         let topics_ix = match fx.events.is_empty() {
             true => 0,
-            false => 2 + fx.reads.len() + fx.kv.len() + fx.events.len(),
+            false => after,
         };
+        let kv_ix = match fx.kv.is_empty() {
+            true => 0,
+            false => after + usize::from(topics_ix > 0),
+        };
+        let o = &self.inner.opts;
         inv.arg(MARKER_TTL_MS)
-            .arg(self.inner.opts.stream_maxlen)
-            .arg(self.inner.opts.max_topics)
+            .arg(o.stream_maxlen)
+            .arg(o.max_topics)
             .arg(topics_ix)
+            .arg(kv_ix)
+            .arg(o.kv_max_keys)
+            .arg(o.kv_max_bytes)
+            .arg(keys.kv(plugin, "").len())
             .arg(fx.reads.len());
         let mut ix = 1;
         for r in &fx.reads {
@@ -82,6 +93,11 @@ impl Store {
         if topics_ix > 0 {
             inv.key(keys.plugin_topics(plugin));
         }
+        if kv_ix > 0 {
+            for k in keys.plugin_kv_index(plugin) {
+                inv.key(k);
+            }
+        }
         let v: i64 = inv
             .invoke_async(&mut self.conn())
             .await
@@ -92,6 +108,10 @@ impl Store {
             -1 => Committed::Conflict,
             -2 => Committed::TooManyTopics {
                 max: self.inner.opts.max_topics,
+            },
+            -3 => Committed::KvFull {
+                max_keys: self.inner.opts.kv_max_keys,
+                max_bytes: self.inner.opts.kv_max_bytes,
             },
             other => bail!("the effects script answered {other}, which this runner does not know"),
         })

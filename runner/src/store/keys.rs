@@ -289,6 +289,16 @@ impl Keys {
         format!("{{{}}}:events:{}:{}", self.ns, plugin, topic)
     }
 
+    /// A plugin's kv index (`lua/effects.lua`): HASH kv key -> bytes of key and value, ZSET kv
+    /// key -> when its TTL ends (ms), and the bytes of all of them.
+    pub fn plugin_kv_index(&self, name: &str) -> [String; 3] {
+        [
+            format!("{{{}}}:plugin:kv-sizes:{}", self.ns, name),
+            format!("{{{}}}:plugin:kv-expiry:{}", self.ns, name),
+            format!("{{{}}}:plugin:kv-bytes:{}", self.ns, name),
+        ]
+    }
+
     /// SET of the topics a plugin has written events to (bounded by `--max-topics`).
     pub fn plugin_topics(&self, name: &str) -> String {
         format!("{{{}}}:plugin:topics:{}", self.ns, name)

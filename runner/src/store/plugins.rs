@@ -16,6 +16,17 @@ pub struct PluginEntry {
     pub digest: String,
     pub size: u64,
     pub uploaded_at: i64,
+    /// The id of the key that uploaded it (`admin` for the runner's token; absent for a plugin
+    /// the runner seeded from its directory, or one uploaded before 0.2.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploaded_by: Option<String>,
+}
+
+impl PluginEntry {
+    /// Whose turn its compiles take: the key that uploaded it, else its name.
+    pub fn team(&self) -> &str {
+        self.uploaded_by.as_deref().unwrap_or(&self.name)
+    }
 }
 
 /// A plugin's settings, kept apart from its versions (an upload or rollback keeps them).
@@ -195,6 +206,7 @@ impl Store {
         digest: &str,
         wasm: &[u8],
         uploaded_at: i64,
+        uploaded_by: Option<&str>,
     ) -> Result<(u64, bool)> {
         let k = self.keys();
         let (version, created): (u64, u8) = self
@@ -214,6 +226,7 @@ impl Store {
             .arg(self.inner.opts.keep_versions.max(1))
             .arg(k.plugin_history_prefix())
             .arg(k.plugin_blob_prefix())
+            .arg(uploaded_by.unwrap_or(""))
             .invoke_async(&mut self.conn())
             .await
             .context("storing a plugin")?;
@@ -256,6 +269,7 @@ impl Store {
     /// Deletes a plugin; false when there was none.
     pub async fn plugin_delete(&self, name: &str) -> Result<bool> {
         let k = self.keys();
+        let kv_index = k.plugin_kv_index(name);
         let n: i64 = self
             .inner
             .scripts
@@ -271,6 +285,9 @@ impl Store {
             .key(k.plugin_purge())
             .key(k.plugin_rate_queue(name))
             .key(k.plugin_topics(name))
+            .key(&kv_index[0])
+            .key(&kv_index[1])
+            .key(&kv_index[2])
             .arg(name)
             .arg(k.plugins_channel())
             .arg(k.plugin_history_prefix())

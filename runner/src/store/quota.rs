@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -55,8 +55,8 @@ const FRESH: Duration = Duration::from_millis(250);
 /// The quotas, shared by every store opened from one (`Store::own_connection`).
 #[derive(Default)]
 pub(super) struct Quotas {
-    /// Each plugin's max_pending, where it is not the default.
-    limits: RwLock<HashMap<String, u64>>,
+    /// Each plugin's policy: its max_pending, where it has one of its own.
+    pub(super) policies: crate::policy::Policies,
     /// Each plugin's pending count as last read, and what was admitted since.
     counts: Mutex<HashMap<String, Count>>,
 }
@@ -102,8 +102,7 @@ impl Quotas {
 
     /// A plugin's max_pending when it has one of its own (its admissions go through the ledger).
     fn own_limit(&self, plugin: &str) -> Option<u64> {
-        let limits = self.limits.read().unwrap_or_else(|e| e.into_inner());
-        limits.get(plugin).copied()
+        self.policies.get(plugin).max_pending
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Count>> {
@@ -141,14 +140,15 @@ impl Quotas {
 }
 
 impl Store {
-    /// Takes every plugin's max_pending (those not listed have the default).
-    pub fn use_quotas(&self, limits: HashMap<String, u64>) {
-        *self
-            .inner
-            .quotas
-            .limits
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = limits;
+    /// Every plugin's policy, as the last sync of the registry's settings made them (shared by
+    /// the stores opened from this one, and by the plugin host the registry serves).
+    pub fn policies(&self) -> &crate::policy::Policies {
+        &self.inner.quotas.policies
+    }
+
+    /// One plugin's policy.
+    pub fn policy(&self, plugin: &str) -> Arc<crate::policy::Policy> {
+        self.policies().get(plugin)
     }
 
     /// Admits new tasks against their plugins' max_pending, all or none; counts them as
@@ -282,7 +282,14 @@ mod tests {
 
     fn quotas(limit: u64, read: u64) -> Quotas {
         let q = Quotas::default();
-        q.limits.write().unwrap().insert("p".into(), limit);
+        let max_pending = Some(limit);
+        q.policies.set(HashMap::from([(
+            "p".to_owned(),
+            crate::store::PluginSettings {
+                max_pending,
+                ..Default::default()
+            },
+        )]));
         q.counts().insert(
             "p".into(),
             Count {

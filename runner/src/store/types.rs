@@ -235,6 +235,12 @@ pub enum Committed {
     TooManyTopics {
         max: u64,
     },
+    /// Its kv writes would take its plugin past `max_keys` keys or `max_bytes` bytes: nothing
+    /// was written.
+    KvFull {
+        max_keys: u64,
+        max_bytes: u64,
+    },
 }
 
 /// Options of a store.
@@ -248,6 +254,10 @@ pub struct StoreOptions {
     pub stream_maxlen: u64,
     /// Most topics one plugin writes events to.
     pub max_topics: u64,
+    /// Most kv keys, and bytes of kv keys and values, one plugin keeps (counted as this build
+    /// writes them).
+    pub kv_max_keys: u64,
+    pub kv_max_bytes: u64,
     /// Versions of a plugin kept (its history); older ones and their bytes are dropped.
     pub keep_versions: u32,
     /// Replicas that must confirm the writes the API acknowledges (`WAIT`), and how long they
@@ -266,6 +276,8 @@ impl Default for StoreOptions {
             keep_done_ms: 600_000,
             stream_maxlen: 1_000_000,
             max_topics: 100,
+            kv_max_keys: 100_000,
+            kv_max_bytes: 64 << 20,
             keep_versions: 10,
             min_replicas_acked: 0,
             replica_ack_timeout_ms: 1000,

@@ -5,9 +5,13 @@
 -- All keys share the namespace hash tag {ns}. KEYS[1]: the marker of this run (task id + the
 -- claim it commits under: its own, or the first of the claims before it that lost their lease
 -- with no outcome recorded);
--- KEYS[2..]: the kv and stream keys the reads and ops name by index, and the SET of the topics
--- the run's plugin has written (named by index when the run emits).
+-- KEYS[2..]: the kv and stream keys the reads and ops name by index, the SET of the topics
+-- the run's plugin has written (named by index when the run emits), and the plugin's kv index
+-- (when the run writes kv): HASH kv key -> bytes (key and value), ZSET kv key -> when its TTL
+-- ends (ms), STRING the bytes of all (named by the index of the first).
 -- ARGV: marker_ttl_ms, stream_maxlen, max_topics, topics_key_index (0: the run emits nothing),
+-- kv_index_key_index (0: the run writes no kv), max_kv_keys, max_kv_bytes, the length of the
+-- plugin's kv key prefix,
 -- n_reads, then per read: key_index, sha1 of the value read ('' when it was absent); then ops:
 --   'set', key_index, value, ttl_ms (0 = none) | 'del', key_index |
 --   'emit', key_index, topic, task_id, plugin, data |
@@ -15,11 +19,15 @@
 --   traceparent field)
 -- Returns 1 when applied, 0 when this marker's effects were applied before, -1 on a conflict (a key
 -- read has changed: nothing was written; the handler must run again with fresh reads), -2 when
--- the events would take the plugin past max_topics topics (nothing was written).
+-- the events would take the plugin past max_topics topics, -3 when its kv writes would take it
+-- past max_kv_keys keys or max_kv_bytes bytes (a run that adds neither is taken); nothing was
+-- written but the index's forgetting of entries whose TTL has passed.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local maxlen, max_topics, topics_ix = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local n_reads = tonumber(ARGV[5])
-local i = 6
+local kv_ix, max_kv_keys, max_kv_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local prefix_len = tonumber(ARGV[8])
+local n_reads = tonumber(ARGV[9])
+local i = 10
 for _ = 1, n_reads do
   local v = redis.call('GET', KEYS[tonumber(ARGV[i])])
   local seen = ''
@@ -51,6 +59,42 @@ if #new_topics > 0 then
   if redis.call('SCARD', topics) + #new_topics > max_topics then return -2 end
   for _, topic in ipairs(new_topics) do redis.call('SADD', topics, topic) end
 end
+-- The kv index: what the sets and deletes make of the plugin's key count and bytes.
+local sizes, expiry, total_key, now, size = nil, nil, nil, 0, {}
+if kv_ix > 0 then
+  sizes, expiry, total_key = KEYS[kv_ix], KEYS[kv_ix + 1], KEYS[kv_ix + 2]
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local total = tonumber(redis.call('GET', total_key) or '0')
+  -- entries whose TTL has passed are gone: forgotten (a bounded number per commit)
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', expiry, '-inf', now, 'LIMIT', 0, 1000)) do
+    total = total - tonumber(redis.call('HGET', sizes, k) or '0')
+    redis.call('HDEL', sizes, k)
+    redis.call('ZREM', expiry, k)
+  end
+  redis.call('SET', total_key, total)
+  local count = redis.call('HLEN', sizes)
+  local count0, total0 = count, total
+  for _, at in ipairs(ops) do
+    local op = ARGV[at]
+    if op == 'set' or op == 'del' then
+      local k = string.sub(KEYS[tonumber(ARGV[at + 1])], prefix_len + 1)
+      local old = size[k]
+      if old == nil then old = tonumber(redis.call('HGET', sizes, k) or '') or false end
+      local new = op == 'set' and (#k + #ARGV[at + 2]) or false
+      if old then count, total = count - 1, total - old end
+      if new then count, total = count + 1, total + new end
+      size[k] = new
+    end
+  end
+  if (count > max_kv_keys and count > count0) or (total > max_kv_bytes and total > total0) then
+    return -3
+  end
+  redis.call('SET', total_key, total)
+  for k, n in pairs(size) do
+    if n then redis.call('HSET', sizes, k, n) else redis.call('HDEL', sizes, k) end
+  end
+end
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
 for _, at in ipairs(ops) do
   local op, key = ARGV[at], KEYS[tonumber(ARGV[at + 1])]
@@ -58,8 +102,13 @@ for _, at in ipairs(ops) do
     local ttl = tonumber(ARGV[at + 3])
     if ttl > 0 then redis.call('SET', key, ARGV[at + 2], 'PX', ARGV[at + 3]) -- as sent: no float
     else redis.call('SET', key, ARGV[at + 2]) end
+    if expiry then
+      local k = string.sub(key, prefix_len + 1)
+      if ttl > 0 then redis.call('ZADD', expiry, now + ttl, k) else redis.call('ZREM', expiry, k) end
+    end
   elseif op == 'del' then
     redis.call('DEL', key)
+    if expiry then redis.call('ZREM', expiry, string.sub(key, prefix_len + 1)) end
   elseif op == 'emit' then
     redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*',
       'task_id', ARGV[at + 3], 'plugin', ARGV[at + 4], 'data', ARGV[at + 5])

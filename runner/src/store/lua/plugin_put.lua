@@ -6,7 +6,8 @@
 -- KEYS: plugins (HASH name -> current JSON), history (LIST, newest first), blob, seq (HASH).
 -- (The other plugins' histories and the blobs to drop are named from ARGV's prefixes, under the
 -- same hash tag.)
--- ARGV: name, digest, size, uploaded_at, bytes, channel, keep, history key prefix, blob key prefix.
+-- ARGV: name, digest, size, uploaded_at, bytes, channel, keep, history key prefix, blob key prefix,
+-- uploaded_by (the uploading key's id; '' for none).
 -- Returns {version, created (1) or 0 when these bytes are already the current version}.
 local name, digest, size, at, bytes, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local keep, history_prefix, blob_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
@@ -17,8 +18,10 @@ if cur then
 end
 local version = redis.call('HINCRBY', KEYS[4], name, 1)
 redis.call('SET', KEYS[3], bytes)
+local uploaded_by = ARGV[10]
+if uploaded_by == '' then uploaded_by = nil end
 local entry = cjson.encode({ name = name, version = version, digest = digest, size = tonumber(size),
-  uploaded_at = tonumber(at) })
+  uploaded_at = tonumber(at), uploaded_by = uploaded_by })
 redis.call('LPUSH', KEYS[2], entry)
 redis.call('HSET', KEYS[1], name, entry)
 local dropped = {}

@@ -1,0 +1,196 @@
+//! One policy per plugin: what its settings mean on this runner, made whole from the registry's
+//! settings (each limit held under its admin's ceiling, what is unset at the runner's defaults)
+//! and swapped whole on every sync of the settings. The executor (slots, rate, weight), the plugin
+//! host (time limit, memory, hosts, `may_schedule`, config) and the quota check (`max_pending`)
+//! all read it here; none keeps settings of its own, so a new setting has one place to land.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::store::{PluginSettings, RateLimit};
+
+/// What a plugin's settings make of its runs, its slots and its quota.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// At most this many runs at once across the namespace's runners (None: no limit).
+    pub max_concurrency: Option<u32>,
+    /// At most this many runs of one owner's tasks at once (None: no limit).
+    pub max_concurrency_per_owner: Option<u32>,
+    /// At most `max` starts in any `per_ms` ms across the runners (None: no limit).
+    pub rate_limit: Option<RateLimit>,
+    /// Its share of workers when plugins compete (1 unless set).
+    pub weight: u32,
+    /// Its own max_pending (None: the namespace's default, counted without the ledger).
+    pub max_pending: Option<u64>,
+    /// The time limit of one run.
+    pub time_limit: Duration,
+    /// The memory cap of one instance, all its memories together (bytes).
+    pub memory: usize,
+    /// The plugins it may schedule and cancel besides its own (None: its own only).
+    pub may_schedule: Option<Arc<[String]>>,
+    /// The origins it may send HTTP requests to.
+    pub allowed_hosts: Arc<[String]>,
+    /// Its `config` setting.
+    pub config: Arc<BTreeMap<String, String>>,
+}
+
+/// The runner's defaults for what a plugin leaves unset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// `--plugin-timeout`.
+    pub time_limit: Duration,
+    /// `--plugin-memory` (bytes).
+    pub memory: usize,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            time_limit: Duration::from_secs(1),
+            memory: 64 << 20,
+        }
+    }
+}
+
+impl Policy {
+    /// The policy of a plugin with no settings.
+    pub fn unset(d: Defaults) -> Policy {
+        Policy::of(&PluginSettings::default(), d)
+    }
+
+    /// What `settings` mean, each limit under its ceiling and what is unset at `d`.
+    pub fn of(settings: &PluginSettings, d: Defaults) -> Policy {
+        let s = settings.effective(d.time_limit.as_millis() as u64, d.memory as u64);
+        Policy {
+            max_concurrency: s.max_concurrency,
+            max_concurrency_per_owner: s.max_concurrency_per_owner,
+            rate_limit: s.rate_limit,
+            weight: s.weight.unwrap_or(1).max(1),
+            max_pending: s.max_pending,
+            time_limit: s.time_limit_ms.map_or(d.time_limit, Duration::from_millis),
+            memory: s.memory_bytes.map_or(d.memory, |b| b as usize),
+            may_schedule: s.may_schedule.map(Into::into),
+            allowed_hosts: s.allowed_hosts.unwrap_or_default().into(),
+            config: Arc::new(s.config.unwrap_or_default()),
+        }
+    }
+
+    /// How long a concurrency slot lasts without being taken again: longer than one run can
+    /// take, so only a dead runner's slots expire.
+    pub fn slot_lease_ms(&self) -> u64 {
+        (self.time_limit + Duration::from_secs(5)).as_millis() as u64
+    }
+}
+
+struct Table {
+    by_name: HashMap<String, Arc<Policy>>,
+    unset: Arc<Policy>,
+    defaults: Defaults,
+    /// The settings the policies were made of (to make them again with other defaults).
+    settings: HashMap<String, PluginSettings>,
+}
+
+impl Table {
+    fn new(settings: HashMap<String, PluginSettings>, defaults: Defaults) -> Table {
+        Table {
+            by_name: settings
+                .iter()
+                .map(|(name, s)| (name.clone(), Arc::new(Policy::of(s, defaults))))
+                .collect(),
+            unset: Arc::new(Policy::unset(defaults)),
+            defaults,
+            settings,
+        }
+    }
+}
+
+/// Every plugin's policy, shared (clones read the same table) and swapped whole.
+#[derive(Clone)]
+pub struct Policies(Arc<RwLock<Arc<Table>>>);
+
+impl Default for Policies {
+    fn default() -> Self {
+        Policies::new(Defaults::default())
+    }
+}
+
+impl Policies {
+    pub fn new(defaults: Defaults) -> Policies {
+        Policies(Arc::new(RwLock::new(Arc::new(Table::new(
+            HashMap::new(),
+            defaults,
+        )))))
+    }
+
+    fn table(&self) -> Arc<Table> {
+        Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Makes the table again from the current one, under the lock (no change is lost).
+    fn remake(&self, make: impl FnOnce(&Table) -> Option<Table>) {
+        let mut t = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(new) = make(&t) {
+            *t = Arc::new(new);
+        }
+    }
+
+    /// The policy of `plugin` (the runner's defaults when it has no settings).
+    pub fn get(&self, plugin: &str) -> Arc<Policy> {
+        let t = self.table();
+        t.by_name.get(plugin).unwrap_or(&t.unset).clone()
+    }
+
+    /// The runner's defaults the policies are made with.
+    pub fn defaults(&self) -> Defaults {
+        self.table().defaults
+    }
+
+    /// Uses `defaults` for what plugins leave unset (the policies are made again).
+    pub fn set_defaults(&self, defaults: Defaults) {
+        self.remake(|t| (t.defaults != defaults).then(|| Table::new(t.settings.clone(), defaults)));
+    }
+
+    /// Makes every plugin's policy from `all` (those not listed have none of their own) and
+    /// swaps the table whole.
+    pub fn set(&self, all: HashMap<String, PluginSettings>) {
+        self.remake(|t| Some(Table::new(all, t.defaults)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Ceilings;
+
+    #[test]
+    fn a_policy_holds_each_limit_under_its_ceiling_and_fills_in_the_defaults() {
+        let d = Defaults {
+            time_limit: Duration::from_millis(2_000),
+            memory: 32 << 20,
+        };
+        let s = PluginSettings {
+            max_concurrency: Some(50),
+            weight: Some(10),
+            time_limit_ms: None,
+            ceilings: Some(Ceilings {
+                max_concurrency: Some(5),
+                weight: Some(3),
+                time_limit_ms: Some(500),
+                ..Ceilings::default()
+            }),
+            ..PluginSettings::default()
+        };
+        let p = Policy::of(&s, d);
+        assert_eq!(p.max_concurrency, Some(5));
+        assert_eq!(p.weight, 3);
+        assert_eq!(p.time_limit, Duration::from_millis(500));
+        assert_eq!(p.memory, 32 << 20);
+        assert_eq!(p.slot_lease_ms(), 5_500);
+        let policies = Policies::new(d);
+        policies.set(HashMap::from([("a".to_owned(), s)]));
+        assert_eq!(policies.get("a").max_concurrency, Some(5));
+        assert_eq!(*policies.get("b"), Policy::unset(d));
+        assert_eq!(policies.get("b").time_limit, Duration::from_millis(2_000));
+    }
+}
