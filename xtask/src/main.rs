@@ -9,12 +9,15 @@
 //! - `test [ARGS]` builds the plugins and the runner, installs schemathesis into target/py, then
 //!   runs every test file (`test`), ending with one summary.
 //! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md).
+//! - `dist [--no-image] [--redis-image]` builds the static runner and the container images
+//!   (`dist`), saying first what the machine lacks for them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod dist;
 mod guest;
 mod test;
 
@@ -90,7 +93,10 @@ fn run() -> Result<()> {
                 &rest,
             )
         }
-        _ => bail!("usage: cargo xtask plugins | run [ARGS] | test [ARGS] | bench [ARGS]"),
+        "dist" => dist::dist(&rest),
+        _ => bail!(
+            "usage: cargo xtask plugins | run [ARGS] | test [ARGS] | bench [ARGS] | dist [--no-image] [--redis-image]"
+        ),
     }
 }
 
