@@ -10,6 +10,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod nodes;
 mod recorder;
 mod report;
+mod w10;
 mod w4;
 mod w5;
 mod w6;
@@ -38,8 +39,8 @@ pub struct Args {
     /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
-    /// Workloads to run, comma-separated (W0..W7).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7")]
+    /// Workloads to run, comma-separated (W0..W7, W10).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W10")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -91,7 +92,7 @@ fn main() -> Result<()> {
     let servers = match args.cluster {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
-            if m == 0 || ["W3", "W5", "W6", "W7"].iter().any(|w| want(w)) {
+            if m == 0 || ["W3", "W5", "W6", "W7", "W10"].iter().any(|w| want(w)) {
                 bail!("--cluster N needs N >= 1 and runs W0, W1, W2 and W4 only (pass --only)");
             }
             Servers::Cluster(RedisCluster::start_with(m, 0, &everysec))
@@ -165,11 +166,15 @@ fn main() -> Result<()> {
             print(&w1)?;
             w1_alone = Some(w1);
         }
-        let mut w2 = None;
+        let (mut w2, mut w2_claim_finish) = (None, None);
         if want("W2") {
             let r = b.w2().await?;
             print(&r)?;
             w2 = Some(r.tasks_per_s);
+            w2_claim_finish = Some(r.redis_cpu_us_per_task_claim_and_finish);
+        }
+        if want("W10") {
+            print(&b.w10(w2_claim_finish).await?)?;
         }
         if want("W3") {
             print(&b.w3(w1_alone.as_ref()).await?)?;

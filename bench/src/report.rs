@@ -199,6 +199,19 @@ pub fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// W10: the least Redis work a claim and a finish can be, and W2's as a ratio to it.
+#[derive(Clone, Debug, Serialize)]
+pub struct W10 {
+    pub workload: &'static str,
+    pub n: usize,
+    /// Redis CPU (µs) per task of the minimal claim and finish.
+    pub redis_cpu_us_per_task_claim_and_finish: f64,
+    /// W2's, when it ran before in this run.
+    pub w2_redis_cpu_us_per_task_claim_and_finish: Option<f64>,
+    /// W2's over the limit's.
+    pub w2_ratio: Option<f64>,
+}
+
 /// W7: W0 and W2 with a replica and `--min-replicas-acked 1`, and their ratios to W0 and W2
 /// without it (measured in the same run).
 #[derive(Clone, Debug, Serialize)]

@@ -145,7 +145,7 @@ impl Bench {
     }
 
     /// CPU seconds Redis (every node together) has used so far.
-    async fn redis_cpu(&self) -> Result<f64> {
+    pub(crate) async fn redis_cpu(&self) -> Result<f64> {
         self.nodes.cpu_total().await
     }
 
