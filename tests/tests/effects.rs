@@ -333,6 +333,23 @@ async fn effect_markers_go_once_their_tasks_outcomes_are_recorded() {
     .await;
 }
 
+/// A one-shard store with `opts` and `n` tasks claimed in it (each claim commits effects once).
+async fn store_with_claimed(
+    redis: &RedisServer,
+    opts: eggtimer::store::StoreOptions,
+    n: usize,
+) -> (Store, Vec<eggtimer::Claimed>) {
+    let opts = eggtimer::store::StoreOptions { shards: 1, ..opts };
+    let s = Store::open(RedisTarget::Single(redis.url()), opts)
+        .await
+        .unwrap();
+    let tasks: Vec<NewTask> = (0..n).map(|i| task(&format!("t{i}"), 0)).collect();
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let claimed = s.claim(0, n, 30_000).await.unwrap().tasks;
+    assert_eq!(claimed.len(), n);
+    (s, claimed)
+}
+
 /// A plugin writes events to at most `--max-topics` topics: a run whose events would add one past
 /// it writes nothing (kv included) and says so; topics it has written stay open to it. Before, a
 /// plugin could create any number of streams.
@@ -341,18 +358,10 @@ async fn a_plugin_writes_events_to_at_most_max_topics_topics() {
     use eggtimer::store::KvWrite;
     let redis = RedisServer::start();
     let opts = eggtimer::store::StoreOptions {
-        shards: 1,
         max_topics: 3,
         ..Default::default()
     };
-    let s = Store::open(RedisTarget::Single(redis.url()), opts)
-        .await
-        .unwrap();
-    let ids: Vec<String> = (0..4).map(|i| format!("t{i}")).collect();
-    let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, 0)).collect();
-    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
-    let claimed = s.claim(0, 10, 30_000).await.unwrap().tasks;
-    assert_eq!(claimed.len(), 4);
+    let (s, claimed) = store_with_claimed(&redis, opts, 4).await;
     let emit = |topics: &[&str]| NsEffects {
         kv: vec![KvWrite::Set {
             key: "written".into(),
@@ -407,18 +416,12 @@ async fn a_plugin_keeps_at_most_kv_max_keys_keys_and_kv_max_bytes_bytes() {
     use eggtimer::store::KvWrite;
     let redis = RedisServer::start();
     let opts = eggtimer::store::StoreOptions {
-        shards: 1,
         kv_max_keys: 3,
         kv_max_bytes: 100,
         ..Default::default()
     };
-    let s = Store::open(RedisTarget::Single(redis.url()), opts)
-        .await
-        .unwrap();
-    let ids: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
-    let tasks: Vec<NewTask> = ids.iter().map(|id| task(id, 0)).collect();
-    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
-    let mut claimed = s.claim(0, 40, 30_000).await.unwrap().tasks.into_iter();
+    let (s, claimed) = store_with_claimed(&redis, opts, 40).await;
+    let mut claimed = claimed.into_iter();
     let set = |key: &str, value: &str, ttl_ms: Option<u64>| KvWrite::Set {
         key: key.into(),
         value: value.into(),
