@@ -72,7 +72,6 @@ if kv_ix > 0 then
     redis.call('HDEL', sizes, k)
     redis.call('ZREM', expiry, k)
   end
-  redis.call('SET', total_key, total)
   local count = redis.call('HLEN', sizes)
   local count0, total0 = count, total
   for _, at in ipairs(ops) do
@@ -88,6 +87,7 @@ if kv_ix > 0 then
     end
   end
   if (count > max_kv_keys and count > count0) or (total > max_kv_bytes and total > total0) then
+    redis.call('SET', total_key, total0) -- what the forgetting above left
     return -3
   end
   redis.call('SET', total_key, total)
