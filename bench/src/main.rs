@@ -155,9 +155,14 @@ fn main() -> Result<()> {
         }
         let mut w0 = None;
         if want("W0") {
-            let r = b.w0().await?;
+            let r = b.w0("noop").await?;
             print(&r)?;
             w0 = Some(r.tasks_per_s);
+            // the same without a payload check: what a check costs per task
+            b.flush().await?;
+            let plain = b.w0("noop-plain").await?;
+            print(&plain)?;
+            print(&report::CheckCost::of(&r, &plain))?;
         }
         let mut w1_alone = None;
         if want("W1") {
@@ -233,7 +238,7 @@ async fn w7(
     .await?;
     let nodes = Nodes::connect(&[master.url()], vec![(0..store.shards()).collect()]).await?;
     let b = Bench::new(store, plugins, args.clone(), nodes, &master.url(), http).await?;
-    let w0 = b.w0().await?.tasks_per_s;
+    let w0 = b.w0("noop").await?.tasks_per_s;
     let w2 = b.w2().await?.tasks_per_s;
     drop(replica);
     Ok(report::W7 {

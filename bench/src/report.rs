@@ -26,6 +26,8 @@ pub struct Outcomes {
 #[derive(Debug, Serialize)]
 pub struct W0 {
     pub workload: &'static str,
+    /// `noop` (its payloads checked) or `noop-plain` (no check).
+    pub plugin: &'static str,
     pub n: usize,
     pub batch: usize,
     pub concurrency: usize,
@@ -34,6 +36,29 @@ pub struct W0 {
     pub stored: u64,
     /// Redis CPU (µs) per task scheduled.
     pub redis_cpu_us_per_task: f64,
+}
+
+/// What checking payloads costs W0: `noop`'s W0 (each payload asked of its `check`) against
+/// `noop-plain`'s (no check), in one run.
+#[derive(Debug, Serialize)]
+pub struct CheckCost {
+    pub workload: &'static str,
+    /// W0 with checks as a share of W0 without (target: at least 0.7).
+    pub checked_share: f64,
+    /// Wall time per task the checks add (µs): 1/checked − 1/plain.
+    pub us_per_checked_task: f64,
+}
+
+impl CheckCost {
+    pub fn of(checked: &W0, plain: &W0) -> CheckCost {
+        CheckCost {
+            workload: "W0-check-cost",
+            checked_share: (checked.tasks_per_s / plain.tasks_per_s * 1000.0).round() / 1000.0,
+            us_per_checked_task: ((1e6 / checked.tasks_per_s - 1e6 / plain.tasks_per_s) * 100.0)
+                .round()
+                / 100.0,
+        }
+    }
 }
 
 /// W1 (and W1 on top of W3): tasks due evenly over 10 s.

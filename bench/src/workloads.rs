@@ -166,7 +166,9 @@ impl Bench {
     }
 
     /// W0: N tasks through `POST /v1/tasks`, batches of 1000, 4 requests in flight.
-    pub async fn w0(&self) -> Result<report::W0> {
+    /// W0: 100k tasks of `plugin` scheduled over HTTP in batches of 1,000 (`noop` checks their
+    /// payloads, `noop-plain` has no check).
+    pub async fn w0(&self, plugin: &'static str) -> Result<report::W0> {
         self.flush().await?;
         // as `eggtimer serve` does: the API's store on a connection of the HTTP runtime
         let store = self.store.clone();
@@ -207,7 +209,7 @@ impl Bench {
             .map(|c| {
                 serde_json::to_vec(
                     &c.iter()
-                        .map(|i| json!({"plugin": "noop", "id": format!("b{i}"), "run_at": far}))
+                        .map(|i| json!({"plugin": plugin, "id": format!("b{i}"), "run_at": far}))
                         .collect::<Vec<_>>(),
                 )
                 .expect("json")
@@ -257,6 +259,7 @@ impl Bench {
             .sum();
         Ok(report::W0 {
             workload: "W0",
+            plugin,
             n,
             batch: 1000,
             concurrency: 4,

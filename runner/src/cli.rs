@@ -80,6 +80,20 @@ pub async fn run(cmd: Command) -> Result<()> {
         Command::Serve(_) | Command::CompilePlugin => unreachable!("not a client command"),
         Command::Runners { remote } => (remote, Call::get("/v1/runners").view(View::Runners)),
         Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)?),
+        Command::Task {
+            remote,
+            cmd:
+                TaskCmd::DryRun {
+                    id,
+                    plugin,
+                    wasm: Some(wasm),
+                    ..
+                },
+        } => {
+            let r = client(&remote)?;
+            let out = crate::dry_local::run(&r, &id, plugin.as_deref(), &wasm).await?;
+            return show(&out, View::Json);
+        }
         Command::Task { remote, cmd } => (remote, task_call(cmd)?),
         Command::Owner { remote, cmd } => (remote, owner_call(cmd)?),
         Command::Dead { remote, cmd } => (remote, dead_call(cmd)),
@@ -110,7 +124,20 @@ pub async fn run(cmd: Command) -> Result<()> {
                     std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?,
                 ),
             };
-            r.call(call.method, &call.path, body).await?
+            match r.call(call.method, &call.path, body).await {
+                Ok(v) => v,
+                // a deploy refused by its check: the tasks it can't read, as a table
+                Err(eggtimer_client::Error::Api {
+                    code,
+                    message,
+                    error,
+                    ..
+                }) if code == "incompatible_payloads" => {
+                    eprint!("{}", crate::table::refused(&error));
+                    anyhow::bail!("{message}");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     };
     show(&out, if remote.json { View::Json } else { call.view })
@@ -145,10 +172,27 @@ fn show(out: &Value, view: View) -> Result<()> {
 fn plugin_call(cmd: PluginCmd) -> Result<Call> {
     let path = |name: &str, then: &str| format!("/v1/plugins/{}{then}", enc(name));
     Ok(match cmd {
-        PluginCmd::Push { name, file } => Call {
-            body: Body::Wasm(file),
-            ..Call::new(Method::PUT, path(&name, ""))
-        },
+        PluginCmd::Push {
+            name,
+            file,
+            candidate,
+            force,
+        } => {
+            let q = deploy_query(candidate, force);
+            Call {
+                body: Body::Wasm(file),
+                ..Call::new(Method::PUT, path(&name, &q))
+            }
+        }
+        PluginCmd::Promote {
+            name,
+            version,
+            force,
+        } => Call::new(
+            Method::POST,
+            path(&name, &format!("/promote{}", deploy_query(false, force))),
+        )
+        .json(json!({"version": version})),
         PluginCmd::List => Call::get("/v1/plugins").view(View::Plugins),
         PluginCmd::Get { name } => Call::get(path(&name, "")),
         PluginCmd::Rollback { name } => Call::new(Method::POST, path(&name, "/rollback")),
@@ -193,6 +237,16 @@ fn plugin_call(cmd: PluginCmd) -> Result<Call> {
         }
         PluginCmd::Secret(cmd) => secret_call(cmd)?,
     })
+}
+
+/// `?promote=false` and `?force=true` of a push or promotion.
+fn deploy_query(candidate: bool, force: bool) -> String {
+    match (candidate, force) {
+        (false, false) => String::new(),
+        (true, false) => "?promote=false".into(),
+        (false, true) => "?force=true".into(),
+        (true, true) => "?promote=false&force=true".into(),
+    }
 }
 
 fn secret_call(cmd: SecretCmd) -> Result<Call> {
@@ -328,6 +382,15 @@ fn task_call(cmd: TaskCmd) -> Result<Call> {
         TaskCmd::Get { id, plugin } => Call::get(path(&id, "", plugin)).view(View::Task),
         TaskCmd::Cancel { id, plugin } => Call::new(Method::DELETE, path(&id, "", plugin)),
         TaskCmd::Run { id, plugin } => Call::new(Method::POST, path(&id, "/run", plugin)),
+        TaskCmd::DryRun {
+            id,
+            plugin,
+            version,
+            wasm: None,
+        } => {
+            Call::new(Method::POST, path(&id, "/dry-run", plugin)).json(json!({"version": version}))
+        }
+        TaskCmd::DryRun { wasm: Some(_), .. } => unreachable!("run locally"),
         TaskCmd::Move { id, plugin, at, by } => {
             let body = match (at, by) {
                 (Some(t), None) => json!({"run_at": t}),

@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dry_local;
 pub mod executor;
 pub mod limits;
 pub mod local_redis;

@@ -168,6 +168,24 @@ pub fn audit(v: &Value) -> String {
     )
 }
 
+/// A deploy refused by its check (`plugin push`, `plugin promote`): the waiting tasks it can't
+/// read, the first ten, and how many in all.
+pub fn refused(error: &Value) -> String {
+    let rows: Vec<Vec<String>> = error["examples"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|r| vec![f(r, "id"), short(&f(r, "message"), 100)])
+        .collect();
+    format!(
+        "{}{} of {} waiting tasks refused by v{} (kept as a candidate)\n",
+        render(&["TASK", "WHY ITS PAYLOAD DOES NOT FIT"], &rows),
+        f(error, "failing"),
+        f(error, "checked"),
+        f(error, "version"),
+    )
+}
+
 /// `task find`, `owner list`, `dead list`: one task a line, and the next page's cursor.
 pub fn tasks(v: &Value) -> String {
     let rows: Vec<Vec<String>> = items(v)

@@ -358,8 +358,19 @@ pages.tasks = (params) => {
           await api("PATCH", `/v1/tasks/${enc(t.id)}${q({ plugin: t.plugin })}`, { shift_ms: Number(v) }); await done("Moved");
         }, { id: "act-shift", ghost: true, errorEl: e }),
         action("Cancel", async () => { await api("DELETE", `/v1/tasks/${enc(t.id)}${q({ plugin: t.plugin })}`); await done("Cancelled"); }, { id: "act-cancel", danger: true, errorEl: e }))
-        : t.state === "dead" ? h("div", { class: "actions" },
-          action("Retry", async () => { await api("POST", `/v1/dead/${enc(t.id)}/retry${q({ plugin: t.plugin })}`); await done("Put back"); }, { id: "act-retry", errorEl: e }))
+        : t.state === "dead" ? h("div", {}, h("div", { class: "actions" },
+          action("Retry", async () => { await api("POST", `/v1/dead/${enc(t.id)}/retry${q({ plugin: t.plugin })}`); await done("Put back"); }, { id: "act-retry", errorEl: e }),
+          h("label", {}, "version", h("input", { id: "dry-version", type: "number", min: "1", placeholder: "current" })),
+          action("Dry run", async () => {
+            // runs it through a version (a candidate, say) with nothing applied: what it would do
+            const v = $("#dry-version").value;
+            const r = await api("POST", `/v1/tasks/${enc(t.id)}/dry-run${q({ plugin: t.plugin })}`, v ? { version: Number(v) } : {});
+            const d = r.data;
+            const [word] = Object.keys(d.outcome);
+            $("#dry-run-result").replaceChildren(h("h2", {}, `Dry run on v${d.version}: ${word} (${d.took_ms.toFixed(1)} ms, nothing applied)`),
+              h("pre", { id: "dry-run-json" }, JSON.stringify({ outcome: d.outcome, effects: d.effects, log: d.log }, null, 2)));
+          }, { id: "act-dry-run", ghost: true, errorEl: e })),
+          h("div", { id: "dry-run-result" }))
           : h("p", { class: "muted" }, t.state === "running" ? "Running: it can't be changed until it finishes." : "Done."),
       e);
   }

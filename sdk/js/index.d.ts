@@ -26,9 +26,33 @@ export declare const Outcome: {
   runAgainAt(at: number | bigint): WitOutcome;
 };
 
+/**
+ * Says whether a parsed payload fits: a string (or false) names what does not, undefined (or
+ * true) means it fits.
+ */
+export type Validator = (payload: unknown) => string | boolean | undefined | void;
+
+/** A field map for `fields`: a JSON type per field, `?` for optional. */
+export type FieldTypes = Record<
+  string,
+  | 'string' | 'number' | 'integer' | 'boolean' | 'object' | 'array' | 'any'
+  | 'string?' | 'number?' | 'integer?' | 'boolean?' | 'object?' | 'array?' | 'any?'
+>;
+
+/** The plugin's `handle`, with its `check` (export both). */
+export interface Handle {
+  (task: WitTask): WitOutcome;
+  /** The WIT's `check`: throws a string naming what does not fit. */
+  check(payload: string): void;
+}
+
 export declare function handler<P = unknown>(
   fn: (task: Task<P>) => WitOutcome | void,
-): (task: WitTask) => WitOutcome;
+  options?: { payload?: Validator | FieldTypes },
+): Handle;
+
+/** A validator from a field map: `fields({ order_id: 'string', amount: 'number?' })`. */
+export declare function fields(map: FieldTypes): Validator;
 
 export declare function canonicalJson(value: unknown): string;
 

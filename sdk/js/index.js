@@ -1,5 +1,6 @@
 // The eggtimer plugin SDK for JavaScript and TypeScript: one handler over a parsed payload, and
-// what a handler may do while it runs (the WIT world `eggtimer:plugin/plugin`, wit/plugin.wit).
+// what a handler may do while it runs (the WIT worlds `eggtimer:plugin/plugin` and `checked`,
+// wit/plugin.wit).
 // Build a plugin with `jco componentize --backend qjs` (sdk/README.md); test it natively with
 // `node --import @eggtimer/sdk/register --test` and `TestHost` from `@eggtimer/sdk/testing`.
 //
@@ -38,14 +39,24 @@ export function canonicalJson(value) {
  * Declares the plugin's handler: `export const handle = handler((task) => ...)`. The task's
  * payload arrives parsed; times are numbers (ms). A payload that is not JSON fails the task at
  * once (retrying would not help).
+ *
+ * With `{ payload }` (a validator: `(payload) => string | undefined`, the string naming what
+ * does not fit, or a field map made with `fields(...)`), the handler checks its payload first,
+ * and `handle.check` is the plugin's `check`: `export const check = handle.check;` lets the
+ * runner refuse a task whose payload does not fit when it is scheduled (422), not when it runs.
  */
-export function handler(fn) {
-  return function handle(task) {
+export function handler(fn, { payload: validate } = {}) {
+  const checkPayload = validate === undefined ? () => undefined : validator(validate);
+  function handle(task) {
     let payload;
     try {
       payload = JSON.parse(task.payload);
     } catch (e) {
       return Outcome.fail(`the payload does not fit this plugin: ${e.message}`);
+    }
+    const unfit = checkPayload(payload);
+    if (unfit !== undefined) {
+      return Outcome.fail(`the payload does not fit this plugin: ${unfit}`);
     }
     const out = fn({
       id: task.id,
@@ -57,6 +68,67 @@ export function handler(fn) {
       payload,
     });
     return out === undefined || out === null ? Outcome.done() : out;
+  }
+  // the WIT's `check: func(payload: string) -> result<_, string>`: a thrown string is the error
+  handle.check = (text) => {
+    let payload;
+    try {
+      payload = JSON.parse(text);
+    } catch (e) {
+      throw `the payload is not JSON: ${e.message}`;
+    }
+    const unfit = checkPayload(payload);
+    if (unfit !== undefined) throw unfit;
+  };
+  return handle;
+}
+
+/** A validator function, or one made from a field map. */
+function validator(v) {
+  if (typeof v === 'function') {
+    return (p) => {
+      const r = v(p);
+      if (r === false) return 'the payload does not fit';
+      return r === undefined || r === null || r === true ? undefined : String(r);
+    };
+  }
+  return fields(v);
+}
+
+const JSON_TYPES = {
+  string: (x) => typeof x === 'string',
+  number: (x) => typeof x === 'number',
+  integer: (x) => Number.isInteger(x),
+  boolean: (x) => typeof x === 'boolean',
+  object: (x) => x !== null && typeof x === 'object' && !Array.isArray(x),
+  array: (x) => Array.isArray(x),
+  any: () => true,
+};
+
+/**
+ * A validator from a field map: `fields({ order_id: 'string', amount: 'number?' })`; types are
+ * string, number, integer, boolean, object, array, any, a trailing `?` for optional (absent or
+ * null). Fields not named are allowed. The message names the first field that does not fit.
+ */
+export function fields(map) {
+  for (const [name, t] of Object.entries(map)) {
+    if (!(String(t).replace(/\?$/, '') in JSON_TYPES)) {
+      throw new Error(`fields: ${name}: ${t} is not one of ${Object.keys(JSON_TYPES).join(', ')}`);
+    }
+  }
+  return (p) => {
+    if (!JSON_TYPES.object(p)) return 'expected an object';
+    for (const [name, t] of Object.entries(map)) {
+      const optional = t.endsWith('?');
+      const type = t.replace(/\?$/, '');
+      const v = p[name];
+      if (v === undefined || v === null) {
+        if (optional) continue;
+        return `missing field ${name}`;
+      }
+      if (!JSON_TYPES[type](v)) return `field ${name}: expected ${type}`;
+    }
+    return undefined;
   };
 }
 

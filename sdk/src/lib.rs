@@ -33,7 +33,7 @@ pub use serde_json;
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../wit",
-        world: "plugin",
+        world: "checked",
         pub_export_macro: true,
         export_macro_name: "export",
         default_bindings_module: "eggtimer_sdk::bindings",
@@ -423,7 +423,7 @@ pub fn __run<P: DeserializeOwned>(
     task: wit::Task,
     f: fn(Task<P>) -> Result,
 ) -> std::result::Result<wit::Outcome, String> {
-    let payload: P = match serde_json::from_str(&task.payload) {
+    let payload: P = match decode(&task.payload) {
         Ok(p) => p,
         Err(e) => {
             return Ok(wit::Outcome::Fail(format!(
@@ -451,8 +451,37 @@ pub fn __run<P: DeserializeOwned>(
     }
 }
 
+/// Whether `payload` decodes as the handler's payload type (what [`handler!`] exports as the
+/// plugin's `check`): the runner calls it when a task is scheduled, so a payload the handler could
+/// not read is refused then (`422 invalid_payload`), not dead-lettered when it falls due.
+#[doc(hidden)]
+pub fn __check<P: DeserializeOwned>(
+    payload: &str,
+    _f: fn(Task<P>) -> Result,
+) -> std::result::Result<(), String> {
+    decode::<P>(payload).map(drop)
+}
+
+/// `payload` as `P`; an error names the field where it does not fit (`expires_at: invalid
+/// type: string "soon", expected i64 at line 1 column 60`).
+fn decode<P: DeserializeOwned>(payload: &str) -> std::result::Result<P, String> {
+    let mut de = serde_json::Deserializer::from_str(payload);
+    let p = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.into_inner().to_string()
+        } else {
+            format!("{path}: {}", e.into_inner())
+        }
+    })?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(p)
+}
+
 /// Declares the plugin's handler: a `fn(Task<P>) -> eggtimer_sdk::Result` where `P` is any
-/// `serde::Deserialize` payload type. Use it once per plugin crate.
+/// `serde::Deserialize` payload type. Use it once per plugin crate. The plugin also exports
+/// `check`, which decodes a payload as `P` with the same deserializer: the runner refuses a task
+/// whose payload the handler could not read when it is scheduled.
 ///
 /// ```no_run
 /// fn handle(task: eggtimer_sdk::Task<serde_json::Value>) -> eggtimer_sdk::Result {
@@ -471,6 +500,10 @@ macro_rules! handler {
                 task: $crate::bindings::eggtimer::plugin::types::Task,
             ) -> ::std::result::Result<$crate::bindings::eggtimer::plugin::types::Outcome, ::std::string::String> {
                 $crate::__run(task, $f)
+            }
+
+            fn check(payload: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
+                $crate::__check(&payload, $f)
             }
         }
 

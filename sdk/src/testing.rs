@@ -342,13 +342,31 @@ impl TestHost {
         f: fn(Task<P>) -> Result,
         payload: &str,
     ) -> Result {
-        match serde_json::from_str::<P>(payload) {
+        match crate::decode::<P>(payload) {
             Ok(p) => self.run(f, task(p)),
             Err(e) => Ok(Outcome::Fail(format!(
                 "the payload does not fit this plugin: {e}"
             ))),
         }
     }
+}
+
+/// What the plugin's `check` says of a payload given as JSON, as the runner asks it when a task
+/// is scheduled: `Err` names what does not fit.
+///
+/// ```
+/// # use eggtimer_sdk::{testing::check, Outcome, Task};
+/// #[derive(serde::Deserialize)]
+/// struct Order { order_id: String }
+/// fn handle(t: Task<Order>) -> eggtimer_sdk::Result { Ok(Outcome::Done) }
+/// assert!(check(handle, r#"{"order_id": "o1"}"#).is_ok());
+/// assert!(check(handle, "{}").unwrap_err().contains("missing field `order_id`"));
+/// ```
+pub fn check<P: serde::de::DeserializeOwned>(
+    f: fn(Task<P>) -> Result,
+    payload: &str,
+) -> std::result::Result<(), String> {
+    crate::__check(payload, f)
 }
 
 #[cfg(test)]

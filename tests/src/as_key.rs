@@ -61,6 +61,15 @@ pub async fn wait_state(base: &str, id: &str, state: &str) -> Value {
     .await
 }
 
+/// Waits until a task reaches one of `states`, asking as the admin; returns it.
+pub async fn wait_state_in(base: &str, id: &str, states: &[&str]) -> Value {
+    eventually(T, &format!("task {id} to be one of {states:?}"), || async {
+        let (s, t) = req("GET", &format!("{base}/v1/tasks/{id}"), Some(ADMIN), None).await;
+        (s == 200 && states.iter().any(|st| t["state"] == *st)).then_some(t)
+    })
+    .await
+}
+
 /// Makes a key as the admin; returns (id, secret).
 pub async fn make_key(base: &str, name: &str, role: &str, plugins: &[&str]) -> (String, String) {
     let (s, k) = req(

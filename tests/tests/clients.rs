@@ -24,7 +24,7 @@ fn run_suite(cmd: &mut Command, what: &str, r: &RunnerProcess) -> String {
         cmd.env("EGGTIMER_URL", &r.url)
             .env("EGGTIMER_TOKEN", TOKEN)
             .env("EGGTIMER_PLUGIN", "noop")
-            .env("EGGTIMER_PLUGIN_2", "test-sleep")
+            .env("EGGTIMER_PLUGIN_2", "bench-record")
             .env("PYTHONDONTWRITEBYTECODE", "1"),
         what,
     )
@@ -63,19 +63,19 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
     assert!(!et.cancel("rs order/1").await.unwrap());
 
     // one id in two plugins: the by-id calls name one with in_plugin
-    for plugin in ["noop", "test-sleep"] {
+    for plugin in ["noop", "bench-record"] {
         let spec = TaskSpec::new(plugin).id("rs twin").run_at(at);
         et.schedule(&spec).await.unwrap();
     }
     let e = et.get("rs twin").await.unwrap_err();
     assert_eq!(e.code(), Some("ambiguous_id"), "{e}");
-    let sleep = et.in_plugin("test-sleep");
+    let other = et.in_plugin("bench-record");
     assert_eq!(
-        sleep.get("rs twin").await.unwrap().unwrap().plugin,
-        "test-sleep"
+        other.get("rs twin").await.unwrap().unwrap().plugin,
+        "bench-record"
     );
-    assert_eq!(sleep.move_by("rs twin", 5).await.unwrap().run_at, at + 5);
-    assert!(sleep.cancel("rs twin").await.unwrap());
+    assert_eq!(other.move_by("rs twin", 5).await.unwrap().run_at, at + 5);
+    assert!(other.cancel("rs twin").await.unwrap());
     assert_eq!(et.get("rs twin").await.unwrap().unwrap().plugin, "noop");
     assert!(et.cancel("rs twin").await.unwrap());
 

@@ -133,7 +133,12 @@ async fn the_store_scripts_work_on_a_cluster() {
         s.kv_get(&run.plugin, "k").await.unwrap().as_deref(),
         Some("1")
     );
-    assert!(s.plugin_put("p", "d1", b"wasm", 1, None).await.unwrap().1);
+    assert!(
+        s.plugin_put("p", "d1", b"wasm", 1, None, false)
+            .await
+            .unwrap()
+            .1
+    );
     assert_eq!(s.plugin_list().await.unwrap().len(), 1);
     assert!(
         s.shard_lease(3, eggtimer::store::LeaseOp::Acquire, "me", 1000)

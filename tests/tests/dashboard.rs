@@ -383,6 +383,18 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         t.contains("stderr") && t.contains("test-panic was asked to panic by task dead-1")
     })
     .await;
+    // a dry run of the dead letter: what its plugin does now, with nothing applied
+    b.click("#act-dry-run").await;
+    b.text_until("#dry-run-result", "the dry run's answer", |t| {
+        t.contains("Dry run on v") && t.contains("nothing applied") && t.contains("panic")
+    })
+    .await;
+    let (_, still) = call("GET", &format!("{base}/v1/tasks/dead-1"), None).await;
+    assert_eq!(
+        (&still["state"], &still["attempts"]),
+        (&json!("dead"), &dead["attempts"]),
+        "a dry run changes nothing: {still}"
+    );
 
     // Plugins: upload from the file picker
     let wasm = dir.join("noop.wasm");

@@ -108,14 +108,20 @@ async fn find_pages_through_ten_thousand_tasks_with_filters() {
     let t0 = now_ms() + 3_600_000;
     let specs: Vec<Value> = (0..10_000)
         .map(|i| {
-            let plugin = if i % 5 < 3 {
-                "coupon-expiry"
+            let (plugin, payload) = if i % 5 < 3 {
+                (
+                    "coupon-expiry",
+                    json!({"coupon_id": format!("c{i}"), "user_id": "u", "expires_at": t0}),
+                )
             } else {
-                "order-cancel"
+                (
+                    "order-cancel",
+                    json!({"order_id": format!("o{i}"), "user_id": "u"}),
+                )
             };
             // many share a due time, so the cursor must page within ties
             json!({"plugin": plugin, "id": format!("t{i}"), "run_at": t0 + (i / 7) * 1000,
-                   "owner": format!("u{}", i % 10), "payload": {}})
+                   "owner": format!("u{}", i % 10), "payload": payload})
         })
         .collect();
     post_tasks(&r.url, json!(specs)).await;

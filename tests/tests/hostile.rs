@@ -95,7 +95,10 @@ async fn a_team_cannot_loosen_what_an_admin_capped() {
         "{b}"
     );
     let far = eggtimer_tests::now_ms() + 3_600_000;
-    let spec = |i: usize| json!({"plugin": "order-cancel", "id": format!("o-{i}"), "run_at": far});
+    let spec = |i: usize| {
+        json!({"plugin": "order-cancel", "id": format!("o-{i}"), "run_at": far,
+            "payload": {"order_id": format!("o-{i}"), "user_id": "u1"}})
+    };
     for i in 0..5 {
         let (s, e) = req(
             "POST",
@@ -205,7 +208,8 @@ async fn a_deleted_plugins_secrets_settings_and_kv_do_not_pass_to_its_next_owner
         &format!("{base}/v1/tasks"),
         Some(&orders),
         Some(
-            json!({"plugin": "order-cancel", "id": "order-task-o1", "owner": "u1", "run_at": far}),
+            json!({"plugin": "order-cancel", "id": "order-task-o1", "owner": "u1", "run_at": far,
+                "payload": {"order_id": "o1", "user_id": "u1"}}),
         ),
     )
     .await;

@@ -322,7 +322,7 @@ async fn a_slow_compile_does_not_install_over_a_newer_version() {
         .unwrap();
     let python = plugin_wasm("coupon-expiry-py");
     store
-        .plugin_put("p", &digest(&python), &python, now_ms(), None)
+        .plugin_put("p", &digest(&python), &python, now_ms(), None, false)
         .await
         .unwrap();
     let registry = Registry::new(store.clone(), plugins.clone(), 64 << 20);

@@ -164,6 +164,7 @@ async fn cron_schedules_follow_dst_in_their_time_zone() {
         &format!("{}/v1/schedules/spring", r.url),
         Some(
             json!({"plugin": "coupon-expiry", "cron": "30 2 * * *", "tz": "America/New_York",
+                    "payload": {"coupon_id": "c", "user_id": "u", "expires_at": 0},
                     "start_at": ny(2027, 3, 13, 0, 0)}),
         ),
     )
@@ -193,6 +194,7 @@ async fn cron_schedules_follow_dst_in_their_time_zone() {
         &format!("{}/v1/schedules/fall", r.url),
         Some(
             json!({"plugin": "coupon-expiry", "cron": "30 1 * * *", "tz": "America/New_York",
+                    "payload": {"coupon_id": "c", "user_id": "u", "expires_at": 0},
                     "start_at": ny(2027, 11, 6, 0, 0)}),
         ),
     )

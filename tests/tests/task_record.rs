@@ -96,7 +96,8 @@ async fn a_task_keeps_the_log_lines_of_its_last_three_attempts() {
     // scheduling the id again is a new task: the old one's log goes with it
     schedule(
         base,
-        json!({"plugin": "test-flood", "id": "logged", "delay_ms": 3_600_000}),
+        json!({"plugin": "test-flood", "id": "logged", "delay_ms": 3_600_000,
+            "payload": {"what": "none"}}),
     )
     .await;
     let again = wait_state(base, "logged", "scheduled", T).await;

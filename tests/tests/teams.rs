@@ -52,7 +52,7 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
         "POST",
         &format!("{base}/v1/tasks"),
         Some(&orders),
-        Some(json!({"plugin": "order-cancel", "id": "o-1", "owner": "u1", "run_at": far, "payload": {"order_id": "1"}})),
+        Some(json!({"plugin": "order-cancel", "id": "o-1", "owner": "u1", "run_at": far, "payload": {"order_id": "1", "user_id": "u1"}})),
     )
     .await;
     assert_eq!(s, 201, "{e}");
@@ -60,7 +60,7 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
         "POST",
         &format!("{base}/v1/tasks"),
         Some(&coupons),
-        Some(json!({"plugin": "coupon-expiry", "id": "c-1", "owner": "u1", "run_at": far, "payload": {"coupon_id": "1", "user_id": "u1"}})),
+        Some(json!({"plugin": "coupon-expiry", "id": "c-1", "owner": "u1", "run_at": far, "payload": {"coupon_id": "1", "user_id": "u1", "expires_at": 0}})),
     )
     .await;
     assert_eq!(s, 201, "{e}");
@@ -290,7 +290,8 @@ async fn a_plugin_schedules_only_its_own_tasks_unless_may_schedule_says_more() {
         assert_eq!(s, 201);
     }
     let later = eggtimer_tests::now_ms() + 3_600_000;
-    let spec = json!({"plugin": "order-cancel", "id": "o-later", "run_at": later});
+    let spec = json!({"plugin": "order-cancel", "id": "o-later", "run_at": later,
+        "payload": {"order_id": "later", "user_id": "u1"}});
     let (s, _) = req("POST", &format!("{base}/v1/tasks"), Some(ADMIN), Some(spec)).await;
     assert_eq!(s, 201);
     // another team's plugin schedules `order-cancel` for an order it names: refused

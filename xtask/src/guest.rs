@@ -250,6 +250,14 @@ fn build_ts(root: &Path, jco: &Path, name: &str, dir: &Path, wasm: &Path) -> Res
             .args(["--external", "eggtimer:plugin/host@0.1.0"]),
         &format!("rolldown for {name}"),
     )?;
+    // a plugin that exports `check` (`export const check = handle.check`) is of the `checked`
+    // world
+    let bundle = std::fs::read_to_string(stage.join("bundle.js"))?;
+    let world = if exports_check(&bundle) {
+        "checked"
+    } else {
+        "plugin"
+    };
     run(
         Command::new(jco)
             .current_dir(&stage)
@@ -257,7 +265,7 @@ fn build_ts(root: &Path, jco: &Path, name: &str, dir: &Path, wasm: &Path) -> Res
             .arg(root.join("wit/plugin.wit"))
             .args([
                 "--world-name",
-                "plugin",
+                world,
                 "--backend",
                 "qjs",
                 "--backend-qjs-disable-async",
@@ -266,6 +274,31 @@ fn build_ts(root: &Path, jco: &Path, name: &str, dir: &Path, wasm: &Path) -> Res
             .arg(wasm),
         &format!("jco componentize for {name}"),
     )
+}
+
+/// Whether an ES module bundle exports `check` (`export { check, handle }`, `export { x as
+/// check }`, `export const check`, `export function check`).
+fn exports_check(bundle: &str) -> bool {
+    bundle.lines().any(|l| {
+        let l = l.trim();
+        if let Some(names) = l.strip_prefix("export {") {
+            names
+                .trim_end_matches([';', ' ', '}'])
+                .split(',')
+                .any(|n| n.split_whitespace().last() == Some("check"))
+        } else {
+            [
+                "export const check",
+                "export function check",
+                "export let check",
+            ]
+            .iter()
+            .any(|p| {
+                l.strip_prefix(p)
+                    .is_some_and(|r| r.starts_with([' ', '=', '(']))
+            })
+        }
+    })
 }
 
 /// One Python plugin: staged with the SDK beside it (componentize-py imports both, which writes
@@ -287,8 +320,23 @@ fn build_py(root: &Path, bin: &Path, name: &str, dir: &Path, wasm: &Path) -> Res
             .current_dir(&stage)
             .arg("-d")
             .arg(root.join("wit/plugin.wit"))
-            .args(["-w", "plugin", "componentize", "app", "-p", ".", "-o"])
+            .args(["-w", "checked", "componentize", "app", "-p", ".", "-o"])
             .arg(wasm),
         &format!("componentize-py for {name}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exports_check;
+
+    #[test]
+    fn a_bundle_exports_check_when_it_names_it() {
+        assert!(exports_check("const a = 1;\nexport { check, handle };\n"));
+        assert!(exports_check("export { h as handle, c as check };"));
+        assert!(exports_check("export const check = handle.check;"));
+        assert!(!exports_check("export { handle };\nconst check = 1;"));
+        assert!(!exports_check("export { handle, checkout };"));
+        assert!(!exports_check("export const checked = 1;"));
+    }
 }

@@ -53,7 +53,7 @@ test('schedule, move, cancel', async () => {
 });
 
 test('one id in two plugins: inPlugin names one', async () => {
-  const other = process.env.EGGTIMER_PLUGIN_2 ?? 'test-sleep';
+  const other = process.env.EGGTIMER_PLUGIN_2 ?? 'bench-record';
   const id = fresh('twin');
   const at = Date.now() + HOUR;
   for (const plugin of [PLUGIN, other]) await et.schedule(plugin, {}, { id, run_at: at });

@@ -51,7 +51,7 @@ class ClientTest(unittest.TestCase):
         self.assertFalse(self.et.cancel(id))
 
     def test_one_id_in_two_plugins_in_plugin_names_one(self):
-        other = os.environ.get("EGGTIMER_PLUGIN_2", "test-sleep")
+        other = os.environ.get("EGGTIMER_PLUGIN_2", "bench-record")
         id = self.fresh("twin")
         at = now_ms() + HOUR
         for plugin in (PLUGIN, other):

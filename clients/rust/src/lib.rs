@@ -30,6 +30,9 @@ pub enum Error {
         status: reqwest::StatusCode,
         code: String,
         message: String,
+        /// The whole error object, with the fields some errors add (`failing` and `examples` of
+        /// `incompatible_payloads`).
+        error: Value,
     },
     /// No answer: nothing listens there, a timeout, TLS.
     #[error("{method} {url}: is eggtimer running there?")]
@@ -385,6 +388,7 @@ impl Client {
                 status,
                 code,
                 message,
+                error: v["error"].clone(),
             });
         }
         Ok((v, next))

@@ -48,13 +48,14 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
         "schedule" => {
             let id = eggtimer_sdk::schedule(FollowUp::new(
                 &task.payload.id,
-                &serde_json::json!({"order_id": "o-from-test-flood"}),
+                &serde_json::json!({"order_id": "o-from-test-flood", "user_id": "u-flood"}),
             )?)?;
             log(Level::Info, &format!("scheduled {id}"));
         }
         "follow-ups" => {
             for i in 0.. {
-                eggtimer_sdk::schedule(FollowUp::new("test-flood", &i)?)?;
+                let next = serde_json::json!({"what": "none", "id": i.to_string()});
+                eggtimer_sdk::schedule(FollowUp::new("test-flood", &next)?)?;
             }
         }
         "fork" => {

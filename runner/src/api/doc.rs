@@ -126,6 +126,28 @@ pub struct ScheduledTask {
     pub run_at: i64,
 }
 
+/// What a dry run did (nothing of it applied).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DryRunReply {
+    pub id: String,
+    pub plugin: String,
+    /// The version that ran.
+    pub version: u64,
+    /// One of `{"done": true}`, `{"retry_after_ms"}`, `{"fail"}` (dead-lettered), `{"run_again_at"}`,
+    /// `{"error"}` (a failed attempt: the handler's error, a trap, the time limit).
+    #[schema(value_type = Object)]
+    pub outcome: Value,
+    pub took_ms: f64,
+    /// What it logged and printed.
+    pub log: Vec<crate::store::LogLine>,
+    /// What it would have done: `{"follow_ups": [{"id", "plugin", "payload", "run_at", "owner"}],
+    /// "cancels": [id], "kv": [{"set", "value", "ttl_ms"} | {"delete"}], "events": [{"topic",
+    /// "data"}], "http": [{"method", "url", "headers", "body"}]}` (requests recorded, not sent).
+    #[schema(value_type = Object)]
+    pub effects: Value,
+}
+
 /// The answer to a schedule: one, or an array in the order of the specs.
 #[derive(ToSchema, Serialize)]
 #[allow(dead_code)]
@@ -196,6 +218,9 @@ pub struct Uploaded {
     pub name: String,
     pub version: u64,
     pub digest: String,
+    /// Stored, not current (uploaded with `?promote=false`): `POST
+    /// /v1/plugins/{name}/promote` makes it current.
+    pub candidate: bool,
 }
 
 /// A plugin's current version and its history, newest first.
@@ -207,6 +232,10 @@ pub struct PluginDetail {
     pub digest: String,
     pub size: u64,
     pub uploaded_at: i64,
+    /// Whether the current version checks payloads (exports `check`): tasks whose payload it
+    /// refuses are not scheduled (422 `invalid_payload`). Null: not loaded on this runner yet.
+    pub check: Option<bool>,
+    /// Versions newest first, candidates included.
     pub history: Vec<crate::store::PluginEntry>,
 }
 

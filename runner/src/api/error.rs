@@ -14,6 +14,8 @@ pub struct ApiError {
     pub message: String,
     /// The plugin the refusal concerns (for the audit).
     pub concerns: Option<String>,
+    /// More fields of the error object (`failing`, `examples` of a refused deploy).
+    pub details: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The plugin a reply concerns, in its extensions: the audit records it.
@@ -27,11 +29,17 @@ impl ApiError {
             code,
             message: message.into(),
             concerns: None,
+            details: None,
         }
     }
     /// The same error, recorded in the audit as concerning `plugin`.
     pub fn concerning(mut self, plugin: &str) -> Self {
         self.concerns = Some(plugin.to_owned());
+        self
+    }
+    /// The same error with more fields in its error object.
+    pub fn with_details(mut self, details: serde_json::Map<String, serde_json::Value>) -> Self {
+        self.details = Some(details);
         self
     }
     pub fn forbidden(message: impl Into<String>) -> Self {
@@ -60,11 +68,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut res = (
-            self.status,
-            axum::Json(json!({"error": {"code": self.code, "message": self.message}})),
-        )
-            .into_response();
+        let mut error = self.details.unwrap_or_default();
+        error.insert("code".into(), json!(self.code));
+        error.insert("message".into(), json!(self.message));
+        let mut res = (self.status, axum::Json(json!({ "error": error }))).into_response();
         if let Some(p) = self.concerns {
             res.extensions_mut().insert(Concerns(p));
         }

@@ -12,6 +12,10 @@
 mod auth;
 mod body;
 mod ceilings;
+mod checks;
+mod deploy;
+mod dry_run;
+pub use dry_run::reply as dry_run_reply;
 mod cursor;
 mod dead;
 mod doc;
@@ -138,6 +142,7 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Reader, routes!(tasks::get_task));
     let r = roles.add(r, Operator, routes!(tasks::move_task, tasks::cancel_task));
     let r = roles.add(r, Operator, routes!(tasks::run_now));
+    let r = roles.add(r, Developer, routes!(dry_run::dry_run));
     // an owner's tasks
     let r = roles.add(r, Reader, routes!(owners::owner_tasks));
     let r = roles.add(r, Operator, routes!(owners::owner_cancel));
@@ -161,6 +166,7 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
         ),
     );
     let r = roles.add(r, Developer, routes!(plugins::plugin_rollback));
+    let r = roles.add(r, Developer, routes!(plugins::plugin_promote));
     let r = roles.add(r, Reader, routes!(secrets::secret_list));
     let r = roles.add(
         r,

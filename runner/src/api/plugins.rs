@@ -14,7 +14,7 @@ use super::error::ApiError;
 use super::settings::{Caps, PluginPatch};
 use crate::access::Caller;
 use crate::plugins::valid_plugin_name;
-use crate::store::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings, Rollback};
+use crate::store::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings};
 
 /// A plugin name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -36,9 +36,54 @@ pub(super) fn check_name(caller: &Caller, name: &str) -> ApiResult<()> {
     }
 }
 
-/// `PUT /v1/plugins/{name}`: the wasm binary; checked (compiled, contract fitted) before it is
-/// stored; 201 for a new version, 200 when these bytes are already current.
-#[utoipa::path(put, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName),
+/// How an upload, promotion or rollback becomes current.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeployQuery {
+    /// `false`: store the version as a candidate, not current (promote it later). Default
+    /// `true`.
+    #[param(value_type = Option<String>, pattern = "^(true|false)$")]
+    promote: Option<String>,
+    /// `true`: make it current even if its check refuses waiting tasks (audited).
+    #[param(value_type = Option<String>, pattern = "^(true|false)$")]
+    force: Option<String>,
+}
+
+/// A `true`/`false` query parameter (absent: `default`).
+fn flag(name: &str, v: Option<&str>, default: bool) -> ApiResult<bool> {
+    match v {
+        None => Ok(default),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(ApiError::bad(format!(
+            "{name} must be true or false; got {other:?}"
+        ))),
+    }
+}
+
+/// Whether a promotion or rollback is forced.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ForceQuery {
+    /// `true`: make it current even if its check refuses waiting tasks (audited).
+    #[param(value_type = Option<String>, pattern = "^(true|false)$")]
+    force: Option<String>,
+}
+
+impl DeployQuery {
+    /// (promote, force).
+    pub(super) fn read(&self) -> ApiResult<(bool, bool)> {
+        Ok((
+            flag("promote", self.promote.as_deref(), true)?,
+            flag("force", self.force.as_deref(), false)?,
+        ))
+    }
+}
+
+/// `PUT /v1/plugins/{name}`: the wasm binary; checked (compiled, contract fitted, and, with a
+/// `check`, against every task waiting for the plugin) before it becomes current; 201 for a new
+/// version, 200 when these bytes are already current.
+#[utoipa::path(put, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName, DeployQuery),
     request_body(content = doc::WasmBinary, content_type = "application/wasm",
         description = "a WebAssembly component built against wit/plugin.wit"),
     responses((status = 201, description = "a new version", body = doc::Uploaded),
@@ -48,19 +93,39 @@ pub async fn plugin_upload(
     State(st): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    Query(q): Query<DeployQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     body::require_content_type(&headers, "application/wasm")?;
     check_name(&caller, &name)?;
+    let (promote, force) = q.read()?;
     let wasm = body::read(body, st.max_plugin_bytes).await?;
     let share = super::ceilings::key_share(&st, &caller, &name).await?;
     use crate::plugins::UploadError as U;
-    match st
-        .registry
-        .upload(&name, Some(&caller.key_id), wasm.to_vec())
-        .await
-    {
+    let uploaded = async {
+        let team = Some(caller.key_id.as_str());
+        let prepared = st.registry.prepare(&name, team, wasm.to_vec()).await?;
+        // a new current version with a check reads the waiting tasks first
+        let current = st.store.plugin_current(&name).await?;
+        let replaces = current.is_some_and(|c| c.digest != prepared.loaded.digest);
+        let mut refused = None;
+        if promote && replaces && prepared.loaded.has_check() && !force {
+            let found = super::deploy::check_waiting(&st, std::sync::Arc::clone(&prepared.loaded))
+                .await
+                .map_err(Refusal::Api)?;
+            if found.failing > 0 {
+                refused = Some(found);
+            }
+        }
+        let candidate = !promote || refused.is_some();
+        let (entry, created) = st.registry.store_version(prepared, team, candidate).await?;
+        match refused {
+            Some(found) => Err(Refusal::Api(super::deploy::incompatible(&entry, &found))),
+            None => Ok((entry, created)),
+        }
+    };
+    match uploaded.await {
         Ok((entry, created)) => {
             if let Some(share) = share {
                 super::ceilings::give_share(&st, &name, share).await?;
@@ -72,22 +137,40 @@ pub async fn plugin_upload(
             };
             Ok((
                 status,
-                axum::Json(
-                    json!({"name": entry.name, "version": entry.version, "digest": entry.digest}),
-                ),
+                axum::Json(json!({"name": entry.name, "version": entry.version,
+                    "digest": entry.digest, "candidate": entry.candidate})),
             )
                 .into_response())
         }
-        Err(e @ U::BadName(_)) => Err(ApiError::bad(e.to_string())),
-        Err(U::Invalid(reason)) => Err(ApiError::new(
+        Err(Refusal::Api(e)) => Err(e),
+        Err(Refusal::Upload(e @ U::BadName(_))) => Err(ApiError::bad(e.to_string())),
+        Err(Refusal::Upload(U::Invalid(reason))) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_plugin",
             reason,
         )),
-        Err(U::TooLarge(n, max)) => Err(ApiError::too_large(format!(
+        Err(Refusal::Upload(U::TooLarge(n, max))) => Err(ApiError::too_large(format!(
             "the plugin is {n} bytes; the limit is {max}"
         ))),
-        Err(U::Store(e)) => Err(e.into()),
+        Err(Refusal::Upload(U::Store(e))) => Err(e.into()),
+    }
+}
+
+/// Why an upload was not made current.
+enum Refusal {
+    Upload(crate::plugins::UploadError),
+    Api(ApiError),
+}
+
+impl From<crate::plugins::UploadError> for Refusal {
+    fn from(e: crate::plugins::UploadError) -> Self {
+        Refusal::Upload(e)
+    }
+}
+
+impl From<anyhow::Error> for Refusal {
+    fn from(e: anyhow::Error) -> Self {
+        Refusal::Upload(crate::plugins::UploadError::Store(e))
     }
 }
 
@@ -227,27 +310,91 @@ pub async fn plugin_get(
         .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))?;
     let history = st.store.plugin_history(&name).await?;
     let mut v = with_settings(&st, &cur, &st.store.plugin_settings(&name).await?);
+    v["check"] = json!(
+        st.registry
+            .plugins()
+            .get(&name)
+            .filter(|l| l.digest == cur.digest)
+            .map(|l| l.has_check())
+    );
     v["history"] = serde_json::to_value(history).expect("serializes");
     Ok(axum::Json(v).into_response())
 }
 
-/// `POST /v1/plugins/{name}/rollback`.
-#[utoipa::path(post, path = "/v1/plugins/{name}/rollback", tag = "plugins", params(PluginName),
+/// `POST /v1/plugins/{name}/rollback`: the newest version before the current one (candidates
+/// left out) becomes current, through the same check of the waiting tasks as an upload.
+#[utoipa::path(post, path = "/v1/plugins/{name}/rollback", tag = "plugins", params(PluginName, ForceQuery),
     responses((status = 200, description = "the version now current", body = crate::store::PluginEntry), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_rollback(
     State(st): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    Query(q): Query<ForceQuery>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
-    match st.registry.rollback(&name).await? {
-        Rollback::Done(e) => Ok(axum::Json(e).into_response()),
-        Rollback::Missing => Err(ApiError::not_found(format!("no plugin {name:?}"))),
-        Rollback::NoPrevious => Err(ApiError::conflict(format!(
-            "plugin {name:?} has no previous version"
-        ))),
+    let force = flag("force", q.force.as_deref(), false)?;
+    let cur = current(&st, &name).await?;
+    let target = st
+        .store
+        .plugin_history(&name)
+        .await?
+        .into_iter()
+        .find(|e| e.version < cur.version && !e.candidate)
+        .ok_or_else(|| ApiError::conflict(format!("plugin {name:?} has no previous version")))?;
+    let e = super::deploy::make_current(&st, &target, Some(cur.version), force).await?;
+    Ok(axum::Json(e).into_response())
+}
+
+/// The body of `POST /v1/plugins/{name}/promote`.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromoteBody {
+    /// The version to make current (a candidate, or any version still in the history).
+    #[serde(default, deserialize_with = "body::field::int")]
+    #[schema(value_type = u64, minimum = 1, required = true)]
+    version: Option<i64>,
+}
+
+/// `POST /v1/plugins/{name}/promote`: makes a stored version (a candidate) current, through the
+/// same check of the waiting tasks as an upload.
+#[utoipa::path(post, path = "/v1/plugins/{name}/promote", tag = "plugins", params(PluginName, ForceQuery),
+    request_body(content = PromoteBody, content_type = "application/json"),
+    responses((status = 200, description = "the version now current", body = crate::store::PluginEntry), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn plugin_promote(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(q): Query<ForceQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    check_name(&caller, &name)?;
+    let force = flag("force", q.force.as_deref(), false)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, 4096).await?;
+    let b: PromoteBody = body::typed(body::raw(&bytes)?)?;
+    let version = b
+        .version
+        .ok_or_else(|| ApiError::bad("version is required"))?;
+    let cur = current(&st, &name).await?;
+    let target = st
+        .store
+        .plugin_history(&name)
+        .await?
+        .into_iter()
+        .find(|e| i64::try_from(e.version) == Ok(version))
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "plugin {name:?} has no version {version} (GET /v1/plugins/{name} lists its history)"
+            ))
+        })?;
+    if target.version == cur.version {
+        return Ok(axum::Json(cur).into_response());
     }
+    let e = super::deploy::make_current(&st, &target, Some(cur.version), force).await?;
+    Ok(axum::Json(e).into_response())
 }
 
 /// What `DELETE /v1/plugins/{name}` does with the plugin's tasks.

@@ -196,6 +196,7 @@ pub async fn schedule(
             ));
         }
     }
+    super::checks::payloads(&st, &specs, single).await?;
     let admitted = match st.store.admit(&specs).await? {
         Ok(a) => a,
         Err(q) => {

@@ -77,8 +77,27 @@ impl RemoteArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum PluginCmd {
-    /// Upload a plugin (a .wasm component).
-    Push { name: String, file: PathBuf },
+    /// Upload a plugin (a .wasm component). A version that checks payloads becomes current only
+    /// if it can read every task waiting for the plugin: otherwise it is kept as a candidate and
+    /// the tasks it refuses are listed.
+    Push {
+        name: String,
+        file: PathBuf,
+        /// Keep it as a candidate, not current (`plugin promote` makes it current).
+        #[arg(long)]
+        candidate: bool,
+        /// Make it current even if its check refuses waiting tasks (audited).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Make a stored version (a candidate) current, through the same check as a push.
+    Promote {
+        name: String,
+        version: u64,
+        /// Even if its check refuses waiting tasks (audited).
+        #[arg(long)]
+        force: bool,
+    },
     /// List plugins with their current versions.
     List,
     /// Show a plugin and its history.
@@ -293,6 +312,20 @@ pub enum TaskCmd {
         /// The task's plugin, where plugins your key may see each have a task of this id.
         #[arg(long)]
         plugin: Option<String>,
+    },
+    /// Run a task through its plugin with nothing applied: what it would decide, log and do.
+    DryRun {
+        id: String,
+        /// The task's plugin, where plugins your key may see each have a task of this id.
+        #[arg(long)]
+        plugin: Option<String>,
+        /// A stored version (a candidate included) in place of the current one.
+        #[arg(long, conflicts_with = "wasm")]
+        version: Option<u64>,
+        /// A local build: the task as stored runs here, against this file (its kv reads see an
+        /// empty store; nothing is uploaded).
+        #[arg(long)]
+        wasm: Option<PathBuf>,
     },
     /// Move a task: to a time (--at) or by a signed duration (--by -2h).
     Move {

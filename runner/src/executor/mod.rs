@@ -158,8 +158,9 @@ pub struct Executor {
     stopping: watch::Receiver<bool>,
 }
 
-struct StoreHost {
-    store: Store,
+/// What a run reads from the store (its plugin's kv entries and secrets).
+pub struct StoreHost {
+    pub store: Store,
 }
 
 impl TaskHost for StoreHost {

@@ -214,9 +214,9 @@ impl Cache {
 }
 
 /// Instances the pooling allocator has room for: those running (one per worker), those kept warm,
-/// and a margin.
+/// those checking payloads, and a margin.
 pub(super) fn pool_slots(opts: &PluginOptions) -> u32 {
-    (opts.workers + opts.warm_instances + 8) as u32
+    (opts.workers + opts.warm_instances + super::CHECK_SLOTS + 8) as u32
 }
 
 impl WasmEngine {
@@ -354,6 +354,7 @@ impl WasmEngine {
             name: name.to_owned(),
             version,
             digest,
+            check: component.get_export_index(None, "check"),
             pre: Arc::new(pre),
         })
     }

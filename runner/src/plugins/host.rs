@@ -74,6 +74,8 @@ pub struct CallCtx {
     /// The plugins it may schedule and cancel besides its own (its `may_schedule` setting).
     pub may_schedule: Option<Arc<[String]>>,
     pub host: Option<Arc<dyn TaskHost>>,
+    /// Checks the payloads of follow-ups (None: they are not checked, as in a check itself).
+    pub checks: Option<Arc<super::Plugins>>,
     pub effects: Effects,
     pub budget: Budget,
     pub bytes: usize,
@@ -111,6 +113,27 @@ pub struct HttpCtx {
     pub plugin: String,
     /// Requests asked for so far (the next one's place in the run, for its Idempotency-Key).
     pub sent: AtomicUsize,
+    /// A dry run's: requests are recorded, not sent.
+    pub dry: Option<Arc<std::sync::Mutex<DryHttp>>>,
+}
+
+/// A dry run's HTTP: each request the plugin may send (its origin allowed) is recorded as it
+/// would go out, not sent, and answered with the next canned answer (none left: an error that
+/// says "dry run").
+#[derive(Default)]
+pub struct DryHttp {
+    pub canned: std::collections::VecDeque<super::http::Response>,
+    pub asked: Vec<Asked>,
+}
+
+/// A request a dry run's plugin asked to send.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Asked {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    /// The body as text (invalid UTF-8 replaced).
+    pub body: String,
 }
 
 /// Why a request of a plugin got no answer.
@@ -161,6 +184,22 @@ impl HttpCtx {
             && !has("traceparent", &checked.headers)
         {
             checked.headers.push(("traceparent".into(), tp.clone()));
+        }
+        if let Some(dry) = &self.dry {
+            let mut d = dry.lock().unwrap_or_else(|e| e.into_inner());
+            d.asked.push(Asked {
+                method: checked.method.to_string(),
+                url: checked.url.to_string(),
+                headers: checked.headers,
+                body: String::from_utf8_lossy(&checked.body).into_owned(),
+            });
+            return d.canned.pop_front().ok_or_else(|| {
+                HttpFailure::Failed(
+                    "dry run: the request was recorded, not sent (give the dry run answers in \
+                     its `http` list to answer it)"
+                        .into(),
+                )
+            });
         }
         let host = checked.host.clone();
         let span = tracing::info_span!("plugin.http", %plugin, task = %self.task_id, origin = %checked.origin, method = %checked.method);
@@ -332,6 +371,23 @@ impl bindings::eggtimer::plugin::host::Host for State {
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&t.payload) {
             return Ok(Err(format!("payload is not JSON: {e}")));
         }
+        // the follow-up's plugin says whether it can read the payload (as a task scheduled over
+        // HTTP is checked)
+        if let Some(checks) = c.checks.clone() {
+            let payload = vec![t.payload.clone()];
+            match checks.check(&t.plugin, payload).await {
+                Ok(v) => {
+                    if let Some(Some(m)) = v.into_iter().next() {
+                        return Ok(Err(format!(
+                            "payload: {m} (plugin {:?} refused it)",
+                            t.plugin
+                        )));
+                    }
+                }
+                Err(e) => return Ok(Err(format!("payload: {e}"))),
+            }
+        }
+        let c = &mut self.call;
         let id = derive_id(&c.task_id, c.occurrence, c.effects.schedule.len());
         c.effects.schedule.push(NewTask {
             id: id.clone(),

@@ -17,13 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{ResourceTable, TypedFunc};
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
 use super::bindings::Plugin;
 use super::bindings::eggtimer::plugin::types as wit;
-use super::host::{CallCtx, FrozenClock, HttpCtx, State, explain_trap};
+use super::host::{CallCtx, DryHttp, FrozenClock, HttpCtx, State, explain_trap};
 use super::http::Outbound;
 use super::limiter::Limiter;
 use super::output::GuestOutput;
@@ -32,6 +32,9 @@ use crate::clock::now_ms;
 use crate::executor::{Outcome, Run, TaskHost};
 use crate::policy::Policy;
 use crate::store::Claimed;
+
+/// A plugin's `check: func(payload: string) -> result<_, string>`.
+type CheckFn = TypedFunc<(String,), (Result<(), String>,)>;
 
 /// Captured guest output kept per instance before it is recycled.
 const OUTPUT_CAP: usize = 1 << 20;
@@ -43,6 +46,8 @@ pub(super) struct Warm {
     digest: String,
     store: Store<State>,
     plugin: Plugin,
+    /// The plugin's `check`, if it exports one.
+    check: Option<CheckFn>,
     stdout: GuestOutput,
     stderr: GuestOutput,
     calls: u32,
@@ -124,13 +129,17 @@ pub(super) struct CallEnv<'a> {
     pub outbound: &'a Arc<Outbound>,
 }
 
-/// Runs one task on `loaded` (the current version of its plugin).
+/// Runs one task on `loaded` (the current version of its plugin, or any for a dry run, whose
+/// HTTP requests `dry` records instead of sending).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn call(
     env: CallEnv<'_>,
     loaded: &Loaded,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
+    checks: Arc<super::Plugins>,
     policy: Arc<Policy>,
+    dry: Option<Arc<Mutex<DryHttp>>>,
 ) -> Run {
     let timeout = policy.time_limit;
     let mut warm = match warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await {
@@ -138,7 +147,7 @@ pub(super) async fn call(
         Err(e) => return Run::failed(e),
     };
     let deadline = Instant::now() + timeout;
-    begin(&mut warm, &env, task, host, &policy, deadline);
+    begin(&mut warm, &env, task, host, checks, &policy, deadline, dry);
     let result = tokio::time::timeout_at(
         deadline.into(),
         warm.plugin.call_handle(&mut warm.store, &task_input(task)),
@@ -179,14 +188,93 @@ pub(super) async fn call(
     run
 }
 
+/// The most of a check's message kept (a plugin may return megabytes).
+const CHECK_MESSAGE_CAP: usize = 1024;
+
+/// What `check` of `loaded` says of each payload: `None` fits, `Some(message)` does not (a
+/// plugin without `check` takes every payload). The calls share one deadline, the plugin's time
+/// limit: one request's payloads are checked within it together. `Err`: the check itself failed
+/// (a trap, the time limit), and why. A check sees no task and does nothing: its host calls that
+/// read or write answer with an error, and what it asked to schedule, emit or write is dropped.
+pub(super) async fn check(
+    env: CallEnv<'_>,
+    loaded: &Loaded,
+    payloads: &[String],
+    policy: &Policy,
+) -> Result<Vec<Option<String>>, String> {
+    let timeout = policy.time_limit;
+    if loaded.check.is_none() {
+        return Ok(vec![None; payloads.len()]);
+    }
+    let mut warm = warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await?;
+    let Some(f) = warm.check else {
+        return Ok(vec![None; payloads.len()]);
+    };
+    let deadline = Instant::now() + timeout;
+    let data = warm.store.data_mut();
+    data.started_at.store(now_ms(), Ordering::Relaxed);
+    data.deadline = deadline;
+    data.call = CallCtx {
+        plugin: loaded.name.clone(),
+        budget: env.opts.budget.clone(),
+        config: Arc::clone(&policy.config),
+        ..CallCtx::default()
+    };
+    warm.store.set_epoch_deadline(1);
+    let mut verdicts = Vec::with_capacity(payloads.len());
+    for p in payloads {
+        let called =
+            tokio::time::timeout_at(deadline.into(), f.call_async(&mut warm.store, (p.clone(),)))
+                .await;
+        warm.calls += 1;
+        match called {
+            Err(_) => {
+                return Err(format!(
+                    "the plugin's check ran longer than its time limit of {timeout:?}"
+                ));
+            }
+            Ok(Err(e)) => {
+                let tail = String::from_utf8_lossy(&warm.stderr.take()).into_owned();
+                return Err(format!(
+                    "the plugin's check failed: {}",
+                    explain_trap(&e, timeout, tail.trim())
+                ));
+            }
+            Ok(Ok((Ok(()),))) => verdicts.push(None),
+            Ok(Ok((Err(mut m),))) => {
+                if m.len() > CHECK_MESSAGE_CAP {
+                    let mut end = CHECK_MESSAGE_CAP;
+                    while !m.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    m.truncate(end);
+                    m.push_str("...");
+                }
+                verdicts.push(Some(m));
+            }
+        }
+    }
+    // what it printed or asked for is nobody's: dropped
+    warm.store.data_mut().call = CallCtx::default();
+    warm.stdout.take();
+    warm.stderr.take();
+    if warm.reusable() {
+        env.pool.put(warm);
+    }
+    Ok(verdicts)
+}
+
 /// Readies `warm` for one call of `task`: what its host functions may do and see, and until when.
+#[allow(clippy::too_many_arguments)]
 fn begin(
     warm: &mut Warm,
     env: &CallEnv<'_>,
     task: &Claimed,
     host: Arc<dyn TaskHost>,
+    checks: Arc<super::Plugins>,
     policy: &Policy,
     deadline: Instant,
+    dry: Option<Arc<Mutex<DryHttp>>>,
 ) {
     let may_schedule = policy.may_schedule.clone();
     let data = warm.store.data_mut();
@@ -202,6 +290,7 @@ fn begin(
         },
         may_schedule,
         host: Some(host),
+        checks: Some(checks),
         budget: env.opts.budget.clone(),
         max_payload_bytes: env.opts.max_payload_bytes,
         default_max_attempts: env.opts.default_max_attempts,
@@ -214,6 +303,7 @@ fn begin(
             occurrence: task.created,
             plugin: task.plugin.clone(),
             sent: Default::default(),
+            dry,
         })),
         config: Arc::clone(&policy.config),
         ..CallCtx::default()
@@ -322,8 +412,9 @@ async fn instantiate(
         }
     });
     store.set_epoch_deadline(1);
-    let plugin = loaded
+    let instance = loaded
         .pre
+        .instance_pre()
         .instantiate_async(&mut store)
         .await
         .map_err(|e| {
@@ -338,10 +429,21 @@ async fn instantiate(
                 format!("instantiating the plugin failed: {e}")
             }
         })?;
+    let plugin = Plugin::new(&mut store, &instance)
+        .map_err(|e| format!("the plugin does not export the eggtimer handler: {e:#}"))?;
+    let check = match &loaded.check {
+        None => None,
+        Some(i) => Some(instance.get_typed_func(&mut store, i).map_err(|e| {
+            format!(
+                "the plugin's check export is not `check: func(payload: string) -> result<_, string>`: {e:#}"
+            )
+        })?),
+    };
     Ok(Warm {
         digest: loaded.digest.clone(),
         store,
         plugin,
+        check,
         stdout,
         stderr,
         calls: 0,

@@ -39,10 +39,11 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 pub use compiler::{CompileLimits, compile_child};
-pub use host::{Budget, derive_id, valid_topic};
-pub use http::{MAX_ALLOWED_HOSTS, is_public, valid_origin};
+
+pub use host::{Asked, Budget, derive_id, valid_topic};
+pub use http::{MAX_ALLOWED_HOSTS, Response as HttpAnswer, is_public, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
-pub use registry::{PluginVersion, Registry, UploadError, valid_plugin_name};
+pub use registry::{PluginVersion, Prepared, Registry, UploadError, valid_plugin_name};
 
 use crate::executor::{Handler, Run, TaskHost};
 use crate::store::Claimed;
@@ -111,7 +112,16 @@ pub struct Loaded {
     pub name: String,
     pub version: u64,
     pub digest: String,
+    /// The plugin's `check` export (the `checked` world), if it has one.
+    check: Option<wasmtime::component::ComponentExportIndex>,
     pre: Arc<PluginPre<host::State>>,
+}
+
+impl Loaded {
+    /// Whether the plugin says which payloads it takes (exports `check`).
+    pub fn has_check(&self) -> bool {
+        self.check.is_some()
+    }
 }
 
 /// The runtime plugin calls run on; shut down without blocking when the host is dropped.
@@ -137,7 +147,31 @@ pub struct Plugins {
     outbound: Arc<http::Outbound>,
     opts: PluginOptions,
     rt: CallRuntime,
+    /// Checks running at once (each holds an instance beside the workers' and the idle ones).
+    checking: tokio::sync::Semaphore,
 }
+
+/// Payload checks at once on one runner (the instance pool has room for them).
+pub(super) const CHECK_SLOTS: usize = 4;
+
+/// How long a check waits for its turn before it gives up (it still has its time limit after).
+const CHECK_QUEUE: Duration = Duration::from_secs(5);
+
+/// Why payloads could not be checked.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// Every check slot stayed taken (try again).
+    #[error(
+        "the payload check waited {CHECK_QUEUE:?} for one of this runner's {CHECK_SLOTS} check slots; try again"
+    )]
+    Busy,
+    /// The plugin's check trapped or ran past its time limit.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One verdict per payload: `None` fits, `Some(message)` does not.
+pub type Verdicts = Vec<Option<String>>;
 
 impl Plugins {
     /// Creates the engine, the linker and the call runtime, and starts the epoch ticker.
@@ -163,6 +197,7 @@ impl Plugins {
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
+            checking: tokio::sync::Semaphore::new(CHECK_SLOTS),
         }))
     }
 
@@ -306,7 +341,7 @@ impl Plugins {
     }
 
     /// Runs one task on the current version of its plugin (on the caller's runtime).
-    pub async fn call(&self, task: &Claimed, host: Arc<dyn TaskHost>) -> Run {
+    pub async fn call(self: &Arc<Self>, task: &Claimed, host: Arc<dyn TaskHost>) -> Run {
         let Some(loaded) = self.get(&task.plugin) else {
             return Run::failed(format!(
                 "no plugin named {:?} is loaded (upload it with PUT /v1/plugins/{})",
@@ -319,7 +354,111 @@ impl Plugins {
             opts: &self.opts,
             outbound: &self.outbound,
         };
-        instance::call(env, &loaded, task, host, self.policy(&task.plugin)).await
+        let checks = Arc::clone(self);
+        let policy = self.policy(&task.plugin);
+        instance::call(env, &loaded, task, host, checks, policy, None).await
+    }
+}
+
+impl Plugins {
+    /// What the current version of `plugin` on this runner says of each payload. A plugin
+    /// without `check`, or not loaded here, takes every payload.
+    pub async fn check(
+        self: &Arc<Self>,
+        plugin: &str,
+        payloads: Vec<String>,
+    ) -> Result<Verdicts, CheckError> {
+        match self.get(plugin) {
+            Some(loaded) if loaded.has_check() => self.check_with(loaded, payloads).await,
+            _ => Ok(vec![None; payloads.len()]),
+        }
+    }
+
+    /// As [`Plugins::check`], with `loaded` (any version, current or not), under its plugin's
+    /// policy. On the calls' runtime, at most [`CHECK_SLOTS`] at once.
+    pub async fn check_with(
+        self: &Arc<Self>,
+        loaded: Arc<Loaded>,
+        payloads: Vec<String>,
+    ) -> Result<Verdicts, CheckError> {
+        if !loaded.has_check() {
+            return Ok(vec![None; payloads.len()]);
+        }
+        let this = Arc::clone(self);
+        let checking = async move {
+            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
+                .await
+                .map_err(|_| CheckError::Busy)?;
+            let env = instance::CallEnv {
+                engine: &this.engine.engine,
+                pool: &this.pool,
+                opts: &this.opts,
+                outbound: &this.outbound,
+            };
+            let policy = this.policy(&loaded.name);
+            instance::check(env, &loaded, &payloads, &policy)
+                .await
+                .map_err(CheckError::Failed)
+        };
+        match &self.rt.0 {
+            Some(rt) => rt.spawn(checking).await.unwrap_or_else(|e| {
+                Err(CheckError::Failed(format!("the payload check failed: {e}")))
+            }),
+            None => checking.await,
+        }
+    }
+}
+
+/// What a dry run did: the run as it would have been (its effects not applied), the HTTP
+/// requests it asked to send (none sent), and how long it took.
+pub struct DryRun {
+    pub run: Run,
+    pub http: Vec<Asked>,
+    pub took: Duration,
+}
+
+impl Plugins {
+    /// Runs `task` on `loaded` (any version of its plugin) as a run would, under the plugin's
+    /// policy, and applies nothing: its effects are returned; its HTTP requests are recorded and
+    /// answered from `canned`, in order, not sent. In one of the check slots.
+    pub async fn dry_run(
+        self: &Arc<Self>,
+        loaded: Arc<Loaded>,
+        task: Claimed,
+        host: Arc<dyn TaskHost>,
+        canned: Vec<http::Response>,
+    ) -> Result<DryRun, CheckError> {
+        let this = Arc::clone(self);
+        let running = async move {
+            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
+                .await
+                .map_err(|_| CheckError::Busy)?;
+            let dry = Arc::new(std::sync::Mutex::new(host::DryHttp {
+                canned: canned.into(),
+                asked: Vec::new(),
+            }));
+            let env = instance::CallEnv {
+                engine: &this.engine.engine,
+                pool: &this.pool,
+                opts: &this.opts,
+                outbound: &this.outbound,
+            };
+            let policy = this.policy(&loaded.name);
+            let started = std::time::Instant::now();
+            let checks = Arc::clone(&this);
+            let run =
+                instance::call(env, &loaded, &task, host, checks, policy, Some(dry.clone())).await;
+            let took = started.elapsed();
+            let http = std::mem::take(&mut dry.lock().unwrap_or_else(|e| e.into_inner()).asked);
+            Ok(DryRun { run, http, took })
+        };
+        match &self.rt.0 {
+            Some(rt) => rt
+                .spawn(running)
+                .await
+                .unwrap_or_else(|e| Err(CheckError::Failed(format!("the dry run failed: {e}")))),
+            None => running.await,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::{Loaded, Plugins, digest};
 use crate::clock::now_ms;
-use crate::store::{Heard, PluginEntry, Rollback, Store};
+use crate::store::{Heard, PluginEntry, Promoted, Store};
 
 /// What the registry's listener asks its loader to load.
 enum Load {
@@ -20,6 +20,12 @@ enum Load {
     Everything(&'static str),
     /// The plugin of this name.
     One(String),
+}
+
+/// A plugin binary compiled and started once, not stored yet.
+pub struct Prepared {
+    pub loaded: Arc<Loaded>,
+    wasm: Vec<u8>,
 }
 
 /// A plugin version as the API shows it.
@@ -79,6 +85,18 @@ impl Registry {
         team: Option<&str>,
         wasm: Vec<u8>,
     ) -> Result<(PluginEntry, bool), UploadError> {
+        let prepared = self.prepare(name, team, wasm).await?;
+        self.store_version(prepared, team, false).await
+    }
+
+    /// Checks a plugin binary uploaded by the key `team`: compiled, fitted to the contract, its
+    /// start code run once (a plugin that can't start is refused, not stored).
+    pub async fn prepare(
+        &self,
+        name: &str,
+        team: Option<&str>,
+        wasm: Vec<u8>,
+    ) -> Result<Prepared, UploadError> {
         if !valid_plugin_name(name) {
             return Err(UploadError::BadName(name.to_owned()));
         }
@@ -93,39 +111,101 @@ impl Registry {
             tokio::task::spawn_blocking(move || (plugins.compile(&owned, &turn, 0, &wasm), wasm))
                 .await
                 .context("compiling a plugin")?;
-        let mut loaded = loaded.map_err(UploadError::Invalid)?;
-        // its start code runs once now: a plugin that can't start is refused, not stored
+        let loaded = loaded.map_err(UploadError::Invalid)?;
         self.plugins
             .start_once(&loaded)
             .await
             .map_err(|e| UploadError::Invalid(format!("the plugin can't start: {e}")))?;
+        Ok(Prepared {
+            loaded: Arc::new(loaded),
+            wasm,
+        })
+    }
+
+    /// Stores a prepared version and installs it, or keeps it as a `candidate` (not current, not
+    /// announced; a plugin's first version is current whatever was asked); returns its entry and
+    /// whether it is a new version.
+    pub async fn store_version(
+        &self,
+        prepared: Prepared,
+        team: Option<&str>,
+        candidate: bool,
+    ) -> Result<(PluginEntry, bool), UploadError> {
+        let Prepared { loaded, wasm } = prepared;
+        let name = loaded.name.clone();
         let at = now_ms();
         let (version, created) = self
             .store
-            .plugin_put(name, &loaded.digest, &wasm, at, team)
+            .plugin_put(&name, &loaded.digest, &wasm, at, team, candidate)
             .await?;
-        loaded.version = version;
-        let entry = PluginEntry {
-            name: name.to_owned(),
-            version,
-            digest: loaded.digest.clone(),
-            size: wasm.len() as u64,
-            uploaded_at: at,
-            uploaded_by: team.map(str::to_owned),
+        let stored = self
+            .store
+            .plugin_history(&name)
+            .await?
+            .into_iter()
+            .find(|e| e.version == version);
+        let current = self.store.plugin_current(&name).await?;
+        let entry = match (stored, current) {
+            (Some(e), _) => e,
+            (None, Some(cur)) => cur,
+            (None, None) => {
+                return Err(UploadError::Store(anyhow::anyhow!(
+                    "plugin {name:?} was deleted while it was stored"
+                )));
+            }
         };
-        let entry = if created {
-            entry
-        } else {
-            self.store.plugin_current(name).await?.unwrap_or(entry)
-        };
-        // stored and announced: should reading the registry fail here, the announcement loads it
-        if let Err(e) = self.install_if_current(loaded).await {
-            warn!(
-                plugin = name,
-                "loading the plugin just stored failed: {e:#}"
-            );
+        if !entry.candidate {
+            // stored and announced: should reading the registry fail here, the announcement
+            // loads it
+            let mut loaded = Loaded::clone(&loaded);
+            loaded.version = version;
+            if let Err(e) = self.install_if_current(loaded).await {
+                warn!(
+                    plugin = %name,
+                    "loading the plugin just stored failed: {e:#}"
+                );
+            }
         }
         Ok((entry, created))
+    }
+
+    /// A stored version, compiled (the loaded one when it is current here): what a check of the
+    /// waiting tasks or a dry run runs.
+    pub async fn version(&self, entry: &PluginEntry) -> Result<Arc<Loaded>, String> {
+        if let Some(l) = self.plugins.get(&entry.name)
+            && l.digest == entry.digest
+        {
+            return Ok(l);
+        }
+        let wasm = self
+            .store
+            .plugin_blob(&entry.digest)
+            .await
+            .map_err(|e| format!("reading v{} of {:?}: {e:#}", entry.version, entry.name))?
+            .ok_or_else(|| format!("v{} of {:?} is no longer stored", entry.version, entry.name))?;
+        let plugins = Arc::clone(&self.plugins);
+        let e = entry.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            plugins.compile(&e.name, e.team(), e.version, &wasm)
+        })
+        .await
+        .map_err(|e| format!("compiling: {e}"))??;
+        Ok(Arc::new(loaded))
+    }
+
+    /// Makes version `version` of `name` current if `expected` still is (see
+    /// [`Store::plugin_promote`]), and loads it here.
+    pub async fn promote(
+        &self,
+        name: &str,
+        version: u64,
+        expected: Option<u64>,
+    ) -> Result<Promoted> {
+        let r = self.store.plugin_promote(name, version, expected).await?;
+        if matches!(r, Promoted::Done(_)) {
+            self.sync_one(name).await?;
+        }
+        Ok(r)
     }
 
     /// Installs `loaded` when the registry still names its bytes the current version of its name:
@@ -145,14 +225,6 @@ impl Registry {
             ),
         }
         Ok(())
-    }
-
-    pub async fn rollback(&self, name: &str) -> Result<Rollback> {
-        let r = self.store.plugin_rollback(name).await?;
-        if matches!(r, Rollback::Done(_)) {
-            self.sync_one(name).await?;
-        }
-        Ok(r)
     }
 
     /// Deletes a plugin and what is its (versions, settings, secrets, kv, slots, rate state);

@@ -36,6 +36,35 @@ impl Store {
         Ok(found)
     }
 
+    /// One chunk of the tasks of `plugin` waiting on `shard` (scheduled, parked or dead; not
+    /// running), read with HSCAN from `cursor` (0 to start): the tasks and the next cursor (0:
+    /// the shard is done). Every task there throughout the walk is seen (one scheduled meanwhile
+    /// may be missed, or seen twice).
+    pub async fn waiting_chunk(
+        &self,
+        shard: u32,
+        plugin: &str,
+        cursor: u64,
+    ) -> Result<(Vec<TaskRecord>, u64)> {
+        let k = self.keys().shard(shard);
+        let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+            .arg(&k.tasks)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading the waiting tasks")?;
+        let tasks = fields
+            .iter()
+            .filter_map(|(key, rec)| TaskRecord::decode(key, rec))
+            .filter(|t| {
+                t.plugin == plugin && matches!(t.state, TaskState::Scheduled | TaskState::Dead)
+            })
+            .collect();
+        Ok((tasks, next))
+    }
+
     /// Reads the task stored under `key` in any state, with its log (a done task until its
     /// retention ends: its record may outlive the window until a later finish on its shard
     /// deletes it, but is not shown).

@@ -43,11 +43,11 @@ pub use effects::MARKER_GRACE_MS;
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
 pub use plugins::{
-    Ceilings, PluginEntry, PluginSettings, RateLimit, Rollback, SlotWaiter, SlotsOf,
+    Ceilings, PluginEntry, PluginSettings, Promoted, RateLimit, SlotWaiter, SlotsOf,
 };
 pub use pubsub::{Heard, Subscription};
 pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
-pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, field_safe};
+pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
 pub use secrets::{MAX_SECRET_BYTES, SecretInfo, SecretsKey, valid_secret_name};

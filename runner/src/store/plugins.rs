@@ -20,6 +20,10 @@ pub struct PluginEntry {
     /// the runner seeded from its directory, or one uploaded before 0.2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uploaded_by: Option<String>,
+    /// Stored but never made current (uploaded with `?promote=false`, or refused by its check
+    /// of the waiting tasks): `POST /v1/plugins/{name}/promote` makes it current.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub candidate: bool,
 }
 
 impl PluginEntry {
@@ -191,10 +195,13 @@ pub enum SlotsOf<'a> {
 
 /// Outcome of a rollback.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Rollback {
+pub enum Promoted {
+    /// Now current.
     Done(PluginEntry),
+    /// No such plugin, or no such version in its history.
     Missing,
-    NoPrevious,
+    /// The current version is no longer the one the caller checked against.
+    Moved,
 }
 
 impl Store {
@@ -207,6 +214,7 @@ impl Store {
         wasm: &[u8],
         uploaded_at: i64,
         uploaded_by: Option<&str>,
+        candidate: bool,
     ) -> Result<(u64, bool)> {
         let k = self.keys();
         let (version, created): (u64, u8) = self
@@ -227,42 +235,39 @@ impl Store {
             .arg(k.plugin_history_prefix())
             .arg(k.plugin_blob_prefix())
             .arg(uploaded_by.unwrap_or(""))
+            .arg(if candidate { "1" } else { "0" })
             .invoke_async(&mut self.conn())
             .await
             .context("storing a plugin")?;
         Ok((version, created == 1))
     }
 
-    /// Runs a registry script that takes (plugins, history) and (name, channel, history key
-    /// prefix, blob key prefix).
-    async fn plugin_script<T: redis::FromRedisValue>(
+    /// Makes version `version` of `name` (from its history) current, if the current version is
+    /// still `expected` (None: whatever it is); announces it.
+    pub async fn plugin_promote(
         &self,
-        script: &redis::Script,
         name: &str,
-    ) -> Result<T> {
+        version: u64,
+        expected: Option<u64>,
+    ) -> Result<Promoted> {
         let k = self.keys();
-        let v = script
+        let r: String = self
+            .inner
+            .scripts
+            .plugin_promote
             .key(k.plugins())
             .key(k.plugin_history(name))
             .arg(name)
+            .arg(version)
             .arg(k.plugins_channel())
-            .arg(k.plugin_history_prefix())
-            .arg(k.plugin_blob_prefix())
+            .arg(expected.map_or(String::new(), |v| v.to_string()))
             .invoke_async(&mut self.conn())
-            .await?;
-        Ok(v)
-    }
-
-    /// Makes the version before the current one current again.
-    pub async fn plugin_rollback(&self, name: &str) -> Result<Rollback> {
-        let r: String = self
-            .plugin_script(&self.inner.scripts.plugin_rollback, name)
             .await
-            .context("rolling a plugin back")?;
+            .context("making a plugin version current")?;
         Ok(match r.as_str() {
-            "missing" => Rollback::Missing,
-            "no_previous" => Rollback::NoPrevious,
-            json => Rollback::Done(serde_json::from_str(json).context("a plugin entry")?),
+            "missing" => Promoted::Missing,
+            "moved" => Promoted::Moved,
+            json => Promoted::Done(serde_json::from_str(json).context("a plugin entry")?),
         })
     }
 

@@ -84,7 +84,7 @@ scripts! {
     admit: "admit",
     effects: "effects",
     plugin_put: "plugin_put",
-    plugin_rollback: "plugin_rollback",
+    plugin_promote: "plugin_promote",
     plugin_delete: "plugin_delete",
     plugin_purge: "plugin_purge",
     plugin_setting: "plugin_setting",

@@ -1,7 +1,7 @@
 // The SDK over its native test host (run: node --import ./register.js --test test/).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Outcome, canonicalJson, emit, handler, kv, schedule, now, log } from '../index.js';
+import { Outcome, canonicalJson, emit, fields, handler, kv, schedule, now, log } from '../index.js';
 import { TestHost, deriveId } from '../testing.js';
 
 test('a handler gets the parsed payload and its effects are recorded', () => {
@@ -67,4 +67,25 @@ test('http, config and secret answer what the test queued; requests carry the ru
   assert.notEqual(key(0), key(1));
   // the runner's vector (plugins::http tests)
   assert.equal(idempotencyKey('order-1', 1700000000000, 0), '639a89dd1912f80fb0a54ffc7bf232cb');
+});
+
+test('a declared payload is the plugin\'s check, and the handler\'s', () => {
+  const host = new TestHost();
+  const handle = handler(() => {}, { payload: fields({ order_id: 'string', n: 'integer?' }) });
+  assert.equal(handle.check('{"order_id": "o1"}'), undefined);
+  assert.equal(handle.check('{"order_id": "o1", "n": null}'), undefined);
+  assert.throws(() => handle.check('{"n": 1}'), (e) => e === 'missing field order_id');
+  assert.throws(() => handle.check('{"order_id": "o", "n": 1.5}'), (e) => e === 'field n: expected integer');
+  assert.throws(() => handle.check('[1]'), (e) => e === 'expected an object');
+  assert.throws(() => handle.check('not json'), (e) => e.startsWith('the payload is not JSON'));
+  const out = host.run(handle, { n: 2 });
+  assert.equal(out.tag, 'fail');
+  assert.match(out.val, /does not fit this plugin: missing field order_id/);
+  // a validator function: a string names what does not fit
+  const own = handler(() => {}, { payload: (p) => (p.ok ? undefined : 'not ok') });
+  assert.equal(own.check('{"ok": true}'), undefined);
+  assert.throws(() => own.check('{}'), (e) => e === 'not ok');
+  // without one, any JSON fits
+  assert.equal(handler(() => {}).check('{"anything": [1]}'), undefined);
+  assert.throws(() => fields({ a: 'strin' }), /not one of/);
 });

@@ -1,10 +1,10 @@
 """The eggtimer plugin SDK for Python: one handler over a typed payload, and what a handler may do
-while it runs (the WIT world ``eggtimer:plugin/plugin``, wit/plugin.wit).
+while it runs (the WIT world ``eggtimer:plugin/checked``, wit/plugin.wit).
 
 The host's types (``Task``, the ``Outcome_*`` variants, ``FollowUp``, ``Level``) are the ones
 componentize-py generates from the WIT (``wit_world``); this module only adds a typed payload,
 JSON in and out, and errors turned into failed attempts. Build a plugin with
-``componentize-py -d wit/plugin.wit -w plugin componentize app -p . -p <sdk/python>`` (sdk/README.md);
+``componentize-py -d wit/plugin.wit -w checked componentize app -p . -p <sdk/python>`` (sdk/README.md);
 test it natively with :class:`eggtimer_sdk.testing.TestHost`.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types as types_mod
+import typing
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 import wit_world
@@ -67,25 +69,94 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _decode(payload_type: Any, raw: Any) -> Any:
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def _fit(t: Any, v: Any, name: str) -> Any:
+    """``v`` as the annotation ``t`` of field ``name`` says (str, int, float, bool, Optional,
+    list, dict, a nested dataclass; anything else as is), or a TypeError naming the field."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if t is Any:
+        return v
+    if origin in (typing.Union, types_mod.UnionType):
+        if v is None and type(None) in args:
+            return None
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _fit(a, v, name)
+            except TypeError:
+                pass
+        raise TypeError(f"field {name}: {_json_type(v)} fits none of {t}")
+    if dataclasses.is_dataclass(t):
+        return _decode(t, v, f"{name}.")
+    ok = {
+        str: lambda: isinstance(v, str),
+        bool: lambda: isinstance(v, bool),
+        int: lambda: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool),
+        list: lambda: isinstance(v, list),
+        dict: lambda: isinstance(v, dict),
+    }.get(origin or t)
+    if ok is None:
+        return v
+    if not ok():
+        expected = getattr(origin or t, "__name__", str(t))
+        raise TypeError(f"field {name}: expected {expected}, got {_json_type(v)}")
+    if origin is list and args:
+        return [_fit(args[0], x, f"{name}[{i}]") for i, x in enumerate(v)]
+    return float(v) if t is float else v
+
+
+def _decode(payload_type: Any, raw: Any, prefix: str = "") -> Any:
+    """The payload as ``payload_type`` (a dataclass, or ``None`` for the JSON as is): a field
+    missing or of the wrong JSON type is a TypeError naming it; fields the type does not name are
+    ignored, as serde does."""
     if payload_type is None or not dataclasses.is_dataclass(payload_type):
         return raw
     if not isinstance(raw, dict):
-        raise TypeError(f"expected an object, got {type(raw).__name__}")
-    names = {f.name for f in dataclasses.fields(payload_type)}
-    # fields the payload type does not name are ignored, as serde does
-    return payload_type(**{k: v for k, v in raw.items() if k in names})
+        raise TypeError(f"{prefix or 'the payload'}: expected an object, got {_json_type(raw)}")
+    hints = typing.get_type_hints(payload_type)
+    values = {}
+    for f in dataclasses.fields(payload_type):
+        if f.name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TypeError(f"missing field {prefix}{f.name}")
+            continue
+        values[f.name] = _fit(hints.get(f.name, Any), raw[f.name], prefix + f.name)
+    return payload_type(**values)
 
 
 def plugin(handle: Callable[[Task[Any]], Optional[types.Outcome]], payload_type: Any = None) -> type:
     """Declares the plugin's handler: ``WitWorld = plugin(handle, MyPayload)`` in the app module.
 
-    ``payload_type`` is a dataclass (or ``None`` for the decoded JSON as is). A payload that does
-    not fit fails the task at once (retrying would not help); an exception raised by ``handle`` is
-    a failed attempt, retried with backoff, with its message as the task's last error.
+    ``payload_type`` is a dataclass (or ``None`` for the decoded JSON as is); its fields' types
+    (str, int, float, bool, Optional, list, dict, nested dataclasses) are checked. The plugin's
+    ``check`` decodes a payload the same way, so the runner refuses a task whose payload does not
+    fit when it is scheduled; one that gets through anyway fails the task at once (retrying would
+    not help). An exception raised by ``handle`` is a failed attempt, retried with backoff, with
+    its message as the task's last error.
     """
 
     class Plugin(wit_world.WitWorld):
+        def check(self, payload: str) -> None:
+            """Whether ``handle`` could read this payload (the runner asks when a task is
+            scheduled): raises ``Err`` naming what does not fit."""
+            try:
+                _decode(payload_type, json.loads(payload))
+            except (ValueError, TypeError) as e:
+                raise Err(str(e)) from e
+
         def handle(self, task: types.Task) -> types.Outcome:
             try:
                 payload = _decode(payload_type, json.loads(task.payload))

@@ -1,6 +1,7 @@
 """The SDK over its native test host (pytest, with the WIT bindings on PYTHONPATH)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import pytest
 from componentize_py_types import Err
@@ -84,3 +85,35 @@ def test_http_config_and_secret_answer_what_the_test_queued():
     assert key(0) != key(1)
     # the runner's vector (plugins::http tests)
     assert idempotency_key("order-1", 1700000000000, 0) == "639a89dd1912f80fb0a54ffc7bf232cb"
+
+
+@dataclass
+class Inner:
+    n: int
+
+
+@dataclass
+class Order:
+    order_id: str
+    inner: Inner
+    note: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+def test_check_names_what_does_not_fit_and_takes_what_does():
+    check = plugin(lambda t: None, Order)().check
+    check('{"order_id": "o1", "inner": {"n": 1}}')
+    check('{"order_id": "o1", "inner": {"n": 1}, "note": null, "tags": ["a"], "extra": 1}')
+    for payload, message in [
+        ('{"inner": {"n": 1}}', "missing field order_id"),
+        ('{"order_id": 7, "inner": {"n": 1}}', "field order_id: expected str, got a number"),
+        ('{"order_id": "o", "inner": {"n": "x"}}', "field inner.n: expected int, got a string"),
+        ('{"order_id": "o", "inner": {"n": 1}, "tags": [1]}', "field tags[0]: expected str, got a number"),
+        ('[]', "the payload: expected an object, got an array"),
+    ]:
+        with pytest.raises(Err) as e:
+            check(payload)
+        assert e.value.value == message, payload
+    with pytest.raises(Err) as e:
+        check("not json")
+    assert "Expecting value" in e.value.value

@@ -1,33 +1,43 @@
 #!lua
 --! needs blobs
--- Stores an uploaded plugin version and makes it current; announces it. The plugin keeps its
+-- Stores an uploaded plugin version and makes it current (or keeps it as a candidate); announces
+-- it. The plugin keeps its
 -- newest `keep` versions: older ones leave its history, and their bytes leave Redis unless a
 -- version still kept (of any plugin) has the same bytes.
 -- KEYS: plugins (HASH name -> current JSON), history (LIST, newest first), blob, seq (HASH).
 -- (The other plugins' histories and the blobs to drop are named from ARGV's prefixes, under the
 -- same hash tag.)
 -- ARGV: name, digest, size, uploaded_at, bytes, channel, keep, history key prefix, blob key prefix,
--- uploaded_by (the uploading key's id; '' for none).
--- Returns {version, created (1) or 0 when these bytes are already the current version}.
+-- uploaded_by (the uploading key's id; '' for none), candidate ('1': stored, not made current,
+-- nor announced, unless the plugin has no current version).
+-- Returns {version, created (1) or 0 when these bytes are already the current version (or, for a
+-- candidate, any version in the history)}.
 local name, digest, size, at, bytes, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local keep, history_prefix, blob_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local cur = redis.call('HGET', KEYS[1], name)
+local candidate = ARGV[11] == '1' and cur ~= false
 if cur then
   local v = cjson.decode(cur)
   if v.digest == digest then return { v.version, 0 } end
+end
+if candidate then
+  for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    local v = cjson.decode(e)
+    if v.digest == digest then return { v.version, 0 } end
+  end
 end
 local version = redis.call('HINCRBY', KEYS[4], name, 1)
 redis.call('SET', KEYS[3], bytes)
 local uploaded_by = ARGV[10]
 if uploaded_by == '' then uploaded_by = nil end
 local entry = cjson.encode({ name = name, version = version, digest = digest, size = tonumber(size),
-  uploaded_at = tonumber(at), uploaded_by = uploaded_by })
+  uploaded_at = tonumber(at), uploaded_by = uploaded_by, candidate = candidate or nil })
 redis.call('LPUSH', KEYS[2], entry)
-redis.call('HSET', KEYS[1], name, entry)
+if not candidate then redis.call('HSET', KEYS[1], name, entry) end
 local dropped = {}
 while redis.call('LLEN', KEYS[2]) > keep do
   dropped[cjson.decode(redis.call('RPOP', KEYS[2])).digest] = true
 end
 drop_unkept_blobs(dropped, KEYS[1], history_prefix, blob_prefix)
-redis.call('PUBLISH', channel, name)
+if not candidate then redis.call('PUBLISH', channel, name) end
 return { version, 1 }

@@ -1,0 +1,351 @@
+//! Payloads checked by the code that will run them, with a real runner and real plugins: a
+//! plugin's `check` (the Rust SDK derives it from the handler's payload type) refuses a task it
+//! could not read when the task is scheduled, by a recurring schedule or as a follow-up; and a
+//! deploy whose new version can't read tasks already waiting is kept as a candidate (409) unless
+//! forced (audited), then promoted once the tasks are fixed. (Each SDK's 422: languages.rs.)
+
+use eggtimer_tests::as_key::{ADMIN, req};
+use eggtimer_tests::{RedisServer, RunnerProcess, plugin_wasm};
+use serde_json::{Value, json};
+
+/// PUT /v1/plugins/{name}{query} as the admin: (status, reply).
+async fn deploy(base: &str, name: &str, query: &str, wasm: Vec<u8>) -> (u16, Value) {
+    let resp = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(300))
+        .build()
+        .unwrap()
+        .put(format!("{base}/v1/plugins/{name}{query}"))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/wasm")
+        .body(wasm)
+        .send()
+        .await
+        .expect("the runner answers");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn admin(method: &str, base: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    req(method, &format!("{base}{path}"), Some(ADMIN), body).await
+}
+
+#[tokio::test]
+async fn a_payload_the_plugin_cant_read_is_refused_when_it_is_scheduled() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let base = r.url.as_str();
+    let (s, up) = deploy(base, "order-cancel", "", plugin_wasm("order-cancel")).await;
+    assert_eq!(s, 201, "{up}");
+    let (s, p) = admin("GET", base, "/v1/plugins/order-cancel", None).await;
+    assert_eq!((s, &p["check"]), (200, &json!(true)), "{p}");
+
+    // one task: the message names the field, as serde says it
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/tasks",
+        Some(json!({"id": "o1", "plugin": "order-cancel", "payload": {"order_id": "o1"}})),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (422, Some("invalid_payload")),
+        "{e}"
+    );
+    let m = e["error"]["message"].as_str().unwrap();
+    assert!(m.starts_with("payload: missing field `user_id`"), "{m}");
+    // a wrong type names its path
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/tasks",
+        Some(json!({"plugin": "order-cancel", "payload": {"order_id": 7, "user_id": "u"}})),
+    )
+    .await;
+    assert_eq!(s, 422, "{e}");
+    let m = e["error"]["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("payload: order_id: invalid type: integer `7`"),
+        "{m}"
+    );
+
+    // a batch with one misfit writes nothing
+    let mut batch: Vec<Value> = (0..5)
+        .map(|i| {
+            json!({"id": format!("b{i}"), "plugin": "order-cancel", "delay_ms": 600_000,
+            "payload": {"order_id": format!("o{i}"), "user_id": "u1"}})
+        })
+        .collect();
+    batch[3]["payload"] = json!({"user_id": "u1"});
+    let (s, e) = admin("POST", base, "/v1/tasks", Some(json!(batch))).await;
+    assert_eq!(s, 422, "{e}");
+    let m = e["error"]["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("[3].payload: missing field `order_id`"),
+        "{m}"
+    );
+    for i in 0..5 {
+        let (s, _) = admin("GET", base, &format!("/v1/tasks/b{i}"), None).await;
+        assert_eq!(s, 404, "b{i}: nothing of the batch was written");
+    }
+    batch[3]["payload"] = json!({"order_id": "o3", "user_id": "u1"});
+    let (s, e) = admin("POST", base, "/v1/tasks", Some(json!(batch))).await;
+    assert_eq!(s, 201, "{e}");
+
+    // a recurring schedule is checked when it is created or changed
+    let (s, e) = admin(
+        "PUT",
+        base,
+        "/v1/schedules/nightly",
+        Some(
+            json!({"plugin": "order-cancel", "every_ms": 3_600_000, "payload": {"order_id": "o"}}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (422, Some("invalid_payload")),
+        "{e}"
+    );
+    let (s, _) = admin("GET", base, "/v1/schedules/nightly", None).await;
+    assert_eq!(s, 404, "the schedule was not saved");
+
+    // a plugin without `check` (built against the `plugin` world) takes any payload, as before
+    let (s, up) = deploy(base, "plain", "", plugin_wasm("noop-plain")).await;
+    assert_eq!(s, 201, "{up}");
+    let (s, p) = admin("GET", base, "/v1/plugins/plain", None).await;
+    assert_eq!((s, &p["check"]), (200, &json!(false)), "{p}");
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/tasks",
+        Some(json!({"plugin": "plain", "delay_ms": 600_000, "payload": {"anything": 1}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+}
+
+/// 10,000 orders waiting; v2 of the plugin (order-cancel's code: it needs `user_id`) can't read 3
+/// of them. Every request as the admin.
+#[tokio::test]
+async fn a_deploy_that_cant_read_waiting_tasks_is_a_candidate_until_forced_or_fixed() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let base = r.url.as_str();
+    // v1 takes any JSON (noop's payload type is serde_json::Value)
+    let (s, up) = deploy(base, "orders", "", plugin_wasm("noop")).await;
+    assert_eq!((s, up["version"].as_u64()), (201, Some(1)), "{up}");
+    let misfits = [17, 4242, 9999];
+    for chunk in (0..10_000).collect::<Vec<u32>>().chunks(1000) {
+        let specs: Vec<Value> = chunk
+            .iter()
+            .map(|i| {
+                let payload = if misfits.contains(i) {
+                    json!({"order_id": format!("o{i}")})
+                } else {
+                    json!({"order_id": format!("o{i}"), "user_id": "u1"})
+                };
+                json!({"id": format!("t{i}"), "plugin": "orders", "delay_ms": 3_600_000,
+                    "payload": payload})
+            })
+            .collect();
+        let (s, e) = admin("POST", base, "/v1/tasks", Some(json!(specs))).await;
+        assert_eq!(s, 201, "{e}");
+    }
+
+    // v2 is refused: kept as a candidate, v1 stays current
+    let v2 = plugin_wasm("order-cancel");
+    let (s, e) = deploy(base, "orders", "", v2.clone()).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (409, Some("incompatible_payloads")),
+        "{e}"
+    );
+    let err = &e["error"];
+    assert_eq!(
+        (err["failing"].as_u64(), err["checked"].as_u64()),
+        (Some(3), Some(10_000)),
+        "{e}"
+    );
+    assert_eq!(err["version"], 2, "{e}");
+    let ids: Vec<&str> = err["examples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["t17", "t4242", "t9999"], "{e}");
+    assert!(
+        err["examples"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `user_id`"),
+        "{e}"
+    );
+    let (_, p) = admin("GET", base, "/v1/plugins/orders", None).await;
+    assert_eq!(p["version"], 1, "v1 is still current: {p}");
+    assert_eq!(p["history"][0]["candidate"], true, "{p}");
+    // promoting it goes through the same check
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/plugins/orders/promote",
+        Some(json!({"version": 2})),
+    )
+    .await;
+    assert_eq!((s, e["error"]["failing"].as_u64()), (409, Some(3)), "{e}");
+
+    // the team fixes the three and promotes the candidate
+    for i in misfits {
+        let (s, e) = admin(
+            "POST",
+            base,
+            "/v1/tasks",
+            Some(
+                json!({"id": format!("t{i}"), "plugin": "orders", "delay_ms": 3_600_000,
+                "payload": {"order_id": format!("o{i}"), "user_id": "u1"}}),
+            ),
+        )
+        .await;
+        assert_eq!(s, 201, "{e}");
+    }
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/plugins/orders/promote",
+        Some(json!({"version": 2})),
+    )
+    .await;
+    assert_eq!((s, e["version"].as_u64()), (200, Some(2)), "{e}");
+    let (_, p) = admin("GET", base, "/v1/plugins/orders", None).await;
+    assert_eq!(
+        (&p["version"], &p["check"]),
+        (&json!(2), &json!(true)),
+        "{p}"
+    );
+    assert!(p["history"][0].get("candidate").is_none(), "{p}");
+
+    // a misfit scheduled under v1 again (v1 back by a rollback; v2 checks it then)
+    let (s, e) = admin("POST", base, "/v1/plugins/orders/rollback", None).await;
+    assert_eq!((s, e["version"].as_u64()), (200, Some(1)), "{e}");
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/tasks",
+        Some(
+            json!({"id": "late", "plugin": "orders", "delay_ms": 3_600_000,
+            "payload": {"order_id": "late"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    // the same bytes again as a candidate: no new version
+    let (s, e) = deploy(base, "orders", "?promote=false", v2.clone()).await;
+    assert_eq!(
+        (s, e["candidate"].as_bool()),
+        (200, Some(false)),
+        "v2 is in the history: {e}"
+    );
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/plugins/orders/promote",
+        Some(json!({"version": 2})),
+    )
+    .await;
+    assert_eq!((s, e["error"]["failing"].as_u64()), (409, Some(1)), "{e}");
+    // forced: current, and the audit has it
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/plugins/orders/promote?force=true",
+        Some(json!({"version": 2})),
+    )
+    .await;
+    assert_eq!((s, e["version"].as_u64()), (200, Some(2)), "{e}");
+    let (s, audit) = admin("GET", base, "/v1/audit?plugin=orders", None).await;
+    assert_eq!(s, 200, "{audit}");
+    assert!(
+        audit
+            .as_array()
+            .or(audit["entries"].as_array())
+            .unwrap()
+            .iter()
+            .any(|a| a["path"] == "/v1/plugins/orders/promote"
+                && a["query"] == "force=true"
+                && a["status"] == 200),
+        "{audit}"
+    );
+}
+
+/// A plugin's follow-up is checked by the plugin it is for, inside the run: a refusal is the
+/// `schedule` call's error (test-flood's `schedule` passes it on, failing its attempt).
+#[tokio::test]
+async fn a_follow_up_the_other_plugin_cant_read_is_refused_to_the_guest() {
+    let redis = RedisServer::start();
+    let dir = eggtimer_tests::plugins_dir();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &["--token", ADMIN, "--plugins-dir", dir.to_str().unwrap()],
+    );
+    let base = r.url.as_str();
+    let (s, e) = admin(
+        "PATCH",
+        base,
+        "/v1/plugins/test-flood",
+        Some(json!({"may_schedule": ["order-cancel", "coupon-expiry"]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{e}");
+    // its follow-up payload is an order: order-cancel reads it (tried until the runner applies
+    // may_schedule, within a second)
+    let mut n = 0;
+    let done = eggtimer_tests::eventually(
+        std::time::Duration::from_secs(30),
+        "a follow-up of order-cancel",
+        || {
+            n += 1;
+            let id = format!("to-orders-{n}");
+            async move {
+                let spec = json!({"id": id, "plugin": "test-flood", "max_attempts": 1,
+                    "payload": {"what": "schedule", "id": "order-cancel"}});
+                let (s, e) = admin("POST", base, "/v1/tasks", Some(spec)).await;
+                assert_eq!(s, 201, "{e}");
+                let t = eggtimer_tests::as_key::wait_state_in(base, &id, &["done", "dead"]).await;
+                (t["state"] == "done").then_some(t)
+            }
+        },
+    )
+    .await;
+    let line = done["log"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let follow_up = line.strip_prefix("scheduled ").expect(&line);
+    let (s, t) = admin(
+        "GET",
+        base,
+        &format!("/v1/tasks/{follow_up}?plugin=order-cancel"),
+        None,
+    )
+    .await;
+    assert_eq!((s, &t["plugin"]), (200, &json!("order-cancel")), "{t}");
+    // coupon-expiry does not: the schedule call fails, and with it the attempt
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/tasks",
+        Some(
+            json!({"id": "to-coupons", "plugin": "test-flood", "max_attempts": 1,
+             "payload": {"what": "schedule", "id": "coupon-expiry"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    let dead = eggtimer_tests::as_key::wait_state(base, "to-coupons", "dead").await;
+    let err = dead["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("missing field `coupon_id`") && err.contains("\"coupon-expiry\" refused it"),
+        "{dead}"
+    );
+}
