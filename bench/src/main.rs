@@ -14,6 +14,7 @@ mod w10;
 mod w4;
 mod w5;
 mod w6;
+mod w8;
 mod workloads;
 
 use std::path::PathBuf;
@@ -39,8 +40,8 @@ pub struct Args {
     /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
-    /// Workloads to run, comma-separated (W0..W7, W10).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W10")]
+    /// Workloads to run, comma-separated (W0..W8, W10).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W10")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -63,6 +64,9 @@ pub struct Args {
     /// Threads of the runner's engine (the runner's --engine-threads).
     #[arg(long, default_value_t = 1)]
     pub engine_threads: u16,
+    /// W8's tasks waiting for the plugin it deploys.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub w8_waiting: usize,
     /// Run on a local Redis Cluster of this many masters (no replicas) instead of one
     /// redis-server; W0, W1, W2 and W4 only.
     #[arg(long)]
@@ -92,7 +96,11 @@ fn main() -> Result<()> {
     let servers = match args.cluster {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
-            if m == 0 || ["W3", "W5", "W6", "W7", "W10"].iter().any(|w| want(w)) {
+            if m == 0
+                || ["W3", "W5", "W6", "W7", "W8", "W10"]
+                    .iter()
+                    .any(|w| want(w))
+            {
                 bail!("--cluster N needs N >= 1 and runs W0, W1, W2 and W4 only (pass --only)");
             }
             Servers::Cluster(RedisCluster::start_with(m, 0, &everysec))
@@ -130,7 +138,7 @@ fn main() -> Result<()> {
         let plugins = Plugins::new(PluginOptions::default())?;
         load_dir(&plugins, &args.plugins_dir)?;
         let w6_plugin = want("W6").then_some("test-sleep");
-        for p in ["noop", "order-cancel", "bench-record"]
+        for p in ["noop", "noop-plain", "order-cancel", "bench-record"]
             .into_iter()
             .chain(w6_plugin)
         {
@@ -177,6 +185,9 @@ fn main() -> Result<()> {
             print(&r)?;
             w2 = Some(r.tasks_per_s);
             w2_claim_finish = Some(r.redis_cpu_us_per_task_claim_and_finish);
+        }
+        if want("W8") {
+            print(&b.w8().await?)?;
         }
         if want("W10") {
             print(&b.w10(w2_claim_finish).await?)?;

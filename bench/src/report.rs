@@ -61,6 +61,23 @@ impl CheckCost {
     }
 }
 
+/// W8: a deploy checked against the tasks waiting for its plugin, beside W1 for another plugin.
+#[derive(Debug, Serialize)]
+pub struct W8 {
+    pub workload: &'static str,
+    pub waiting: usize,
+    /// Payloads the new version's check read (all of them), and refused (three).
+    pub checked: u64,
+    pub failing: u64,
+    /// The upload's wall time: compile, start, and the check of every waiting task (target:
+    /// at most 30 s for 1,000,000).
+    pub deploy_s: f64,
+    pub checked_per_s: f64,
+    /// W1 of another plugin while it ran (target: p99 at most 10 ms).
+    pub w1_lateness_ms: Lateness,
+    pub w1_outcomes: Outcomes,
+}
+
 /// W1 (and W1 on top of W3): tasks due evenly over 10 s.
 #[derive(Clone, Debug, Serialize)]
 pub struct W1 {

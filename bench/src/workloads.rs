@@ -165,42 +165,11 @@ impl Bench {
         Ok(())
     }
 
-    /// W0: N tasks through `POST /v1/tasks`, batches of 1000, 4 requests in flight.
-    /// W0: 100k tasks of `plugin` scheduled over HTTP in batches of 1,000 (`noop` checks their
-    /// payloads, `noop-plain` has no check).
+    /// W0: N tasks of `plugin` through `POST /v1/tasks`, batches of 1000, 4 requests in flight
+    /// (`noop` checks their payloads, `noop-plain` has no check).
     pub async fn w0(&self, plugin: &'static str) -> Result<report::W0> {
         self.flush().await?;
-        // as `eggtimer serve` does: the API's store on a connection of the HTTP runtime
-        let store = self.store.clone();
-        let store = self
-            .http
-            .spawn(async move { store.own_connection().await })
-            .await??;
-        let registry = Registry::new(store.clone(), Arc::clone(&self.plugins), 16 << 20);
-        let cursors = Arc::new(eggtimer::api::Cursors::new(store.clone()));
-        let state = eggtimer::api::AppState {
-            access: Arc::new(eggtimer::api::Access::new(store.clone(), None, None)),
-            scrape: Default::default(),
-            store,
-            registry,
-            metrics: Arc::new(Metrics::default()),
-            max_payload_bytes: 64 << 10,
-            max_plugin_bytes: 16 << 20,
-            max_plugin_timeout_ms: 60_000,
-            max_plugin_memory: 512 << 20,
-            max_body_bytes: 32 << 20,
-            internal_hosts: vec![],
-            cursors,
-            runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
-            owned_shards: Arc::new(|| 0),
-        };
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let server = self.http.spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener)?;
-            axum::serve(listener, eggtimer::api::router(state)).await
-        });
+        let (addr, server) = self.api().await?;
         let n = self.args.n;
         let far = now_ms() + 86_400_000;
         let bodies: Vec<Vec<u8>> = (0..n)
@@ -270,8 +239,55 @@ impl Bench {
         })
     }
 
+    /// The API served on the HTTP runtime as `eggtimer serve` serves it (no token), on a port of
+    /// its own: its address and the server's task (abort it when done).
+    pub(crate) async fn api(
+        &self,
+    ) -> Result<(
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    )> {
+        // the API's store on a connection of the HTTP runtime
+        let store = self.store.clone();
+        let store = self
+            .http
+            .spawn(async move { store.own_connection().await })
+            .await??;
+        let registry = Registry::new(store.clone(), Arc::clone(&self.plugins), 16 << 20);
+        let cursors = Arc::new(eggtimer::api::Cursors::new(store.clone()));
+        let state = eggtimer::api::AppState {
+            access: Arc::new(eggtimer::api::Access::new(store.clone(), None, None)),
+            scrape: Default::default(),
+            store,
+            registry,
+            metrics: Arc::new(Metrics::default()),
+            max_payload_bytes: 64 << 10,
+            max_plugin_bytes: 16 << 20,
+            max_plugin_timeout_ms: 60_000,
+            max_plugin_memory: 512 << 20,
+            max_body_bytes: 32 << 20,
+            internal_hosts: vec![],
+            cursors,
+            runners: Arc::new(|| Box::pin(async { Ok(Value::Array(vec![])) })),
+            owned_shards: Arc::new(|| 0),
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let server = self.http.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            axum::serve(listener, eggtimer::api::router(state)).await
+        });
+        Ok((addr, server))
+    }
+
     /// W1: N tasks due evenly over 10 s, starting after all are scheduled.
     pub async fn w1(&self, name: &'static str) -> Result<report::W1> {
+        self.w1_of(name, "noop").await
+    }
+
+    /// W1 with the tasks of `plugin`.
+    pub async fn w1_of(&self, name: &'static str, plugin: &str) -> Result<report::W1> {
         let n = self.args.n;
         let start = now_ms() + 3000 + (n as i64 / 50); // leave time to schedule (~100k/s)
         let dues: Vec<i64> = (0..n)
@@ -281,7 +297,7 @@ impl Bench {
         let runner = self.runner(Arc::clone(&rec));
         let forks0 = self.nodes.forks().await?;
         let t0 = Instant::now();
-        schedule_all(&self.store, tasks(0, &dues, "noop")).await?;
+        schedule_all(&self.store, tasks(0, &dues, plugin)).await?;
         if now_ms() > start {
             bail!(
                 "scheduling took {:?}, past the first due time; run with a smaller --n",

@@ -24,3 +24,4 @@ export const handle = handler<Coupon>(
 );
 
 export const check = handle.check;
+export const payloadSchema = handle.payloadSchema;

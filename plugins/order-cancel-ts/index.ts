@@ -26,3 +26,4 @@ export const handle = handler<Order>(
 
 /** The runner asks it when a task is scheduled: a payload without `user_id` is refused then. */
 export const check = handle.check;
+export const payloadSchema = handle.payloadSchema;

@@ -487,7 +487,9 @@ pages.plugins = () => {
         h("dt", {}, "memory cap"), h("dd", { id: "pl-memory" }, p.memory_bytes == null ? "the runner's" : `${fmtNum(p.memory_bytes / 1048576)} MiB`),
         h("dt", {}, "max pending"), h("dd", { id: "pl-max-pending" }, fmtNum(p.max_pending)),
         h("dt", {}, "may call"), h("dd", { id: "pl-hosts", class: "mono" }, (p.allowed_hosts || []).length ? p.allowed_hosts.join(", ") : "no network"),
-        h("dt", {}, "config"), h("dd", { id: "pl-config", class: "mono" }, Object.entries(p.config || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none")),
+        h("dt", {}, "config"), h("dd", { id: "pl-config", class: "mono" }, Object.entries(p.config || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none"),
+        h("dt", {}, "payloads"), h("dd", { id: "pl-check" }, p.check ? "checked when scheduled" : p.check === false ? "not checked (no check export)" : "—")),
+      p.payload_schema ? [h("h2", {}, "Payload schema"), h("pre", { id: "pl-schema" }, JSON.stringify(p.payload_schema, null, 2))] : null,
       h("div", { class: "actions" },
         p.paused
           ? action("Resume", async () => { await api("POST", `/v1/plugins/${enc(p.name)}/resume`); await done("Resumed"); }, { id: "pl-resume", errorEl: e })
@@ -542,6 +544,7 @@ pages.plugins = () => {
         { label: "digest", get: (v) => h("span", { class: "mono" }, v.digest.slice(0, 16) + "…") },
         { label: "size", num: true, get: (v) => (v.size / 1024).toFixed(0) + " KiB" },
         { label: "uploaded", get: (v) => fmtTime(v.uploaded_at) },
+        { label: "", get: (v) => v.candidate ? pill("candidate") : v.version === p.version ? pill("current") : "" },
       ], (p.history || []).slice().reverse(), { id: "plugin-versions" }));
   }
   return { root, refresh, errorEl: () => err };

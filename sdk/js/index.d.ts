@@ -44,6 +44,8 @@ export interface Handle {
   (task: WitTask): WitOutcome;
   /** The WIT's `check`: throws a string naming what does not fit. */
   check(payload: string): void;
+  /** The WIT's `payload-schema`: a field map's JSON Schema (JSON text), else undefined. */
+  payloadSchema(): string | undefined;
 }
 
 export declare function handler<P = unknown>(

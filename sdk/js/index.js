@@ -44,6 +44,8 @@ export function canonicalJson(value) {
  * does not fit, or a field map made with `fields(...)`), the handler checks its payload first,
  * and `handle.check` is the plugin's `check`: `export const check = handle.check;` lets the
  * runner refuse a task whose payload does not fit when it is scheduled (422), not when it runs.
+ * `handle.payloadSchema` says what a field map takes as a JSON Schema: `export const
+ * payloadSchema = handle.payloadSchema;` (the `checked` world exports both).
  */
 export function handler(fn, { payload: validate } = {}) {
   const checkPayload = validate === undefined ? () => undefined : validator(validate);
@@ -69,6 +71,9 @@ export function handler(fn, { payload: validate } = {}) {
     });
     return out === undefined || out === null ? Outcome.done() : out;
   }
+  // the WIT's `payload-schema: func() -> option<string>`: a field map's JSON Schema
+  const schema = validate?.schema ?? (typeof validate === 'object' ? fields(validate).schema : undefined);
+  handle.payloadSchema = () => (schema === undefined ? undefined : JSON.stringify(schema));
   // the WIT's `check: func(payload: string) -> result<_, string>`: a thrown string is the error
   handle.check = (text) => {
     let payload;
@@ -116,7 +121,7 @@ export function fields(map) {
       throw new Error(`fields: ${name}: ${t} is not one of ${Object.keys(JSON_TYPES).join(', ')}`);
     }
   }
-  return (p) => {
+  const check = (p) => {
     if (!JSON_TYPES.object(p)) return 'expected an object';
     for (const [name, t] of Object.entries(map)) {
       const optional = t.endsWith('?');
@@ -130,6 +135,17 @@ export function fields(map) {
     }
     return undefined;
   };
+  // the same as a JSON Schema (what the runner shows of the plugin)
+  const properties = {};
+  const required = [];
+  for (const [name, t] of Object.entries(map)) {
+    const type = t.replace(/\?$/, '');
+    const one = type === 'any' ? {} : { type };
+    properties[name] = t.endsWith('?') ? { anyOf: [one, { type: 'null' }] } : one;
+    if (!t.endsWith('?')) required.push(name);
+  }
+  check.schema = { $schema: 'https://json-schema.org/draft/2020-12/schema', type: 'object', properties, required };
+  return check;
 }
 
 /** Log lines (kept with the task's run, bounded by the effects budget). */

@@ -478,10 +478,24 @@ fn decode<P: DeserializeOwned>(payload: &str) -> std::result::Result<P, String> 
     Ok(p)
 }
 
+/// The payload type's JSON Schema (what [`handler!`]`(f, schema)` exports as the plugin's
+/// `payload-schema`).
+#[cfg(feature = "schema")]
+#[doc(hidden)]
+pub fn __schema<P: schemars::JsonSchema>(_f: fn(Task<P>) -> Result) -> Option<String> {
+    serde_json::to_string(&schemars::schema_for!(P)).ok()
+}
+
+#[cfg(feature = "schema")]
+#[doc(hidden)]
+pub use schemars;
+
 /// Declares the plugin's handler: a `fn(Task<P>) -> eggtimer_sdk::Result` where `P` is any
 /// `serde::Deserialize` payload type. Use it once per plugin crate. The plugin also exports
 /// `check`, which decodes a payload as `P` with the same deserializer: the runner refuses a task
-/// whose payload the handler could not read when it is scheduled.
+/// whose payload the handler could not read when it is scheduled. With the SDK's `schema`
+/// feature, `handler!(handle, schema)` also says what `P` is as a JSON Schema (`P` derives
+/// `schemars::JsonSchema`), which `GET /v1/plugins/{name}` and the dashboard show.
 ///
 /// ```no_run
 /// fn handle(task: eggtimer_sdk::Task<serde_json::Value>) -> eggtimer_sdk::Result {
@@ -491,7 +505,9 @@ fn decode<P: DeserializeOwned>(payload: &str) -> std::result::Result<P, String> 
 /// ```
 #[macro_export]
 macro_rules! handler {
-    ($f:path) => {
+    (@schema $f:path) => { ::std::option::Option::None };
+    (@schema $f:path, schema) => { $crate::__schema($f) };
+    ($f:path $(, $schema:ident)?) => {
         #[doc(hidden)]
         pub struct __EggtimerPlugin;
 
@@ -504,6 +520,10 @@ macro_rules! handler {
 
             fn check(payload: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
                 $crate::__check(&payload, $f)
+            }
+
+            fn payload_schema() -> ::std::option::Option<::std::string::String> {
+                $crate::handler!(@schema $f $(, $schema)?)
             }
         }
 

@@ -82,6 +82,21 @@ async fn the_typescript_and_python_samples_do_what_the_rust_samples_do() {
             "coupon-expiry{l} says what does not fit: {m}"
         );
     }
+    // the TypeScript field map and the Python dataclass, described as JSON Schema
+    for l in ["-ts", "-py"] {
+        let (s, p) = call("GET", &format!("{base}/v1/plugins/order-cancel{l}"), None).await;
+        assert_eq!(s, 200, "{p}");
+        let schema = &p["payload_schema"];
+        assert_eq!(
+            schema["properties"]["user_id"]["type"], "string",
+            "{l}: {p}"
+        );
+        assert_eq!(
+            schema["required"],
+            json!(["order_id", "user_id"]),
+            "{l}: {p}"
+        );
+    }
     post_tasks(base, json!(specs)).await;
     for l in langs {
         for id in [
@@ -277,7 +292,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
         "node --test (sdk/js)",
     );
     assert!(
-        out.contains("# pass 6") && out.contains("# fail 0"),
+        out.contains("# pass 7") && out.contains("# fail 0"),
         "{out}"
     );
 
@@ -328,7 +343,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
             .arg(py.join("tests")),
         "pytest (sdk/python)",
     );
-    assert!(out.contains("6 passed"), "{out}");
+    assert!(out.contains("7 passed"), "{out}");
     assert!(
         !Path::new(&py.join("tests/__pycache__")).exists(),
         "pytest wrote into the source tree"

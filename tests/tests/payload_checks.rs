@@ -38,6 +38,10 @@ async fn a_payload_the_plugin_cant_read_is_refused_when_it_is_scheduled() {
     assert_eq!(s, 201, "{up}");
     let (s, p) = admin("GET", base, "/v1/plugins/order-cancel", None).await;
     assert_eq!((s, &p["check"]), (200, &json!(true)), "{p}");
+    // and says what it takes (the SDK's `schema`: its payload type's JSON Schema)
+    let schema = &p["payload_schema"];
+    assert_eq!(schema["properties"]["user_id"]["type"], "string", "{p}");
+    assert_eq!(schema["required"], json!(["order_id", "user_id"]), "{p}");
 
     // one task: the message names the field, as serde says it
     let (s, e) = admin(
@@ -115,6 +119,7 @@ async fn a_payload_the_plugin_cant_read_is_refused_when_it_is_scheduled() {
     assert_eq!(s, 201, "{up}");
     let (s, p) = admin("GET", base, "/v1/plugins/plain", None).await;
     assert_eq!((s, &p["check"]), (200, &json!(false)), "{p}");
+    assert_eq!(p["payload_schema"], Value::Null, "{p}");
     let (s, e) = admin(
         "POST",
         base,
@@ -185,6 +190,30 @@ async fn a_deploy_that_cant_read_waiting_tasks_is_a_candidate_until_forced_or_fi
     let (_, p) = admin("GET", base, "/v1/plugins/orders", None).await;
     assert_eq!(p["version"], 1, "v1 is still current: {p}");
     assert_eq!(p["history"][0]["candidate"], true, "{p}");
+    // the CLI says the same as a table, and the same bytes again name the same candidate
+    let out = std::process::Command::new(eggtimer_tests::eggtimer_bin())
+        .args(["plugin", "push", "orders"])
+        .arg(eggtimer_tests::plugins_dir().join("order-cancel.wasm"))
+        .args(["--url", base, "--token", ADMIN])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let rows: Vec<&str> = stderr.lines().collect();
+    assert!(
+        rows[0].starts_with("TASK ") && rows[0].contains("WHY"),
+        "{stderr}"
+    );
+    assert!(
+        rows[1].starts_with("t17 ") && rows[1].contains("user_id"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("3 of 10000 waiting tasks refused by v2"),
+        "{stderr}"
+    );
+    let (_, p) = admin("GET", base, "/v1/plugins/orders", None).await;
+    assert_eq!(p["history"].as_array().unwrap().len(), 2, "{p}");
     // promoting it goes through the same check
     let (s, e) = admin(
         "POST",

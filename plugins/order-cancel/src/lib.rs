@@ -9,7 +9,9 @@ use eggtimer_sdk::{Outcome, Task, emit, handler, kv};
 use serde::Deserialize;
 use serde_json::json;
 
-#[derive(Deserialize)]
+/// What it reads: refused when scheduled if it does not fit, and described as a JSON Schema
+/// (`GET /v1/plugins/order-cancel` shows it).
+#[derive(Deserialize, schemars::JsonSchema)]
 pub struct Order {
     pub order_id: String,
     pub user_id: String,
@@ -32,7 +34,7 @@ pub fn handle(task: Task<Order>) -> eggtimer_sdk::Result {
     Ok(Outcome::Done)
 }
 
-handler!(handle);
+handler!(handle, schema);
 
 #[cfg(test)]
 mod tests {

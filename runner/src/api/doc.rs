@@ -235,6 +235,10 @@ pub struct PluginDetail {
     /// Whether the current version checks payloads (exports `check`): tasks whose payload it
     /// refuses are not scheduled (422 `invalid_payload`). Null: not loaded on this runner yet.
     pub check: Option<bool>,
+    /// The payloads it takes as a JSON Schema, where its SDK says (null: it does not, or it is
+    /// not loaded on this runner yet).
+    #[schema(value_type = Option<Object>)]
+    pub payload_schema: Option<serde_json::Value>,
     /// Versions newest first, candidates included.
     pub history: Vec<crate::store::PluginEntry>,
 }

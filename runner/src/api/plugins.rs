@@ -310,13 +310,16 @@ pub async fn plugin_get(
         .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))?;
     let history = st.store.plugin_history(&name).await?;
     let mut v = with_settings(&st, &cur, &st.store.plugin_settings(&name).await?);
-    v["check"] = json!(
-        st.registry
-            .plugins()
-            .get(&name)
-            .filter(|l| l.digest == cur.digest)
-            .map(|l| l.has_check())
-    );
+    let here = st
+        .registry
+        .plugins()
+        .get(&name)
+        .filter(|l| l.digest == cur.digest);
+    v["check"] = json!(here.as_ref().map(|l| l.has_check()));
+    v["payload_schema"] = match here {
+        Some(_) => json!(st.registry.plugins().payload_schema(&name).await),
+        None => serde_json::Value::Null,
+    };
     v["history"] = serde_json::to_value(history).expect("serializes");
     Ok(axum::Json(v).into_response())
 }

@@ -355,6 +355,8 @@ impl WasmEngine {
             version,
             digest,
             check: component.get_export_index(None, "check"),
+            schema: component.get_export_index(None, "payload-schema"),
+            schema_text: Default::default(),
             pre: Arc::new(pre),
         })
     }

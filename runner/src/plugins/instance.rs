@@ -48,6 +48,8 @@ pub(super) struct Warm {
     plugin: Plugin,
     /// The plugin's `check`, if it exports one.
     check: Option<CheckFn>,
+    /// Its `payload-schema`, if it exports one.
+    schema: Option<TypedFunc<(), (Option<String>,)>>,
     stdout: GuestOutput,
     stderr: GuestOutput,
     calls: u32,
@@ -264,6 +266,43 @@ pub(super) async fn check(
     Ok(verdicts)
 }
 
+/// What `payload-schema` of `loaded` answers (JSON text, unchecked), under the plugin's time
+/// limit and memory cap, with no task and no effects.
+pub(super) async fn payload_schema(
+    env: CallEnv<'_>,
+    loaded: &Loaded,
+    policy: &Policy,
+) -> Result<Option<String>, String> {
+    let timeout = policy.time_limit;
+    let mut warm = warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await?;
+    let Some(f) = warm.schema else {
+        return Ok(None);
+    };
+    let deadline = Instant::now() + timeout;
+    let data = warm.store.data_mut();
+    data.deadline = deadline;
+    data.call = CallCtx {
+        plugin: loaded.name.clone(),
+        budget: env.opts.budget.clone(),
+        ..CallCtx::default()
+    };
+    warm.store.set_epoch_deadline(1);
+    let called = tokio::time::timeout_at(deadline.into(), f.call_async(&mut warm.store, ())).await;
+    warm.calls += 1;
+    let answer = match called {
+        Ok(Ok((text,))) => text,
+        Ok(Err(e)) => return Err(explain_trap(&e, timeout, "")),
+        Err(_) => return Err(format!("payload-schema ran past {timeout:?}")),
+    };
+    warm.store.data_mut().call = CallCtx::default();
+    warm.stdout.take();
+    warm.stderr.take();
+    if warm.reusable() {
+        env.pool.put(warm);
+    }
+    Ok(answer)
+}
+
 /// Readies `warm` for one call of `task`: what its host functions may do and see, and until when.
 #[allow(clippy::too_many_arguments)]
 fn begin(
@@ -439,11 +478,20 @@ async fn instantiate(
             )
         })?),
     };
+    let schema = match &loaded.schema {
+        None => None,
+        Some(i) => Some(instance.get_typed_func(&mut store, i).map_err(|e| {
+            format!(
+                "the plugin's payload-schema export is not `payload-schema: func() -> option<string>`: {e:#}"
+            )
+        })?),
+    };
     Ok(Warm {
         digest: loaded.digest.clone(),
         store,
         plugin,
         check,
+        schema,
         stdout,
         stderr,
         calls: 0,

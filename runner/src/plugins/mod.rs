@@ -114,6 +114,9 @@ pub struct Loaded {
     pub digest: String,
     /// The plugin's `check` export (the `checked` world), if it has one.
     check: Option<wasmtime::component::ComponentExportIndex>,
+    /// Its `payload-schema` export, and what it answered once asked.
+    schema: Option<wasmtime::component::ComponentExportIndex>,
+    schema_text: Arc<std::sync::OnceLock<Option<serde_json::Value>>>,
     pre: Arc<PluginPre<host::State>>,
 }
 
@@ -406,6 +409,45 @@ impl Plugins {
             }),
             None => checking.await,
         }
+    }
+}
+
+/// The largest JSON Schema a plugin may describe its payload with.
+const MAX_SCHEMA_BYTES: usize = 64 << 10;
+
+impl Plugins {
+    /// The JSON Schema of the payloads the current version of `plugin` on this runner takes,
+    /// where it says (its `payload-schema`), asked once per version. None: not loaded here, no
+    /// such export, no answer, or one that is not JSON or larger than 64 KiB.
+    pub async fn payload_schema(self: &Arc<Self>, plugin: &str) -> Option<serde_json::Value> {
+        let loaded = self.get(plugin)?;
+        loaded.schema?;
+        if let Some(v) = loaded.schema_text.get() {
+            return v.clone();
+        }
+        let this = Arc::clone(self);
+        let l = Arc::clone(&loaded);
+        let asking = async move {
+            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
+                .await
+                .ok()?;
+            let env = instance::CallEnv {
+                engine: &this.engine.engine,
+                pool: &this.pool,
+                opts: &this.opts,
+                outbound: &this.outbound,
+            };
+            let policy = this.policy(&l.name);
+            instance::payload_schema(env, &l, &policy).await.ok()?
+        };
+        let text = match &self.rt.0 {
+            Some(rt) => rt.spawn(asking).await.ok().flatten(),
+            None => asking.await,
+        };
+        let schema = text
+            .filter(|t| t.len() <= MAX_SCHEMA_BYTES)
+            .and_then(|t| serde_json::from_str(&t).ok());
+        Some(loaded.schema_text.get_or_init(|| schema).clone()).flatten()
     }
 }
 

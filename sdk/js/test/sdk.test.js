@@ -89,3 +89,13 @@ test('a declared payload is the plugin\'s check, and the handler\'s', () => {
   assert.equal(handler(() => {}).check('{"anything": [1]}'), undefined);
   assert.throws(() => fields({ a: 'strin' }), /not one of/);
 });
+
+test('a field map is described as JSON Schema', () => {
+  const handle = handler(() => {}, { payload: fields({ order_id: 'string', n: 'integer?' }) });
+  const schema = JSON.parse(handle.payloadSchema());
+  assert.deepEqual(schema.required, ['order_id']);
+  assert.deepEqual(schema.properties.order_id, { type: 'string' });
+  assert.deepEqual(schema.properties.n, { anyOf: [{ type: 'integer' }, { type: 'null' }] });
+  assert.equal(handler(() => {}, { payload: () => undefined }).payloadSchema(), undefined);
+  assert.equal(handler(() => {}).payloadSchema(), undefined);
+});

@@ -118,6 +118,29 @@ def _fit(t: Any, v: Any, name: str) -> Any:
     return float(v) if t is float else v
 
 
+def _schema_of(t: Any) -> dict:
+    """The JSON Schema of an annotation (the types ``_fit`` checks; anything else: any)."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin in (typing.Union, types_mod.UnionType):
+        return {"anyOf": [_schema_of(a) for a in args]}
+    if t is type(None):
+        return {"type": "null"}
+    if dataclasses.is_dataclass(t):
+        hints = typing.get_type_hints(t)
+        fields = dataclasses.fields(t)
+        return {
+            "type": "object",
+            "properties": {f.name: _schema_of(hints.get(f.name, Any)) for f in fields},
+            "required": [f.name for f in fields
+                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING],
+        }
+    if origin is list:
+        return {"type": "array", "items": _schema_of(args[0])} if args else {"type": "array"}
+    simple = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "object"}
+    key = origin or t
+    return {"type": simple[key]} if key in simple else {}
+
+
 def _decode(payload_type: Any, raw: Any, prefix: str = "") -> Any:
     """The payload as ``payload_type`` (a dataclass, or ``None`` for the JSON as is): a field
     missing or of the wrong JSON type is a TypeError naming it; fields the type does not name are
@@ -156,6 +179,13 @@ def plugin(handle: Callable[[Task[Any]], Optional[types.Outcome]], payload_type:
                 _decode(payload_type, json.loads(payload))
             except (ValueError, TypeError) as e:
                 raise Err(str(e)) from e
+
+        def payload_schema(self) -> Optional[str]:
+            """The payload dataclass as a JSON Schema (``GET /v1/plugins/{name}`` shows it)."""
+            if payload_type is None or not dataclasses.is_dataclass(payload_type):
+                return None
+            schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **_schema_of(payload_type)}
+            return json.dumps(schema, sort_keys=True)
 
         def handle(self, task: types.Task) -> types.Outcome:
             try:

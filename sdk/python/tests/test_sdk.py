@@ -117,3 +117,14 @@ def test_check_names_what_does_not_fit_and_takes_what_does():
     with pytest.raises(Err) as e:
         check("not json")
     assert "Expecting value" in e.value.value
+
+
+def test_the_payload_dataclass_is_described_as_json_schema():
+    import json
+    schema = json.loads(plugin(lambda t: None, Order)().payload_schema())
+    assert schema["type"] == "object"
+    assert schema["required"] == ["order_id", "inner"]
+    assert schema["properties"]["order_id"] == {"type": "string"}
+    assert schema["properties"]["inner"]["properties"]["n"] == {"type": "integer"}
+    assert schema["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
+    assert plugin(lambda t: None)().payload_schema() is None

@@ -11,7 +11,8 @@
 -- uploaded_by (the uploading key's id; '' for none), candidate ('1': stored, not made current,
 -- nor announced, unless the plugin has no current version).
 -- Returns {version, created (1) or 0 when these bytes are already the current version (or, for a
--- candidate, any version in the history)}.
+-- candidate, any version in the history)}. Bytes of a candidate uploaded to be made current
+-- make that candidate current (1).
 local name, digest, size, at, bytes, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local keep, history_prefix, blob_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local cur = redis.call('HGET', KEYS[1], name)
@@ -20,10 +21,20 @@ if cur then
   local v = cjson.decode(cur)
   if v.digest == digest then return { v.version, 0 } end
 end
-if candidate then
-  for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
-    local v = cjson.decode(e)
-    if v.digest == digest then return { v.version, 0 } end
+-- bytes already in the history: a candidate upload names their version; an upload to make
+-- current promotes a candidate of them in place
+for i, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  local v = cjson.decode(e)
+  if v.digest == digest then
+    if candidate then return { v.version, 0 } end
+    if v.candidate then
+      v.candidate = nil
+      e = cjson.encode(v)
+      redis.call('LSET', KEYS[2], i - 1, e)
+      redis.call('HSET', KEYS[1], name, e)
+      redis.call('PUBLISH', channel, name)
+      return { v.version, 1 }
+    end
   end
 end
 local version = redis.call('HINCRBY', KEYS[4], name, 1)
