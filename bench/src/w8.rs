@@ -72,8 +72,8 @@ impl Bench {
             })
             .collect();
         while !all.is_empty() {
-            let rest = all.split_off(all.len().saturating_sub(100_000));
-            schedule_all(&self.store, std::mem::replace(&mut all, rest)).await?;
+            let chunk: Vec<NewTask> = all.drain(..all.len().min(100_000)).collect();
+            schedule_all(&self.store, chunk).await?;
         }
         // the deploy starts with W1's first due tasks and runs beside them
         let starts_in = Duration::from_millis(3000 + (self.args.n as u64 / 50));

@@ -107,6 +107,8 @@ async fn write_with_the_release(base: &str) -> i64 {
         upload(base, "twin", plugin_wasm("coupon-expiry")).await.0,
         201
     );
+    // a plugin without a payload check, as every plugin built for the release is
+    assert_eq!(upload(base, "plain", plugin_wasm("noop-plain")).await.0, 201);
     // a task running when the release's runner dies
     assert_eq!(upload(base, "slow", plugin_wasm("test-sleep")).await.0, 201);
     post_tasks(
@@ -276,6 +278,19 @@ async fn what_the_last_release_wrote_keeps_working() {
     assert_eq!(twin["version"], 2, "{twin}");
     let (s, b) = call("POST", &format!("{base}/v1/plugins/twin/rollback"), None).await;
     assert_eq!((s, &b["version"]), (200, &json!(1)), "{b}");
+    // the plugin the release stored without a check takes any payload, as it did
+    eventually(MINUTE, "plain to be loaded, without a check", || async {
+        let (_, p) = call("GET", &format!("{base}/v1/plugins/plain"), None).await;
+        (p["check"] == false).then_some(())
+    })
+    .await;
+    let (s, b) = call(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(json!({"plugin": "plain", "delay_ms": 3_600_000, "payload": {"anything": [1]}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
 }
 
 #[tokio::test]
