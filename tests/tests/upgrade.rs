@@ -108,7 +108,10 @@ async fn write_with_the_release(base: &str) -> i64 {
         201
     );
     // a plugin without a payload check, as every plugin built for the release is
-    assert_eq!(upload(base, "plain", plugin_wasm("noop-plain")).await.0, 201);
+    assert_eq!(
+        upload(base, "plain", plugin_wasm("noop-plain")).await.0,
+        201
+    );
     // a task running when the release's runner dies
     assert_eq!(upload(base, "slow", plugin_wasm("test-sleep")).await.0, 201);
     post_tasks(

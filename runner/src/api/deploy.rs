@@ -48,7 +48,7 @@ pub async fn check_waiting(st: &AppState, loaded: Arc<Loaded>) -> ApiResult<Find
                             &format!("task {:?}", chunk[0].id),
                             &loaded.name,
                             e,
-                            &format!("v{} was not made current", loaded.version),
+                            "it was not made current",
                         )
                     })?;
                 found.checked += chunk.len() as u64;

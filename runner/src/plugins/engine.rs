@@ -216,7 +216,7 @@ impl Cache {
 /// Instances the pooling allocator has room for: those running (one per worker), those kept warm,
 /// those checking payloads, and a margin.
 pub(super) fn pool_slots(opts: &PluginOptions) -> u32 {
-    (opts.workers + opts.warm_instances + super::CHECK_SLOTS + 8) as u32
+    (opts.workers + opts.warm_instances + super::sandbox::CHECK_SLOTS + 8) as u32
 }
 
 impl WasmEngine {

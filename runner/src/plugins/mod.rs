@@ -23,6 +23,7 @@ mod instance;
 mod limiter;
 mod output;
 mod registry;
+mod sandbox;
 mod turns;
 mod wasi_http;
 
@@ -44,6 +45,7 @@ pub use host::{Asked, Budget, derive_id, valid_topic};
 pub use http::{MAX_ALLOWED_HOSTS, Response as HttpAnswer, is_public, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
 pub use registry::{PluginVersion, Prepared, Registry, UploadError, valid_plugin_name};
+pub use sandbox::{CheckError, DryRun, Verdicts};
 
 use crate::executor::{Handler, Run, TaskHost};
 use crate::store::Claimed;
@@ -154,28 +156,6 @@ pub struct Plugins {
     checking: tokio::sync::Semaphore,
 }
 
-/// Payload checks at once on one runner (the instance pool has room for them).
-pub(super) const CHECK_SLOTS: usize = 4;
-
-/// How long a check waits for its turn before it gives up (it still has its time limit after).
-const CHECK_QUEUE: Duration = Duration::from_secs(5);
-
-/// Why payloads could not be checked.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckError {
-    /// Every check slot stayed taken (try again).
-    #[error(
-        "the payload check waited {CHECK_QUEUE:?} for one of this runner's {CHECK_SLOTS} check slots; try again"
-    )]
-    Busy,
-    /// The plugin's check trapped or ran past its time limit.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// One verdict per payload: `None` fits, `Some(message)` does not.
-pub type Verdicts = Vec<Option<String>>;
-
 impl Plugins {
     /// Creates the engine, the linker and the call runtime, and starts the epoch ticker.
     pub fn new(opts: PluginOptions) -> Result<Arc<Plugins>> {
@@ -200,7 +180,7 @@ impl Plugins {
             pool: instance::Pool::new(opts.warm_instances),
             opts,
             rt: CallRuntime(Some(rt)),
-            checking: tokio::sync::Semaphore::new(CHECK_SLOTS),
+            checking: tokio::sync::Semaphore::new(sandbox::CHECK_SLOTS),
         }))
     }
 
@@ -351,156 +331,9 @@ impl Plugins {
                 task.plugin, task.plugin
             ));
         };
-        let env = instance::CallEnv {
-            engine: &self.engine.engine,
-            pool: &self.pool,
-            opts: &self.opts,
-            outbound: &self.outbound,
-        };
         let checks = Arc::clone(self);
         let policy = self.policy(&task.plugin);
-        instance::call(env, &loaded, task, host, checks, policy, None).await
-    }
-}
-
-impl Plugins {
-    /// What the current version of `plugin` on this runner says of each payload. A plugin
-    /// without `check`, or not loaded here, takes every payload.
-    pub async fn check(
-        self: &Arc<Self>,
-        plugin: &str,
-        payloads: Vec<String>,
-    ) -> Result<Verdicts, CheckError> {
-        match self.get(plugin) {
-            Some(loaded) if loaded.has_check() => self.check_with(loaded, payloads).await,
-            _ => Ok(vec![None; payloads.len()]),
-        }
-    }
-
-    /// As [`Plugins::check`], with `loaded` (any version, current or not), under its plugin's
-    /// policy. On the calls' runtime, at most [`CHECK_SLOTS`] at once.
-    pub async fn check_with(
-        self: &Arc<Self>,
-        loaded: Arc<Loaded>,
-        payloads: Vec<String>,
-    ) -> Result<Verdicts, CheckError> {
-        if !loaded.has_check() {
-            return Ok(vec![None; payloads.len()]);
-        }
-        let this = Arc::clone(self);
-        let checking = async move {
-            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
-                .await
-                .map_err(|_| CheckError::Busy)?;
-            let env = instance::CallEnv {
-                engine: &this.engine.engine,
-                pool: &this.pool,
-                opts: &this.opts,
-                outbound: &this.outbound,
-            };
-            let policy = this.policy(&loaded.name);
-            instance::check(env, &loaded, &payloads, &policy)
-                .await
-                .map_err(CheckError::Failed)
-        };
-        match &self.rt.0 {
-            Some(rt) => rt.spawn(checking).await.unwrap_or_else(|e| {
-                Err(CheckError::Failed(format!("the payload check failed: {e}")))
-            }),
-            None => checking.await,
-        }
-    }
-}
-
-/// The largest JSON Schema a plugin may describe its payload with.
-const MAX_SCHEMA_BYTES: usize = 64 << 10;
-
-impl Plugins {
-    /// The JSON Schema of the payloads the current version of `plugin` on this runner takes,
-    /// where it says (its `payload-schema`), asked once per version. None: not loaded here, no
-    /// such export, no answer, or one that is not JSON or larger than 64 KiB.
-    pub async fn payload_schema(self: &Arc<Self>, plugin: &str) -> Option<serde_json::Value> {
-        let loaded = self.get(plugin)?;
-        loaded.schema?;
-        if let Some(v) = loaded.schema_text.get() {
-            return v.clone();
-        }
-        let this = Arc::clone(self);
-        let l = Arc::clone(&loaded);
-        let asking = async move {
-            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
-                .await
-                .ok()?;
-            let env = instance::CallEnv {
-                engine: &this.engine.engine,
-                pool: &this.pool,
-                opts: &this.opts,
-                outbound: &this.outbound,
-            };
-            let policy = this.policy(&l.name);
-            instance::payload_schema(env, &l, &policy).await.ok()?
-        };
-        let text = match &self.rt.0 {
-            Some(rt) => rt.spawn(asking).await.ok().flatten(),
-            None => asking.await,
-        };
-        let schema = text
-            .filter(|t| t.len() <= MAX_SCHEMA_BYTES)
-            .and_then(|t| serde_json::from_str(&t).ok());
-        Some(loaded.schema_text.get_or_init(|| schema).clone()).flatten()
-    }
-}
-
-/// What a dry run did: the run as it would have been (its effects not applied), the HTTP
-/// requests it asked to send (none sent), and how long it took.
-pub struct DryRun {
-    pub run: Run,
-    pub http: Vec<Asked>,
-    pub took: Duration,
-}
-
-impl Plugins {
-    /// Runs `task` on `loaded` (any version of its plugin) as a run would, under the plugin's
-    /// policy, and applies nothing: its effects are returned; its HTTP requests are recorded and
-    /// answered from `canned`, in order, not sent. In one of the check slots.
-    pub async fn dry_run(
-        self: &Arc<Self>,
-        loaded: Arc<Loaded>,
-        task: Claimed,
-        host: Arc<dyn TaskHost>,
-        canned: Vec<http::Response>,
-    ) -> Result<DryRun, CheckError> {
-        let this = Arc::clone(self);
-        let running = async move {
-            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
-                .await
-                .map_err(|_| CheckError::Busy)?;
-            let dry = Arc::new(std::sync::Mutex::new(host::DryHttp {
-                canned: canned.into(),
-                asked: Vec::new(),
-            }));
-            let env = instance::CallEnv {
-                engine: &this.engine.engine,
-                pool: &this.pool,
-                opts: &this.opts,
-                outbound: &this.outbound,
-            };
-            let policy = this.policy(&loaded.name);
-            let started = std::time::Instant::now();
-            let checks = Arc::clone(&this);
-            let run =
-                instance::call(env, &loaded, &task, host, checks, policy, Some(dry.clone())).await;
-            let took = started.elapsed();
-            let http = std::mem::take(&mut dry.lock().unwrap_or_else(|e| e.into_inner()).asked);
-            Ok(DryRun { run, http, took })
-        };
-        match &self.rt.0 {
-            Some(rt) => rt
-                .spawn(running)
-                .await
-                .unwrap_or_else(|e| Err(CheckError::Failed(format!("the dry run failed: {e}")))),
-            None => running.await,
-        }
+        instance::call(self.env(), &loaded, task, host, checks, policy, None).await
     }
 }
 
