@@ -12,7 +12,7 @@ use eggtimer::store::NewTask;
 use serde_json::Value;
 
 use crate::report;
-use crate::workloads::{Bench, schedule_all};
+use crate::workloads::{Bench, schedule_all, tasks};
 
 /// Tasks of `orders` the deploy finds without `user_id`.
 const MISFITS: [usize; 3] = [17, 4242, 99_999];
@@ -51,26 +51,15 @@ impl Bench {
             bail!("uploading v1 of orders: {s} {v}");
         }
         let far = now_ms() + 86_400_000;
-        let mut all: Vec<NewTask> = (0..waiting)
-            .map(|i| {
-                let payload = if MISFITS.contains(&i) {
-                    format!(r#"{{"order_id":"o{i}"}}"#)
-                } else {
-                    format!(r#"{{"order_id":"o{i}","user_id":"u1"}}"#)
-                };
-                NewTask {
-                    id: format!("w{i}"),
-                    plugin: "orders".into(),
-                    payload,
-                    run_at: far,
-                    owner: None,
-                    max_attempts: 5,
-                    unique_for_ms: 0,
-                    traceparent: None,
-                    start_by: None,
-                }
-            })
-            .collect();
+        let mut all = tasks(0, &vec![far; waiting], "orders");
+        for (i, t) in all.iter_mut().enumerate() {
+            t.id = format!("w{i}");
+            t.payload = if MISFITS.contains(&i) {
+                format!(r#"{{"order_id":"o{i}"}}"#)
+            } else {
+                format!(r#"{{"order_id":"o{i}","user_id":"u1"}}"#)
+            };
+        }
         while !all.is_empty() {
             let chunk: Vec<NewTask> = all.drain(..all.len().min(100_000)).collect();
             schedule_all(&self.store, chunk).await?;

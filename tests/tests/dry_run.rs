@@ -57,7 +57,7 @@ async fn a_dead_letter_dry_run_against_a_fixed_candidate_applies_nothing() {
     .await;
     wait_state(base, "o1", "dead", T).await;
     // the fix as a candidate (order-cancel's code)
-    let (s, up) = call_wasm(base, "orders?promote=false", plugin_wasm("order-cancel")).await;
+    let (s, up) = upload(base, "orders?promote=false", plugin_wasm("order-cancel")).await;
     assert_eq!((s, &up["candidate"]), (201, &json!(true)), "{up}");
 
     let before = data(&redis);
@@ -198,20 +198,4 @@ async fn the_cli_runs_a_stored_task_against_a_local_build() {
     assert!(broken["outcome"]["error"].is_string(), "{broken}");
     let (_, t) = call("GET", &format!("{base}/v1/tasks/o2"), None).await;
     assert_eq!(t["state"], "scheduled", "nothing ran remotely: {t}");
-}
-
-/// PUT /v1/plugins/{name_and_query} with a wasm body: (status, reply).
-async fn call_wasm(base: &str, name_and_query: &str, wasm: Vec<u8>) -> (u16, Value) {
-    let resp = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
-        .put(format!("{base}/v1/plugins/{name_and_query}"))
-        .header("content-type", "application/wasm")
-        .body(wasm)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
 }

@@ -4,25 +4,19 @@
 //! deploy whose new version can't read tasks already waiting is kept as a candidate (409) unless
 //! forced (audited), then promoted once the tasks are fixed. (Each SDK's 422: languages.rs.)
 
-use eggtimer_tests::as_key::{ADMIN, req};
+use eggtimer_tests::as_key::{ADMIN, req, upload_as};
 use eggtimer_tests::{RedisServer, RunnerProcess, plugin_wasm};
 use serde_json::{Value, json};
 
 /// PUT /v1/plugins/{name}{query} as the admin: (status, reply).
 async fn deploy(base: &str, name: &str, query: &str, wasm: Vec<u8>) -> (u16, Value) {
-    let resp = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(300))
-        .build()
-        .unwrap()
-        .put(format!("{base}/v1/plugins/{name}{query}"))
-        .bearer_auth(ADMIN)
-        .header("content-type", "application/wasm")
-        .body(wasm)
-        .send()
-        .await
-        .expect("the runner answers");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    upload_as(base, ADMIN, &format!("{name}{query}"), wasm).await
+}
+
+/// POST /v1/plugins/orders/promote{query} `{"version"}` as the admin: (status, reply).
+async fn promote(base: &str, query: &str, version: u64) -> (u16, Value) {
+    let path = format!("/v1/plugins/orders/promote{query}");
+    admin("POST", base, &path, Some(json!({"version": version}))).await
 }
 
 async fn admin(method: &str, base: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -215,13 +209,7 @@ async fn a_deploy_that_cant_read_waiting_tasks_is_a_candidate_until_forced_or_fi
     let (_, p) = admin("GET", base, "/v1/plugins/orders", None).await;
     assert_eq!(p["history"].as_array().unwrap().len(), 2, "{p}");
     // promoting it goes through the same check
-    let (s, e) = admin(
-        "POST",
-        base,
-        "/v1/plugins/orders/promote",
-        Some(json!({"version": 2})),
-    )
-    .await;
+    let (s, e) = promote(base, "", 2).await;
     assert_eq!((s, e["error"]["failing"].as_u64()), (409, Some(3)), "{e}");
 
     // the team fixes the three and promotes the candidate
@@ -238,13 +226,7 @@ async fn a_deploy_that_cant_read_waiting_tasks_is_a_candidate_until_forced_or_fi
         .await;
         assert_eq!(s, 201, "{e}");
     }
-    let (s, e) = admin(
-        "POST",
-        base,
-        "/v1/plugins/orders/promote",
-        Some(json!({"version": 2})),
-    )
-    .await;
+    let (s, e) = promote(base, "", 2).await;
     assert_eq!((s, e["version"].as_u64()), (200, Some(2)), "{e}");
     let (_, p) = admin("GET", base, "/v1/plugins/orders", None).await;
     assert_eq!(
@@ -275,22 +257,10 @@ async fn a_deploy_that_cant_read_waiting_tasks_is_a_candidate_until_forced_or_fi
         (200, Some(false)),
         "v2 is in the history: {e}"
     );
-    let (s, e) = admin(
-        "POST",
-        base,
-        "/v1/plugins/orders/promote",
-        Some(json!({"version": 2})),
-    )
-    .await;
+    let (s, e) = promote(base, "", 2).await;
     assert_eq!((s, e["error"]["failing"].as_u64()), (409, Some(1)), "{e}");
     // forced: current, and the audit has it
-    let (s, e) = admin(
-        "POST",
-        base,
-        "/v1/plugins/orders/promote?force=true",
-        Some(json!({"version": 2})),
-    )
-    .await;
+    let (s, e) = promote(base, "?force=true", 2).await;
     assert_eq!((s, e["version"].as_u64()), (200, Some(2)), "{e}");
     let (s, audit) = admin("GET", base, "/v1/audit?plugin=orders", None).await;
     assert_eq!(s, 200, "{audit}");

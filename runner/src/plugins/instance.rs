@@ -212,17 +212,7 @@ pub(super) async fn check(
     let Some(f) = warm.check else {
         return Ok(vec![None; payloads.len()]);
     };
-    let deadline = Instant::now() + timeout;
-    let data = warm.store.data_mut();
-    data.started_at.store(now_ms(), Ordering::Relaxed);
-    data.deadline = deadline;
-    data.call = CallCtx {
-        plugin: loaded.name.clone(),
-        budget: env.opts.budget.clone(),
-        config: Arc::clone(&policy.config),
-        ..CallCtx::default()
-    };
-    warm.store.set_epoch_deadline(1);
+    let deadline = begin_question(&mut warm, &env, loaded, policy);
     let mut verdicts = Vec::with_capacity(payloads.len());
     for p in payloads {
         let called =
@@ -256,13 +246,7 @@ pub(super) async fn check(
             }
         }
     }
-    // what it printed or asked for is nobody's: dropped
-    warm.store.data_mut().call = CallCtx::default();
-    warm.stdout.take();
-    warm.stderr.take();
-    if warm.reusable() {
-        env.pool.put(warm);
-    }
+    end_question(warm, &env);
     Ok(verdicts)
 }
 
@@ -278,15 +262,7 @@ pub(super) async fn payload_schema(
     let Some(f) = warm.schema else {
         return Ok(None);
     };
-    let deadline = Instant::now() + timeout;
-    let data = warm.store.data_mut();
-    data.deadline = deadline;
-    data.call = CallCtx {
-        plugin: loaded.name.clone(),
-        budget: env.opts.budget.clone(),
-        ..CallCtx::default()
-    };
-    warm.store.set_epoch_deadline(1);
+    let deadline = begin_question(&mut warm, &env, loaded, policy);
     let called = tokio::time::timeout_at(deadline.into(), f.call_async(&mut warm.store, ())).await;
     warm.calls += 1;
     let answer = match called {
@@ -294,13 +270,36 @@ pub(super) async fn payload_schema(
         Ok(Err(e)) => return Err(explain_trap(&e, timeout, "")),
         Err(_) => return Err(format!("payload-schema ran past {timeout:?}")),
     };
+    end_question(warm, &env);
+    Ok(answer)
+}
+
+/// Readies `warm` for a question (a check, the schema): no task, no host, the plugin's config
+/// and budget, its time limit from now; returns the deadline.
+fn begin_question(warm: &mut Warm, env: &CallEnv<'_>, loaded: &Loaded, policy: &Policy) -> Instant {
+    let deadline = Instant::now() + policy.time_limit;
+    let data = warm.store.data_mut();
+    data.started_at.store(now_ms(), Ordering::Relaxed);
+    data.deadline = deadline;
+    data.call = CallCtx {
+        plugin: loaded.name.clone(),
+        budget: env.opts.budget.clone(),
+        config: Arc::clone(&policy.config),
+        ..CallCtx::default()
+    };
+    warm.store.set_epoch_deadline(1);
+    deadline
+}
+
+/// After a question: what it printed or asked for is nobody's (dropped); the instance goes
+/// back to the pool.
+fn end_question(mut warm: Warm, env: &CallEnv<'_>) {
     warm.store.data_mut().call = CallCtx::default();
     warm.stdout.take();
     warm.stderr.take();
     if warm.reusable() {
         env.pool.put(warm);
     }
-    Ok(answer)
 }
 
 /// Readies `warm` for one call of `task`: what its host functions may do and see, and until when.
