@@ -348,3 +348,55 @@ async fn a_follow_up_the_other_plugin_cant_read_is_refused_to_the_guest() {
         "{dead}"
     );
 }
+
+/// A team whose check sleeps to its time limit, asked by 40 requests at once, holds at most two
+/// of a runner's four check slots: another team's tasks are checked and scheduled all the while
+/// (201, never 503 `busy`); the slow team's own requests wait, and some are told to try again.
+#[tokio::test]
+async fn a_plugins_slow_check_holds_up_only_its_own_requests() {
+    let redis = RedisServer::start();
+    let dir = eggtimer_tests::plugins_dir();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &["--token", ADMIN, "--plugins-dir", dir.to_str().unwrap()],
+    );
+    let base = r.url.clone();
+    let slow: Vec<_> = (0..40)
+        .map(|i| {
+            let base = base.clone();
+            tokio::spawn(async move {
+                let spec = json!({"id": format!("slow-{i}"), "plugin": "test-slow-check",
+                    "delay_ms": 3_600_000, "payload": {"check_ms": 900}});
+                admin("POST", &base, "/v1/tasks", Some(spec)).await
+            })
+        })
+        .collect();
+    let mut theirs = 0;
+    while !slow.iter().all(|h| h.is_finished()) {
+        theirs += 1;
+        let spec = json!({"id": format!("o-{theirs}"), "plugin": "order-cancel",
+            "delay_ms": 3_600_000, "payload": {"order_id": "o", "user_id": "u"}});
+        let (s, e) = admin("POST", &base, "/v1/tasks", Some(spec)).await;
+        assert_eq!(s, 201, "another team's task while the slow checks run: {e}");
+    }
+    assert!(
+        theirs >= 2,
+        "the slow checks were over before the other team asked"
+    );
+    let mut busy = 0;
+    for h in slow {
+        let (s, e) = h.await.unwrap();
+        match s {
+            201 => {}
+            503 => {
+                assert_eq!(e["error"]["code"], "busy", "{e}");
+                busy += 1;
+            }
+            _ => panic!("a slow check's request: {s} {e}"),
+        }
+    }
+    assert!(
+        busy > 0,
+        "40 checks of 0.9 s through two slots in 5 s: some wait too long"
+    );
+}

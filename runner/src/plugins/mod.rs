@@ -154,6 +154,8 @@ pub struct Plugins {
     rt: CallRuntime,
     /// Checks running at once (each holds an instance beside the workers' and the idle ones).
     checking: tokio::sync::Semaphore,
+    /// Each plugin's share of them (see `sandbox`).
+    checking_per_plugin: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Plugins {
@@ -181,6 +183,7 @@ impl Plugins {
             opts,
             rt: CallRuntime(Some(rt)),
             checking: tokio::sync::Semaphore::new(sandbox::CHECK_SLOTS),
+            checking_per_plugin: Default::default(),
         }))
     }
 

@@ -15,6 +15,10 @@ use crate::store::Claimed;
 /// Checks, schemas and dry runs at once on one runner.
 pub(super) const CHECK_SLOTS: usize = 4;
 
+/// Of those, the most one plugin may hold: a plugin whose check sleeps or loops to its time
+/// limit, asked by many requests at once, keeps the other slots free for other teams.
+const SLOTS_PER_PLUGIN: usize = 2;
+
 /// How long one waits for a slot before it gives up (it still has its time limit after).
 const CHECK_QUEUE: Duration = Duration::from_secs(5);
 
@@ -56,19 +60,29 @@ impl Plugins {
         }
     }
 
-    /// Runs `ask` in a slot, on the calls' runtime: guest code never runs on the caller's
-    /// threads.
-    async fn in_slot<T, F, Fut>(self: &Arc<Self>, ask: F) -> Result<T, CheckError>
+    /// Runs `ask` for `plugin` in a slot (one of its own [`SLOTS_PER_PLUGIN`] first, then one
+    /// of the runner's), on the calls' runtime: guest code never runs on the caller's threads.
+    async fn in_slot<T, F, Fut>(self: &Arc<Self>, plugin: &str, ask: F) -> Result<T, CheckError>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Plugins>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, CheckError>> + Send + 'static,
     {
         let this = Arc::clone(self);
+        let own = Arc::clone(
+            self.checking_per_plugin
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(plugin.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SLOTS_PER_PLUGIN))),
+        );
         let asking = async move {
-            let _turn = tokio::time::timeout(CHECK_QUEUE, this.checking.acquire())
-                .await
-                .map_err(|_| CheckError::Busy)?;
+            let waited = tokio::time::timeout(CHECK_QUEUE, async {
+                let own = own.acquire_owned().await;
+                let any = this.checking.acquire().await;
+                (own, any)
+            });
+            let _turn = waited.await.map_err(|_| CheckError::Busy)?;
             ask(Arc::clone(&this)).await
         };
         match &self.rt.0 {
@@ -101,7 +115,8 @@ impl Plugins {
         if !loaded.has_check() {
             return Ok(vec![None; payloads.len()]);
         }
-        self.in_slot(move |this| async move {
+        let plugin = loaded.name.clone();
+        self.in_slot(&plugin, move |this| async move {
             let policy = this.policy(&loaded.name);
             instance::check(this.env(), &loaded, &payloads, &policy)
                 .await
@@ -122,7 +137,7 @@ impl Plugins {
         }
         let l = Arc::clone(&loaded);
         let text = self
-            .in_slot(move |this| async move {
+            .in_slot(plugin, move |this| async move {
                 let policy = this.policy(&l.name);
                 instance::payload_schema(this.env(), &l, &policy)
                     .await
@@ -146,7 +161,8 @@ impl Plugins {
         host: Arc<dyn TaskHost>,
         canned: Vec<http::Response>,
     ) -> Result<DryRun, CheckError> {
-        self.in_slot(move |this| async move {
+        let plugin = loaded.name.clone();
+        self.in_slot(&plugin, move |this| async move {
             let dry = Arc::new(std::sync::Mutex::new(DryHttp {
                 canned: canned.into(),
                 asked: Vec::new(),
