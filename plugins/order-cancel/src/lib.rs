@@ -9,8 +9,9 @@ use eggtimer_sdk::{Outcome, Task, emit, handler, kv};
 use serde::Deserialize;
 use serde_json::json;
 
-/// What it reads: refused when scheduled if it does not fit, and described as a JSON Schema
-/// (`GET /v1/plugins/order-cancel` shows it).
+/// An order left unpaid: which one, and whose.
+// a task whose payload does not fit is refused when it is scheduled; `schema` below describes
+// this type as JSON Schema (GET /v1/plugins/order-cancel shows it)
 #[derive(Deserialize, schemars::JsonSchema)]
 pub struct Order {
     pub order_id: String,
