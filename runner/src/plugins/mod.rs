@@ -23,6 +23,7 @@ mod instance;
 mod limiter;
 mod output;
 mod registry;
+mod run_http;
 mod sandbox;
 mod turns;
 mod wasi_http;
