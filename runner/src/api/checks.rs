@@ -15,10 +15,25 @@ use crate::store::NewTask;
 /// takes any): the first one refused is 422 `invalid_payload`, naming the spec (`[3].payload`
 /// in a batch, `payload` alone) and the plugin's message; nothing of the request is written.
 pub async fn payloads(st: &AppState, specs: &[NewTask], single: bool) -> ApiResult<()> {
+    let items: Vec<(&str, &str)> = specs
+        .iter()
+        .map(|t| (t.plugin.as_str(), t.payload.as_str()))
+        .collect();
+    check(st, &items, single, "nothing was scheduled").await
+}
+
+/// The current version of `plugin` checks one payload (a recurring schedule's), as
+/// [`payloads`] does; `what` says what was not done.
+pub async fn payload(st: &AppState, plugin: &str, payload: &str, what: &str) -> ApiResult<()> {
+    check(st, &[(plugin, payload)], true, what).await
+}
+
+/// Each (plugin, payload) asked of its plugin, a call per plugin; the first refused by place.
+async fn check(st: &AppState, items: &[(&str, &str)], single: bool, what: &str) -> ApiResult<()> {
     let plugins = st.registry.plugins();
     let mut by_plugin: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, t) in specs.iter().enumerate() {
-        by_plugin.entry(&t.plugin).or_default().push(i);
+    for (i, (plugin, _)) in items.iter().enumerate() {
+        by_plugin.entry(plugin).or_default().push(i);
     }
     let at = |i: usize| {
         if single {
@@ -29,11 +44,11 @@ pub async fn payloads(st: &AppState, specs: &[NewTask], single: bool) -> ApiResu
     };
     let mut refused: Option<(usize, String)> = None;
     for (plugin, idx) in by_plugin {
-        let payloads = idx.iter().map(|&i| specs[i].payload.clone()).collect();
+        let payloads = idx.iter().map(|&i| items[i].1.to_owned()).collect();
         let verdicts = plugins
             .check(plugin, payloads)
             .await
-            .map_err(|e| failed(&at(idx[0]), plugin, e, "nothing was scheduled"))?;
+            .map_err(|e| failed(&at(idx[0]), plugin, e, what))?;
         if let Some((i, m)) = idx
             .iter()
             .zip(verdicts)
@@ -45,30 +60,14 @@ pub async fn payloads(st: &AppState, specs: &[NewTask], single: bool) -> ApiResu
     }
     match refused {
         None => Ok(()),
-        Some((i, m)) => Err(invalid(format!(
-            "{}: {m} (plugin {:?} can't read it); nothing was scheduled",
-            at(i),
-            specs[i].plugin
-        ))
-        .concerning(&specs[i].plugin)),
-    }
-}
-
-/// The current version of `plugin` checks one payload (a recurring schedule's): refused, 422
-/// `invalid_payload` naming `payload` and the plugin's message; `what` says what was not done.
-pub async fn payload(st: &AppState, plugin: &str, payload: &str, what: &str) -> ApiResult<()> {
-    let verdicts = st
-        .registry
-        .plugins()
-        .check(plugin, vec![payload.to_owned()])
-        .await
-        .map_err(|e| failed("payload", plugin, e, what))?;
-    match verdicts.into_iter().next().flatten() {
-        None => Ok(()),
-        Some(m) => Err(invalid(format!(
-            "payload: {m} (plugin {plugin:?} can't read it); {what}"
-        ))
-        .concerning(plugin)),
+        Some((i, m)) => {
+            let plugin = items[i].0;
+            Err(invalid(format!(
+                "{}: {m} (plugin {plugin:?} can't read it); {what}",
+                at(i)
+            ))
+            .concerning(plugin))
+        }
     }
 }
 

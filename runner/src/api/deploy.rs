@@ -26,7 +26,7 @@ pub struct Findings {
     pub checked: u64,
     pub failing: u64,
     /// (task id, the check's message) of the first ones refused.
-    pub first: Vec<(String, String)>,
+    pub examples: Vec<(String, String)>,
 }
 
 /// Checks every waiting task of `loaded`'s plugin with `loaded` (one shard after another, a
@@ -55,8 +55,8 @@ pub async fn check_waiting(st: &AppState, loaded: Arc<Loaded>) -> ApiResult<Find
                 for (t, v) in chunk.iter().zip(verdicts) {
                     if let Some(m) = v {
                         found.failing += 1;
-                        if found.first.len() < FIRST {
-                            found.first.push((t.id.clone(), m));
+                        if found.examples.len() < FIRST {
+                            found.examples.push((t.id.clone(), m));
                         }
                     }
                 }
@@ -67,7 +67,7 @@ pub async fn check_waiting(st: &AppState, loaded: Arc<Loaded>) -> ApiResult<Find
             cursor = next;
         }
     }
-    found.first.sort();
+    found.examples.sort();
     Ok(found)
 }
 
@@ -81,7 +81,7 @@ pub fn incompatible(entry: &PluginEntry, found: &Findings) -> ApiError {
         "examples".into(),
         Value::Array(
             found
-                .first
+                .examples
                 .iter()
                 .map(|(id, m)| json!({"id": id, "message": m}))
                 .collect(),
@@ -99,7 +99,7 @@ pub fn incompatible(entry: &PluginEntry, found: &Findings) -> ApiError {
             found.failing,
             found.checked,
             found
-                .first
+                .examples
                 .first()
                 .map_or(String::new(), |(id, m)| format!("{id}: {m}")),
             entry.name,
