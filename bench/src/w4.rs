@@ -92,6 +92,8 @@ impl Bench {
                 created: 0,
                 traceparent: None,
                 start_by: None,
+                event: None,
+                batch: Vec::new(),
             };
             let rounds = |iters: usize, fresh: bool| {
                 let (plugins, host, task) = (&self.plugins, &host, &task);

@@ -31,6 +31,7 @@ fn task(i: usize, plugin: &str, payload: String, run_at: i64) -> NewTask {
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        ..Default::default()
     }
 }
 

@@ -52,6 +52,7 @@ pub(crate) fn tasks(from: usize, dues: &[i64], plugin: &str) -> Vec<NewTask> {
             unique_for_ms: 0,
             traceparent: None,
             start_by: None,
+            ..Default::default()
         })
         .collect()
 }

@@ -42,6 +42,12 @@ export interface ScheduleOptions {
   /** Once the task finished, the same id is refused (409 `duplicate`) for this long. */
   unique_for_ms?: number;
   traceparent?: string;
+  /** Events it listens for: `cancel` cancels it, `run` runs it at once with the event. */
+  on?: { topic: string; key: string; then: 'cancel' | 'run' }[];
+  /** An event up to this long before it was scheduled still matches (default 60,000). */
+  lookback_ms?: number;
+  /** One task per key: scheduling again within quiet_ms moves it and keeps every payload. */
+  debounce?: { key: string; quiet_ms: number; max_wait_ms: number };
 }
 
 export interface TaskSpec extends ScheduleOptions {
@@ -106,6 +112,8 @@ export class Client {
   ownerTasks(owner: string): AsyncGenerator<Task, void, undefined>;
   shiftOwner(owner: string, shiftMs: number, plugin?: string): Promise<number>;
   cancelOwner(owner: string, plugin?: string): Promise<number>;
+  /** Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now; how many it reached. */
+  publish(topic: string, key: string, data?: unknown): Promise<number>;
   putSchedule(id: string, plugin: string, payload?: unknown, spec?: ScheduleSpec): Promise<{ id: string; next_run_at: number | null }>;
   getSchedule(id: string): Promise<Schedule | null>;
   deleteSchedule(id: string): Promise<void>;

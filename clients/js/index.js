@@ -99,6 +99,13 @@ export class Client {
     return (await this.#call('DELETE', `/v1/owners/${seg(owner)}/tasks${query}`)).cancelled;
   }
 
+  // --- events ---
+
+  /** Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now; how many it reached. */
+  async publish(topic, key, data = null) {
+    return (await this.#call('POST', `/v1/events/${seg(topic)}`, { key, data })).matched;
+  }
+
   // --- recurring schedules ---
 
   putSchedule(id, plugin, payload, options = {}) {

@@ -66,6 +66,36 @@ pub fn matches(pattern: &str, name: &str) -> bool {
     }
 }
 
+/// Whether `p` is a topic pattern: a topic, a prefix of one ending in `*`, or `*`.
+pub fn valid_topic_pattern(p: &str) -> bool {
+    match p.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) => crate::plugins::valid_topic(prefix),
+        None => crate::plugins::valid_topic(p),
+    }
+}
+
+/// The topics a key may publish events to, and listen on (patterns as [`matches`] reads them).
+/// A topic's owners are the keys whose `publish` covers it: no other key can cancel or start
+/// the tasks listening on it, and only keys whose `listen` covers it see its events.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicRights {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub publish: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listen: Vec<String>,
+}
+
+impl TopicRights {
+    /// Every topic, both ways (the runner's own token).
+    pub fn all() -> TopicRights {
+        TopicRights {
+            publish: vec!["*".into()],
+            listen: vec!["*".into()],
+        }
+    }
+}
+
 /// Whether every plugin `inner` covers is covered by one of `outer`.
 pub fn covers(outer: &[String], inner: &str) -> bool {
     let inner_prefix = inner.strip_suffix('*');
@@ -90,6 +120,9 @@ pub struct KeyRecord {
     /// What the plugins its patterns hold may add up to (None: no ceiling of the key's own).
     #[serde(default, flatten)]
     pub limits: KeyLimits,
+    /// The topics it may publish to and listen on (none: neither).
+    #[serde(default, flatten)]
+    pub topics: TopicRights,
 }
 
 /// An admin's ceilings on what one key's plugins hold together.
@@ -135,6 +168,7 @@ pub struct Caller {
     pub plugins: Vec<String>,
     /// The key's ceilings on what its plugins hold together.
     pub limits: KeyLimits,
+    pub topics: TopicRights,
 }
 
 impl Caller {
@@ -146,6 +180,7 @@ impl Caller {
             role: Role::Admin,
             plugins: vec!["*".into()],
             limits: KeyLimits::default(),
+            topics: TopicRights::all(),
         }
     }
 
@@ -156,7 +191,29 @@ impl Caller {
             role: k.role,
             plugins: k.plugins.clone(),
             limits: k.limits,
+            topics: k.topics.clone(),
         }
+    }
+
+    /// Why this key may not publish to (`publish`) or listen on a topic (None: it may).
+    pub fn refuses_topic(&self, topic: &str, publish: bool) -> Option<String> {
+        let (patterns, what) = if publish {
+            (&self.topics.publish, "publish to")
+        } else {
+            (&self.topics.listen, "listen on")
+        };
+        (!patterns.iter().any(|p| matches(p, topic))).then(|| {
+            format!(
+                "key {:?} may not {what} topic {topic:?} (its {} patterns: {})",
+                self.name,
+                if publish { "publish" } else { "listen" },
+                if patterns.is_empty() {
+                    "none".to_owned()
+                } else {
+                    patterns.join(", ")
+                }
+            )
+        })
     }
 
     /// Whether the key's patterns cover the plugin `name`.

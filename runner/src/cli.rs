@@ -7,8 +7,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::config::{
-    Command, DeadCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, SecretCmd, TaskCmd,
-    parse_duration, parse_signed_ms,
+    Command, DeadCmd, EventCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, SecretCmd,
+    SourceCmd, TaskCmd, parse_duration, parse_signed_ms,
 };
 
 /// The client of the eggtimer that `--url` names, with the token of `RemoteArgs`.
@@ -97,6 +97,8 @@ pub async fn run(cmd: Command) -> Result<()> {
         Command::Task { remote, cmd } => (remote, task_call(cmd)?),
         Command::Owner { remote, cmd } => (remote, owner_call(cmd)?),
         Command::Dead { remote, cmd } => (remote, dead_call(cmd)),
+        Command::Event { remote, cmd } => (remote, event_call(cmd)?),
+        Command::Source { remote, cmd } => (remote, source_call(cmd)),
         Command::Schedule { remote, cmd } => (remote, schedule_call(cmd)?),
         Command::Key { remote, cmd } => (remote, key_call(cmd)),
         Command::Audit {
@@ -291,9 +293,12 @@ fn key_call(cmd: KeyCmd) -> Call {
             plugins,
             max_plugins,
             max_pending,
+            publish,
+            listen,
         } => {
             eprintln!("the key's secret (\"key\") is shown this once: Redis keeps only its hash");
-            let mut body = json!({"name": name, "role": role, "plugins": plugins});
+            let mut body = json!({"name": name, "role": role, "plugins": plugins,
+                                  "publish": publish, "listen": listen});
             if let Some(m) = max_plugins {
                 body["max_plugins"] = json!(m);
             }
@@ -427,6 +432,46 @@ fn owner_call(cmd: OwnerCmd) -> Result<Call> {
         ),
         OwnerCmd::List { owner } => Call::get(path(&owner, "/tasks")).view(View::Tasks),
     })
+}
+
+fn event_call(cmd: EventCmd) -> Result<Call> {
+    Ok(match cmd {
+        EventCmd::Send { topic, key, data } => {
+            let data: Value = serde_json::from_str(&data).context("--data must be JSON")?;
+            Call::new(Method::POST, format!("/v1/events/{}", enc(&topic)))
+                .json(json!({"key": key, "data": data}))
+        }
+        EventCmd::List {
+            topic,
+            plugin,
+            limit,
+        } => {
+            let plugin = plugin
+                .map(|p| format!("&plugin={}", enc(&p)))
+                .unwrap_or_default();
+            Call::get(format!("/v1/events/{}?limit={limit}{plugin}", enc(&topic)))
+        }
+    })
+}
+
+fn source_call(cmd: SourceCmd) -> Call {
+    match cmd {
+        SourceCmd::Add {
+            name,
+            stream,
+            key_field,
+            topic,
+        } => {
+            let topic = topic.unwrap_or_else(|| name.clone());
+            Call::new(Method::POST, "/v1/sources").json(
+                json!({"name": name, "stream": stream, "key_field": key_field, "topic": topic}),
+            )
+        }
+        SourceCmd::List => Call::get("/v1/sources"),
+        SourceCmd::Remove { name } => {
+            Call::new(Method::DELETE, format!("/v1/sources/{}", enc(&name)))
+        }
+    }
 }
 
 fn dead_call(cmd: DeadCmd) -> Call {

@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 mod commands;
 pub use commands::{
-    DeadCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, SecretCmd, TaskCmd,
+    DeadCmd, EventCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, SecretCmd, SourceCmd,
+    TaskCmd,
 };
 
 /// eggtimer: a durable, millisecond-precise delayed-task runner with WebAssembly plugins.
@@ -62,6 +63,20 @@ pub enum Command {
         remote: RemoteArgs,
         #[command(subcommand)]
         cmd: ScheduleCmd,
+    },
+    /// Events: publish one, or read a topic's latest.
+    Event {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: EventCmd,
+    },
+    /// Sources: Redis Streams read into events.
+    Source {
+        #[command(flatten)]
+        remote: RemoteArgs,
+        #[command(subcommand)]
+        cmd: SourceCmd,
     },
     /// The dead-letter set.
     Dead {
@@ -176,6 +191,10 @@ pub struct ServeArgs {
     #[arg(long, env = "EGGTIMER_KV_MAX_BYTES", default_value_t = 64 * 1024 * 1024,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_max_bytes: u64,
+    /// How long an event is kept for the tasks scheduled after it: the longest `lookback_ms` a
+    /// task may ask for.
+    #[arg(long, env = "EGGTIMER_EVENT_RETENTION", default_value = "60s", value_parser = parse_duration)]
+    pub event_retention: Duration,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,

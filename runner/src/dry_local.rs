@@ -66,6 +66,8 @@ pub async fn run(remote: &Client, id: &str, plugin: Option<&str>, wasm: &Path) -
         created: t.created_at,
         traceparent: t.traceparent.clone(),
         start_by: None,
+        event: t.event.as_ref().map(|e| e.to_string()),
+        batch: t.batch.iter().map(|p| p.to_string()).collect(),
     };
     let plugins = Plugins::new(PluginOptions {
         workers: 1,

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod dry_local;
 pub mod executor;
+pub mod failpoint;
 pub mod limits;
 pub mod local_redis;
 pub mod membership;

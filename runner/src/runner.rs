@@ -119,7 +119,8 @@ impl Runner {
         keepers.start("finisher", finisher.run());
         keepers.start("lease keeper", lease_keeper.run());
         let shards = Shards::new(store.shards());
-        let member = Membership::new(new_runner_id(), Arc::clone(&shards));
+        let runner_id = new_runner_id();
+        let member = Membership::new(runner_id.clone(), Arc::clone(&shards));
         let (membership_stop, membership_stop_rx) = watch::channel(false);
         let mut membership_loop = Loops::default();
         membership_loop.start(
@@ -144,6 +145,14 @@ impl Runner {
         work.start(
             "recurring schedules' driver",
             crate::recurring::driver::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+        );
+        work.start(
+            "source reader",
+            read_sources(store.clone(), runner_id, stop_rx.clone()),
+        );
+        work.start(
+            "outbox sweeper",
+            sweep_outboxes(store.clone(), Arc::clone(&shards), stop_rx.clone()),
         );
         for shard in 0..store.shards() {
             work.start(
@@ -236,6 +245,91 @@ async fn keep_metrics(metrics: Arc<Metrics>, store: Store, mut stop: watch::Rece
 
 /// Drops dead tasks older than `keep`, every tenth of it (between 1 s and a minute). Every runner
 /// does it for every shard: a sweep that finds nothing costs Redis one range read per shard.
+/// Delivers what the outboxes of the shards this runner owns have held past their grace (the
+/// runner that wrote them died before delivering; a task ended and its listeners are let go),
+/// and drops expired events: every half second.
+async fn sweep_outboxes(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = stop.changed() => return,
+        }
+        for shard in 0..shards.count() {
+            if !shards.get(shard).owned() {
+                continue;
+            }
+            match store.sweep_outbox(shard).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    metrics::counter!("eggtimer_outbox_late_total", "shard" => shard.to_string())
+                        .increment(n as u64);
+                }
+                Err(e) => warn!(
+                    shard,
+                    "delivering the outbox failed (will try again): {e:#}"
+                ),
+            }
+        }
+    }
+}
+
+/// Reads every source's stream into events (as consumer `me` of each source's group): new
+/// entries as they come (polled every 50 ms when there are none), and every 5 s the entries
+/// another runner read and did not acknowledge (it died); the source list is read again every
+/// second.
+async fn read_sources(store: Store, me: String, mut stop: watch::Receiver<bool>) {
+    let mut sources = Vec::new();
+    let mut listed = std::time::Instant::now() - Duration::from_secs(60);
+    let mut reclaimed = listed;
+    loop {
+        if listed.elapsed() >= Duration::from_secs(1) {
+            match store.source_list().await {
+                Ok(s) => sources = s,
+                Err(e) => warn!("reading the sources failed (will try again): {e:#}"),
+            }
+            listed = std::time::Instant::now();
+        }
+        let reclaim = reclaimed.elapsed() >= Duration::from_secs(5);
+        let mut busy = false;
+        for s in &sources {
+            match store.source_read(s, &me, 500, reclaim).await {
+                Ok(r) => {
+                    busy |= r.entries > 0;
+                    metrics::counter!("eggtimer_source_entries_total", "source" => s.name.clone())
+                        .increment(r.entries);
+                    metrics::counter!("eggtimer_events_in_total", "topic" => s.topic.clone())
+                        .increment(r.published.stored);
+                    metrics::counter!("eggtimer_events_unmatched_total", "topic" => s.topic.clone())
+                        .increment(r.published.unmatched);
+                    metrics::counter!("eggtimer_events_matched_total", "topic" => s.topic.clone())
+                        .increment(r.published.acted);
+                    if r.skipped > 0 {
+                        warn!(source = %s.name, skipped = r.skipped, "stream entries without the source's key field were acknowledged and published nothing");
+                    }
+                }
+                Err(e) => {
+                    warn!(source = %s.name, "reading the source failed (will try again): {e:#}")
+                }
+            }
+            if reclaim && let Ok(Some(lag)) = store.source_lag(s).await {
+                metrics::gauge!("eggtimer_source_lag", "source" => s.name.clone()).set(lag as f64);
+            }
+        }
+        if reclaim {
+            reclaimed = std::time::Instant::now();
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if !busy {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
 async fn expire_dead(store: Store, keep: Duration, mut stop: watch::Receiver<bool>) {
     let every = (keep / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
     loop {

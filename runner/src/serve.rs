@@ -146,6 +146,7 @@ async fn serve(
         min_replicas_acked: args.min_replicas_acked,
         replica_ack_timeout_ms: args.replica_ack_timeout.as_millis().max(1) as u64,
         secrets_key: secrets_key(&args, private)?,
+        event_retention_ms: args.event_retention.as_millis().max(1) as u64,
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {

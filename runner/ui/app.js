@@ -334,7 +334,19 @@ pages.tasks = (params) => {
         t.finished_at ? [h("dt", {}, "finished"), h("dd", {}, fmtTime(t.finished_at))] : null,
         t.traceparent ? [h("dt", {}, "traceparent"), h("dd", { class: "mono" }, t.traceparent)] : null,
         t.start_by ? [h("dt", {}, "start by"), h("dd", {}, fmtTime(t.start_by))] : null,
-        t.last_error ? [h("dt", {}, "last error"), h("dd", { class: "error", id: "task-last-error" }, t.last_error)] : null),
+        t.last_error ? [h("dt", {}, "last error"), h("dd", { class: "error", id: "task-last-error" }, t.last_error)] : null,
+        t.debounce ? [h("dt", {}, "debounced"), h("dd", { id: "task-debounce" },
+          `quiet ${t.debounce.quiet_ms} ms, at most ${t.debounce.max_wait_ms} ms after its first payload (${fmtTime(t.debounce.first_at)}); ` +
+          `${(t.batch || []).length + (t.batch_dropped || 0)} payloads` + (t.next_batch ? `, ${t.next_batch} for its next window` : ""))] : null),
+      ...(t.on && t.on.length ? [h("h2", {}, "Listens for"),
+        h("div", { id: "task-listeners" }, table([
+          { label: "topic", get: (l) => h("span", { class: "mono" }, l.topic) },
+          { label: "key", get: (l) => h("span", { class: "mono" }, l.key) },
+          { label: "then", nowrap: true, get: (l) => l.then === "run" ? "run it now, with the event" : "cancel it" },
+        ], t.on, { empty: "" })),
+        h("p", { class: "muted" }, t.event ? "An event reached it: it listens no more." :
+          `An event up to ${t.lookback_ms ?? 60000} ms before it was scheduled matched too.`)] : []),
+      ...(t.event ? [h("h2", {}, "The event that reached it"), h("pre", { id: "task-event" }, JSON.stringify(t.event, null, 2))] : []),
       h("h2", {}, "Payload"), h("pre", { id: "task-payload" }, payload),
       ...(t.log && t.log.length ? [h("h2", {}, "Log of its last attempts"),
         h("div", { id: "task-log" }, table([

@@ -17,6 +17,20 @@ export interface Task<P> {
   due: number;
   owner?: string;
   payload: P;
+  /** The event that made it run (it listened for it with `then: run`); absent at its due time. */
+  event?: Event;
+  /** A debounced task's payloads, oldest first (at most 1,000); `payload` is the latest. */
+  batch: P[];
+}
+
+/** An event that reached a task (`POST /v1/events/{topic}`). */
+export interface Event {
+  id: string;
+  topic: string;
+  key: string;
+  /** When it arrived (ms). */
+  at: number;
+  data: unknown;
 }
 
 export declare const Outcome: {

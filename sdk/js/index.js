@@ -60,6 +60,8 @@ export function handler(fn, { payload: validate } = {}) {
     if (unfit !== undefined) {
       return Outcome.fail(`the payload does not fit this plugin: ${unfit}`);
     }
+    // the event that made it run (absent: it runs at its due time), a debounced task's payloads
+    const event = host.event();
     const out = fn({
       id: task.id,
       plugin: task.plugin,
@@ -68,6 +70,8 @@ export function handler(fn, { payload: validate } = {}) {
       due: Number(task.due),
       owner: task.owner ?? undefined,
       payload,
+      event: event == null ? undefined : JSON.parse(event),
+      batch: host.batch().map((p) => JSON.parse(p)),
     });
     return out === undefined || out === null ? Outcome.done() : out;
   }

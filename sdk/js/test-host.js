@@ -21,3 +21,5 @@ export const kvDelete = (key) => current().kvStore.delete(key);
 export const config = (name) => current().config[name];
 export const secret = (name) => current().secrets[name];
 export const httpSend = (request) => current().hostHttpSend(request);
+export const event = () => current().event ?? null;
+export const batch = () => current().batch ?? [];

@@ -17,7 +17,7 @@ export declare class TestHost {
   run(
     handle: (task: any) => Outcome,
     payload: unknown,
-    opts?: { id?: string; attempt?: number; maxAttempts?: number; due?: number; owner?: string },
+    opts?: { id?: string; attempt?: number; maxAttempts?: number; due?: number; owner?: string; event?: unknown; batch?: unknown[] },
   ): Outcome;
   kv<T = unknown>(key: string): T | undefined;
 }

@@ -41,7 +41,10 @@ export class TestHost {
   }
 
   /** Runs `handle` (what `handler(...)` returned) over `payload` (a value or JSON text). */
-  run(handle, payload, { id = 'test-task', attempt = 1, maxAttempts = 5, due, owner } = {}) {
+  run(handle, payload, { id = 'test-task', attempt = 1, maxAttempts = 5, due, owner, event, batch } = {}) {
+    /** The event the task got (JSON text), and a debounced task's payloads (JSON texts). */
+    this.event = event === undefined ? undefined : JSON.stringify(event);
+    this.batch = (batch ?? []).map((p) => JSON.stringify(p));
     const task = {
       id,
       plugin: 'test',

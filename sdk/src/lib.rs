@@ -63,6 +63,25 @@ pub struct Task<P> {
     pub due: i64,
     pub owner: Option<String>,
     pub payload: P,
+    /// The event that made it run: it listened for it (a task spec's `on` with `then: run`).
+    /// None when it runs at its due time.
+    pub event: Option<Event>,
+    /// A debounced task's payloads, oldest first (at most 1,000); `payload` is the latest.
+    /// Empty for a task that is not debounced.
+    pub batch: Vec<P>,
+}
+
+/// An event that reached a task (`POST /v1/events/{topic}`).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct Event {
+    /// Unique per event.
+    pub id: String,
+    pub topic: String,
+    pub key: String,
+    /// When it arrived, ms since the Unix epoch.
+    pub at: i64,
+    /// What its publisher sent.
+    pub data: serde_json::Value,
 }
 
 /// What a handler decided.
@@ -431,6 +450,22 @@ pub fn __run<P: DeserializeOwned>(
             )));
         }
     };
+    let event = match sys::event().map(|e| serde_json::from_str::<Event>(&e)) {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(e)) => return Err(format!("the event this task got does not decode: {e}")),
+    };
+    let mut batch = Vec::new();
+    for (i, p) in sys::batch().iter().enumerate() {
+        match decode(p) {
+            Ok(p) => batch.push(p),
+            Err(e) => {
+                return Ok(wit::Outcome::Fail(format!(
+                    "payload {i} of the batch does not fit this plugin: {e}"
+                )));
+            }
+        }
+    }
     let typed = Task {
         id: task.id,
         plugin: task.plugin,
@@ -439,6 +474,8 @@ pub fn __run<P: DeserializeOwned>(
         due: task.due,
         owner: task.owner,
         payload,
+        event,
+        batch,
     };
     match f(typed) {
         Ok(Outcome::Done) => Ok(wit::Outcome::Done),

@@ -55,6 +55,14 @@ mod imp {
         host::config(name)
     }
 
+    pub fn event() -> Option<String> {
+        host::event()
+    }
+
+    pub fn batch() -> Vec<String> {
+        host::batch()
+    }
+
     pub fn secret(name: &str) -> Result<Option<String>> {
         Ok(host::secret(name)?)
     }
@@ -117,6 +125,14 @@ mod imp {
 
     pub fn config(name: &str) -> Option<String> {
         with_host(|h| h.config.get(name).cloned())
+    }
+
+    pub fn event() -> Option<String> {
+        with_host(|h| h.event.clone())
+    }
+
+    pub fn batch() -> Vec<String> {
+        with_host(|h| h.batch.clone())
     }
 
     pub fn secret(name: &str) -> Result<Option<String>> {

@@ -116,6 +116,10 @@ pub struct TestHost {
     pub http_responses: std::collections::VecDeque<std::result::Result<Response, String>>,
     /// The requests sent, each with the `Idempotency-Key` the runner would add.
     pub http_requests: Vec<Request>,
+    /// What `event()` answers (JSON text), for a handler run through the raw entry point.
+    pub event: Option<String>,
+    /// What `batch()` answers (JSON texts).
+    pub batch: Vec<String>,
 }
 
 thread_local! {
@@ -143,6 +147,8 @@ pub fn task<P>(payload: P) -> Task<P> {
         due: TestHost::DEFAULT_NOW,
         owner: None,
         payload,
+        event: None,
+        batch: Vec::new(),
     }
 }
 

@@ -15,6 +15,7 @@ pub use eggtimer;
 pub mod api_doc;
 pub mod as_key;
 mod cluster;
+pub mod events;
 pub mod guests;
 mod proxy;
 mod redis_server;

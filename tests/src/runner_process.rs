@@ -141,6 +141,14 @@ impl RunnerProcess {
         }
     }
 
+    /// Whether its process has exited (a failpoint aborted it, say).
+    pub fn child_exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+            None => true,
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }

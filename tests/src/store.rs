@@ -41,6 +41,7 @@ pub fn noop_task(id: &str, run_at: i64) -> eggtimer::store::NewTask {
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        ..Default::default()
     }
 }
 

@@ -24,6 +24,7 @@ fn task(id: &str, run_at: i64, owner: Option<&str>) -> NewTask {
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        ..Default::default()
     }
 }
 
@@ -233,6 +234,7 @@ async fn a_master_killed_and_failed_over_while_tasks_flow() {
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        ..Default::default()
     };
     let mut acked = Vec::new();
     let mut refused = 0;

@@ -231,6 +231,7 @@ async fn a_runner_takes_over_a_dead_runners_task_without_emitting_its_event_agai
             unique_for_ms: 0,
             traceparent: None,
             start_by: None,
+            ..Default::default()
         })
         .collect();
     s.schedule(&specs, ScheduleMode::Upsert).await.unwrap();

@@ -260,6 +260,7 @@ async fn a_parent_scheduled_again_gets_its_follow_up_and_a_rerun_does_not_duplic
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        ..Default::default()
     };
     let store = eggtimer::Store::open(
         eggtimer::RedisTarget::Single(redis.url()),

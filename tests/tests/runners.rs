@@ -57,6 +57,7 @@ fn load(
                     unique_for_ms: 0,
                     traceparent: None,
                     start_by: None,
+                    ..Default::default()
                 })
                 .collect();
             match store.schedule(&batch, ScheduleMode::Upsert).await {
@@ -314,6 +315,7 @@ async fn runners_whose_clocks_are_an_hour_off_split_the_shards_and_fire_on_time(
             unique_for_ms: 0,
             traceparent: None,
             start_by: None,
+            ..Default::default()
         })
         .collect();
     store.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();

@@ -119,6 +119,14 @@ test("an owner's tasks", async () => {
   assert.deepEqual(await list(), []);
 });
 
+test('an event cancels the task listening for it', async () => {
+  const id = fresh('paid');
+  await et.schedule(PLUGIN, {}, { id, run_at: Date.now() + HOUR, on: [{ topic: 'payments', key: id, then: 'cancel' }] });
+  assert.equal(await et.publish('payments', id, { amount: 5 }), 1);
+  assert.equal(await et.get(id), null);
+  assert.equal(await et.publish('payments', id), 0);
+});
+
 test('a recurring schedule', async () => {
   const id = fresh('sweep');
   const got = await et.putSchedule(id, PLUGIN, { sweep: true }, { cron: '30 9 * * *', tz: 'Europe/Berlin' });

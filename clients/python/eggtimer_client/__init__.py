@@ -67,6 +67,9 @@ class TaskSpec(TypedDict, total=False):
     max_attempts: int
     unique_for_ms: int
     traceparent: str
+    on: list[dict[str, str]]
+    lookback_ms: int
+    debounce: dict[str, Any]
 
 
 class Schedule(TypedDict, total=False):
@@ -127,10 +130,15 @@ class Client:
         max_attempts: Optional[int] = None,
         unique_for_ms: Optional[int] = None,
         traceparent: Optional[str] = None,
+        on: Optional[list[dict[str, str]]] = None,
+        lookback_ms: Optional[int] = None,
+        debounce: Optional[dict[str, Any]] = None,
     ) -> Scheduled:
         """Schedules one task of `plugin` at `run_at` (ms) or after `delay_ms` (now without either).
 
-        The same `id` again replaces a task that has not started (409 `conflict` while it runs)."""
+        The same `id` again replaces a task that has not started (409 `conflict` while it runs).
+        `on` lists events it listens for (`{"topic", "key", "then": "cancel" | "run"}`); `debounce`
+        (`{"key", "quiet_ms", "max_wait_ms"}`) makes it one task per key that gathers payloads."""
         spec: dict[str, Any] = {"plugin": plugin}
         for name, value in (
             ("payload", payload),
@@ -141,6 +149,9 @@ class Client:
             ("max_attempts", max_attempts),
             ("unique_for_ms", unique_for_ms),
             ("traceparent", traceparent),
+            ("on", on),
+            ("lookback_ms", lookback_ms),
+            ("debounce", debounce),
         ):
             if value is not None:
                 spec[name] = value
@@ -206,6 +217,12 @@ class Client:
         """Cancels every scheduled task of `owner` (of one plugin, if given): how many were cancelled."""
         query = {"plugin": plugin} if plugin is not None else None
         return self._request("DELETE", f"/v1/owners/{_segment(owner)}/tasks", None, query)[0]["cancelled"]
+
+    # --- events ----------------------------------------------------------------------------
+
+    def publish(self, topic: str, key: str, data: Any = None) -> int:
+        """Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now; how many it reached."""
+        return self._call("POST", f"/v1/events/{_segment(topic)}", {"key": key, "data": data})["matched"]
 
     # --- recurring schedules ---------------------------------------------------------------
 

@@ -116,6 +116,14 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.et.cancel_owner(owner), 3)
         self.assertEqual(list(self.et.owner_tasks(owner)), [])
 
+    def test_an_event_cancels_the_task_listening_for_it(self):
+        id = self.fresh("paid")
+        self.et.schedule(PLUGIN, {}, id=id, run_at=int(time.time() * 1000) + HOUR,
+                         on=[{"topic": "payments", "key": id, "then": "cancel"}])
+        self.assertEqual(self.et.publish("payments", id, {"amount": 5}), 1)
+        self.assertIsNone(self.et.get(id))
+        self.assertEqual(self.et.publish("payments", id), 0)
+
     def test_a_recurring_schedule(self):
         id = self.fresh("sweep")
         got = self.et.put_schedule(id, PLUGIN, {"sweep": True}, cron="30 9 * * *", tz="Europe/Berlin")

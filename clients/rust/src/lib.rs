@@ -96,6 +96,15 @@ pub struct Task {
     pub finished_at: Option<i64>,
     #[serde(default)]
     pub traceparent: Option<String>,
+    /// The events it listens for (`{"topic", "key", "then"}`).
+    #[serde(default)]
+    pub on: Vec<Value>,
+    /// The event that made it run, if one did.
+    #[serde(default)]
+    pub event: Option<Value>,
+    /// A debounced task's payloads.
+    #[serde(default)]
+    pub batch: Vec<Value>,
 }
 
 /// What scheduling or moving answers: the task's id and its due time.
@@ -127,6 +136,24 @@ pub struct TaskSpec {
     pub unique_for_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// Events it listens for: `cancel` cancels it, `run` runs it at once with the event.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on: Vec<Listen>,
+    /// An event up to this long before it was scheduled still matches (default 60,000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookback_ms: Option<i64>,
+    /// One task per key: scheduling again within `quiet_ms` moves it and keeps every payload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<Value>,
+}
+
+/// An event a task listens for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listen {
+    pub topic: String,
+    pub key: String,
+    /// `cancel` or `run`.
+    pub then: String,
 }
 
 impl TaskSpec {
@@ -162,6 +189,30 @@ impl TaskSpec {
     }
     pub fn unique_for_ms(mut self, ms: i64) -> Self {
         self.unique_for_ms = Some(ms);
+        self
+    }
+    /// Cancels the task when an event of `topic` with `key` arrives.
+    pub fn cancel_on(mut self, topic: &str, key: &str) -> Self {
+        self.on.push(Listen {
+            topic: topic.into(),
+            key: key.into(),
+            then: "cancel".into(),
+        });
+        self
+    }
+    /// Runs the task at once, with the event, when an event of `topic` with `key` arrives.
+    pub fn run_on(mut self, topic: &str, key: &str) -> Self {
+        self.on.push(Listen {
+            topic: topic.into(),
+            key: key.into(),
+            then: "run".into(),
+        });
+        self
+    }
+    /// One task per `key`: see `debounce` in the API.
+    pub fn debounce(mut self, key: &str, quiet_ms: i64, max_wait_ms: i64) -> Self {
+        self.debounce =
+            Some(serde_json::json!({"key": key, "quiet_ms": quiet_ms, "max_wait_ms": max_wait_ms}));
         self
     }
 }
@@ -334,6 +385,15 @@ impl Client {
         }
         let v = self.call(Method::DELETE, &path, Body::None).await?;
         count(&v, "cancelled")
+    }
+
+    /// Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now.
+    /// Returns how many tasks it reached.
+    pub async fn publish(&self, topic: &str, key: &str, data: &Value) -> Result<u64> {
+        let path = format!("/v1/events/{}", segment(topic));
+        let body = Body::Json(serde_json::json!({"key": key, "data": data}));
+        let v = self.call(Method::POST, &path, body).await?;
+        count(&v, "matched")
     }
 
     /// Any route: `path` from `/v1/...` with its query; the reply's JSON (`Null` when empty).

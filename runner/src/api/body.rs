@@ -254,6 +254,16 @@ pub mod field {
         Ok(s)
     }
 
+    /// A required id (a key of an event or a debounce).
+    pub fn required_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        id(d)?.ok_or_else(|| D::Error::custom("must be a string"))
+    }
+
+    /// A required duration.
+    pub fn required_duration<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        duration(d)?.ok_or_else(|| D::Error::custom("must be an integer"))
+    }
+
     /// A plugin's name.
     pub fn plugin<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         let s = string(d)?;

@@ -82,7 +82,7 @@ impl IntoResponses for Errors {
 
 /// One task spec, or an array of 1 to 10,000.
 #[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
+#[allow(dead_code, clippy::large_enum_variant)]
 #[serde(untagged)]
 pub enum ScheduleBody<'a> {
     #[serde(borrow)]
@@ -117,6 +117,17 @@ impl ToSchema for SpecBatch<'_> {
         ));
         <TaskSpec as ToSchema>::schemas(schemas);
     }
+}
+
+/// One event (`{"key", "data"}`) or an array of 1 to 1,000.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum EventBody<'a> {
+    #[serde(borrow)]
+    One(crate::api::events::EventIn<'a>),
+    #[serde(borrow)]
+    Many(Vec<crate::api::events::EventIn<'a>>),
 }
 
 /// A scheduled task's id and due time.

@@ -236,5 +236,7 @@ fn claimed(st: &AppState, t: &TaskRecord) -> Claimed {
         created: t.created_at,
         traceparent: t.traceparent.clone(),
         start_by: t.start_by,
+        event: t.event.clone(),
+        batch: t.batch.clone(),
     }
 }

@@ -46,6 +46,15 @@ pub struct NewKey {
     #[serde(default, deserialize_with = "field::int")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000000)]
     max_pending: Option<i64>,
+    /// Topic patterns it may publish events to (`POST /v1/events/{topic}`): a topic, a prefix
+    /// ending in `*`, or `*`. None: it publishes nothing.
+    #[serde(default)]
+    #[schema(max_items = 100)]
+    publish: Vec<String>,
+    /// Topic patterns its tasks may listen on (`on`), the same way.
+    #[serde(default)]
+    #[schema(max_items = 100)]
+    listen: Vec<String>,
 }
 
 /// A key, without its secret.
@@ -62,6 +71,12 @@ pub struct KeyInfo {
     /// Most tasks its plugins may hold together (absent: no ceiling of the key's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     max_pending: Option<u64>,
+    /// Topic patterns it may publish events to (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    publish: Vec<String>,
+    /// Topic patterns its tasks may listen on (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    listen: Vec<String>,
     /// When a runner last took it (to the second), null if never.
     last_used_at: Option<i64>,
 }
@@ -80,6 +95,12 @@ pub struct KeyCreated {
     /// Most tasks its plugins may hold together (absent: no ceiling of the key's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     max_pending: Option<u64>,
+    /// Topic patterns it may publish events to (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    publish: Vec<String>,
+    /// Topic patterns its tasks may listen on (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    listen: Vec<String>,
     /// The bearer secret. Redis keeps only its hash: it can't be shown again.
     key: String,
 }
@@ -116,6 +137,18 @@ pub async fn key_create(
         })
         .transpose()
     };
+    for (field, list) in [("publish", &k.publish), ("listen", &k.listen)] {
+        if list.len() > MAX_PATTERNS {
+            return Err(ApiError::bad(format!(
+                "{field} lists more than {MAX_PATTERNS} patterns"
+            )));
+        }
+        if let Some(p) = list.iter().find(|p| !crate::access::valid_topic_pattern(p)) {
+            return Err(ApiError::bad(format!(
+                "{field}: {p:?} is not a topic pattern (a topic of 1 to 64 of a-z 0-9 . _ -, a prefix ending in `*`, or `*`)"
+            )));
+        }
+    }
     let max_plugins = within("max_plugins", k.max_plugins, MAX_PLUGINS_OF_KEY)?;
     let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
     let (id, secret) = new_secret();
@@ -129,6 +162,10 @@ pub async fn key_create(
             max_plugins: max_plugins.map(|n| n as u32),
             max_pending,
         },
+        topics: crate::access::TopicRights {
+            publish: k.publish,
+            listen: k.listen,
+        },
     };
     st.store.key_put(&record, &secret_hash(&secret)).await?;
     let created = KeyCreated {
@@ -139,6 +176,8 @@ pub async fn key_create(
         created_at: record.created_at,
         max_plugins: record.limits.max_plugins,
         max_pending: record.limits.max_pending,
+        publish: record.topics.publish,
+        listen: record.topics.listen,
         key: secret,
     };
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
@@ -161,6 +200,8 @@ pub async fn key_list(State(st): State<AppState>) -> ApiResult<Response> {
             created_at: k.created_at,
             max_plugins: k.limits.max_plugins,
             max_pending: k.limits.max_pending,
+            publish: k.topics.publish,
+            listen: k.topics.listen,
             last_used_at: used,
         })
         .collect();

@@ -20,6 +20,7 @@ mod cursor;
 mod dead;
 mod doc;
 mod error;
+mod events;
 mod find;
 mod keys;
 mod ops;
@@ -30,6 +31,7 @@ mod schedules;
 mod secrets;
 mod server;
 mod settings;
+mod sources;
 mod stats;
 mod task_ref;
 mod tasks;
@@ -190,6 +192,10 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Reader, routes!(stats::stats));
     let r = roles.add(r, Reader, routes!(stats::history));
     let r = roles.add(r, Reader, routes!(stats::events));
+    let r = roles.add(r, Operator, routes!(events::publish));
+    let r = roles.add(r, Reader, routes!(sources::source_list));
+    let r = roles.add(r, Developer, routes!(sources::source_add));
+    let r = roles.add(r, Developer, routes!(sources::source_delete));
     // keys (the admin's) and the audit (any key: its own entries)
     let r = roles.add(r, Admin, routes!(keys::key_create, keys::key_list));
     let r = roles.add(r, Admin, routes!(keys::key_delete));

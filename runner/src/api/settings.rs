@@ -420,6 +420,7 @@ pub(super) mod tests {
             role: Role::Developer,
             plugins: vec!["order-*".into()],
             limits: Default::default(),
+            topics: Default::default(),
         }
     }
 

@@ -82,6 +82,59 @@ pub struct TaskSpec<'a> {
     #[serde(default, deserialize_with = "field::time")]
     #[schema(minimum = 0, maximum = 253402300799999_i64)]
     start_by: Option<i64>,
+    /// Events it listens for (at most 8): `cancel` cancels it when one arrives, `run` runs it at
+    /// once with the event (`task.event`); with none by its due time it runs then, without one.
+    /// The caller's key must be allowed to listen on each topic.
+    #[serde(default)]
+    #[schema(max_items = 8)]
+    on: Option<Vec<ListenSpec>>,
+    /// An event that arrived up to this long (ms) before the task was scheduled still matches;
+    /// 60,000 when absent, at most the runner's `--event-retention`.
+    #[serde(default, deserialize_with = "field::duration")]
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    lookback_ms: Option<i64>,
+    /// One task per key: scheduling again within `quiet_ms` moves it to now + `quiet_ms` (never
+    /// past its first payload + `max_wait_ms`) and keeps every payload (`task.batch`).
+    #[serde(default)]
+    debounce: Option<DebounceSpec>,
+}
+
+/// An event a task listens for.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListenSpec {
+    /// 1 to 64 of `a-z 0-9 . _ -`.
+    #[schema(pattern = "^[a-z0-9._-]{1,64}$")]
+    topic: String,
+    /// 1 to 200 bytes without control characters.
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    key: String,
+    then: crate::store::Then,
+}
+
+/// A debounce: the task's id is its key.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DebounceSpec {
+    /// 1 to 200 bytes without control characters: the task's id.
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    key: String,
+    #[serde(deserialize_with = "field::required_duration")]
+    #[schema(value_type = i64, minimum = 1, maximum = 86400000)]
+    quiet_ms: i64,
+    #[serde(deserialize_with = "field::required_duration")]
+    #[schema(value_type = i64, minimum = 1, maximum = 315360000000_i64)]
+    max_wait_ms: i64,
 }
 
 fn new_id() -> String {
@@ -96,6 +149,7 @@ impl TaskSpec<'_> {
         at: &str,
         now: i64,
         max_payload: usize,
+        max_lookback: u64,
         traceparent: Option<&str>,
     ) -> ApiResult<NewTask> {
         let plugin = self
@@ -126,8 +180,67 @@ impl TaskSpec<'_> {
         let payload = self.payload.map_or("null", |p| p.get());
         limits::payload(&format!("{at}payload"), payload, max_payload)
             .map_err(|e| ApiError::too_large(e.0))?;
+        let on: Vec<crate::store::Listener> = self
+            .on
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| crate::store::Listener {
+                topic: l.topic,
+                key: l.key,
+                then: l.then,
+            })
+            .collect();
+        if on.len() > 8 {
+            return Err(ApiError::bad(format!("{at}on lists more than 8 events")));
+        }
+        if let Some(l) = on.iter().find(|l| !crate::plugins::valid_topic(&l.topic)) {
+            return Err(ApiError::bad(format!(
+                "{at}on: {:?} is not a topic (1 to 64 of a-z 0-9 . _ -)",
+                l.topic
+            )));
+        }
+        let lookback_ms = self.lookback_ms.unwrap_or(60_000) as u64;
+        if lookback_ms > max_lookback {
+            return Err(ApiError::bad(format!(
+                "{at}lookback_ms ({lookback_ms}) is past this runner's --event-retention ({max_lookback} ms)"
+            )));
+        }
+        let debounce = match self.debounce {
+            None => None,
+            Some(d) => {
+                if !on.is_empty() {
+                    return Err(ApiError::bad(format!(
+                        "{at}a debounced task can't listen for events (give debounce or on, not both)"
+                    )));
+                }
+                if self.id.as_ref().is_some_and(|id| *id != d.key) {
+                    return Err(ApiError::bad(format!(
+                        "{at}a debounced task's id is its debounce key: leave id out"
+                    )));
+                }
+                if d.quiet_ms < 1 || d.quiet_ms > 86_400_000 || d.max_wait_ms < 1 {
+                    return Err(ApiError::bad(format!(
+                        "{at}debounce.quiet_ms must be 1 to 86400000 and max_wait_ms at least 1"
+                    )));
+                }
+                Some((
+                    d.key,
+                    crate::store::Debounce {
+                        quiet_ms: d.quiet_ms as u64,
+                        max_wait_ms: d.max_wait_ms as u64,
+                    },
+                ))
+            }
+        };
+        let (id, debounce) = match debounce {
+            Some((key, d)) => (Some(key), Some(d)),
+            None => (self.id, None),
+        };
         Ok(NewTask {
-            id: self.id.unwrap_or_else(new_id),
+            on,
+            lookback_ms,
+            debounce,
+            id: id.unwrap_or_else(new_id),
             plugin,
             payload: payload.to_owned(),
             run_at,
@@ -196,7 +309,27 @@ pub async fn schedule(
             ));
         }
     }
+    for (i, t) in specs.iter().enumerate() {
+        if let Some(why) =
+            t.on.iter()
+                .find_map(|l| caller.refuses_topic(&l.topic, false))
+        {
+            return Err(ApiError::forbidden(format!(
+                "{}{why}; nothing was scheduled",
+                at(i)
+            )));
+        }
+    }
+    let debounced = specs.iter().filter(|t| t.debounce.is_some()).count();
+    if debounced > 0 && debounced < specs.len() {
+        return Err(ApiError::bad(
+            "a batch is all debounced tasks or none; nothing was scheduled",
+        ));
+    }
     super::checks::payloads(&st, &specs, single).await?;
+    if debounced > 0 {
+        return super::events::schedule_debounced(&st, specs, single).await;
+    }
     let admitted = match st.store.admit(&specs).await? {
         Ok(a) => a,
         Err(q) => {
@@ -260,6 +393,7 @@ fn parse_specs(st: &AppState, v: &RawValue, traceparent: Option<&str>) -> ApiRes
             "",
             now,
             st.max_payload_bytes,
+            st.store.options().event_retention_ms,
             traceparent,
         )?]);
     }
@@ -270,7 +404,15 @@ fn parse_specs(st: &AppState, v: &RawValue, traceparent: Option<&str>) -> ApiRes
     specs
         .into_iter()
         .enumerate()
-        .map(|(i, s)| s.into_task(&format!("[{i}]."), now, st.max_payload_bytes, traceparent))
+        .map(|(i, s)| {
+            s.into_task(
+                &format!("[{i}]."),
+                now,
+                st.max_payload_bytes,
+                st.store.options().event_retention_ms,
+                traceparent,
+            )
+        })
         .collect()
 }
 
@@ -460,7 +602,7 @@ mod tests {
             let text = v.to_string();
             let raw: &RawValue = serde_json::from_str(&text).unwrap();
             let parsed = body::typed::<TaskSpec>(raw)
-                .and_then(|s| s.into_task("", 1_700_000_000_000, 4096, None));
+                .and_then(|s| s.into_task("", 1_700_000_000_000, 4096, 60_000, None));
             match parsed {
                 Ok(t) => {
                     prop_assert!(limits::time("", t.run_at).is_ok());
@@ -480,7 +622,7 @@ mod tests {
         let batch = format!("[{s}]");
         let v: &RawValue = serde_json::from_str(&batch).unwrap();
         let mut specs: Vec<TaskSpec> = body::typed_array(v, 10, "the array")?;
-        specs.remove(0).into_task("[0].", 1_000, 64, None)
+        specs.remove(0).into_task("[0].", 1_000, 64, 60_000, None)
     }
 
     #[test]

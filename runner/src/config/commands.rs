@@ -27,11 +27,57 @@ pub enum KeyCmd {
         /// ceiling of its own max_pending).
         #[arg(long)]
         max_pending: Option<u64>,
+        /// Topic patterns it may publish events to, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        publish: Vec<String>,
+        /// Topic patterns its tasks may listen on, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        listen: Vec<String>,
     },
     /// List the keys (without secrets), with when each was last used.
     List,
     /// Revoke a key: every runner refuses it within a second.
     Revoke { id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EventCmd {
+    /// Publish an event: the tasks listening on TOPIC with KEY are cancelled or run now.
+    Send {
+        topic: String,
+        key: String,
+        /// The event's data (JSON).
+        #[arg(long, default_value = "null")]
+        data: String,
+    },
+    /// The latest events plugins emitted on a topic, newest first.
+    List {
+        topic: String,
+        /// Only this plugin's.
+        #[arg(long)]
+        plugin: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SourceCmd {
+    /// Read a Redis Stream into events: each new entry is an event of TOPIC (the source's name
+    /// unless --topic says), keyed by the value of its field --key-field, its fields the data.
+    Add {
+        name: String,
+        #[arg(long)]
+        stream: String,
+        #[arg(long)]
+        key_field: String,
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// The sources.
+    List,
+    /// Stop reading a source (its stream stays).
+    Remove { name: String },
 }
 
 /// Where the runner's API is.

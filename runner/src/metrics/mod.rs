@@ -39,6 +39,37 @@ const REDIS_S: [f64; 10] = [
 /// dashboard's test read the same names.
 pub const CATALOG: &[(&str, &str, &str)] = &[
     (
+        "eggtimer_events_in_total",
+        "counter",
+        "Events published through this runner (`POST /v1/events/{topic}`), per topic.",
+    ),
+    (
+        "eggtimer_events_matched_total",
+        "counter",
+        "Tasks those events cancelled or started at once, per topic.",
+    ),
+    (
+        "eggtimer_events_unmatched_total",
+        "counter",
+        "Events no task listened for when they arrived (kept for the lookback), per topic.",
+    ),
+    (
+        "eggtimer_source_entries_total",
+        "counter",
+        "Entries of a source's stream read into events (and acknowledged), per source.",
+    ),
+    (
+        "eggtimer_source_lag",
+        "gauge",
+        "Entries of a source's stream not read yet (Redis's consumer group lag), per source.",
+    ),
+    (
+        "eggtimer_outbox_late_total",
+        "counter",
+        "Outbox messages (listen, deliver, unlisten) delivered by the sweeper because their \
+         writer did not (it died, or the task ended: its listeners let go), per shard.",
+    ),
+    (
         "eggtimer_tasks_scheduled_total",
         "counter",
         "Tasks scheduled through this runner (API and follow-ups), per plugin.",
@@ -295,6 +326,16 @@ impl Metrics {
             })
         });
         Arc::clone(h)
+    }
+
+    /// A publish of `stored` events of `topic`, `unmatched` of them listened for by no task,
+    /// that cancelled or started `matched` tasks.
+    pub fn observe_events(&self, topic: &str, stored: u64, unmatched: u64, matched: u64) {
+        let t = topic.to_owned();
+        metrics::counter!("eggtimer_events_in_total", "topic" => t.clone()).increment(stored);
+        metrics::counter!("eggtimer_events_unmatched_total", "topic" => t.clone())
+            .increment(unmatched);
+        metrics::counter!("eggtimer_events_matched_total", "topic" => t).increment(matched);
     }
 
     pub fn observe_scheduled(&self, plugin: &str, n: u64) {

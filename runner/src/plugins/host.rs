@@ -72,6 +72,10 @@ pub struct CallCtx {
     /// The occurrence of the task (its `created`): follow-up ids derive from it.
     pub occurrence: i64,
     pub plugin: String,
+    /// The event that made the task run (JSON text), if one did.
+    pub event: Option<String>,
+    /// A debounced task's payloads (JSON texts).
+    pub batch: Vec<String>,
     /// The plugins it may schedule and cancel besides its own (its `may_schedule` setting).
     pub may_schedule: Option<Arc<[String]>>,
     pub host: Option<Arc<dyn TaskHost>>,
@@ -282,6 +286,7 @@ impl bindings::eggtimer::plugin::host::Host for State {
             unique_for_ms: 0,
             traceparent: None, // the executor sets the run's context
             start_by: None,
+            ..Default::default()
         });
         Ok(Ok(id))
     }
@@ -376,6 +381,14 @@ impl bindings::eggtimer::plugin::host::Host for State {
             .kv
             .push(KvWrite::Set { key, value, ttl_ms });
         Ok(Ok(()))
+    }
+
+    async fn event(&mut self) -> wasmtime::Result<Option<String>> {
+        Ok(self.call.event.clone())
+    }
+
+    async fn batch(&mut self) -> wasmtime::Result<Vec<String>> {
+        Ok(self.call.batch.clone())
     }
 
     async fn config(&mut self, name: String) -> wasmtime::Result<Option<String>> {

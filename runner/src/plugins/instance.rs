@@ -322,6 +322,8 @@ fn begin(
         task_id: task.task_id().to_owned(),
         occurrence: task.created,
         plugin: task.plugin.clone(),
+        event: task.event.clone(),
+        batch: task.batch.clone(),
         effects: crate::executor::Effects {
             cancel_also: may_schedule.clone(),
             ..Default::default()

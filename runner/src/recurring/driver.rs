@@ -114,6 +114,7 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        ..Default::default()
     };
     if skip {
         debug!(schedule = %id, at = fire_at, "skipped: the previous firing has not finished");

@@ -42,6 +42,15 @@ pub struct ShardKeys {
     pub waiting: String,
     /// HASH id -> the log lines of the task's last three attempts (see `lua/lib/logs.lua`).
     pub logs: String,
+    /// ZSET message -> time: what this shard owes another (listen, deliver, unlisten; see
+    /// `lua/lib/extras.lua`).
+    pub outbox: String,
+    /// HASH `topic\x1fkey` -> the tasks listening for that event (in the event's shard).
+    pub listeners: String,
+    /// HASH `topic\x1fkey` -> `time\x1e<event JSON>`: the latest event, kept for the lookback.
+    pub events: String,
+    /// ZSET `topic\x1fkey` -> its latest event's time.
+    pub event_times: String,
 }
 
 impl ShardKeys {
@@ -50,7 +59,7 @@ impl ShardKeys {
         format!("{}:{name}", self.duex)
     }
 
-    pub fn all(&self) -> [&str; 15] {
+    pub fn all(&self) -> [&str; 19] {
         [
             &self.tasks,
             &self.dead,
@@ -67,6 +76,10 @@ impl ShardKeys {
             &self.duex,
             &self.waiting,
             &self.logs,
+            &self.outbox,
+            &self.listeners,
+            &self.events,
+            &self.event_times,
         ]
     }
 }
@@ -98,6 +111,10 @@ impl Keys {
             duex: format!("{tag}:duex"),
             waiting: format!("{tag}:waiting"),
             logs: format!("{tag}:logs"),
+            outbox: format!("{tag}:outbox"),
+            listeners: format!("{tag}:listeners"),
+            events: format!("{tag}:events"),
+            event_times: format!("{tag}:event-times"),
         }
     }
 
@@ -149,6 +166,16 @@ impl Keys {
     /// What every plugin's history key starts with (the scripts that drop blobs read them all).
     pub fn plugin_history_prefix(&self) -> String {
         format!("{{{}}}:plugin:history:", self.ns)
+    }
+
+    /// HASH source name -> its definition (JSON): the Redis Streams read into events.
+    pub fn sources(&self) -> String {
+        format!("{{{}}}:sources", self.ns)
+    }
+
+    /// The consumer group eggtimer reads a source's stream with.
+    pub fn source_group(&self, name: &str) -> String {
+        format!("eggtimer:{}:{name}", self.ns)
     }
 
     /// HASH plugin name -> last version number given.

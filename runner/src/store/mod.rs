@@ -15,6 +15,7 @@ mod access;
 mod bulk;
 mod connection;
 mod effects;
+mod events;
 mod find;
 mod inspect;
 mod keys;
@@ -27,6 +28,7 @@ mod recurring;
 mod runners;
 mod scripts;
 mod secrets;
+mod sources;
 mod stats;
 mod tasks;
 mod types;
@@ -40,6 +42,7 @@ pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_full, is_unreachable, redact};
 pub use effects::MARKER_GRACE_MS;
+pub use events::{Debounced, Event, OUTBOX_GRACE_MS, Published, event_shard};
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
 pub use plugins::{
@@ -47,10 +50,14 @@ pub use plugins::{
 };
 pub use pubsub::{Heard, Subscription};
 pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
-pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
+pub use record::{
+    AttemptLog, Extras, Listener, LogLine, TaskRecord, TaskState, Then, Window, decode_log,
+    field_safe,
+};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
 pub use secrets::{MAX_SECRET_BYTES, SecretInfo, SecretsKey, valid_secret_name};
+pub use sources::{SOURCE_CLAIM_IDLE_MS, Source, SourceRead};
 pub use stats::{DueHistogram, PluginCounts, STATS_BUCKET_MS, StatsBucket};
 pub use tasks::OWNER_CHUNK;
 pub use types::*;

@@ -43,6 +43,35 @@ pub struct TaskRecord {
     /// `expired` instead of running.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_by: Option<i64>,
+    /// The events it listens for (until one of them arrives or it ends).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on: Vec<Listener>,
+    /// How long before the task was scheduled an event still matched (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookback_ms: Option<u64>,
+    /// The event that made it run (`{id, topic, key, at, data}`), handed to the plugin.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "raw_json_opt"
+    )]
+    #[schema(value_type = Option<serde_json::Value>)]
+    pub event: Option<String>,
+    /// A debounced task's window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<Window>,
+    /// A debounced task's payloads, oldest first (at most 1,000).
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "raw_json_list"
+    )]
+    #[schema(value_type = Vec<serde_json::Value>)]
+    pub batch: Vec<String>,
+    /// How many more payloads came than `batch` keeps.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub batch_dropped: u64,
+    /// Payloads that came while it ran: its next window's.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub next_batch: u64,
     /// The plugin's log lines of the task's last three attempts, oldest first, at most 8 KiB in
     /// all (only `GET /v1/tasks/{id}` reads them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -70,11 +99,17 @@ const TRACE_MARK: char = '\x1e';
 /// Marks a task's `start_by` (ms) after the trace context, if any: `\x1d<ms>\x1d<payload>`.
 const START_BY_MARK: char = '\x1d';
 
+/// Marks a task's extras after the start_by mark, if any: `\x1c<entries>\x1c<payload>` (see
+/// [`Extras`]).
+const EXTRAS_MARK: char = '\x1c';
+
 /// What a record's last field holds: the payload and what was scheduled with it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LastField<'a> {
     pub traceparent: Option<&'a str>,
     pub start_by: Option<i64>,
+    /// The extras' entries, as stored (see [`Extras`]).
+    pub extras: Option<&'a str>,
     pub payload: &'a str,
 }
 
@@ -89,9 +124,11 @@ impl<'a> LastField<'a> {
         };
         let traceparent = marked(TRACE_MARK);
         let start_by = marked(START_BY_MARK).and_then(|v| v.parse().ok());
+        let extras = marked(EXTRAS_MARK);
         LastField {
             traceparent,
             start_by,
+            extras,
             payload: rest,
         }
     }
@@ -104,6 +141,9 @@ impl<'a> LastField<'a> {
         }
         if let Some(by) = self.start_by {
             field.push_str(&format!("{START_BY_MARK}{by}{START_BY_MARK}"));
+        }
+        if let Some(ex) = self.extras {
+            field.push_str(&format!("{EXTRAS_MARK}{ex}{EXTRAS_MARK}"));
         }
         if field.is_empty() {
             return self.payload.into();
@@ -226,6 +266,7 @@ impl TaskRecord {
         let owner = Some(f.next()?).filter(|o| !o.is_empty()).map(str::to_owned);
         let last_error = Some(f.next()?).filter(|e| !e.is_empty()).map(str::to_owned);
         let last = LastField::split(f.next()?);
+        let x = last.extras.map(Extras::decode).unwrap_or_default();
         Some(TaskRecord {
             id: super::public_id(key).to_owned(),
             key: key.to_owned(),
@@ -241,8 +282,148 @@ impl TaskRecord {
             finished_at,
             traceparent: last.traceparent.map(str::to_owned),
             start_by: last.start_by,
+            on: x.on,
+            lookback_ms: x.lookback_ms,
+            event: x.event,
+            debounce: x.debounce,
+            batch: x.batch,
+            batch_dropped: x.batch_dropped,
+            next_batch: x.next_batch,
             log: Vec::new(),
         })
+    }
+}
+
+/// What a task carries beyond its payload, as `lua/lib/extras.lua` stores it: entries separated
+/// by `\x1f`, each a letter and its value. (The task object shows each as a field of its own.)
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Extras {
+    pub on: Vec<Listener>,
+    pub lookback_ms: Option<u64>,
+    /// JSON text.
+    pub event: Option<String>,
+    pub debounce: Option<Window>,
+    /// JSON texts.
+    pub batch: Vec<String>,
+    pub batch_dropped: u64,
+    pub next_batch: u64,
+}
+
+/// An event a task listens for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Listener {
+    pub topic: String,
+    pub key: String,
+    /// `cancel` or `run`.
+    pub then: Then,
+}
+
+/// What an event does to a task that listens for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Then {
+    /// The task is cancelled.
+    Cancel,
+    /// The task runs now, with the event.
+    Run,
+}
+
+impl Then {
+    fn letter(self) -> char {
+        match self {
+            Then::Cancel => 'c',
+            Then::Run => 'r',
+        }
+    }
+}
+
+/// A debounced task's window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Window {
+    pub quiet_ms: u64,
+    pub max_wait_ms: u64,
+    /// When its first payload came (ms).
+    pub first_at: i64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn raw_json_opt<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(p) => raw_json(p, s),
+        None => s.serialize_none(),
+    }
+}
+
+fn raw_json_list<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for p in v {
+        match serde_json::value::RawValue::from_string(p.clone()) {
+            Ok(raw) => seq.serialize_element(&raw)?,
+            Err(_) => seq.serialize_element(p)?,
+        }
+    }
+    seq.end()
+}
+
+impl Extras {
+    /// Reads stored entries.
+    pub fn decode(entries: &str) -> Extras {
+        let mut x = Extras::default();
+        for e in entries.split('\x1f') {
+            let mut chars = e.chars();
+            let Some(letter) = chars.next() else { continue };
+            let v = chars.as_str();
+            match letter {
+                'o' => {
+                    let then = if v.starts_with('c') {
+                        Then::Cancel
+                    } else {
+                        Then::Run
+                    };
+                    if let Some((topic, key)) = v.get(1..).and_then(|r| r.split_once('\x1e')) {
+                        x.on.push(Listener {
+                            topic: topic.into(),
+                            key: key.into(),
+                            then,
+                        });
+                    }
+                }
+                'l' => x.lookback_ms = v.parse().ok(),
+                'e' => x.event = Some(v.to_owned()),
+                'q' => {
+                    let mut p = v.split('\x1e').map(|n| n.parse::<i64>().unwrap_or(0));
+                    let (q, m, f) = (p.next(), p.next(), p.next());
+                    x.debounce = Some(Window {
+                        quiet_ms: q.unwrap_or(0).max(0) as u64,
+                        max_wait_ms: m.unwrap_or(0).max(0) as u64,
+                        first_at: f.unwrap_or(0),
+                    });
+                }
+                'b' => x.batch.push(v.to_owned()),
+                'm' => x.batch_dropped = v.parse().unwrap_or(0),
+                'n' => x.next_batch += 1,
+                'M' => x.next_batch += v.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        x
+    }
+
+    /// The entries a new listening task is scheduled with (the scripts add its stamp).
+    pub fn listening(on: &[Listener], lookback_ms: u64) -> Option<String> {
+        if on.is_empty() {
+            return None;
+        }
+        let mut parts: Vec<String> = on
+            .iter()
+            .map(|l| format!("o{}{}\x1e{}", l.then.letter(), l.topic, l.key))
+            .collect();
+        parts.push(format!("l{lookback_ms}"));
+        Some(parts.join("\x1f"))
     }
 }
 
@@ -319,12 +500,58 @@ mod tests {
     }
 
     #[test]
+    fn reads_what_a_task_carries_beyond_its_payload() {
+        let on = [
+            Listener {
+                topic: "payments".into(),
+                key: "o 1".into(),
+                then: Then::Cancel,
+            },
+            Listener {
+                topic: "refunds".into(),
+                key: "o1".into(),
+                then: Then::Run,
+            },
+        ];
+        // as the scripts store it: a stamp first, an event that reached it last
+        let ex = format!(
+            "s7\x1f{}\x1fe{{\"id\":\"1-1\"}}",
+            Extras::listening(&on, 500).unwrap()
+        );
+        let last = LastField {
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            start_by: Some(9),
+            extras: Some(&ex),
+            payload: "{\"a\":1}",
+        };
+        let rec = encode('s', 5, 0, 3, 1, "", "p", "", "", &last.join());
+        let r = TaskRecord::decode("t", &rec).unwrap();
+        assert_eq!((r.payload.as_str(), r.start_by), ("{\"a\":1}", Some(9)));
+        assert_eq!(r.on, on);
+        assert_eq!(r.lookback_ms, Some(500));
+        assert_eq!(r.event.as_deref(), Some("{\"id\":\"1-1\"}"));
+        // a debounced task's window and payloads
+        let x = Extras::decode("q300\x1e5000\x1e17\x1fb1\x1fb{\"n\":2}\x1fm3\x1fn4\x1fM2");
+        assert_eq!(
+            x.debounce,
+            Some(Window {
+                quiet_ms: 300,
+                max_wait_ms: 5000,
+                first_at: 17
+            })
+        );
+        assert_eq!(x.batch, ["1", "{\"n\":2}"]);
+        assert_eq!((x.batch_dropped, x.next_batch), (3, 3));
+    }
+
+    #[test]
     fn reads_a_trace_context_and_a_start_by_before_the_payload() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         for (traceparent, start_by) in [(Some(tp), None), (None, Some(77)), (Some(tp), Some(0))] {
             let last = LastField {
                 traceparent,
                 start_by,
+                extras: None,
                 payload: "{\"a\":1}",
             };
             let rec = encode('s', 5, 0, 3, 1, "", "p", "", "", &last.join());

@@ -259,6 +259,7 @@ impl Store {
             .arg(task.owner.as_deref().unwrap_or(""))
             .arg(
                 super::record::LastField {
+                    extras: None,
                     traceparent: task.traceparent.as_deref(),
                     start_by: task.start_by,
                     payload: &task.payload,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 10] = [
+const PARTS: [(&str, &str); 11] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
@@ -25,6 +25,7 @@ const PARTS: [(&str, &str); 10] = [
     ("finished", include_str!("lua/lib/finished.lua")),
     ("walk", include_str!("lua/lib/walk.lua")),
     ("blobs", include_str!("lua/lib/blobs.lua")),
+    ("extras", include_str!("lua/lib/extras.lua")),
 ];
 
 /// Declares every script once: its field, its file and its name in metrics.
@@ -64,6 +65,11 @@ macro_rules! scripts {
 
 scripts! {
     schedule: "schedule",
+    debounce: "debounce",
+    publish: "publish",
+    listen: "listen",
+    deliver: "deliver",
+    unlisten: "unlisten",
     claim: "claim",
     renew: "renew",
     finish: "finish",

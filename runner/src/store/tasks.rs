@@ -99,6 +99,8 @@ impl Store {
                             super::record::LastField {
                                 traceparent: t.traceparent.as_deref(),
                                 start_by: t.start_by,
+                                extras: super::record::Extras::listening(&t.on, t.lookback_ms)
+                                    .as_deref(),
                                 payload: &t.payload,
                             }
                             .join()
@@ -109,20 +111,40 @@ impl Store {
             }
             let mut conn = self.conn();
             async move {
-                let answer: String = inv
+                let answer: Value = inv
                     .invoke_async(&mut conn)
                     .await
                     .context("schedule script")?;
+                // listening tasks written: {letters, L message...}
+                let (answer, listens) = match answer {
+                    Value::Array(v) if !v.is_empty() => (string(&v[0])?, v[1..].to_vec()),
+                    other => (string(&other)?, Vec::new()),
+                };
                 let verdicts = letters("schedule", &answer, ix.len(), Scheduled::from_letter)?;
-                Ok::<_, anyhow::Error>((ix, verdicts))
+                let listens = listens.iter().map(string).collect::<Result<Vec<_>>>()?;
+                Ok::<_, anyhow::Error>((ix, verdicts, shard, listens))
             }
         });
         let mut out = vec![Scheduled::Ok; tasks.len()];
-        for (ix, verdicts) in try_join_all(calls).await? {
+        let mut listens = Vec::new();
+        for (ix, verdicts, shard, ls) in try_join_all(calls).await? {
             for (&i, v) in ix.iter().zip(verdicts) {
                 out[i] = v;
             }
+            if !ls.is_empty() {
+                listens.push((shard, ls));
+            }
         }
+        // the listeners registered (and events of the lookback handed over) before this returns
+        if !listens.is_empty() {
+            crate::failpoint::hit("listeners-written");
+        }
+        try_join_all(
+            listens
+                .into_iter()
+                .map(|(shard, ls)| self.deliver_from(shard, ls)),
+        )
+        .await?;
         Ok(out)
     }
 
@@ -201,6 +223,8 @@ impl Store {
                 created: r.created_at,
                 traceparent: r.traceparent,
                 start_by: r.start_by,
+                event: r.event,
+                batch: r.batch,
             });
         }
         Ok(ClaimBatch {
@@ -490,7 +514,7 @@ fn expect_len(script: &str, got: usize, want: usize) -> Result<()> {
 }
 
 /// A script's answer of one letter per task (schedule, finish), decoded in the order sent.
-fn letters<T>(
+pub(super) fn letters<T>(
     script: &str,
     answer: &str,
     tasks: usize,

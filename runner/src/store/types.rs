@@ -1,7 +1,7 @@
 //! The types the store's callers pass in and get back.
 
 /// A task to schedule.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NewTask {
     pub id: String,
     pub plugin: String,
@@ -17,6 +17,18 @@ pub struct NewTask {
     pub traceparent: Option<String>,
     /// Not started by this time (ms), the task is dead with `expired` instead of running.
     pub start_by: Option<i64>,
+    /// The events it listens for, and how long before it was scheduled an event still matches.
+    pub on: Vec<super::record::Listener>,
+    pub lookback_ms: u64,
+    /// Debounced: one task per id, each payload kept (see `lua/debounce.lua`).
+    pub debounce: Option<Debounce>,
+}
+
+/// A debounced task's window (`lua/debounce.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Debounce {
+    pub quiet_ms: u64,
+    pub max_wait_ms: u64,
 }
 
 /// How `schedule` treats an id that exists.
@@ -70,6 +82,10 @@ pub struct Claimed {
     pub traceparent: Option<String>,
     /// The latest time it may start (ms), if it has one.
     pub start_by: Option<i64>,
+    /// The event that made it run (JSON text `{id, topic, key, at, data}`), if one did.
+    pub event: Option<String>,
+    /// A debounced task's payloads (JSON texts), oldest first; empty for other tasks.
+    pub batch: Vec<String>,
 }
 
 impl Claimed {
@@ -266,6 +282,8 @@ pub struct StoreOptions {
     pub replica_ack_timeout_ms: u64,
     /// The key plugins' secrets are sealed with (None: secrets can't be set or read).
     pub secrets_key: Option<super::secrets::SecretsKey>,
+    /// How long an event is kept for tasks scheduled after it (the longest `lookback_ms`).
+    pub event_retention_ms: u64,
 }
 
 impl Default for StoreOptions {
@@ -282,6 +300,7 @@ impl Default for StoreOptions {
             min_replicas_acked: 0,
             replica_ack_timeout_ms: 1000,
             secrets_key: None,
+            event_retention_ms: 60_000,
         }
     }
 }

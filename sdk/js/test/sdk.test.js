@@ -99,3 +99,17 @@ test('a field map is described as JSON Schema', () => {
   assert.equal(handler(() => {}, { payload: () => undefined }).payloadSchema(), undefined);
   assert.equal(handler(() => {}).payloadSchema(), undefined);
 });
+
+test('a handler gets the event that made it run and a debounced task\'s batch', () => {
+  const host = new TestHost();
+  let seen;
+  const handle = handler((task) => {
+    seen = task;
+  });
+  host.run(handle, { n: 2 }, { event: { id: '3-1', topic: 'payments', key: 'o1', at: 5, data: { amount: 7 } }, batch: [{ n: 1 }, { n: 2 }] });
+  assert.deepEqual(seen.event, { id: '3-1', topic: 'payments', key: 'o1', at: 5, data: { amount: 7 } });
+  assert.deepEqual(seen.batch, [{ n: 1 }, { n: 2 }]);
+  host.run(handle, { n: 1 });
+  assert.equal(seen.event, undefined);
+  assert.deepEqual(seen.batch, []);
+});

@@ -38,6 +38,22 @@ class Task(Generic[P]):
     """Due time, ms since the Unix epoch."""
     owner: Optional[str]
     payload: P
+    event: Optional["Event"] = None
+    """The event that made it run (it listened for it with ``then: run``); None at its due time."""
+    batch: list = dataclasses.field(default_factory=list)
+    """A debounced task's payloads, oldest first (at most 1,000); ``payload`` is the latest."""
+
+
+@dataclasses.dataclass
+class Event:
+    """An event that reached a task (``POST /v1/events/{topic}``)."""
+
+    id: str
+    topic: str
+    key: str
+    at: int
+    """When it arrived, ms since the Unix epoch."""
+    data: Any
 
 
 class Outcome:
@@ -190,8 +206,14 @@ def plugin(handle: Callable[[Task[Any]], Optional[types.Outcome]], payload_type:
         def handle(self, task: types.Task) -> types.Outcome:
             try:
                 payload = _decode(payload_type, json.loads(task.payload))
+                batch = [_decode(payload_type, json.loads(p)) for p in host.batch()]
             except (ValueError, TypeError) as e:
                 return types.Outcome_Fail(f"the payload does not fit this plugin: {e}")
+            ev = host.event()
+            event = None
+            if ev is not None:
+                e = json.loads(ev)
+                event = Event(id=e["id"], topic=e["topic"], key=e["key"], at=e["at"], data=e.get("data"))
             typed = Task(
                 id=task.id,
                 plugin=task.plugin,
@@ -200,6 +222,8 @@ def plugin(handle: Callable[[Task[Any]], Optional[types.Outcome]], payload_type:
                 due=task.due,
                 owner=task.owner,
                 payload=payload,
+                event=event,
+                batch=batch,
             )
             try:
                 out = handle(typed)

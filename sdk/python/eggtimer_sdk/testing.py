@@ -53,7 +53,8 @@ class TestHost:
         return None if v is None else json.loads(v)
 
     def run(self, world: type, payload: Any, id: str = "test-task", attempt: int = 1,
-            max_attempts: int = 5, due: Optional[int] = None, owner: Optional[str] = None) -> types.Outcome:
+            max_attempts: int = 5, due: Optional[int] = None, owner: Optional[str] = None,
+            event: Any = None, batch: Optional[list] = None) -> types.Outcome:
         """Runs the plugin class (``WitWorld`` of the app module) over ``payload`` (a value or JSON
         text). Returns the outcome; a failed attempt raises ``componentize_py_types.Err``."""
         self._task_id = id
@@ -72,6 +73,8 @@ class TestHost:
             "config": self.config.get,
             "secret": self.secrets.get,
             "http_send": self._http_send,
+            "event": lambda: None if event is None else json.dumps(event),
+            "batch": lambda: [json.dumps(p) for p in (batch or [])],
         }
         self.http_requests = []
         saved = {name: getattr(host, name) for name in calls}

@@ -128,3 +128,15 @@ def test_the_payload_dataclass_is_described_as_json_schema():
     assert schema["properties"]["inner"]["properties"]["n"] == {"type": "integer"}
     assert schema["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
     assert plugin(lambda t: None)().payload_schema() is None
+
+
+def test_a_handler_gets_the_event_that_made_it_run_and_a_debounced_batch():
+    host = TestHost()
+    seen = []
+    world = plugin(lambda t: seen.append(t), Greeting)
+    ev = {"id": "3-1", "topic": "payments", "key": "o1", "at": 5, "data": {"amount": 7}}
+    host.run(world, {"user": "u2"}, event=ev, batch=[{"user": "u1"}, {"user": "u2"}])
+    assert (seen[0].event.topic, seen[0].event.key, seen[0].event.data) == ("payments", "o1", {"amount": 7})
+    assert [g.user for g in seen[0].batch] == ["u1", "u2"]
+    host.run(world, {"user": "u1"})
+    assert (seen[1].event, seen[1].batch) == (None, [])

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---! needs indexes
+--! needs indexes extras
 -- Cancels one task: a scheduled or dead task is deleted.
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: the id is the task's
@@ -9,6 +9,7 @@
 -- A plugin's cancel of id X cancels the first there is of: its own task X, the task X of a plugin
 -- its patterns name (in their order), of a plugin they cover that has scheduled tasks in this
 -- shard, and a record eggtimer 0.1.0 stored under X.
+-- A listening task lets its listeners go (U messages into the outbox, see `extras`).
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin'.
 local id, only_dead, plugin = ARGV[1], ARGV[2] == '1', ARGV[3]
 local function covered(name)
@@ -44,7 +45,7 @@ if t.st == 'd' then return 'done' end
 if not covered(t.plugin) then return 'other_plugin' end
 if only_dead and t.st ~= 'x' then return 'not_dead' end
 if t.st == 'r' then return 'running' end
-if t.st == 's' then unindex_scheduled(id, t) else unindex_dead(id, t) end
+if t.st == 's' then unindex_scheduled(id, t); record_ended(id, t, now_ms()) else unindex_dead(id, t) end
 redis.call('HDEL', K_TASKS, id)
 redis.call('HDEL', K_LOGS, id)
 redis.call('HDEL', K_RERUN, id)

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---! needs claims finished logs
+--! needs claims finished logs extras
 -- Records the outcomes of a batch of claimed tasks of one shard.
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, keep_done_ms, the number of logs L, then L pairs: id, the log lines of
@@ -23,6 +23,8 @@
 -- a run (not 'release' or 'defer') ends its rerun chain (`rerun`): the next claim's effects are
 -- its own. Every accepted outcome ends the task's claim: a claim batch with no task left running
 -- leaves `claim_leases` and `batches`.
+-- A task that ended (done or dead) with extras (see `extras`) lets its listeners go, and a
+-- debounced one's payloads that came while it ran become its next window.
 -- Returns one string, a letter per task in the order given: d(one) r(etry) x (dead) a(gain)
 -- l (release) f (defer) s(tale).
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -51,6 +53,8 @@ local letter = { done = 'd', retry = 'r', dead = 'x', again = 'a', release = 'l'
 local recs = records_of(ids)
 -- the done ones (the hot path) are written together, one variadic call per key
 local released, records, dones, seen, ran, ended = {}, {}, {}, {}, {}, {}
+-- the ended tasks whose records carry extras (an FS byte: only the extras mark is one)
+local with_extras = {}
 for i = 1, n do
   local h = run_of[i]
   local id, kind, token, value, err = ids[i], ARGV[h], ARGV[h + 1], tonumber(ARGV[h + 2]),
@@ -104,6 +108,9 @@ for i = 1, n do
       end
     end
     verdict = letter[kind]
+    if (kind == 'done' or kind == 'dead') and string.find(rec, '\28', 1, true) then
+      with_extras[#with_extras + 1] = { id, rec }
+    end
     if kind ~= 'release' and kind ~= 'defer' then ran[#ran + 1] = id end
   end
   out[#out + 1] = verdict
@@ -115,6 +122,7 @@ release_batches(released)
 for plugin, k in pairs(ended) do count_running(plugin, -k) end
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
+for _, e in ipairs(with_extras) do record_ended(e[1], parse(e[2]), now) end
 log_done(dones, now)
 local any_done = #records > 0
 if any_done then forget_done(now - keep) end

@@ -1,5 +1,5 @@
 #!lua
---! needs indexes
+--! needs indexes extras
 -- Schedules a batch of tasks of one shard.
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, mode ('upsert' replaces a task that has not started; 'absent' only creates),
@@ -11,7 +11,10 @@
 -- In 'upsert' mode the batch is all or nothing: if any of its ids is running or inside its dedup
 -- window, nothing is written and the others answer 'not_written'.
 -- Returns one string, a letter per task in the order given: o(k) r(unning) d(uplicate) e(xists)
--- n(ot_written). (One reply value, not one per task: each costs Redis ~0.3 µs.)
+-- n(ot_written). (One reply value, not one per task: each costs Redis ~0.3 µs.) When tasks written
+-- listen for events (`o` entries in their extras, see `extras`), they get a stamp and their L
+-- messages go into the outbox, and the reply is {letters, L message...}; a listening task
+-- replaced lets its listeners go (U messages).
 -- An id is a task's key, `<plugin>\x1f<id>`. In a shard that holds data of eggtimer 0.1.0 (meta
 -- `legacy`), a record stored under the bare id by that release is the same task when its plugin
 -- is the same: it is replaced (or, running, refuses the batch) as a record under the key is.
@@ -66,6 +69,21 @@ if mode == 'upsert' then
   if refused then return table.concat(out) end
   out = {}
 end
+-- A listening task's L messages, gathered; the last field returned carries its stamp.
+local listens = {}
+local function listen_from(id, last, now)
+  local head, ex, rest = split_last(last)
+  local list = entries_of(ex)
+  local ls = listeners(list)
+  if #ls == 0 then return last end
+  local stamp = string.format('%d', redis.call('HINCRBY', K_META, 'listen', 1))
+  local since = string.format('%d', now - (tonumber(entry(list, 'l')) or 60000))
+  for _, l in ipairs(ls) do
+    listens[#listens + 1] = 'L' .. l[1] .. '\30' .. id .. '\30' .. stamp .. '\30' .. l[2] .. '\30' .. l[3] .. '\30' .. since
+  end
+  table.insert(list, 1, 's' .. stamp)
+  return join_last(head, list, rest)
+end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
 local pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
@@ -105,7 +123,7 @@ for i = 1, n do
   elseif old then
     if old.st == 'r' then verdict = 'r'
     elseif mode == 'absent' then verdict = 'e'
-    elseif old.st == 's' then unindex_scheduled(id, old)
+    elseif old.st == 's' then unindex_scheduled(id, old); record_ended(id, old, now)
     elseif old.st == 'x' then unindex_dead(id, old) end
   end
   if verdict == 'o' and mode == 'absent' and uniques and in_unique_window(id, now) then
@@ -118,11 +136,13 @@ for i = 1, n do
     if created == '0' then created = now_s end
     -- the record `encode` would write, built in one concatenation (the client sends due and
     -- max_attempts as plain integers)
-    local due_s, plugin, owner = ARGV[b + 1], ARGV[h + 2], ARGV[b + 2]
+    local due_s, plugin, owner, last = ARGV[b + 1], ARGV[h + 2], ARGV[b + 2], ARGV[b + 3]
     local due = tonumber(due_s)
     pending[id] = true
+    local mark = string.byte(last, 1)
+    if mark == 28 or mark == 29 or mark == 30 then last = listen_from(id, last, now) end
     push(records, id, 's\t' .. due_s .. '\t0\t' .. ARGV[h + 1] .. '\t' .. created .. '\t\t' .. plugin
-      .. '\t' .. owner .. '\t\t' .. ARGV[b + 3])
+      .. '\t' .. owner .. '\t\t' .. last)
     -- the indexes of index_scheduled, gathered
     if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
     if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
@@ -139,4 +159,8 @@ for i = 1, n do
 end
 flush()
 if earliest then wake_if_head(channel, shard, earliest) end
-return table.concat(out)
+if #listens == 0 then return table.concat(out) end
+outbox_add(now, listens)
+local reply = { table.concat(out) }
+for _, m in ipairs(listens) do reply[#reply + 1] = m end
+return reply

@@ -40,6 +40,17 @@ declare module 'eggtimer:plugin/host@0.1.0' {
    * occurrence (unless the request sets one). An error names what was refused or failed.
    */
   export function httpSend(request: HttpRequest): HttpResponse;
+  /**
+   * The event that made this task run (JSON text `{"id", "topic", "key", "at", "data"}`), if
+   * one did: the task listened for it (`on` with `then: run`). None when it ran at its due
+   * time.
+   */
+  export function event(): string | undefined;
+  /**
+   * A debounced task's payloads (JSON texts), oldest first, at most 1,000; empty for a task
+   * that is not debounced. The task's payload is the latest of them.
+   */
+  export function batch(): Array<string>;
   export type FollowUp = import('eggtimer:plugin/types@0.1.0').FollowUp;
   export type Level = import('eggtimer:plugin/types@0.1.0').Level;
   export type HttpRequest = import('eggtimer:plugin/types@0.1.0').HttpRequest;

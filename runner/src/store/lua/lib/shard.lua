@@ -29,11 +29,18 @@
 --   KEYS[14] waiting (ZSET, score 0, member plugin \t due(15 digits) \t id: the due tasks a claim
 --           set aside because their plugin had its share of the claiming runner; see `share`)
 --   KEYS[15] logs (HASH id -> the log lines of the task's last attempts; see `logs`)
+--   KEYS[16] outbox (ZSET message -> time: what this shard owes another one; see `extras`)
+--   KEYS[17] listeners (HASH topic \31 key -> the tasks listening for it, \29-separated, each
+--           then \30 task \30 stamp; see `extras`)
+--   KEYS[18] events (HASH topic \31 key -> time \30 event JSON: the latest event of each topic and
+--           key of this shard, kept for the lookback)
+--   KEYS[19] event_times (ZSET topic \31 key -> the time of its latest event, to drop old ones)
 local K_TASKS, K_DEAD, K_BYOWNER, K_META, K_PARKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_BYPLUGIN, K_UNIQUE, K_RERUN, K_CLAIM_LEASES = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local K_BATCHES, K_FINISHED, K_SCHEDULED, K_DUEX = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local K_WAITING, K_LOGS = KEYS[14], KEYS[15]
-local K_FIRST = 16
+local K_OUTBOX, K_LISTENERS, K_EVENTS, K_EVENT_TIMES = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
+local K_FIRST = 20
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.

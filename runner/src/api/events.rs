@@ -1,0 +1,133 @@
+//! Events in (`POST /v1/events/{topic}`) and debounced scheduling: the API side of
+//! `store::events`.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::body::{self, ApiResult, field};
+use super::{ApiError, AppState, doc};
+use crate::access::Caller;
+use crate::store::{Debounced, Event, NewTask};
+
+/// Most events one request publishes.
+const MAX_EVENTS: usize = 1000;
+
+/// One event.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventIn<'a> {
+    /// Which tasks it reaches: those listening on this topic with this key. 1 to 200 bytes
+    /// without control characters.
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    key: String,
+    /// Any JSON, handed to the plugins of the tasks it starts (`task.event.data`).
+    #[serde(borrow, default)]
+    #[schema(value_type = Option<Value>)]
+    data: Option<&'a RawValue>,
+}
+
+/// What a publish did.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PublishReply {
+    /// Events stored (kept for the lookback of tasks scheduled after them).
+    published: u64,
+    /// Tasks they cancelled or started (before this answer).
+    matched: u64,
+}
+
+/// `POST /v1/events/{topic}`: one event or an array (up to 1,000), for the key's `publish`
+/// topics.
+#[utoipa::path(post, path = "/v1/events/{topic}", tag = "events",
+    params(("topic" = String, Path, pattern = "^[a-z0-9._-]{1,64}$")),
+    request_body(content = doc::EventBody, content_type = "application/json"),
+    responses((status = 200, description = "stored and delivered", body = PublishReply), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn publish(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(topic): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    if !crate::plugins::valid_topic(&topic) {
+        return Err(ApiError::bad(format!(
+            "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
+        )));
+    }
+    if let Some(why) = caller.refuses_topic(&topic, true) {
+        return Err(ApiError::forbidden(why));
+    }
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, st.max_body_bytes).await?;
+    let v = body::raw(&bytes)?;
+    let ins: Vec<EventIn> = if body::is_array(v) {
+        body::typed_array(v, MAX_EVENTS, "the array of events")?
+    } else {
+        vec![body::typed(v)?]
+    };
+    if ins.is_empty() {
+        return Err(ApiError::bad("the array of events is empty"));
+    }
+    let mut events = Vec::with_capacity(ins.len());
+    for e in ins {
+        let data = e.data.map_or("null", |d| d.get());
+        crate::limits::payload("data", data, st.max_payload_bytes)
+            .map_err(|e| ApiError::too_large(e.0))?;
+        events.push(Event {
+            topic: topic.clone(),
+            key: e.key,
+            data: data.to_owned(),
+        });
+    }
+    let done = st.store.publish(&events).await?;
+    st.metrics
+        .observe_events(&topic, done.stored, done.unmatched, done.acted);
+    Ok(axum::Json(PublishReply {
+        published: done.stored,
+        matched: done.acted,
+    })
+    .into_response())
+}
+
+/// Schedules a batch of debounced tasks (the caller checked scope, rights and payloads):
+/// 201 with `{id, debounced: new|merged|queued}` each.
+pub async fn schedule_debounced(
+    st: &AppState,
+    specs: Vec<NewTask>,
+    single: bool,
+) -> ApiResult<Response> {
+    let verdicts = st.store.debounce(&specs).await?;
+    if let Some(i) = verdicts.iter().position(|v| *v == Debounced::Running) {
+        return Err(ApiError::conflict(format!(
+            "task {:?} is running and is not debounced, so it can't be replaced",
+            specs[i].id
+        )));
+    }
+    let replies: Vec<Value> = specs
+        .iter()
+        .zip(&verdicts)
+        .map(|(t, v)| {
+            let what = match v {
+                Debounced::New => "new",
+                Debounced::Merged => "merged",
+                _ => "queued",
+            };
+            json!({"id": t.id, "debounced": what})
+        })
+        .collect();
+    let body = if single {
+        replies.into_iter().next().unwrap_or(Value::Null)
+    } else {
+        Value::Array(replies)
+    };
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}

@@ -1,0 +1,150 @@
+//! Sources (`/v1/sources`): a team's Redis Stream read into events of a topic its key may
+//! publish to (see `store::sources`).
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::body::{self, ApiResult, field};
+use super::{ApiError, AppState, doc};
+use crate::access::Caller;
+use crate::store::Source;
+
+/// A source to add.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSource {
+    /// 1 to 64 of `a-z 0-9 -`.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    name: String,
+    /// The Redis Stream to read (1 to 200 bytes without control characters; not one of
+    /// eggtimer's own keys).
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    stream: String,
+    /// The entry field whose value is the event's key.
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    key_field: String,
+    /// The topic its events are published to: one the caller's key may publish to.
+    #[schema(pattern = "^[a-z0-9._-]{1,64}$")]
+    topic: String,
+}
+
+/// `POST /v1/sources`: reads `stream` into events of `topic` from now on (each entry's fields
+/// are the event's data, `key_field`'s value its key), on every runner.
+#[utoipa::path(post, path = "/v1/sources", tag = "events",
+    request_body(content = NewSource, content_type = "application/json"),
+    responses((status = 201, description = "the source", body = Source), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn source_add(
+    State(st): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, 64 << 10).await?;
+    let n: NewSource = body::typed(body::raw(&bytes)?)?;
+    if !crate::plugins::valid_plugin_name(&n.name) {
+        return Err(ApiError::bad(format!(
+            "{:?} is not a source name: 1 to 64 of a-z 0-9 -",
+            n.name
+        )));
+    }
+    if !crate::plugins::valid_topic(&n.topic) {
+        return Err(ApiError::bad(format!(
+            "{:?} is not a topic: 1 to 64 of a-z 0-9 . _ -",
+            n.topic
+        )));
+    }
+    if let Some(why) = caller.refuses_topic(&n.topic, true) {
+        return Err(ApiError::forbidden(why));
+    }
+    // eggtimer's own keys (other teams' tasks, events, kv) are no source of anyone's events
+    let ns = st.store.keys().ns();
+    if n.stream.starts_with(&format!("{{{ns}}}")) || n.stream.starts_with(&format!("{{{ns}:")) {
+        return Err(ApiError::forbidden(format!(
+            "{:?} is one of eggtimer's own keys (namespace {ns:?}), not a stream of yours",
+            n.stream
+        )));
+    }
+    let s = Source {
+        name: n.name,
+        stream: n.stream,
+        key_field: n.key_field,
+        topic: n.topic,
+        created_at: crate::clock::now_ms(),
+    };
+    if let Some(old) = st
+        .store
+        .source_list()
+        .await?
+        .into_iter()
+        .find(|o| o.name == s.name)
+        && caller.refuses_topic(&old.topic, true).is_some()
+    {
+        return Err(ApiError::forbidden(format!(
+            "source {:?} publishes to {:?}, which this key may not publish to",
+            old.name, old.topic
+        )));
+    }
+    st.store
+        .source_put(&s)
+        .await
+        .map_err(|e| ApiError::bad(format!("can't read {:?} as a stream: {e:#}", s.stream)))?;
+    Ok((StatusCode::CREATED, axum::Json(s)).into_response())
+}
+
+/// `GET /v1/sources`: the sources publishing to topics the key may publish to or listen on.
+#[utoipa::path(get, path = "/v1/sources", tag = "events",
+    responses((status = 200, description = "by name", body = Vec<Source>), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn source_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
+    let list: Vec<Source> = st
+        .store
+        .source_list()
+        .await?
+        .into_iter()
+        .filter(|s| {
+            caller.refuses_topic(&s.topic, true).is_none()
+                || caller.refuses_topic(&s.topic, false).is_none()
+        })
+        .collect();
+    Ok(axum::Json(list).into_response())
+}
+
+/// `DELETE /v1/sources/{name}`: stops reading it (the stream stays).
+#[utoipa::path(delete, path = "/v1/sources/{name}", tag = "events",
+    params(("name" = String, Path, pattern = "^[a-z0-9][a-z0-9-]{0,63}$")),
+    responses((status = 204, description = "removed"), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn source_delete(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    let Some(s) = st
+        .store
+        .source_list()
+        .await?
+        .into_iter()
+        .find(|s| s.name == name)
+    else {
+        return Err(ApiError::not_found(format!("no source {name:?}")));
+    };
+    if let Some(why) = caller.refuses_topic(&s.topic, true) {
+        return Err(ApiError::forbidden(why));
+    }
+    st.store.source_delete(&name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

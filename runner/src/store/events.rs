@@ -1,0 +1,294 @@
+//! Events in, and the tasks that listen for them (`lua/lib/extras.lua` has the model): each
+//! event and each listener lives in the shard of its topic and key (the event shard), each task
+//! in its own; what one shard owes another is a message in its `outbox`, written by the script
+//! that made it owed and deleted here once delivered. Delivery is at once by the caller, and
+//! after [`OUTBOX_GRACE_MS`] by [`Store::sweep_outbox`] when the caller died. Every message's
+//! effect is idempotent, so one delivered twice acts once.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use futures::future::try_join_all;
+use redis::Value;
+
+use super::tasks::{int, string};
+use super::{Debounce, NewTask, Store, public_id, shard_of, task_key};
+
+/// A message older than this is presumed orphaned (its writer died before delivering it).
+pub const OUTBOX_GRACE_MS: i64 = 1_000;
+
+/// How many outbox messages one sweep of a shard reads.
+const SWEEP_CHUNK: usize = 500;
+
+/// One event to publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub topic: String,
+    pub key: String,
+    /// JSON text.
+    pub data: String,
+}
+
+/// What a publish did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Events stored (all of them).
+    pub stored: u64,
+    /// Events no task listened for when they arrived.
+    pub unmatched: u64,
+    /// Tasks cancelled or started by them.
+    pub acted: u64,
+}
+
+/// What a debounced schedule did with one task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Debounced {
+    /// A new window: a task due in quiet_ms.
+    New,
+    /// Joined the waiting task, which moved.
+    Merged,
+    /// The task runs: kept for its next window.
+    Queued,
+    /// A task of that id that is not debounced runs: nothing written.
+    Running,
+}
+
+/// A message's target shard: the event shard of L and U, the task's shard of D.
+fn target(msg: &str, shards: u32) -> Option<u32> {
+    let mut f = msg.get(1..)?.split('\x1e');
+    match msg.as_bytes()[0] {
+        b'L' | b'D' => {
+            let task = f.nth(1)?;
+            if msg.starts_with('D') {
+                return Some(shard_of(public_id(task), shards));
+            }
+            let (topic, key) = (f.nth(1)?, f.next()?);
+            Some(event_shard(topic, key, shards))
+        }
+        b'U' => {
+            let (topic, key) = (f.next()?, f.next()?);
+            Some(event_shard(topic, key, shards))
+        }
+        _ => None,
+    }
+}
+
+/// The shard that holds a topic and key's events and listeners.
+pub fn event_shard(topic: &str, key: &str, shards: u32) -> u32 {
+    shard_of(&format!("{topic}\x1f{key}"), shards)
+}
+
+fn strings(v: &[Value]) -> Result<Vec<String>> {
+    v.iter().map(string).collect()
+}
+
+impl Store {
+    /// Publishes events: stored for the lookback, and handed to the tasks listening for them
+    /// (cancelled or started before this returns).
+    pub async fn publish(&self, events: &[Event]) -> Result<Published> {
+        let mut groups: BTreeMap<u32, Vec<&Event>> = BTreeMap::new();
+        for e in events {
+            groups
+                .entry(event_shard(&e.topic, &e.key, self.shards()))
+                .or_default()
+                .push(e);
+        }
+        let retention = self.options().event_retention_ms;
+        let calls = groups.into_iter().map(|(shard, evs)| async move {
+            let mut inv = self.shard_script(&self.inner.scripts.publish, shard);
+            inv.arg(shard).arg(retention);
+            for e in evs {
+                inv.arg(&e.topic).arg(&e.key).arg(&e.data);
+            }
+            let v: Vec<Value> = inv
+                .invoke_async(&mut self.conn())
+                .await
+                .context("publish script")?;
+            if v.len() < 2 {
+                anyhow::bail!("the publish script answered {} values", v.len());
+            }
+            let stored = int(&v[0])? as u64;
+            let unmatched = int(&v[1])? as u64;
+            let ds = strings(&v[2..])?;
+            crate::failpoint::hit("events-recorded");
+            let acted = self.deliver_from(shard, ds).await?;
+            Ok::<_, anyhow::Error>(Published {
+                stored,
+                unmatched,
+                acted,
+            })
+        });
+        let mut out = Published::default();
+        for p in try_join_all(calls).await? {
+            out.stored += p.stored;
+            out.unmatched += p.unmatched;
+            out.acted += p.acted;
+        }
+        Ok(out)
+    }
+
+    /// Delivers messages the outbox of `from` holds, then deletes them there; returns how many
+    /// tasks the D messages among them (and those L messages led to) acted on.
+    pub(super) async fn deliver_from(&self, from: u32, msgs: Vec<String>) -> Result<u64> {
+        if msgs.is_empty() {
+            return Ok(0);
+        }
+        let acted = self.deliver(&msgs).await?;
+        let () = redis::cmd("ZREM")
+            .arg(&self.keys().shard(from).outbox)
+            .arg(&msgs)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(acted)
+    }
+
+    /// Delivers messages to their shards: L to listen, D to deliver (then their U messages
+    /// from the task shards), U to unlisten. Returns how many tasks D messages acted on.
+    async fn deliver(&self, msgs: &[String]) -> Result<u64> {
+        let mut acted = 0;
+        let mut todo: Vec<String> = msgs.to_vec();
+        // L messages answer D messages, D messages answer U messages (written to the task
+        // shard's outbox, deleted there once delivered): at most three rounds
+        while !todo.is_empty() {
+            let mut groups: BTreeMap<(u8, u32), Vec<String>> = BTreeMap::new();
+            for m in todo.drain(..) {
+                match target(&m, self.shards()) {
+                    Some(shard) => groups.entry((m.as_bytes()[0], shard)).or_default().push(m),
+                    None => {
+                        tracing::warn!(message = %m.escape_debug(), "an outbox message this runner does not know")
+                    }
+                }
+            }
+            let channel = self.keys().wake_channel();
+            let calls = groups.into_iter().map(|((kind, shard), ms)| {
+                let channel = channel.clone();
+                async move {
+                    let script = match kind {
+                        b'L' => &self.inner.scripts.listen,
+                        b'D' => &self.inner.scripts.deliver,
+                        _ => &self.inner.scripts.unlisten,
+                    };
+                    let mut inv = self.shard_script(script, shard);
+                    if kind == b'D' {
+                        inv.arg(&channel).arg(shard);
+                    }
+                    inv.arg(&ms);
+                    let v: Value = inv
+                        .invoke_async(&mut self.conn())
+                        .await
+                        .with_context(|| format!("the {} script", kind as char))?;
+                    let (n, next) = match (kind, v) {
+                        (b'L', Value::Array(ds)) => (0, strings(&ds)?),
+                        (b'D', Value::Array(v)) => {
+                            let n = int(v.first().context("an empty deliver reply")?)? as u64;
+                            crate::failpoint::hit("events-delivered");
+                            let us = strings(&v[1..])?;
+                            // the U messages are the task shard's to delete once delivered
+                            if !us.is_empty() {
+                                let g = Box::pin(self.deliver_from(shard, us));
+                                g.await?;
+                            }
+                            (n, Vec::new())
+                        }
+                        (b'U', _) => (0, Vec::new()),
+                        (k, other) => {
+                            anyhow::bail!("the {} script answered {other:?}", k as char)
+                        }
+                    };
+                    Ok::<_, anyhow::Error>((n, next))
+                }
+            });
+            for (n, next) in try_join_all(calls).await? {
+                acted += n;
+                todo.extend(next);
+            }
+        }
+        Ok(acted)
+    }
+
+    /// Delivers what a shard's outbox has held for longer than [`OUTBOX_GRACE_MS`] (its writer
+    /// died before delivering it), and drops the shard's expired events. Returns how many
+    /// messages it delivered.
+    pub async fn sweep_outbox(&self, shard: u32) -> Result<usize> {
+        let k = self.keys().shard(shard);
+        let now = self.redis_time_ms().await?;
+        let msgs: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&k.outbox)
+            .arg("-inf")
+            .arg(now - OUTBOX_GRACE_MS)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(SWEEP_CHUNK)
+            .query_async(&mut self.conn())
+            .await?;
+        let n = msgs.len();
+        self.deliver_from(shard, msgs).await?;
+        // no events: the script only drops expired ones
+        let mut inv = self.shard_script(&self.inner.scripts.publish, shard);
+        let _: Vec<Value> = inv
+            .arg(shard)
+            .arg(self.options().event_retention_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("publish script")?;
+        Ok(n)
+    }
+
+    /// Schedules debounced tasks: one task per id (see `lua/debounce.lua`).
+    pub async fn debounce(&self, tasks: &[NewTask]) -> Result<Vec<Debounced>> {
+        let groups = self.by_shard(tasks.iter().map(|t| t.id.as_str()));
+        let channel = self.keys().wake_channel();
+        let calls = groups.iter().map(|(shard, ix)| {
+            let shard = *shard;
+            let mut inv = self.shard_script(&self.inner.scripts.debounce, shard);
+            inv.arg(&channel).arg(shard);
+            for &i in ix {
+                let t = &tasks[i];
+                let d = t.debounce.unwrap_or(Debounce {
+                    quiet_ms: 0,
+                    max_wait_ms: 0,
+                });
+                let marks = super::record::LastField {
+                    traceparent: t.traceparent.as_deref(),
+                    start_by: t.start_by,
+                    extras: None,
+                    payload: "",
+                }
+                .join()
+                .into_owned();
+                inv.arg(task_key(&t.plugin, &t.id))
+                    .arg(&t.plugin)
+                    .arg(t.owner.as_deref().unwrap_or(""))
+                    .arg(t.max_attempts)
+                    .arg(marks)
+                    .arg(&t.payload)
+                    .arg(d.quiet_ms)
+                    .arg(d.max_wait_ms);
+            }
+            let mut conn = self.conn();
+            async move {
+                let answer: String = inv
+                    .invoke_async(&mut conn)
+                    .await
+                    .context("debounce script")?;
+                let verdicts = super::tasks::letters("debounce", &answer, ix.len(), |c| {
+                    Some(match c {
+                        b'o' => Debounced::New,
+                        b'm' => Debounced::Merged,
+                        b'q' => Debounced::Queued,
+                        b'r' => Debounced::Running,
+                        _ => return None,
+                    })
+                })?;
+                Ok::<_, anyhow::Error>((ix, verdicts))
+            }
+        });
+        let mut out = vec![Debounced::New; tasks.len()];
+        for (ix, verdicts) in try_join_all(calls).await? {
+            for (&i, v) in ix.iter().zip(verdicts) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+}

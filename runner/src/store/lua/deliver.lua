@@ -1,0 +1,52 @@
+#!lua flags=allow-oom
+--! needs extras
+-- Hands events to the tasks of this shard that listen for them: D messages.
+-- KEYS: the shard's keys (the `shard` part).
+-- ARGV: channel, shard, then D messages (see `extras`).
+-- A message acts only on the occurrence it names (its stamp), while it is scheduled and no event
+-- has reached it yet, so a message delivered again does nothing: `c` cancels the task (deleted,
+-- as DELETE does); `r` makes it due now with the event kept in its record (`task.event`). Either
+-- lets its other listeners go (U messages into the outbox).
+-- Returns {'<n acted>', U message...}.
+local channel, shard = ARGV[1], ARGV[2]
+local now = now_ms()
+local acted, msgs, earliest = 0, {}, nil
+for i = 3, #ARGV do
+  local th, id, stamp, topic, key, ev = string.match(ARGV[i],
+    '^D(.)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30(.*)$')
+  local t = th and parse(redis.call('HGET', K_TASKS, id))
+  if t and t.st == 's' then
+    local head, ex, payload = split_last(t.payload)
+    local list = entries_of(ex)
+    local listening = entry(list, 's') == stamp and not entry(list, 'e')
+    if listening then
+      listening = false
+      for _, l in ipairs(listeners(list)) do
+        if l[2] == topic and l[3] == key then listening = true end
+      end
+    end
+    if listening then
+      acted = acted + 1
+      unlisten_msgs(id, list, msgs)
+      unindex_scheduled(id, t)
+      if th == 'c' then
+        redis.call('HDEL', K_TASKS, id)
+        redis.call('HDEL', K_LOGS, id)
+        redis.call('HDEL', K_RERUN, id)
+        redis.call('ZREM', K_UNIQUE, id)
+      else
+        list[#list + 1] = 'e' .. ev
+        t.payload = join_last(head, list, payload)
+        t.due = math.min(t.due, now)
+        redis.call('HSET', K_TASKS, id, encode(t))
+        index_scheduled(id, t)
+        if not earliest or t.due < earliest then earliest = t.due end
+      end
+    end
+  end
+end
+outbox_add(now, msgs)
+if earliest then wake_if_head(channel, shard, earliest) end
+local out = { string.format('%d', acted) }
+for _, m in ipairs(msgs) do out[#out + 1] = m end
+return out

@@ -1,0 +1,123 @@
+--! part extras
+--! needs shard record indexes buckets
+-- What a task carries beyond its payload: the events it listens for and the one that reached
+-- it, and a debounced task's payloads. They are kept in the record's last field, after the trace
+-- context and start_by marks and before the payload: \28<entries>\28 (a JSON text holds no
+-- control character, and the API refuses them in topics and keys), entries separated by \31,
+-- each a letter and its value:
+--   s<stamp>        the listening occurrence (the shard's `listen` counter when it was scheduled)
+--   o<c|r><topic>\30<key>   listens: cancel, or run now, when an event of topic and key arrives
+--   l<ms>           how long before the task was scheduled an event still matches
+--   e<event JSON>   the event that made it run (it listens no more)
+--   q<quiet>\30<max_wait>\30<first>   debounced: its window's parameters, first payload's time
+--   b<payload>      one payload of the window (the latest is also the task's payload); m<n>: more
+--                   payloads than the 1,000 kept
+--   n<payload>, M<n>, p<first>   payloads that came while it ran, for the next window
+--
+-- Events and listeners live in the shard of their topic and key (the event shard), tasks in
+-- theirs: a change on one shard that concerns the other is written to the first one's `outbox`
+-- (ZSET message -> time written) in the same script, and delivered from there (at once by the
+-- caller; after a second by the outbox sweeper, when the caller died). Each message's effect is
+-- idempotent, so a message delivered twice acts once. Messages, fields separated by \30:
+--   L<c|r> task stamp topic key since   task shard -> event shard: listen (an event stored at or
+--                                        after `since` matches at once)
+--   D<c|r> task stamp topic key event    event shard -> task shard: an event reached a listener
+--   U topic key task stamp               task shard -> event shard: the task listens no more
+
+local BATCH_MAX = 1000
+
+-- A record's last field as (marks before the extras, the extras or nil, the payload).
+local function split_last(last)
+  local b = string.byte(last, 1)
+  if b ~= 28 and b ~= 29 and b ~= 30 then return '', nil, last end
+  local head = ''
+  local m = string.match(last, '^\30[^\30]*\30')
+  if m then head = m; last = string.sub(last, #m + 1) end
+  m = string.match(last, '^\29[^\29]*\29')
+  if m then head = head .. m; last = string.sub(last, #m + 1) end
+  local ex = string.match(last, '^\28([^\28]*)\28')
+  if ex then last = string.sub(last, #ex + 3) end
+  return head, ex, last
+end
+
+-- The entries of extras (a list of strings).
+local function entries_of(ex)
+  local out = {}
+  if ex then
+    for e in string.gmatch(ex, '[^\31]+') do out[#out + 1] = e end
+  end
+  return out
+end
+
+local function join_last(head, list, payload)
+  if #list == 0 then return head .. payload end
+  return head .. '\28' .. table.concat(list, '\31') .. '\28' .. payload
+end
+
+-- The first entry of `list` with this letter (its value), or nil.
+local function entry(list, letter)
+  for _, e in ipairs(list) do
+    if string.sub(e, 1, 1) == letter then return string.sub(e, 2) end
+  end
+  return nil
+end
+
+-- The listeners of `list`: {then, topic, key} each.
+local function listeners(list)
+  local out = {}
+  for _, e in ipairs(list) do
+    if string.sub(e, 1, 1) == 'o' then
+      local topic, key = string.match(e, '^o.([^\30]*)\30(.*)$')
+      out[#out + 1] = { string.sub(e, 2, 2), topic, key }
+    end
+  end
+  return out
+end
+
+-- Writes messages into this shard's outbox.
+local function outbox_add(now, msgs)
+  if #msgs == 0 then return end
+  local pairs_ = {}
+  for _, m in ipairs(msgs) do push(pairs_, now, m) end
+  call_many('ZADD', K_OUTBOX, pairs_)
+end
+
+-- The U messages of a task that listens no more (none if an event already reached it: its
+-- listeners were let go then), appended to `msgs`.
+local function unlisten_msgs(id, list, msgs)
+  if entry(list, 'e') then return end
+  local stamp = entry(list, 's') or ''
+  for _, l in ipairs(listeners(list)) do
+    msgs[#msgs + 1] = 'U' .. l[2] .. '\30' .. l[3] .. '\30' .. id .. '\30' .. stamp
+  end
+end
+
+-- A task's record ends (done, dead, cancelled, replaced): its listeners are let go (U messages
+-- into the outbox) and payloads that came while it ran become the next window's task, due
+-- `quiet` ms from now (never past their first + max_wait). `t` is its record, parsed.
+local function record_ended(id, t, now)
+  local head, ex, payload = split_last(t.payload)
+  if not ex then return end
+  local list = entries_of(ex)
+  local msgs = {}
+  unlisten_msgs(id, list, msgs)
+  outbox_add(now, msgs)
+  local q = entry(list, 'q')
+  if not q or t.st == 's' then return end
+  local nexts, more, first = {}, entry(list, 'M'), tonumber(entry(list, 'p'))
+  for _, e in ipairs(list) do
+    if string.sub(e, 1, 1) == 'n' then nexts[#nexts + 1] = 'b' .. string.sub(e, 2) end
+  end
+  if #nexts == 0 then return end
+  local quiet, max_wait = string.match(q, '^(%d+)\30(%d+)')
+  first = first or now
+  local n = { 'q' .. quiet .. '\30' .. max_wait .. '\30' .. string.format('%d', first) }
+  for _, b in ipairs(nexts) do n[#n + 1] = b end
+  if more then n[#n + 1] = 'm' .. more end
+  local last = string.sub(nexts[#nexts], 2)
+  local nt = { st = 's', due = math.min(now + tonumber(quiet), first + tonumber(max_wait)),
+    att = 0, max = t.max, created = string.format('%d', now), fin = '', plugin = t.plugin,
+    owner = t.owner, err = '', payload = join_last(head, n, last) }
+  redis.call('HSET', K_TASKS, id, encode(nt))
+  index_scheduled(id, nt)
+end

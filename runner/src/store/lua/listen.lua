@@ -1,0 +1,31 @@
+#!lua
+--! needs extras
+-- Registers listeners in this shard (the event shard of their topics and keys): L messages.
+-- KEYS: the shard's keys (the `shard` part).
+-- ARGV: L messages (see `extras`).
+-- A listener whose event is stored here since its `since` matches at once (a D message
+-- returned, not registered); else it joins `listeners` (once, however often it is sent).
+-- Returns {D message...}.
+local out = {}
+for i = 1, #ARGV do
+  local th, task, stamp, topic, key, since = string.match(ARGV[i],
+    '^L(.)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30(%-?%d+)$')
+  if th then
+    local field = topic .. '\31' .. key
+    local e = redis.call('HGET', K_EVENTS, field)
+    local at, ev = nil, nil
+    if e then at, ev = string.match(e, '^(%d+)\30(.*)$') end
+    if at and tonumber(at) >= tonumber(since) then
+      out[#out + 1] = 'D' .. th .. '\30' .. task .. '\30' .. stamp .. '\30' .. topic .. '\30' .. key .. '\30' .. ev
+    else
+      local me = th .. '\30' .. task .. '\30' .. stamp
+      local ls = redis.call('HGET', K_LISTENERS, field)
+      if not ls then
+        redis.call('HSET', K_LISTENERS, field, me)
+      elseif not string.find('\29' .. ls .. '\29', '\29' .. me .. '\29', 1, true) then
+        redis.call('HSET', K_LISTENERS, field, ls .. '\29' .. me)
+      end
+    end
+  end
+end
+return out

@@ -1,0 +1,57 @@
+//! What the event tests share: a runner with `bench-record` (which emits what it was handed: its
+//! event and batch), what that plugin recorded, a listening task's spec.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use crate::as_key::{ADMIN, upload_as};
+use crate::{RedisServer, RunnerProcess, plugin_wasm};
+
+/// A runner (the admin token `ADMIN`) with `bench-record` uploaded.
+pub async fn recorder_runner(redis: &RedisServer) -> RunnerProcess {
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let (s, up) = upload_as(&r.url, ADMIN, "bench-record", plugin_wasm("bench-record")).await;
+    assert_eq!(s, 201, "{up}");
+    r
+}
+
+/// What `bench-record` emitted so far, by task id (each run one entry).
+pub fn runs(redis: &RedisServer) -> HashMap<String, Vec<Value>> {
+    let mut conn = redis.conn();
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("{eggtimer}:events:bench-record:bench")
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap_or_default();
+    let mut out: HashMap<String, Vec<Value>> = HashMap::new();
+    for (_, fields) in entries {
+        for (k, v) in fields {
+            if k == "data" {
+                let v: Value = serde_json::from_str(&v).unwrap();
+                out.entry(v["id"].as_str().unwrap().to_owned())
+                    .or_default()
+                    .push(v);
+            }
+        }
+    }
+    out
+}
+
+/// A listening task's spec: `bench-record`, due in an hour.
+pub fn listening(id: &str, topic: &str, key: &str, then: &str) -> Value {
+    json!({"id": id, "plugin": "bench-record", "payload": {"n": id}, "delay_ms": 3_600_000,
+           "on": [{"topic": topic, "key": key, "then": then}]})
+}
+
+/// Every outbox of the namespace is empty: nothing owed between shards is left undelivered.
+pub fn outboxes_empty(redis: &RedisServer) -> bool {
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("{eggtimer:*}:outbox")
+        .query(&mut conn)
+        .unwrap();
+    keys.iter()
+        .all(|k| redis::cmd("ZCARD").arg(k).query::<u64>(&mut conn).unwrap() == 0)
+}

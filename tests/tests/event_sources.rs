@@ -1,0 +1,206 @@
+//! Events from outside, with a real runner and a real redis-server: a team's own Redis Stream read
+//! through a source (a consumer group; an entry acknowledged once its event's effects are
+//! recorded), only into a topic the key may publish to and never from eggtimer's own keys; and
+//! the CLI's `event send|list` and `source add|list|remove`.
+
+use std::time::Duration;
+
+use eggtimer_tests::as_key::{ADMIN, req};
+use eggtimer_tests::events::{listening, recorder_runner, runs};
+use eggtimer_tests::{RedisServer, eggtimer_bin, eventually};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(60);
+
+async fn admin(method: &str, base: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    req(method, &format!("{base}{path}"), Some(ADMIN), body).await
+}
+
+fn xadd(redis: &RedisServer, stream: &str, fields: &[(&str, &str)]) {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg("*");
+    for (f, v) in fields {
+        cmd.arg(f).arg(v);
+    }
+    let _: String = cmd.query(&mut redis.conn()).unwrap();
+}
+
+#[tokio::test]
+async fn a_teams_stream_read_through_a_source_reaches_the_tasks_listening() {
+    let redis = RedisServer::start();
+    let r = recorder_runner(&redis).await;
+    let base = r.url.as_str();
+    // the payments team's stream, with an entry from before the source: not read
+    xadd(&redis, "payments", &[("order_id", "o0"), ("amount", "1")]);
+    let (s, k) = admin(
+        "POST",
+        base,
+        "/v1/keys",
+        Some(json!({"name": "payments", "role": "developer",
+        "plugins": ["payments-*"], "publish": ["payments"]})),
+    )
+    .await;
+    assert_eq!(s, 201, "{k}");
+    let payments = k["key"].as_str().unwrap().to_owned();
+    let source = json!({"name": "payments", "stream": "payments", "key_field": "order_id", "topic": "payments"});
+    let (s, src) = req(
+        "POST",
+        &format!("{base}/v1/sources"),
+        Some(&payments),
+        Some(source),
+    )
+    .await;
+    assert_eq!(s, 201, "{src}");
+
+    for (id, then) in [("o0", "cancel"), ("o1", "cancel"), ("o2", "run")] {
+        let (s, e) = admin(
+            "POST",
+            base,
+            "/v1/tasks",
+            Some(listening(id, "payments", id, then)),
+        )
+        .await;
+        assert_eq!(s, 201, "{e}");
+    }
+    xadd(&redis, "payments", &[("order_id", "o1"), ("amount", "5")]);
+    xadd(&redis, "payments", &[("order_id", "o2"), ("amount", "7")]);
+    xadd(&redis, "payments", &[("amount", "9")]); // no key field: acknowledged, nothing published
+    eventually(T, "o1 cancelled by the stream's entry", || async {
+        let (s, _) = admin("GET", base, "/v1/tasks/o1", None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    let run = eventually(T, "o2 run by the stream's entry", || async {
+        runs(&redis).remove("o2").map(|mut v| v.remove(0))
+    })
+    .await;
+    assert_eq!(
+        run["event"]["data"],
+        json!({"order_id": "o2", "amount": "7"}),
+        "{run}"
+    );
+    // every entry read is acknowledged (nothing pending in the group)
+    eventually(T, "the group to have nothing pending", || async {
+        let v: redis::Value = redis::cmd("XPENDING")
+            .arg("payments")
+            .arg("eggtimer:eggtimer:payments")
+            .query(&mut redis.conn())
+            .unwrap();
+        let redis::Value::Array(v) = v else {
+            return None;
+        };
+        (v.first() == Some(&redis::Value::Int(0))).then_some(())
+    })
+    .await;
+    // the entry from before the source was not read: o0 still waits
+    let (s, _) = admin("GET", base, "/v1/tasks/o0", None).await;
+    assert_eq!(s, 200);
+
+    // a key may only feed a topic it may publish to, and never from eggtimer's own keys
+    let (_, k) = admin(
+        "POST",
+        base,
+        "/v1/keys",
+        Some(json!({"name": "coupons", "role": "developer",
+        "plugins": ["coupon-*"], "publish": ["coupons"]})),
+    )
+    .await;
+    let coupons = k["key"].as_str().unwrap().to_owned();
+    let steal = json!({"name": "steal", "stream": "payments", "key_field": "order_id", "topic": "payments"});
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/sources"),
+        Some(&coupons),
+        Some(steal),
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    let spy = json!({"name": "spy", "stream": "{eggtimer}:events:bench-record:bench", "key_field": "id", "topic": "coupons"});
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/sources"),
+        Some(&coupons),
+        Some(spy),
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("eggtimer's own keys"),
+        "{e}"
+    );
+    // nor remove another team's source
+    let (s, _) = req(
+        "DELETE",
+        &format!("{base}/v1/sources/payments"),
+        Some(&coupons),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (_, list) = req("GET", &format!("{base}/v1/sources"), Some(&coupons), None).await;
+    assert_eq!(list, json!([]), "another team's sources are not listed");
+    let (s, _) = req(
+        "DELETE",
+        &format!("{base}/v1/sources/payments"),
+        Some(&payments),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (_, list) = admin("GET", base, "/v1/sources", None).await;
+    assert_eq!(list, json!([]));
+}
+
+#[tokio::test]
+async fn the_cli_sends_events_and_adds_sources() {
+    let redis = RedisServer::start();
+    let r = recorder_runner(&redis).await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(eggtimer_bin())
+            .args(args)
+            .args(["--url", &r.url, "--token", ADMIN])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (s, _) = admin(
+        "POST",
+        &r.url,
+        "/v1/tasks",
+        Some(listening("t1", "meals", "p1", "cancel")),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let out = cli(&["event", "send", "meals", "p1", "--data", r#"{"fed":true}"#]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v, json!({"published": 1, "matched": 1}), "{out}");
+    let out = cli(&[
+        "source",
+        "add",
+        "meals",
+        "--stream",
+        "pet-meals",
+        "--key-field",
+        "pet_id",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&v["topic"], &v["stream"]),
+        (&json!("meals"), &json!("pet-meals")),
+        "{out}"
+    );
+    let out = cli(&["source", "list"]);
+    assert!(out.contains("pet-meals"), "{out}");
+    cli(&["source", "remove", "meals"]);
+    let out = cli(&["event", "list", "bench", "--plugin", "bench-record"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        json!([]),
+        "{out}"
+    );
+}
