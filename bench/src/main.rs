@@ -15,6 +15,7 @@ mod w4;
 mod w5;
 mod w6;
 mod w8;
+mod w9;
 mod workloads;
 
 use std::path::PathBuf;
@@ -40,8 +41,8 @@ pub struct Args {
     /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
-    /// Workloads to run, comma-separated (W0..W8, W10).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W10")]
+    /// Workloads to run, comma-separated (W0..W10).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W9,W10")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -67,6 +68,9 @@ pub struct Args {
     /// W8's tasks waiting for the plugin it deploys.
     #[arg(long, default_value_t = 1_000_000)]
     pub w8_waiting: usize,
+    /// W9's tasks listening for events (at least 100,000).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub w9_listening: usize,
     /// Run on a local Redis Cluster of this many masters (no replicas) instead of one
     /// redis-server; W0, W1, W2 and W4 only.
     #[arg(long)]
@@ -97,7 +101,7 @@ fn main() -> Result<()> {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
             if m == 0
-                || ["W3", "W5", "W6", "W7", "W8", "W10"]
+                || ["W3", "W5", "W6", "W7", "W8", "W9", "W10"]
                     .iter()
                     .any(|w| want(w))
             {
@@ -188,6 +192,9 @@ fn main() -> Result<()> {
         }
         if want("W8") {
             print(&b.w8().await?)?;
+        }
+        if want("W9") {
+            print(&b.w9().await?)?;
         }
         if want("W10") {
             print(&b.w10(w2_claim_finish).await?)?;

@@ -24,15 +24,45 @@ pub struct Recorder {
     plugins: Arc<Plugins>,
     starts: Vec<AtomicI64>,
     runs: Vec<AtomicU32>,
+    /// W9: runs of each listening task `e<i>`, and when each run that an event started began
+    /// after the event arrived (ms).
+    event_runs: Vec<AtomicU32>,
+    event_ms: std::sync::Mutex<Vec<f64>>,
 }
 
 impl Recorder {
     pub fn new(plugins: Arc<Plugins>, n: usize) -> Arc<Recorder> {
+        Self::with_events(plugins, n, 0)
+    }
+
+    /// A recorder that also notes the runs of `m` listening tasks `e<i>` (W9).
+    pub fn with_events(plugins: Arc<Plugins>, n: usize, m: usize) -> Arc<Recorder> {
         Arc::new(Recorder {
             plugins,
             starts: (0..n).map(|_| AtomicI64::new(0)).collect(),
             runs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            event_runs: (0..m).map(|_| AtomicU32::new(0)).collect(),
+            event_ms: Default::default(),
         })
+    }
+
+    /// Of the first `sent` listening tasks (those an event was sent for): the sorted times from
+    /// event to start (ms) of the runs events started, how many of the `run` ones (odd) ran, and
+    /// how many ran more than once.
+    pub fn event_runs(&self, sent: usize) -> (Vec<f64>, u64, u64) {
+        let mut ms = self
+            .event_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        ms.sort_by(|a, b| a.total_cmp(b));
+        let (mut ran, mut twice) = (0, 0);
+        for r in self.event_runs.iter().take(sent) {
+            let k = r.load(Ordering::Relaxed);
+            ran += u64::from(k > 0);
+            twice += u64::from(k > 1);
+        }
+        (ms, ran, twice)
     }
 
     /// When task `b<i>` first started (µs), if it ran.
@@ -58,6 +88,26 @@ impl Handler for Recorder {
             && self.runs[i].fetch_add(1, Ordering::Relaxed) == 0
         {
             self.starts[i].store(started, Ordering::Relaxed);
+        }
+        if let Some(i) = task
+            .task_id()
+            .strip_prefix('e')
+            .and_then(|s| s.parse::<usize>().ok())
+            && i < self.event_runs.len()
+        {
+            self.event_runs[i].fetch_add(1, Ordering::Relaxed);
+            let at = task
+                .event
+                .as_deref()
+                .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+                .and_then(|e| e["at"].as_f64());
+            if let Some(at) = at {
+                let ms = started as f64 / 1000.0 - at;
+                self.event_ms
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(ms);
+            }
         }
         Arc::clone(&self.plugins).handle(task, host)
     }

@@ -78,6 +78,34 @@ pub struct W8 {
     pub w1_outcomes: Outcomes,
 }
 
+/// W9: events for tasks that listen.
+#[derive(Debug, Serialize)]
+pub struct W9 {
+    pub workload: &'static str,
+    pub listening: usize,
+    pub events: usize,
+    /// Tasks the events cancelled or started, as the publishes answered (all of them), and
+    /// those they did not reach.
+    pub matched: u64,
+    pub missed: u64,
+    /// The `run` tasks that ran, and of them those that ran more than once (0).
+    pub started: u64,
+    pub started_twice: u64,
+    /// Listening tasks still scheduled: those no event was sent for.
+    pub left_scheduled: u64,
+    /// Event → task cancelled: a publish's request time (target p99 at most 10 ms).
+    pub cancelled_ms: Lateness,
+    /// Event → task started: the handler's start − the event's time (target p99 at most 10 ms).
+    pub started_ms: Lateness,
+    /// Scheduling the listening tasks (s).
+    pub fill_s: f64,
+    /// Redis memory per listening task beyond the same task without `on` (target at most 100).
+    pub bytes_per_listening_task: f64,
+    /// W1 of another plugin meanwhile (target: p99 at most 10 ms).
+    pub w1_lateness_ms: Lateness,
+    pub w1_outcomes: Outcomes,
+}
+
 /// W1 (and W1 on top of W3): tasks due evenly over 10 s.
 #[derive(Clone, Debug, Serialize)]
 pub struct W1 {

@@ -289,12 +289,22 @@ impl Bench {
 
     /// W1 with the tasks of `plugin`.
     pub async fn w1_of(&self, name: &'static str, plugin: &str) -> Result<report::W1> {
+        let rec = Recorder::new(Arc::clone(&self.plugins), self.args.n);
+        self.w1_with(name, plugin, rec).await
+    }
+
+    /// W1 with the tasks of `plugin`, run by a runner in front of `rec`.
+    pub async fn w1_with(
+        &self,
+        name: &'static str,
+        plugin: &str,
+        rec: Arc<Recorder>,
+    ) -> Result<report::W1> {
         let n = self.args.n;
         let start = now_ms() + 3000 + (n as i64 / 50); // leave time to schedule (~100k/s)
         let dues: Vec<i64> = (0..n)
             .map(|i| start + (i as i64 * 10_000) / n as i64)
             .collect();
-        let rec = Recorder::new(Arc::clone(&self.plugins), n);
         let runner = self.runner(Arc::clone(&rec));
         let forks0 = self.nodes.forks().await?;
         let t0 = Instant::now();

@@ -191,6 +191,9 @@ pub struct ServeArgs {
     #[arg(long, env = "EGGTIMER_KV_MAX_BYTES", default_value_t = 64 * 1024 * 1024,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_max_bytes: u64,
+    /// A failpoint to abort at (tests only: see `failpoint.rs`).
+    #[arg(long, env = "EGGTIMER_FAILPOINT", hide = true)]
+    pub failpoint: Option<String>,
     /// How long an event is kept for the tasks scheduled after it: the longest `lookback_ms` a
     /// task may ask for.
     #[arg(long, env = "EGGTIMER_EVENT_RETENTION", default_value = "60s", value_parser = parse_duration)]

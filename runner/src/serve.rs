@@ -133,6 +133,9 @@ async fn serve(
         info!("shutting down: no new claims; running tasks finish");
         let _ = stop_tx.send(true);
     });
+    if let Some(point) = args.failpoint.clone() {
+        crate::failpoint::arm(point);
+    }
     let target = RedisTarget::parse(&url)?;
     let store_opts = StoreOptions {
         namespace: args.namespace.clone(),

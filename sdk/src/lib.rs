@@ -63,12 +63,30 @@ pub struct Task<P> {
     pub due: i64,
     pub owner: Option<String>,
     pub payload: P,
+}
+
+impl<P> Task<P> {
     /// The event that made it run: it listened for it (a task spec's `on` with `then: run`).
-    /// None when it runs at its due time.
-    pub event: Option<Event>,
-    /// A debounced task's payloads, oldest first (at most 1,000); `payload` is the latest.
-    /// Empty for a task that is not debounced.
-    pub batch: Vec<P>,
+    /// None when it runs at its due time. (It asks the host: a plugin that never calls it also
+    /// runs on runners older than events.)
+    pub fn event(&self) -> Result<Option<Event>> {
+        match sys::event() {
+            None => Ok(None),
+            Some(e) => Ok(Some(serde_json::from_str(&e)?)),
+        }
+    }
+}
+
+impl<P: DeserializeOwned> Task<P> {
+    /// A debounced task's payloads, oldest first (at most 1,000), each decoded as `P`; the
+    /// task's `payload` is the latest. Empty for a task that is not debounced.
+    pub fn batch(&self) -> Result<Vec<P>> {
+        sys::batch()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| decode(p).map_err(|e| Error(format!("payload {i} of the batch: {e}"))))
+            .collect()
+    }
 }
 
 /// An event that reached a task (`POST /v1/events/{topic}`).
@@ -450,22 +468,6 @@ pub fn __run<P: DeserializeOwned>(
             )));
         }
     };
-    let event = match sys::event().map(|e| serde_json::from_str::<Event>(&e)) {
-        None => None,
-        Some(Ok(e)) => Some(e),
-        Some(Err(e)) => return Err(format!("the event this task got does not decode: {e}")),
-    };
-    let mut batch = Vec::new();
-    for (i, p) in sys::batch().iter().enumerate() {
-        match decode(p) {
-            Ok(p) => batch.push(p),
-            Err(e) => {
-                return Ok(wit::Outcome::Fail(format!(
-                    "payload {i} of the batch does not fit this plugin: {e}"
-                )));
-            }
-        }
-    }
     let typed = Task {
         id: task.id,
         plugin: task.plugin,
@@ -474,8 +476,6 @@ pub fn __run<P: DeserializeOwned>(
         due: task.due,
         owner: task.owner,
         payload,
-        event,
-        batch,
     };
     match f(typed) {
         Ok(Outcome::Done) => Ok(wit::Outcome::Done),

@@ -116,9 +116,9 @@ pub struct TestHost {
     pub http_responses: std::collections::VecDeque<std::result::Result<Response, String>>,
     /// The requests sent, each with the `Idempotency-Key` the runner would add.
     pub http_requests: Vec<Request>,
-    /// What `event()` answers (JSON text), for a handler run through the raw entry point.
+    /// What `task.event()` answers (JSON text `{"id", "topic", "key", "at", "data"}`).
     pub event: Option<String>,
-    /// What `batch()` answers (JSON texts).
+    /// What `task.batch()` answers (JSON texts).
     pub batch: Vec<String>,
 }
 
@@ -147,8 +147,6 @@ pub fn task<P>(payload: P) -> Task<P> {
         due: TestHost::DEFAULT_NOW,
         owner: None,
         payload,
-        event: None,
-        batch: Vec::new(),
     }
 }
 
@@ -386,6 +384,35 @@ mod tests {
     }
 
     const RUNNER_VECTOR: &str = "c2b0d6e0fe68e95a329c";
+
+    #[test]
+    fn a_task_reads_the_event_that_made_it_run_and_its_batch() {
+        fn call(t: Task<u32>) -> Result {
+            let e = t.event()?.expect("an event");
+            assert_eq!(
+                (e.topic.as_str(), e.key.as_str(), e.at),
+                ("payments", "o1", 5)
+            );
+            assert_eq!(t.batch()?, vec![1, 2]);
+            Ok(Outcome::Done)
+        }
+        let mut host = TestHost::new();
+        host.event =
+            Some(r#"{"id":"1-1","topic":"payments","key":"o1","at":5,"data":{"a":1}}"#.into());
+        host.batch = vec!["1".into(), "2".into()];
+        assert_eq!(host.run(call, task(2)), Ok(Outcome::Done));
+        // a batch payload the handler can't read is an error naming it
+        fn strict(t: Task<u32>) -> Result {
+            t.batch().map(|_| Outcome::Done)
+        }
+        host.batch = vec!["1".into(), "\"x\"".into()];
+        assert!(
+            host.run(strict, task(1))
+                .unwrap_err()
+                .0
+                .contains("payload 1 of the batch")
+        );
+    }
 
     #[test]
     fn http_answers_what_the_test_queued() {

@@ -120,6 +120,17 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
     assert_eq!(et.cancel_owner("u-rs", None).await.unwrap(), 3);
     assert!(et.owner_tasks("u-rs").await.unwrap().is_empty());
 
+    // a task that a payment cancels, and the event that does
+    let paid = TaskSpec::new("noop")
+        .id("paid-rs")
+        .run_at(at)
+        .cancel_on("payments", "o-rs");
+    et.schedule(&paid).await.unwrap();
+    assert_eq!(et.get("paid-rs").await.unwrap().unwrap().on.len(), 1);
+    let data = json!({"amount": 5});
+    assert_eq!(et.publish("payments", "o-rs", &data).await.unwrap(), 1);
+    assert!(et.get("paid-rs").await.unwrap().is_none());
+
     // the API's errors, with status, code and message
     let e = et
         .schedule(&TaskSpec::new("no-such-plugin"))
@@ -163,7 +174,7 @@ async fn the_typescript_client_passes_its_suite_against_a_real_runner() {
         &r,
     );
     assert!(
-        out.contains("# pass 8") && out.contains("# fail 0"),
+        out.contains("# pass 9") && out.contains("# fail 0"),
         "{out}"
     );
 
@@ -214,5 +225,5 @@ async fn the_python_client_passes_its_suite_against_a_real_runner() {
         "python3 -m unittest (clients/python)",
         &r,
     );
-    assert!(out.contains("Ran 8 tests") && out.contains("\nOK"), "{out}");
+    assert!(out.contains("Ran 9 tests") && out.contains("\nOK"), "{out}");
 }

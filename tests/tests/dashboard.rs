@@ -228,6 +228,42 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         "a dry run changes nothing: {still}"
     );
 
+    // A task that listens: what for on its page, and the event that reached one
+    let far = eggtimer_tests::now_ms() + 3_600_000;
+    let coupon = |id: &str, key: &str, then: &str| {
+        json!({"id": id, "plugin": "coupon-expiry", "run_at": far,
+               "payload": {"coupon_id": key, "user_id": "u1", "expires_at": far},
+               "on": [{"topic": "coupons.used", "key": key, "then": then}]})
+    };
+    post_tasks(
+        base,
+        json!([
+            coupon("listen-1", "c9", "cancel"),
+            coupon("listen-2", "c8", "run")
+        ]),
+    )
+    .await;
+    let (s, p) = call(
+        "POST",
+        &format!("{base}/v1/events/coupons.used"),
+        Some(json!({"key": "c8", "data": {"by": "u1"}})),
+    )
+    .await;
+    assert_eq!((s, &p["matched"]), (200, &json!(1)), "{p}");
+    b.open(base, "tasks?id=listen-1").await;
+    b.click("#task-rows tr[data-id='listen-1']").await;
+    b.text_until("#task-listeners", "what the task listens for", |t| {
+        t.contains("coupons.used") && t.contains("c9") && t.contains("cancel it")
+    })
+    .await;
+    wait_state(base, "listen-2", "done", T).await;
+    b.open(base, "tasks?id=listen-2").await;
+    b.click("#task-rows tr[data-id='listen-2']").await;
+    b.text_until("#task-event", "the event that reached it", |t| {
+        t.contains("coupons.used") && t.contains("\"by\": \"u1\"")
+    })
+    .await;
+
     // Plugins: upload from the file picker
     let wasm = dir.join("noop.wasm");
     b.open(base, "plugins").await;

@@ -104,7 +104,7 @@ async fn an_event_cancels_or_starts_its_listeners_even_one_scheduled_just_after_
     let mut spec = listening("x", "payments", "o4", "cancel");
     spec["lookback_ms"] = json!(3_600_000);
     let (s, e) = admin("POST", base, "/v1/tasks", Some(spec)).await;
-    assert_eq!(s, 400, "{e}");
+    assert_eq!(s, 422, "{e}");
     assert!(
         e["error"]["message"]
             .as_str()

@@ -15,8 +15,8 @@ fn handle(task: Task<serde_json::Value>) -> eggtimer_sdk::Result {
             "due": task.due,
             "start": start,
             "payload": task.payload,
-            "event": task.event,
-            "batch": task.batch,
+            "event": task.event()?,
+            "batch": task.batch()?,
         }),
     )?;
     Ok(Outcome::Done)

@@ -127,7 +127,36 @@ pub enum EventBody<'a> {
     #[serde(borrow)]
     One(crate::api::events::EventIn<'a>),
     #[serde(borrow)]
-    Many(Vec<crate::api::events::EventIn<'a>>),
+    Many(EventBatch<'a>),
+}
+
+/// 1 to 1,000 events.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+pub struct EventBatch<'a>(#[serde(borrow)] Vec<crate::api::events::EventIn<'a>>);
+
+impl utoipa::PartialSchema for EventBatch<'_> {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ArrayBuilder::new()
+            .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                "EventIn",
+            )))
+            .min_items(Some(1))
+            .max_items(Some(crate::api::events::MAX_EVENTS))
+            .description(Some("1 to 1,000 events"))
+            .into()
+    }
+}
+
+impl ToSchema for EventBatch<'_> {
+    fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::schema::Schema>)>) {
+        use crate::api::events::EventIn;
+        schemas.push((
+            EventIn::name().into(),
+            <EventIn as utoipa::PartialSchema>::schema(),
+        ));
+        <EventIn as ToSchema>::schemas(schemas);
+    }
 }
 
 /// A scheduled task's id and due time.
@@ -297,6 +326,12 @@ pub struct PluginInfo {
 )]
 #[allow(dead_code)]
 pub struct PluginPattern(String);
+
+/// A topic pattern: a topic, a prefix of one ending in `*`, or `*` for every topic.
+#[derive(ToSchema)]
+#[schema(value_type = String, pattern = "^(\\*|[a-z0-9._-]{1,64}\\*?)$")]
+#[allow(dead_code)]
+pub struct TopicPattern(String);
 
 /// A plugin's config: up to 64 names (1 to 128 bytes, no control characters) to strings of up
 /// to 4 KiB.

@@ -14,7 +14,7 @@ use crate::access::Caller;
 use crate::store::{Debounced, Event, NewTask};
 
 /// Most events one request publishes.
-const MAX_EVENTS: usize = 1000;
+pub const MAX_EVENTS: usize = 1000;
 
 /// One event.
 #[derive(Deserialize, utoipa::ToSchema)]

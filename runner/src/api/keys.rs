@@ -49,11 +49,11 @@ pub struct NewKey {
     /// Topic patterns it may publish events to (`POST /v1/events/{topic}`): a topic, a prefix
     /// ending in `*`, or `*`. None: it publishes nothing.
     #[serde(default)]
-    #[schema(max_items = 100)]
+    #[schema(max_items = 100, value_type = Vec<doc::TopicPattern>)]
     publish: Vec<String>,
     /// Topic patterns its tasks may listen on (`on`), the same way.
     #[serde(default)]
-    #[schema(max_items = 100)]
+    #[schema(max_items = 100, value_type = Vec<doc::TopicPattern>)]
     listen: Vec<String>,
 }
 

@@ -201,22 +201,34 @@ impl TaskSpec<'_> {
         }
         let lookback_ms = self.lookback_ms.unwrap_or(60_000) as u64;
         if lookback_ms > max_lookback {
-            return Err(ApiError::bad(format!(
-                "{at}lookback_ms ({lookback_ms}) is past this runner's --event-retention ({max_lookback} ms)"
-            )));
+            // well-formed, but this runner keeps events for less
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_task",
+                format!(
+                    "{at}lookback_ms ({lookback_ms}) is past this runner's --event-retention ({max_lookback} ms)"
+                ),
+            ));
         }
         let debounce = match self.debounce {
             None => None,
             Some(d) => {
+                let unfit = |why: &str| {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_task",
+                        format!("{at}{why}"),
+                    )
+                };
                 if !on.is_empty() {
-                    return Err(ApiError::bad(format!(
-                        "{at}a debounced task can't listen for events (give debounce or on, not both)"
-                    )));
+                    return Err(unfit(
+                        "a debounced task can't listen for events (give debounce or on, not both)",
+                    ));
                 }
                 if self.id.as_ref().is_some_and(|id| *id != d.key) {
-                    return Err(ApiError::bad(format!(
-                        "{at}a debounced task's id is its debounce key: leave id out"
-                    )));
+                    return Err(unfit(
+                        "a debounced task's id is its debounce key: leave id out",
+                    ));
                 }
                 if d.quiet_ms < 1 || d.quiet_ms > 86_400_000 || d.max_wait_ms < 1 {
                     return Err(ApiError::bad(format!(
@@ -322,7 +334,9 @@ pub async fn schedule(
     }
     let debounced = specs.iter().filter(|t| t.debounce.is_some()).count();
     if debounced > 0 && debounced < specs.len() {
-        return Err(ApiError::bad(
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_task",
             "a batch is all debounced tasks or none; nothing was scheduled",
         ));
     }
