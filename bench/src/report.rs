@@ -99,11 +99,16 @@ pub struct W9 {
     pub started_ms: Lateness,
     /// Scheduling the listening tasks (s).
     pub fill_s: f64,
-    /// Redis memory per listening task beyond the same task without `on` (target at most 100).
+    /// Redis memory per listening task beyond the same task without `on` (target at most 100),
+    /// and of it the listener index's (the rest: the `on` in the task's record).
     pub bytes_per_listening_task: f64,
+    pub listener_index_bytes_per_task: f64,
     /// W1 of another plugin meanwhile (target: p99 at most 10 ms).
     pub w1_lateness_ms: Lateness,
     pub w1_outcomes: Outcomes,
+    /// CPU (cores) Redis and this process used meanwhile, from W1's first due time.
+    pub redis_cpu_share: f64,
+    pub runner_cpu_share: f64,
 }
 
 /// W1 (and W1 on top of W3): tasks due evenly over 10 s.

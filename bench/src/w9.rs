@@ -63,6 +63,19 @@ impl Bench {
         }
         let (plain, _) = self.w9_fill(false).await?;
         let (listening, fill_s) = self.w9_fill(true).await?;
+        // of it, the event shards' listener index
+        let mut index = 0;
+        let mut c = self.redis.clone();
+        for shard in 0..self.store.shards() {
+            let bytes: Option<i64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&self.store.keys().shard(shard).listeners)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut c)
+                .await?;
+            index += bytes.unwrap_or(0);
+        }
         let (addr, server) = self.api().await?;
         let url = format!("http://{addr}/v1/events/w9");
         let client = reqwest::Client::builder()
@@ -127,8 +140,11 @@ impl Bench {
             started_ms: lateness(&run_ms),
             fill_s: report::round(fill_s),
             bytes_per_listening_task: ((listening - plain) / m as f64).round(),
+            listener_index_bytes_per_task: (index as f64 / m as f64).round(),
             w1_lateness_ms: w1.lateness_ms,
             w1_outcomes: w1.outcomes,
+            redis_cpu_share: w1.redis_cpu_share,
+            runner_cpu_share: w1.runner_cpu_share,
         })
     }
 }

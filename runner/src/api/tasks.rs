@@ -199,7 +199,9 @@ impl TaskSpec<'_> {
                 l.topic
             )));
         }
-        let lookback_ms = self.lookback_ms.unwrap_or(60_000) as u64;
+        let lookback_ms = self
+            .lookback_ms
+            .map_or(crate::store::DEFAULT_LOOKBACK_MS, |l| l as u64);
         if lookback_ms > max_lookback {
             // well-formed, but this runner keeps events for less
             return Err(ApiError::new(

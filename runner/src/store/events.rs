@@ -84,7 +84,9 @@ fn strings(v: &[Value]) -> Result<Vec<String>> {
 
 impl Store {
     /// Publishes events: stored for the lookback, and handed to the tasks listening for them
-    /// (cancelled or started before this returns).
+    /// (cancelled or started before this returns). One script per event shard, then one per
+    /// task shard for all their deliveries, then the delivered messages struck from the event
+    /// shards' outboxes.
     pub async fn publish(&self, events: &[Event]) -> Result<Published> {
         let mut groups: BTreeMap<u32, Vec<&Event>> = BTreeMap::new();
         for e in events {
@@ -109,22 +111,39 @@ impl Store {
             }
             let stored = int(&v[0])? as u64;
             let unmatched = int(&v[1])? as u64;
-            let ds = strings(&v[2..])?;
-            crate::failpoint::hit("events-recorded");
-            let acted = self.deliver_from(shard, ds).await?;
-            Ok::<_, anyhow::Error>(Published {
-                stored,
-                unmatched,
-                acted,
-            })
+            Ok::<_, anyhow::Error>((shard, stored, unmatched, strings(&v[2..])?))
         });
+        let recorded = try_join_all(calls).await?;
         let mut out = Published::default();
-        for p in try_join_all(calls).await? {
-            out.stored += p.stored;
-            out.unmatched += p.unmatched;
-            out.acted += p.acted;
+        let mut ds = Vec::new();
+        for (_, stored, unmatched, d) in &recorded {
+            out.stored += stored;
+            out.unmatched += unmatched;
+            ds.extend(d.iter().cloned());
         }
+        if ds.is_empty() {
+            return Ok(out);
+        }
+        crate::failpoint::hit("events-recorded");
+        out.acted = self.deliver(&ds).await?;
+        try_join_all(
+            recorded
+                .iter()
+                .filter(|r| !r.3.is_empty())
+                .map(|(shard, _, _, d)| self.outbox_done(*shard, d)),
+        )
+        .await?;
         Ok(out)
+    }
+
+    /// Strikes delivered messages from a shard's outbox.
+    async fn outbox_done(&self, shard: u32, msgs: &[String]) -> Result<()> {
+        let () = redis::cmd("ZREM")
+            .arg(&self.keys().shard(shard).outbox)
+            .arg(msgs)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
     }
 
     /// Delivers messages the outbox of `from` holds, then deletes them there; returns how many
@@ -134,11 +153,7 @@ impl Store {
             return Ok(0);
         }
         let acted = self.deliver(&msgs).await?;
-        let () = redis::cmd("ZREM")
-            .arg(&self.keys().shard(from).outbox)
-            .arg(&msgs)
-            .query_async(&mut self.conn())
-            .await?;
+        self.outbox_done(from, &msgs).await?;
         Ok(acted)
     }
 

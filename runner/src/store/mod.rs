@@ -51,8 +51,8 @@ pub use plugins::{
 pub use pubsub::{Heard, Subscription};
 pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
 pub use record::{
-    AttemptLog, Extras, Listener, LogLine, TaskRecord, TaskState, Then, Window, decode_log,
-    field_safe,
+    AttemptLog, DEFAULT_LOOKBACK_MS, Extras, Listener, LogLine, TaskRecord, TaskState, Then,
+    Window, decode_log, field_safe,
 };
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;

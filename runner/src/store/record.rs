@@ -309,6 +309,9 @@ pub struct Extras {
     pub next_batch: u64,
 }
 
+/// How long before a task was scheduled an event still matches, when its spec does not say.
+pub const DEFAULT_LOOKBACK_MS: u64 = 60_000;
+
 /// An event a task listens for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Listener {
@@ -393,6 +396,10 @@ impl Extras {
                     }
                 }
                 'l' => x.lookback_ms = v.parse().ok(),
+                // a listener's lookback is stored only when it is not the default
+                's' => {
+                    x.lookback_ms.get_or_insert(DEFAULT_LOOKBACK_MS);
+                }
                 'e' => x.event = Some(v.to_owned()),
                 'q' => {
                     let mut p = v.split('\x1e').map(|n| n.parse::<i64>().unwrap_or(0));
@@ -422,7 +429,10 @@ impl Extras {
             .iter()
             .map(|l| format!("o{}{}\x1e{}", l.then.letter(), l.topic, l.key))
             .collect();
-        parts.push(format!("l{lookback_ms}"));
+        // (the default is not stored: a listener costs Redis what it must, see W9)
+        if lookback_ms != DEFAULT_LOOKBACK_MS {
+            parts.push(format!("l{lookback_ms}"));
+        }
         Some(parts.join("\x1f"))
     }
 }

@@ -6,15 +6,27 @@
 -- A message acts only on the occurrence it names (its stamp), while it is scheduled and no event
 -- has reached it yet, so a message delivered again does nothing: `c` cancels the task (deleted,
 -- as DELETE does); `r` makes it due now with the event kept in its record (`task.event`). Either
--- lets its other listeners go (U messages into the outbox).
+-- lets its other listeners go (U messages into the outbox; the one that fired left `listeners`
+-- with its event).
 -- Returns {'<n acted>', U message...}.
 local channel, shard = ARGV[1], ARGV[2]
 local now = now_ms()
 local acted, msgs, earliest = 0, {}, nil
+local parsed, ids = {}, {}
 for i = 3, #ARGV do
   local th, id, stamp, topic, key, ev = string.match(ARGV[i],
     '^D(.)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30(.*)$')
-  local t = th and parse(redis.call('HGET', K_TASKS, id))
+  if th then
+    parsed[#parsed + 1] = { th, id, stamp, topic, key, ev }
+    ids[#ids + 1] = id
+  end
+end
+local recs = records_of(ids)
+-- a task that two messages name acts on the first (it listens no more after it)
+local done = {}
+for n, m in ipairs(parsed) do
+  local th, id, stamp, topic, key, ev = m[1], m[2], m[3], m[4], m[5], m[6]
+  local t = not done[id] and parse(recs[n])
   if t and t.st == 's' then
     local head, ex, payload = split_last(t.payload)
     local list = entries_of(ex)
@@ -27,7 +39,8 @@ for i = 3, #ARGV do
     end
     if listening then
       acted = acted + 1
-      unlisten_msgs(id, list, msgs)
+      done[id] = true
+      unlisten_msgs(id, list, msgs, topic .. '\31' .. key)
       unindex_scheduled(id, t)
       if th == 'c' then
         redis.call('HDEL', K_TASKS, id)

@@ -12,25 +12,43 @@
 local shard, retention = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local at = string.format('%d', now)
-local msgs, stored, unmatched = {}, 0, 0
-for i = 3, #ARGV - 2, 3 do
-  local topic, key, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local field = topic .. '\31' .. key
-  local n = redis.call('HINCRBY', K_META, 'event', 1)
-  local ev = '{"id":"' .. shard .. '-' .. string.format('%d', n) .. '","topic":' .. cjson.encode(topic)
-    .. ',"key":' .. cjson.encode(key) .. ',"at":' .. at .. ',"data":' .. data .. '}'
-  redis.call('HSET', K_EVENTS, field, at .. '\30' .. ev)
-  redis.call('ZADD', K_EVENT_TIMES, now, field)
-  stored = stored + 1
-  local ls = redis.call('HGET', K_LISTENERS, field)
-  if not ls then unmatched = unmatched + 1 end
-  if ls then
-    redis.call('HDEL', K_LISTENERS, field)
-    for l in string.gmatch(ls, '[^\29]+') do
-      local th, task, stamp = string.match(l, '^(.)\30([^\30]*)\30(.*)$')
-      msgs[#msgs + 1] = 'D' .. th .. '\30' .. task .. '\30' .. stamp .. '\30' .. topic .. '\30' .. key .. '\30' .. ev
+local count = math.floor((#ARGV - 2) / 3)
+local msgs, unmatched = {}, 0
+if count > 0 then
+  -- (per event: one id, one stored entry, one look for listeners; written in variadic calls)
+  local n0 = redis.call('HINCRBY', K_META, 'event', count) - count
+  local fields, stored, times = {}, {}, {}
+  for j = 1, count do
+    local i = 3 + (j - 1) * 3
+    local topic, key, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local field = topic .. '\31' .. key
+    fields[j] = field
+    local ev = '{"id":"' .. shard .. '-' .. string.format('%d', n0 + j) .. '","topic":' .. cjson.encode(topic)
+      .. ',"key":' .. cjson.encode(key) .. ',"at":' .. at .. ',"data":' .. data .. '}'
+    push(stored, field, at .. '\30' .. ev)
+    push(times, now, field)
+  end
+  call_many('HSET', K_EVENTS, stored)
+  call_many('ZADD', K_EVENT_TIMES, times)
+  local ls = hmget(K_LISTENERS, fields)
+  local taken, gone = {}, {}
+  for j = 1, count do
+    local l = ls[j]
+    if not l or taken[fields[j]] then
+      unmatched = unmatched + 1
+    else
+      taken[fields[j]] = true
+      gone[#gone + 1] = fields[j]
+      local i = 3 + (j - 1) * 3
+      local topic, key = ARGV[i], ARGV[i + 1]
+      local ev = string.sub(stored[2 * j], #at + 2)
+      for one in string.gmatch(l, '[^\29]+') do
+        local th, task, stamp = string.match(one, '^(.)\30([^\30]*)\30(.*)$')
+        msgs[#msgs + 1] = 'D' .. th .. '\30' .. task .. '\30' .. stamp .. '\30' .. topic .. '\30' .. key .. '\30' .. ev
+      end
     end
   end
+  call_many('HDEL', K_LISTENERS, gone)
 end
 outbox_add(now, msgs)
 local old = redis.call('ZRANGEBYSCORE', K_EVENT_TIMES, '-inf', '(' .. string.format('%d', now - retention),
@@ -39,6 +57,6 @@ if #old > 0 then
   call_many('HDEL', K_EVENTS, old)
   call_many('ZREM', K_EVENT_TIMES, old)
 end
-local out = { stored, unmatched }
+local out = { count, unmatched }
 for _, m in ipairs(msgs) do out[#out + 1] = m end
 return out

@@ -83,12 +83,15 @@ local function outbox_add(now, msgs)
 end
 
 -- The U messages of a task that listens no more (none if an event already reached it: its
--- listeners were let go then), appended to `msgs`.
-local function unlisten_msgs(id, list, msgs)
+-- listeners were let go then), appended to `msgs`; `fired` (topic \31 key), if given, is the
+-- listener an event just took out of `listeners`, which needs none.
+local function unlisten_msgs(id, list, msgs, fired)
   if entry(list, 'e') then return end
   local stamp = entry(list, 's') or ''
   for _, l in ipairs(listeners(list)) do
-    msgs[#msgs + 1] = 'U' .. l[2] .. '\30' .. l[3] .. '\30' .. id .. '\30' .. stamp
+    if l[2] .. '\31' .. l[3] ~= fired then
+      msgs[#msgs + 1] = 'U' .. l[2] .. '\30' .. l[3] .. '\30' .. id .. '\30' .. stamp
+    end
   end
 end
 
