@@ -120,13 +120,7 @@ impl Bench {
         cancel_ms.sort_by(|a, b| a.total_cmp(b));
         let (run_ms, runs, twice) = rec.event_runs(EVENTS);
         // what is left: the listening tasks no event was sent for, and none of those sent for
-        let left: u64 = self
-            .store
-            .shard_counts()
-            .await?
-            .iter()
-            .map(|c| c.scheduled)
-            .sum();
+        let left = self.scheduled().await?;
         Ok(report::W9 {
             workload: "W9",
             listening: m,

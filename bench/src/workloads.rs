@@ -126,6 +126,17 @@ impl Bench {
         })
     }
 
+    /// Tasks scheduled in every shard.
+    pub(crate) async fn scheduled(&self) -> Result<u64> {
+        Ok(self
+            .store
+            .shard_counts()
+            .await?
+            .iter()
+            .map(|c| c.scheduled)
+            .sum())
+    }
+
     /// Empties Redis (every node), keeping the namespace's shard count.
     pub async fn flush(&self) -> Result<()> {
         self.nodes.flush_all().await?;
@@ -220,13 +231,7 @@ impl Bench {
         let secs = t0.elapsed().as_secs_f64();
         let cpu = self.redis_cpu().await? - cpu0;
         server.abort();
-        let stored: u64 = self
-            .store
-            .shard_counts()
-            .await?
-            .iter()
-            .map(|c| c.scheduled)
-            .sum();
+        let stored = self.scheduled().await?;
         Ok(report::W0 {
             workload: "W0",
             plugin,
