@@ -419,3 +419,70 @@ async fn a_debounced_task_runs_once_per_quiet_period_with_every_payload() {
     );
     assert!(run["batch"].as_array().unwrap().len() >= 5, "{run}");
 }
+
+/// Payloads that come while a debounced task runs are its next window: they run once it is
+/// done, together, and none is lost.
+#[tokio::test]
+async fn payloads_that_come_while_a_debounced_task_runs_make_its_next_window() {
+    let redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.as_str();
+    let (s, up) = eggtimer_tests::as_key::upload_as(
+        base,
+        ADMIN,
+        "test-sleep",
+        eggtimer_tests::plugin_wasm("test-sleep"),
+    )
+    .await;
+    assert_eq!(s, 201, "{up}");
+    let spec = |tag: &str, ms: u64| {
+        json!({"plugin": "test-sleep", "payload": {"ms": ms, "tag": tag},
+               "debounce": {"key": "feed-p1", "quiet_ms": 50, "max_wait_ms": 1000}})
+    };
+    let (_, d) = admin("POST", base, "/v1/tasks", Some(spec("a", 700))).await;
+    assert_eq!(d["debounced"], "new", "{d}");
+    eggtimer_tests::as_key::wait_state(base, "feed-p1", "running").await;
+    for tag in ["b", "c"] {
+        let (_, d) = admin("POST", base, "/v1/tasks", Some(spec(tag, 10))).await;
+        assert_eq!(d["debounced"], "queued", "{d}");
+    }
+    let (_, t) = admin("GET", base, "/v1/tasks/feed-p1", None).await;
+    assert_eq!(
+        (&t["state"], &t["next_batch"]),
+        (&json!("running"), &json!(2)),
+        "{t}"
+    );
+    // the first window done, the second runs with b and c
+    let t = eventually(T, "the second window to run", || async {
+        let (_, t) = admin("GET", base, "/v1/tasks/feed-p1", None).await;
+        (t["state"] == "done" && t["batch"].as_array().map(Vec::len) == Some(2)).then_some(t)
+    })
+    .await;
+    assert_eq!(
+        t["batch"],
+        json!([{"ms": 10, "tag": "b"}, {"ms": 10, "tag": "c"}]),
+        "{t}"
+    );
+    let mut conn = redis.conn();
+    let slept: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("{eggtimer}:events:test-sleep:sleep")
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    let tags: Vec<String> = slept
+        .iter()
+        .flat_map(|(_, f)| f.iter().filter(|(k, _)| k == "data"))
+        .map(|(_, v)| {
+            serde_json::from_str::<Value>(v).unwrap()["tag"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        tags,
+        ["a", "c"],
+        "one run per window, each with its latest payload"
+    );
+}

@@ -8,7 +8,7 @@
 -- is also its payload; past 1,000 only counted) and moves to now + quiet_ms, never past its first
 -- payload's time + its max_wait_ms. A task of the key that runs, or waits to be retried, keeps the
 -- payload for the next window (scheduled when it ends: see `record_ended`). Else (none, done,
--- dead) a new task is due at now + quiet_ms with this payload alone.
+-- dead) a new task is due at now + quiet_ms with this payload (after those a dead window kept).
 -- Returns one string, a letter per task: o (new) m (merged, moved) q (kept for the next window).
 local channel, shard = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -54,19 +54,27 @@ for a = 3, #ARGV - 7, 8 do
     redis.call('HSET', K_TASKS, id, encode(t))
     out[#out + 1] = 'q'
   else
-    if t then
-      if t.st == 's' then unindex_scheduled(id, t); record_ended(id, t, now)
-      elseif t.st == 'x' then unindex_dead(id, t) end
-      redis.call('HDEL', K_LOGS, id)
-      redis.call('HDEL', K_RERUN, id)
-    end
     if t and t.st == 'r' then
       out[#out + 1] = 'r'
     else
-      local nt = { st = 's', due = now + quiet, att = 0, max = tonumber(max),
+      -- payloads a dead window kept for its next one come first
+      local first, window = now, {}
+      if t then
+        for _, e in ipairs(list) do
+          if string.sub(e, 1, 1) == 'n' then window[#window + 1] = 'b' .. string.sub(e, 2) end
+        end
+        if #window > 0 then first = tonumber(entry(list, 'p')) or now end
+        if t.st == 's' then unindex_scheduled(id, t); record_ended(id, t, now, false)
+        elseif t.st == 'x' then unindex_dead(id, t) end
+        redis.call('HDEL', K_LOGS, id)
+        redis.call('HDEL', K_RERUN, id)
+      end
+      window[#window + 1] = 'b' .. payload
+      table.insert(window, 1, 'q' .. string.format('%d', quiet) .. '\30' .. string.format('%d', max_wait)
+        .. '\30' .. string.format('%d', first))
+      local nt = { st = 's', due = math.min(now + quiet, first + max_wait), att = 0, max = tonumber(max),
         created = string.format('%d', now), fin = '', plugin = plugin, owner = owner, err = '',
-        payload = join_last(marks, { 'q' .. string.format('%d', quiet) .. '\30' .. string.format('%d', max_wait)
-          .. '\30' .. string.format('%d', now), 'b' .. payload }, payload) }
+        payload = join_last(marks, window, payload) }
       redis.call('HSET', K_TASKS, id, encode(nt))
       index_scheduled(id, nt)
       if not earliest or nt.due < earliest then earliest = nt.due end

@@ -109,7 +109,7 @@ for i = 1, n do
     end
     verdict = letter[kind]
     if (kind == 'done' or kind == 'dead') and string.find(rec, '\28', 1, true) then
-      with_extras[#with_extras + 1] = { id, rec }
+      with_extras[#with_extras + 1] = { id, rec, kind == 'done' }
     end
     if kind ~= 'release' and kind ~= 'defer' then ran[#ran + 1] = id end
   end
@@ -122,7 +122,7 @@ release_batches(released)
 for plugin, k in pairs(ended) do count_running(plugin, -k) end
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
-for _, e in ipairs(with_extras) do record_ended(e[1], parse(e[2]), now) end
+for _, e in ipairs(with_extras) do record_ended(e[1], parse(e[2]), now, e[3]) end
 log_done(dones, now)
 local any_done = #records > 0
 if any_done then forget_done(now - keep) end

@@ -123,7 +123,7 @@ for i = 1, n do
   elseif old then
     if old.st == 'r' then verdict = 'r'
     elseif mode == 'absent' then verdict = 'e'
-    elseif old.st == 's' then unindex_scheduled(id, old); record_ended(id, old, now)
+    elseif old.st == 's' then unindex_scheduled(id, old); record_ended(id, old, now, false)
     elseif old.st == 'x' then unindex_dead(id, old) end
   end
   if verdict == 'o' and mode == 'absent' and uniques and in_unique_window(id, now) then

@@ -96,9 +96,11 @@ local function unlisten_msgs(id, list, msgs, fired)
 end
 
 -- A task's record ends (done, dead, cancelled, replaced): its listeners are let go (U messages
--- into the outbox) and payloads that came while it ran become the next window's task, due
--- `quiet` ms from now (never past their first + max_wait). `t` is its record, parsed.
-local function record_ended(id, t, now)
+-- into the outbox) and, when it ran and finished (`done`), payloads that came while it ran become
+-- the next window's task, due `quiet` ms from now (never past their first + max_wait). `t` is
+-- its record, parsed. (A dead one keeps them in its record, and the next schedule of its key
+-- takes them into its window: see `debounce.lua`.)
+local function record_ended(id, t, now, done)
   local head, ex, payload = split_last(t.payload)
   if not ex then return end
   local list = entries_of(ex)
@@ -106,7 +108,7 @@ local function record_ended(id, t, now)
   unlisten_msgs(id, list, msgs)
   outbox_add(now, msgs)
   local q = entry(list, 'q')
-  if not q or t.st == 's' then return end
+  if not q or not done then return end
   local nexts, more, first = {}, entry(list, 'M'), tonumber(entry(list, 'p'))
   for _, e in ipairs(list) do
     if string.sub(e, 1, 1) == 'n' then nexts[#nexts + 1] = 'b' .. string.sub(e, 2) end
