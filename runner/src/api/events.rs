@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
 use crate::access::Caller;
-use crate::store::{Debounced, Event, NewTask};
+use crate::store::{Debounce, Debounced, Event, Listener, NewTask};
 
 /// Most events one request publishes.
 pub const MAX_EVENTS: usize = 1000;
@@ -130,4 +130,137 @@ pub async fn schedule_debounced(
         Value::Array(replies)
     };
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+/// An event a task listens for.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListenSpec {
+    /// 1 to 64 of `a-z 0-9 . _ -`.
+    #[schema(pattern = "^[a-z0-9._-]{1,64}$")]
+    topic: String,
+    /// 1 to 200 bytes without control characters.
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    key: String,
+    then: crate::store::Then,
+}
+
+/// A debounce: the task's id is its key.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DebounceSpec {
+    /// 1 to 200 bytes without control characters: the task's id.
+    #[serde(deserialize_with = "field::required_id")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    key: String,
+    #[serde(deserialize_with = "field::required_duration")]
+    #[schema(value_type = i64, minimum = 1, maximum = 86400000)]
+    quiet_ms: i64,
+    #[serde(deserialize_with = "field::required_duration")]
+    #[schema(value_type = i64, minimum = 1, maximum = 315360000000_i64)]
+    max_wait_ms: i64,
+}
+
+/// What a task spec asks of events and debouncing, checked: its listeners, lookback, debounce
+/// window, and its id (a debounced task's is its key).
+pub(super) struct Reacts {
+    pub on: Vec<Listener>,
+    pub lookback_ms: u64,
+    pub debounce: Option<Debounce>,
+    pub id: Option<String>,
+}
+
+impl Reacts {
+    /// Checks a spec's `on`, `lookback_ms` and `debounce` (`at` prefixes messages).
+    pub(super) fn of(
+        at: &str,
+        on: Option<Vec<ListenSpec>>,
+        lookback_ms: Option<i64>,
+        debounce: Option<DebounceSpec>,
+        id: Option<String>,
+        max_lookback: u64,
+    ) -> ApiResult<Reacts> {
+        let on: Vec<Listener> = on
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| Listener {
+                topic: l.topic,
+                key: l.key,
+                then: l.then,
+            })
+            .collect();
+        if on.len() > 8 {
+            return Err(ApiError::bad(format!("{at}on lists more than 8 events")));
+        }
+        if let Some(l) = on.iter().find(|l| !crate::plugins::valid_topic(&l.topic)) {
+            return Err(ApiError::bad(format!(
+                "{at}on: {:?} is not a topic (1 to 64 of a-z 0-9 . _ -)",
+                l.topic
+            )));
+        }
+        let lookback_ms = lookback_ms.map_or(crate::store::DEFAULT_LOOKBACK_MS, |l| l as u64);
+        if lookback_ms > max_lookback {
+            // well-formed, but this runner keeps events for less
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_task",
+                format!(
+                    "{at}lookback_ms ({lookback_ms}) is past this runner's --event-retention ({max_lookback} ms)"
+                ),
+            ));
+        }
+        let debounce = match debounce {
+            None => None,
+            Some(d) => {
+                let unfit = |why: &str| {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_task",
+                        format!("{at}{why}"),
+                    )
+                };
+                if !on.is_empty() {
+                    return Err(unfit(
+                        "a debounced task can't listen for events (give debounce or on, not both)",
+                    ));
+                }
+                if id.as_ref().is_some_and(|id| *id != d.key) {
+                    return Err(unfit(
+                        "a debounced task's id is its debounce key: leave id out",
+                    ));
+                }
+                if d.quiet_ms < 1 || d.quiet_ms > 86_400_000 || d.max_wait_ms < 1 {
+                    return Err(ApiError::bad(format!(
+                        "{at}debounce.quiet_ms must be 1 to 86400000 and max_wait_ms at least 1"
+                    )));
+                }
+                Some((
+                    d.key,
+                    crate::store::Debounce {
+                        quiet_ms: d.quiet_ms as u64,
+                        max_wait_ms: d.max_wait_ms as u64,
+                    },
+                ))
+            }
+        };
+        let (id, debounce) = match debounce {
+            Some((key, d)) => (Some(key), Some(d)),
+            None => (id, None),
+        };
+        Ok(Reacts {
+            on,
+            lookback_ms,
+            debounce,
+            id,
+        })
+    }
 }

@@ -87,7 +87,7 @@ pub struct TaskSpec<'a> {
     /// The caller's key must be allowed to listen on each topic.
     #[serde(default)]
     #[schema(max_items = 8)]
-    on: Option<Vec<ListenSpec>>,
+    on: Option<Vec<super::events::ListenSpec>>,
     /// An event that arrived up to this long (ms) before the task was scheduled still matches;
     /// 60,000 when absent, at most the runner's `--event-retention`.
     #[serde(default, deserialize_with = "field::duration")]
@@ -96,45 +96,7 @@ pub struct TaskSpec<'a> {
     /// One task per key: scheduling again within `quiet_ms` moves it to now + `quiet_ms` (never
     /// past its first payload + `max_wait_ms`) and keeps every payload (`task.batch`).
     #[serde(default)]
-    debounce: Option<DebounceSpec>,
-}
-
-/// An event a task listens for.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ListenSpec {
-    /// 1 to 64 of `a-z 0-9 . _ -`.
-    #[schema(pattern = "^[a-z0-9._-]{1,64}$")]
-    topic: String,
-    /// 1 to 200 bytes without control characters.
-    #[serde(deserialize_with = "field::required_id")]
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    key: String,
-    then: crate::store::Then,
-}
-
-/// A debounce: the task's id is its key.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DebounceSpec {
-    /// 1 to 200 bytes without control characters: the task's id.
-    #[serde(deserialize_with = "field::required_id")]
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
-    )]
-    key: String,
-    #[serde(deserialize_with = "field::required_duration")]
-    #[schema(value_type = i64, minimum = 1, maximum = 86400000)]
-    quiet_ms: i64,
-    #[serde(deserialize_with = "field::required_duration")]
-    #[schema(value_type = i64, minimum = 1, maximum = 315360000000_i64)]
-    max_wait_ms: i64,
+    debounce: Option<super::events::DebounceSpec>,
 }
 
 fn new_id() -> String {
@@ -180,76 +142,16 @@ impl TaskSpec<'_> {
         let payload = self.payload.map_or("null", |p| p.get());
         limits::payload(&format!("{at}payload"), payload, max_payload)
             .map_err(|e| ApiError::too_large(e.0))?;
-        let on: Vec<crate::store::Listener> = self
-            .on
-            .unwrap_or_default()
-            .into_iter()
-            .map(|l| crate::store::Listener {
-                topic: l.topic,
-                key: l.key,
-                then: l.then,
-            })
-            .collect();
-        if on.len() > 8 {
-            return Err(ApiError::bad(format!("{at}on lists more than 8 events")));
-        }
-        if let Some(l) = on.iter().find(|l| !crate::plugins::valid_topic(&l.topic)) {
-            return Err(ApiError::bad(format!(
-                "{at}on: {:?} is not a topic (1 to 64 of a-z 0-9 . _ -)",
-                l.topic
-            )));
-        }
-        let lookback_ms = self
-            .lookback_ms
-            .map_or(crate::store::DEFAULT_LOOKBACK_MS, |l| l as u64);
-        if lookback_ms > max_lookback {
-            // well-formed, but this runner keeps events for less
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_task",
-                format!(
-                    "{at}lookback_ms ({lookback_ms}) is past this runner's --event-retention ({max_lookback} ms)"
-                ),
-            ));
-        }
-        let debounce = match self.debounce {
-            None => None,
-            Some(d) => {
-                let unfit = |why: &str| {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "invalid_task",
-                        format!("{at}{why}"),
-                    )
-                };
-                if !on.is_empty() {
-                    return Err(unfit(
-                        "a debounced task can't listen for events (give debounce or on, not both)",
-                    ));
-                }
-                if self.id.as_ref().is_some_and(|id| *id != d.key) {
-                    return Err(unfit(
-                        "a debounced task's id is its debounce key: leave id out",
-                    ));
-                }
-                if d.quiet_ms < 1 || d.quiet_ms > 86_400_000 || d.max_wait_ms < 1 {
-                    return Err(ApiError::bad(format!(
-                        "{at}debounce.quiet_ms must be 1 to 86400000 and max_wait_ms at least 1"
-                    )));
-                }
-                Some((
-                    d.key,
-                    crate::store::Debounce {
-                        quiet_ms: d.quiet_ms as u64,
-                        max_wait_ms: d.max_wait_ms as u64,
-                    },
-                ))
-            }
-        };
-        let (id, debounce) = match debounce {
-            Some((key, d)) => (Some(key), Some(d)),
-            None => (self.id, None),
-        };
+        let reacts = super::events::Reacts::of(
+            at,
+            self.on,
+            self.lookback_ms,
+            self.debounce,
+            self.id,
+            max_lookback,
+        )?;
+        let (on, lookback_ms, debounce, id) =
+            (reacts.on, reacts.lookback_ms, reacts.debounce, reacts.id);
         Ok(NewTask {
             on,
             lookback_ms,

@@ -16,6 +16,7 @@ mod bulk;
 mod connection;
 mod effects;
 mod events;
+mod extras;
 mod find;
 mod inspect;
 mod keys;
@@ -43,6 +44,7 @@ use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_full, is_unreachable, redact};
 pub use effects::MARKER_GRACE_MS;
 pub use events::{Debounced, Event, OUTBOX_GRACE_MS, Published, event_shard};
+pub use extras::{DEFAULT_LOOKBACK_MS, Extras, Listener, Then, Window};
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
 pub use plugins::{
@@ -50,10 +52,7 @@ pub use plugins::{
 };
 pub use pubsub::{Heard, Subscription};
 pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
-pub use record::{
-    AttemptLog, DEFAULT_LOOKBACK_MS, Extras, Listener, LogLine, TaskRecord, TaskState, Then,
-    Window, decode_log, field_safe,
-};
+pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
 pub use secrets::{MAX_SECRET_BYTES, SecretInfo, SecretsKey, valid_secret_name};

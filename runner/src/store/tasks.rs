@@ -99,7 +99,7 @@ impl Store {
                             super::record::LastField {
                                 traceparent: t.traceparent.as_deref(),
                                 start_by: t.start_by,
-                                extras: super::record::Extras::listening(&t.on, t.lookback_ms)
+                                extras: super::extras::Extras::listening(&t.on, t.lookback_ms)
                                     .as_deref(),
                                 payload: &t.payload,
                             }

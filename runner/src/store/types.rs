@@ -18,7 +18,7 @@ pub struct NewTask {
     /// Not started by this time (ms), the task is dead with `expired` instead of running.
     pub start_by: Option<i64>,
     /// The events it listens for, and how long before it was scheduled an event still matches.
-    pub on: Vec<super::record::Listener>,
+    pub on: Vec<super::extras::Listener>,
     pub lookback_ms: u64,
     /// Debounced: one task per id, each payload kept (see `lua/debounce.lua`).
     pub debounce: Option<Debounce>,
