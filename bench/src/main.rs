@@ -183,12 +183,12 @@ fn main() -> Result<()> {
             print(&w1)?;
             w1_alone = Some(w1);
         }
-        let (mut w2, mut w2_claim_finish) = (None, None);
+        let (mut w2, mut w2_report) = (None, None);
         if want("W2") {
             let r = b.w2().await?;
             print(&r)?;
             w2 = Some(r.tasks_per_s);
-            w2_claim_finish = Some(r.redis_cpu_us_per_task_claim_and_finish);
+            w2_report = Some(r);
         }
         if want("W8") {
             print(&b.w8().await?)?;
@@ -197,7 +197,7 @@ fn main() -> Result<()> {
             print(&b.w9().await?)?;
         }
         if want("W10") {
-            print(&b.w10(w2_claim_finish).await?)?;
+            print(&b.w10(w2_report.as_ref()).await?)?;
         }
         if want("W3") {
             print(&b.w3(w1_alone.as_ref()).await?)?;

@@ -285,6 +285,12 @@ pub struct W10 {
     pub w2_redis_cpu_us_per_task_claim_and_finish: Option<f64>,
     /// W2's over the limit's.
     pub w2_ratio: Option<f64>,
+    /// One warm call of `noop` (µs), without Redis: the runner's floor per task.
+    pub noop_warm_call_us: f64,
+    /// W2's CPU of the benchmark process per task (the runner, its plugin calls, the recorder).
+    pub w2_runner_cpu_us_per_task: Option<f64>,
+    /// W2's runner CPU per task over the warm call.
+    pub w2_runner_ratio: Option<f64>,
 }
 
 /// W7: W0 and W2 with a replica and `--min-replicas-acked 1`, and their ratios to W0 and W2

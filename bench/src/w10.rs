@@ -1,7 +1,8 @@
 //! W10 limit: the least Redis work a claim and a finish can be, on the same private
 //! redis-server: one script takes a batch of due ids from a sorted set and marks them claimed,
 //! another deletes the marks. Nothing else (no record, no lease renewal, no outcome, no index,
-//! no fair share): eggtimer's claim and finish (W2's) read as a ratio to it.
+//! no fair share): eggtimer's claim and finish (W2's) read as a ratio to it. Beside it, the
+//! runner's floor: one warm call of `noop` (W4's), and W2's runner CPU per task as a ratio to it.
 
 use anyhow::Result;
 
@@ -27,8 +28,9 @@ return ids
 const FINISH: &str = "return redis.call('HDEL', KEYS[1], unpack(ARGV))";
 
 impl Bench {
-    /// `w2_us`: W2's Redis µs per task for claim and finish, when it ran in this session.
-    pub async fn w10(&self, w2_us: Option<f64>) -> Result<report::W10> {
+    /// `w2`: W2's report, when it ran in this session.
+    pub async fn w10(&self, w2: Option<&report::W2>) -> Result<report::W10> {
+        let w2_us = w2.map(|r| r.redis_cpu_us_per_task_claim_and_finish);
         self.flush().await?;
         let n = self.args.n;
         let (due, claimed) = ("{w10}:due", "{w10}:claimed");
@@ -72,12 +74,17 @@ impl Bench {
         }
         let cpu = self.redis_cpu().await? - cpu0;
         let limit = per_task(cpu, done);
+        let noop_warm_call_us = self.warm_call_us("noop", "null", 20_000).await?;
+        let runner = w2.map(|r| r.runner_cpu_us_per_task);
         Ok(report::W10 {
             workload: "W10",
             n: done,
             redis_cpu_us_per_task_claim_and_finish: limit,
             w2_redis_cpu_us_per_task_claim_and_finish: w2_us,
             w2_ratio: w2_us.map(|w| round(w / limit.max(0.01))),
+            noop_warm_call_us,
+            w2_runner_cpu_us_per_task: runner,
+            w2_runner_ratio: runner.map(|r| round(r / noop_warm_call_us.max(0.01))),
         })
     }
 }

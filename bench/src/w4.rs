@@ -12,27 +12,67 @@ use futures::future::BoxFuture;
 use crate::report::{self, PluginCost, median};
 use crate::workloads::Bench;
 
+/// A task host without kv (every read is empty) and one secret for every name.
+pub struct NoKv;
+impl TaskHost for NoKv {
+    fn kv_get<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+    fn secret<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(std::future::ready(Ok(Some("w4-signing-key".into()))))
+    }
+}
+
+/// A claimed task of `plugin` for calling the plugin host directly.
+pub fn probe_task(plugin: &str, payload: &str) -> Claimed {
+    Claimed {
+        id: "w4".into(),
+        shard: 0,
+        token: 1,
+        effects_claim: 1,
+        attempt: 1,
+        due: 0,
+        max_attempts: 5,
+        plugin: plugin.into(),
+        owner: None,
+        payload: payload.into(),
+        created: 0,
+        traceparent: None,
+        start_by: None,
+        event: None,
+        batch: Vec::new(),
+    }
+}
+
 impl Bench {
+    /// A warm call of `plugin` (an idle instance reused, as the executor does), µs: the median
+    /// of five rounds of `iters` calls.
+    pub async fn warm_call_us(&self, plugin: &str, payload: &str, iters: usize) -> Result<f64> {
+        let (task, host): (_, Arc<dyn TaskHost>) = (probe_task(plugin, payload), Arc::new(NoKv));
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            for _ in 0..iters {
+                if let Err(e) = self.plugins.call(&task, Arc::clone(&host)).await.outcome {
+                    bail!("{plugin}: {e}");
+                }
+            }
+            out.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+        }
+        Ok(median(out))
+    }
+
     /// W4: one plugin call, warm (an idle instance reused, as the executor does) and with a fresh
     /// instance per task; no Redis.
     pub async fn w4(&self) -> Result<report::W4> {
-        struct NoKv;
-        impl TaskHost for NoKv {
-            fn kv_get<'a>(
-                &'a self,
-                _: &'a str,
-                _: &'a str,
-            ) -> BoxFuture<'a, Result<Option<String>, String>> {
-                Box::pin(std::future::ready(Ok(None)))
-            }
-            fn secret<'a>(
-                &'a self,
-                _: &'a str,
-                _: &'a str,
-            ) -> BoxFuture<'a, Result<Option<String>, String>> {
-                Box::pin(std::future::ready(Ok(Some("w4-signing-key".into()))))
-            }
-        }
         // a receiver on 127.0.0.1 for the webhook plugin's one request per call
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
@@ -78,23 +118,7 @@ impl Bench {
                 );
                 continue;
             }
-            let task = Claimed {
-                id: "w4".into(),
-                shard: 0,
-                token: 1,
-                effects_claim: 1,
-                attempt: 1,
-                due: 0,
-                max_attempts: 5,
-                plugin: plugin.into(),
-                owner: None,
-                payload: payload.into(),
-                created: 0,
-                traceparent: None,
-                start_by: None,
-                event: None,
-                batch: Vec::new(),
-            };
+            let task = probe_task(plugin, payload);
             let rounds = |iters: usize, fresh: bool| {
                 let (plugins, host, task) = (&self.plugins, &host, &task);
                 async move {

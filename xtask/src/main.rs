@@ -9,7 +9,8 @@
 //!   the sample plugins and `noop` (not the test-only ones).
 //! - `test [ARGS]` builds the plugins and the runner, installs schemathesis into target/py, then
 //!   runs every test file (`test`), ending with one summary.
-//! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md).
+//! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md); with
+//!   `--peer bullmq`, alternating with the same workloads run by BullMQ (`peer`).
 //! - `dist [--no-image] [--redis-image]` builds the static runner and the container images
 //!   (`dist`), saying first what the machine lacks for them.
 
@@ -20,6 +21,7 @@ use anyhow::{Context, Result, bail};
 
 mod dist;
 mod guest;
+mod peer;
 mod test;
 
 fn main() -> ExitCode {
@@ -72,7 +74,12 @@ fn run() -> Result<()> {
             test::run(&root(), cargo_command(), rest)
         }
         "bench" => {
-            build_plugins()?;
+            let plugins = build_plugins()?;
+            if let Some(p) = peer::parse(&rest)? {
+                cargo(&["build", "--release", "-p", "eggtimer-bench"], None, &[])?;
+                let bench = target_dir().join("release/eggtimer-bench");
+                return peer::run(&root(), &target_dir(), &bench, &plugins, &p);
+            }
             // W5 runs the eggtimer binary beside eggtimer-bench: build both
             cargo(
                 &["build", "--release", "-p", "eggtimer", "--bin", "eggtimer"],
