@@ -196,3 +196,55 @@ pub fn run(root: &Path, target: &Path, bench: &Path, plugins: &Path, p: &PeerArg
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_flags_split_between_the_two_benchmarks() {
+        assert!(parse(&args("--only W1")).unwrap().is_none());
+        let p = parse(&args("--peer bullmq --rounds 3 --n 5000 --shards 8"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (p.rounds, p.n.as_deref(), p.only.as_str()),
+            (3, Some("5000"), "W0,W1,W2")
+        );
+        assert_eq!(p.rest, args("--shards 8"));
+        let e = parse(&args("--peer sidekiq")).err().unwrap().to_string();
+        assert!(e.contains("the peers are bullmq"), "{e}");
+        let e = parse(&args("--peer bullmq --only W2,W9"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not W9"), "{e}");
+        assert!(parse(&args("--peer")).is_err());
+    }
+
+    #[test]
+    fn a_round_compares_the_benchmarked_plugin_without_a_check() {
+        let ours = [
+            json!({"workload": "W0", "plugin": "noop", "tasks_per_s": 150.0}),
+            json!({"workload": "W0", "plugin": "noop-plain", "tasks_per_s": 200.0}),
+            json!({"workload": "W1", "lateness_ms": {"p99": 4.0, "max": 12.0}}),
+            json!({"workload": "W2", "tasks_per_s": 120.0}),
+        ];
+        let theirs = [
+            json!({"workload": "W0", "peer": "bullmq", "tasks_per_s": 40.0}),
+            json!({"workload": "W1", "lateness_ms": {"p99": 2000.0, "max": 3000.0}}),
+            json!({"workload": "W2", "tasks_per_s": 20.0}),
+        ];
+        let r = compare(&ours, &theirs);
+        assert_eq!(r["w0_ratio"], 5.0);
+        assert_eq!(r["w0_checked_ratio"], 3.8);
+        assert_eq!(r["w2_ratio"], 6.0);
+        assert_eq!(r["w1_p99_ms"], json!([4.0, 2000.0]));
+        // a workload one side did not run has no ratio
+        assert!(compare(&ours[..1], &theirs)["w2_ratio"].is_null());
+    }
+}
