@@ -71,6 +71,13 @@ pub struct Args {
     /// W9's tasks listening for events (at least 100,000).
     #[arg(long, default_value_t = 1_000_000)]
     pub w9_listening: usize,
+    /// Tasks of another plugin (`order-cancel`) each listening for an event, scheduled a day
+    /// away before W0, W1 and W2: what this round's features cost the tasks that don't use them.
+    #[arg(long, default_value_t = 0)]
+    pub neighbours: usize,
+    /// The `--neighbours` tasks without `on`: another plugin present, without events.
+    #[arg(long)]
+    pub neighbours_plain: bool,
     /// Run on a local Redis Cluster of this many masters (no replicas) instead of one
     /// redis-server; W0, W1, W2 and W4 only.
     #[arg(long)]
@@ -178,7 +185,7 @@ fn main() -> Result<()> {
         }
         let mut w1_alone = None;
         if want("W1") {
-            b.flush().await?;
+            b.flush_with_neighbours().await?;
             let w1 = b.w1("W1").await?;
             print(&w1)?;
             w1_alone = Some(w1);

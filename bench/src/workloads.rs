@@ -11,7 +11,7 @@ use eggtimer::clock::now_ms;
 use eggtimer::metrics::Metrics;
 use eggtimer::plugins::{Plugins, Registry};
 use eggtimer::runner::{Runner, RunnerOptions};
-use eggtimer::store::{Finish, Finished, NewTask, ScheduleMode, Store};
+use eggtimer::store::{Finish, Finished, Listener, NewTask, ScheduleMode, Store, Then};
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
@@ -143,6 +143,32 @@ impl Bench {
         self.store.check_shards().await
     }
 
+    /// Flushes, then schedules `--neighbours` tasks of another plugin (`order-cancel`), a day
+    /// away, each listening for an event of its own key: this round's features present on
+    /// another plugin than the benchmarked one, which should cost its tasks nothing.
+    pub async fn flush_with_neighbours(&self) -> Result<()> {
+        self.flush().await?;
+        let m = self.args.neighbours;
+        if m == 0 {
+            return Ok(());
+        }
+        let far = now_ms() + 86_400_000;
+        let mut all = tasks(0, &vec![far; m], "order-cancel");
+        for (i, t) in all.iter_mut().enumerate() {
+            t.id = format!("n{i}");
+            t.payload = format!(r#"{{"order_id":"o{i}","user_id":"u{i}"}}"#);
+            if self.args.neighbours_plain {
+                continue;
+            }
+            t.on = vec![Listener {
+                topic: "neighbours".into(),
+                key: t.id.clone(),
+                then: Then::Cancel,
+            }];
+        }
+        schedule_all(&self.store, all).await
+    }
+
     pub(crate) fn runner(&self, rec: Arc<Recorder>) -> Runner {
         let mut opts = RunnerOptions::default();
         opts.poller.batch = self.args.claim_batch;
@@ -180,7 +206,7 @@ impl Bench {
     /// W0: N tasks of `plugin` through `POST /v1/tasks`, batches of 1000, 4 requests in flight
     /// (`noop` checks their payloads, `noop-plain` has no check).
     pub async fn w0(&self, plugin: &'static str) -> Result<report::W0> {
-        self.flush().await?;
+        self.flush_with_neighbours().await?;
         let (addr, server) = self.api().await?;
         let n = self.args.n;
         let far = now_ms() + 86_400_000;
@@ -231,7 +257,7 @@ impl Bench {
         let secs = t0.elapsed().as_secs_f64();
         let cpu = self.redis_cpu().await? - cpu0;
         server.abort();
-        let stored = self.scheduled().await?;
+        let stored = self.scheduled().await? - self.args.neighbours as u64; // W0's own
         Ok(report::W0 {
             workload: "W0",
             plugin,
@@ -352,7 +378,7 @@ impl Bench {
     /// claimed and finished by the store alone, one step after another, to split Redis's CPU
     /// between the three.
     pub async fn w2(&self) -> Result<report::W2> {
-        self.flush().await?;
+        self.flush_with_neighbours().await?;
         let n = self.args.n;
         let at = now_ms() + 3000 + (n as i64 / 50);
         let dues = vec![at; n];
