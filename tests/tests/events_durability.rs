@@ -176,3 +176,71 @@ async fn a_runner_aborted_between_the_scripts_of_an_event_leaves_nothing_undone_
         assert_eq!(runs(&redis)["fp-1"].len(), 1, "{point}: ran twice");
     }
 }
+
+/// Redis killed -9 while events flow (every write fsynced: `appendfsync always`) and started
+/// again from its append-only file, the runner living on: what it acknowledged survived, the
+/// publisher sends again what was not acknowledged, and every task runs once with its event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_while_events_flow_and_started_from_its_aof_loses_none_and_doubles_none() {
+    let mut redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.clone();
+    let n = 400;
+    let specs: Vec<Value> = (0..n)
+        .map(|i| listening(&format!("a-{i}"), "aof", &format!("a-{i}"), "run"))
+        .collect();
+    let (s, e) = admin("POST", &base, "/v1/tasks", Some(Value::Array(specs))).await;
+    assert_eq!(s, 201, "{e}");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let publish = |from: usize| {
+        let batch: Vec<Value> = (from..(from + 10).min(n))
+            .map(|i| json!({"key": format!("a-{i}"), "data": {"i": i}}))
+            .collect();
+        client
+            .post(format!("{base}/v1/events/aof"))
+            .bearer_auth(ADMIN)
+            .json(&batch)
+            .send()
+    };
+    // a third acknowledged, then Redis dies with the next batch in flight
+    let mut acked = 0;
+    while acked < n / 3 {
+        let res = publish(acked).await.unwrap();
+        assert_eq!(res.status(), 200);
+        acked += 10;
+    }
+    let in_flight = tokio::spawn(publish(acked));
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    redis.kill();
+    let _ = in_flight.await;
+    redis.start_again();
+    // the publisher goes on from the first batch it does not know was taken, retrying while the
+    // runner reconnects
+    while acked < n {
+        let at = acked;
+        eventually(T, "the runner to take events again", || async {
+            publish(at)
+                .await
+                .is_ok_and(|r| r.status() == 200)
+                .then_some(())
+        })
+        .await;
+        acked += 10;
+    }
+    eventually(T, "every task to run", || async {
+        (runs(&redis).len() == n).then_some(())
+    })
+    .await;
+    eventually(T, "every outbox empty", || async {
+        outboxes_empty(&redis).then_some(())
+    })
+    .await;
+    let (_, stats) = admin("GET", &base, "/v1/stats", None).await;
+    let all = runs(&redis);
+    let twice = all.values().filter(|v| v.len() > 1).count();
+    let without = all.values().filter(|v| v[0]["event"].is_null()).count();
+    assert_eq!((all.len(), twice, without), (n, 0, 0), "{stats}");
+}
