@@ -74,7 +74,7 @@ impl Bench {
         }
         let cpu = self.redis_cpu().await? - cpu0;
         let limit = per_task(cpu, done);
-        let noop_warm_call_us = self.warm_call_us("noop", "null", 20_000).await?;
+        let noop_warm_call_us = self.call_us("noop", "null", 20_000, false).await?;
         let runner = w2.map(|r| r.runner_cpu_us_per_task);
         Ok(report::W10 {
             workload: "W10",

@@ -13,7 +13,7 @@ use crate::report::{self, PluginCost, median};
 use crate::workloads::Bench;
 
 /// A task host without kv (every read is empty) and one secret for every name.
-pub struct NoKv;
+struct NoKv;
 impl TaskHost for NoKv {
     fn kv_get<'a>(
         &'a self,
@@ -32,7 +32,7 @@ impl TaskHost for NoKv {
 }
 
 /// A claimed task of `plugin` for calling the plugin host directly.
-pub fn probe_task(plugin: &str, payload: &str) -> Claimed {
+fn probe_task(plugin: &str, payload: &str) -> Claimed {
     Claimed {
         id: "w4".into(),
         shard: 0,
@@ -53,14 +53,23 @@ pub fn probe_task(plugin: &str, payload: &str) -> Claimed {
 }
 
 impl Bench {
-    /// A warm call of `plugin` (an idle instance reused, as the executor does), µs: the median
-    /// of five rounds of `iters` calls.
-    pub async fn warm_call_us(&self, plugin: &str, payload: &str, iters: usize) -> Result<f64> {
+    /// One call of `plugin`, µs: warm (an idle instance reused, as the executor does) or with a
+    /// `fresh` instance per call; the median of five rounds of `iters` calls.
+    pub async fn call_us(
+        &self,
+        plugin: &str,
+        payload: &str,
+        iters: usize,
+        fresh: bool,
+    ) -> Result<f64> {
         let (task, host): (_, Arc<dyn TaskHost>) = (probe_task(plugin, payload), Arc::new(NoKv));
         let mut out = Vec::new();
         for _ in 0..5 {
             let t = Instant::now();
             for _ in 0..iters {
+                if fresh {
+                    self.plugins.forget_warm();
+                }
                 if let Err(e) = self.plugins.call(&task, Arc::clone(&host)).await.outcome {
                     bail!("{plugin}: {e}");
                 }
@@ -90,7 +99,6 @@ impl Bench {
         self.plugins.follow(&policies);
         let hook =
             format!(r#"{{"url":"http://127.0.0.1:{port}/hook","body":{{"order_id":"o1"}}}}"#);
-        let host: Arc<dyn TaskHost> = Arc::new(NoKv);
         let mut per_task = BTreeMap::new();
         let order = r#"{"order_id":"o1","user_id":"u1"}"#;
         let prints = r#"{"what":"print"}"#;
@@ -118,29 +126,8 @@ impl Bench {
                 );
                 continue;
             }
-            let task = probe_task(plugin, payload);
-            let rounds = |iters: usize, fresh: bool| {
-                let (plugins, host, task) = (&self.plugins, &host, &task);
-                async move {
-                    let mut out = Vec::new();
-                    for _ in 0..5 {
-                        let t = Instant::now();
-                        for _ in 0..iters {
-                            if fresh {
-                                plugins.forget_warm();
-                            }
-                            let r = plugins.call(task, Arc::clone(host)).await;
-                            if let Err(e) = r.outcome {
-                                bail!("W4 {}: {e}", task.plugin);
-                            }
-                        }
-                        out.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
-                    }
-                    Ok(median(out))
-                }
-            };
-            let warm = rounds(warm_n, false).await?;
-            let fresh = rounds(fresh_n, true).await?;
+            let warm = self.call_us(plugin, payload, warm_n, false).await?;
+            let fresh = self.call_us(plugin, payload, fresh_n, true).await?;
             per_task.insert(
                 name.to_owned(),
                 PluginCost {
