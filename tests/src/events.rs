@@ -16,11 +16,22 @@ pub async fn recorder_runner(redis: &RedisServer) -> RunnerProcess {
     r
 }
 
+/// The stream `bench-record` emits each run to.
+const RUNS: &str = "{eggtimer}:events:bench-record:bench";
+
+/// Forgets what `bench-record` emitted so far (what `runs` reads starts again empty).
+pub fn forget_runs(redis: &RedisServer) {
+    let () = redis::cmd("DEL")
+        .arg(RUNS)
+        .query(&mut redis.conn())
+        .unwrap();
+}
+
 /// What `bench-record` emitted so far, by task id (each run one entry).
 pub fn runs(redis: &RedisServer) -> HashMap<String, Vec<Value>> {
     let mut conn = redis.conn();
     let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg("{eggtimer}:events:bench-record:bench")
+        .arg(RUNS)
         .arg("-")
         .arg("+")
         .query(&mut conn)
