@@ -90,8 +90,10 @@ struct LastClaim {
     next_due: Option<Instant>,
     /// Whether tasks of a plugin under its part wait here (set aside).
     waiting_under_part: bool,
-    /// Whether a plugin under its part has tasks here (headroom is for them).
+    /// Whether a plugin under its part may have tasks due here (headroom is for them).
     others_here: bool,
+    /// When not: the earliest one of its tasks may fall due here, if it has tasks here.
+    others_due: Option<Instant>,
 }
 
 impl Default for LastClaim {
@@ -102,6 +104,7 @@ impl Default for LastClaim {
             next_due: None,
             waiting_under_part: false,
             others_here: true,
+            others_due: None,
         }
     }
 }
@@ -200,8 +203,15 @@ impl ShardPoller {
                 _ = self.stop.changed() => None,
             }
         } else {
+            // (a plugin under its part whose first task falls due while this shard's tasks wait
+            // for room: at that time the claim may use headroom)
+            let others_due = last.others_due.filter(|_| !last.others_here);
             tokio::select! {
                 r = exec.reserve(self.opts.batch, last.others_here) => r,
+                _ = tokio::time::sleep_until(others_due.unwrap_or_else(Instant::now)), if others_due.is_some() => {
+                    last.others_here = true;
+                    return Ok(None);
+                }
                 _ = self.stop.changed() => None,
             }
         };
@@ -249,13 +259,16 @@ impl ShardPoller {
 
     /// Keeps what a claim said of the shard for the next wait.
     fn remember(&mut self, batch: &ClaimBatch) {
+        // a Redis time as an instant here (at most an hour on: the poller looks again by then)
+        let at = |t: i64| {
+            Instant::now() + Duration::from_millis((t - batch.now).clamp(0, 3_600_000) as u64)
+        };
         self.last = LastClaim {
             bucket_due: batch.next_due.is_some_and(|d| d <= batch.now),
-            next_due: batch.next_due.map(|d| {
-                Instant::now() + Duration::from_millis((d - batch.now).clamp(0, 3_600_000) as u64)
-            }),
+            next_due: batch.next_due.map(at),
             waiting_under_part: batch.waiting_under_part,
             others_here: batch.others_here,
+            others_due: batch.others_due.map(at),
         };
     }
 

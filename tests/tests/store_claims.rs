@@ -145,3 +145,71 @@ async fn renewing_keeps_a_slow_task_from_being_reaped() {
         vec![Finished::Done]
     );
 }
+
+/// A claim for a runner one plugin crowds walks past its size, setting aside what it does not
+/// take, only where another plugin may have tasks due: another plugin's tasks a day away cost a
+/// burst nothing, and the claim says when the first of them may fall due. A plugin whose tasks
+/// were written without a head (the data of a build that kept none) counts as due.
+#[tokio::test]
+async fn a_crowded_claim_sets_aside_nothing_for_another_plugins_later_tasks() {
+    use eggtimer::store::Share;
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let k = s.keys().shard(0);
+    let burst: Vec<_> = (0..2_000).map(|i| task(&format!("b{i}"), 0)).collect();
+    s.schedule(&burst, ScheduleMode::Upsert).await.unwrap();
+    let day = eggtimer_tests::now_ms() + 86_400_000;
+    let later: Vec<_> = (0..10)
+        .map(|i| eggtimer::store::NewTask {
+            plugin: "coupon-expiry".into(),
+            ..task(&format!("c{i}"), day + i)
+        })
+        .collect();
+    s.schedule(&later, ScheduleMode::Upsert).await.unwrap();
+    let head = |plugin: &str| -> Option<i64> {
+        redis::cmd("HGET")
+            .arg(&k.meta)
+            .arg(format!("hd:{plugin}"))
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert_eq!((head("noop"), head("coupon-expiry")), (Some(0), Some(day)));
+    // the runner holds 100 `noop` tasks: it crowds; the claim may walk 512 past its size
+    let crowded = |headroom| Share {
+        held: vec![("noop".into(), 100, 1)],
+        headroom,
+        part: 10,
+        extra: 512,
+    };
+    let b = s.claim_shared(0, 50, 30_000, &crowded(0)).await.unwrap();
+    assert_eq!((b.tasks.len(), b.set_aside), (50, 0));
+    assert!(!b.others_here, "no plugin under its part has a task due");
+    assert_eq!(b.others_due, Some(day), "when the coupons may fall due");
+    // with 8 of its places headroom, the crowding plugin takes the 42 others and nothing waits
+    let b = s.claim_shared(0, 50, 30_000, &crowded(8)).await.unwrap();
+    assert_eq!((b.tasks.len(), b.set_aside, b.waiting), (42, 0, false));
+    // without the coupons' head they may be due: the claim walks and sets aside as before
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&k.meta)
+        .arg("hd:coupon-expiry")
+        .query(&mut redis.conn())
+        .unwrap();
+    let b = s.claim_shared(0, 50, 30_000, &crowded(0)).await.unwrap();
+    assert_eq!((b.tasks.len(), b.set_aside), (50, 512));
+    assert!(b.others_here);
+    // a plugin's head goes with its last scheduled task and is exact for its next one
+    let mut left = 2_000 - 50 - 42 - 50;
+    while left > 0 {
+        let got = s.claim(0, 1_000, 30_000).await.unwrap().tasks.len();
+        assert!(got > 0, "{left} noop tasks left that no claim takes");
+        left -= got;
+    }
+    assert_eq!(head("noop"), None);
+    s.schedule(&[task("n", day + 5)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    s.schedule(&[task("m", day + 3)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    assert_eq!(head("noop"), Some(day + 3));
+}

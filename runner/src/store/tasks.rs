@@ -175,7 +175,7 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("claim script")?;
-        if v.len() < 8 || !(v.len() - 8).is_multiple_of(2) {
+        if v.len() < 9 || !(v.len() - 9).is_multiple_of(2) {
             bail!("the claim script answered {} values", v.len());
         }
         let now = int(&v[0])?;
@@ -201,8 +201,9 @@ impl Store {
         let set_aside = int(&v[5])? as u64;
         let waiting = int(&v[6])?;
         let others_here = int(&v[7])? == 1;
-        let mut tasks = Vec::with_capacity((v.len() - 8) / 2);
-        for (i, c) in v[8..].chunks_exact(2).enumerate() {
+        let others_due = int(&v[8])?;
+        let mut tasks = Vec::with_capacity((v.len() - 9) / 2);
+        for (i, c) in v[9..].chunks_exact(2).enumerate() {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
             let effects_claim = firsts.get(&(i + 1)).copied().unwrap_or(token);
@@ -235,6 +236,7 @@ impl Store {
             waiting: waiting > 0,
             waiting_under_part: waiting == 2,
             others_here,
+            others_due: (others_due >= 0).then_some(others_due),
             tasks,
         })
     }

@@ -110,9 +110,12 @@ pub struct ClaimBatch {
     pub waiting: bool,
     /// ... of a plugin under its part among them (a claim with headroom may take them).
     pub waiting_under_part: bool,
-    /// Whether a plugin under its part has tasks scheduled in the shard (false only when the
-    /// share said one plugin crowds the runner and only such plugins' tasks are here).
+    /// Whether a plugin under its part may have tasks due in the shard (false only when the
+    /// share said one plugin crowds the runner and only such plugins' tasks may be due here).
     pub others_here: bool,
+    /// When `others_here` is false: the earliest time a plugin under its part may have a task
+    /// due in the shard (its tasks there all fall due later), if one has tasks there.
+    pub others_due: Option<i64>,
     pub tasks: Vec<Claimed>,
 }
 

@@ -9,10 +9,9 @@
 -- used), so pollers never spin on it; resuming the plugin puts it back.
 -- Fair share (see `share`): ARGV[3] is how many tasks the claiming runner holds of each plugin,
 -- and its weight ('p1\tn1\tw1\t...'); each place goes to the plugin holding the fewest for its
--- weight. When ARGV[4] > 0 (one
--- plugin holds much of the runner) and the shard has tasks of more than one plugin, the claim
--- walks up to that many due tasks beyond its size to find others, and sets aside what it walked
--- and did not take. The last ARGV[5] places go only to plugins not crowding the runner: holding
+-- weight. When ARGV[4] > 0 (one plugin holds much of the runner) and more than one plugin may
+-- have tasks due here (by their heads: see `count_scheduled`), the claim walks up to that many
+-- due tasks beyond its size to find others, and sets aside what it walked and did not take. The last ARGV[5] places go only to plugins not crowding the runner: holding
 -- at most ARGV[6], or under half of what the plugin holding the most holds.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
@@ -27,8 +26,9 @@
 -- that has a first claim, its place among the tasks (1-based) and that claim}, how many tasks
 -- were set aside, whether due tasks are left waiting (0: none; 1: of plugins holding their part
 -- or more; 2: of a plugin under its part too), whether a plugin under its part has tasks
--- scheduled here (1, or 0: only crowding plugins; always 1 when ARGV[4] is 0), then per task:
--- id, record}.
+-- scheduled here that may be due (1, or 0: only crowding plugins; always 1 when ARGV[4] is 0),
+-- when 0 the earliest a plugin under its part may have a task due here (-1: none), then per
+-- task: id, record}.
 -- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
@@ -43,16 +43,18 @@ local lease_head = first_score(K_CLAIM_LEASES)
 local reaped = lease_head and lease_head < now
 if reaped then reap_expired(now, limit) end
 local firsts = {}
-local out = { now, 0, 0, 0, firsts, 0, 0, 1 }
--- walk past the claim's size only where another plugin's tasks may be found behind a backlog;
--- in a shard of one plugin, headroom places go to it only while it holds less than `part`
-local walk = limit
+local out = { now, 0, 0, 0, firsts, 0, 0, 1, -1 }
+-- walk past the claim's size only where another plugin's tasks may be found behind a backlog:
+-- when more than one plugin may have tasks due here (a plugin whose tasks all fall due later is
+-- as if it were not here: a burst is not set aside for it). Where one plugin alone may have
+-- tasks due, headroom places go to it only while it holds less than `part`.
+local walk, due, later = limit, nil, nil
 if extra > 0 or headroom > 0 then
-  if redis.call('HLEN', K_SCHEDULED) > 1 then
+  due, later = due_plugins(now, held, part, most)
+  if #due > 1 then
     walk = limit + extra
   elseif headroom > 0 then
-    local only = redis.call('HKEYS', K_SCHEDULED)[1]
-    if not not_crowding(held[only or ''] or 0, part, most) then walk = limit - headroom end
+    if not not_crowding(held[due[1] or ''] or 0, part, most) then walk = limit - headroom end
     headroom = 0
   end
 end
@@ -193,13 +195,15 @@ if #c_ids > 0 then
 end
 -- (parking puts nothing back in a bucket: the earliest seen on the way still is)
 out[2] = head or head_due()
--- for a runner one plugin crowds: whether a plugin under its part has tasks here (else a claim
--- with headroom could only take the crowding plugin's: the poller then waits for room instead)
+-- for a runner one plugin crowds: whether a plugin under its part may have tasks due here
+-- (else a claim with headroom could only take the crowding plugin's: the poller then waits for
+-- room instead, or until `later`, when such a plugin's first task may fall due)
 if extra > 0 and out[7] ~= 2 then
   out[8] = 0
-  for _, p in ipairs(redis.call('HKEYS', K_SCHEDULED)) do
+  for _, p in ipairs(due) do
     if not_crowding(held[p] or 0, part, most) then out[8] = 1 break end
   end
+  if out[8] == 0 and later then out[9] = string.format('%d', later) end
 end
 if reaped then lease_head = first_score(K_CLAIM_LEASES) end
 out[3] = lease_head or -1

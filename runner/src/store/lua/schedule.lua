@@ -86,14 +86,14 @@ local function listen_from(id, last, now)
 end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
-local pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
+local pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
 local function flush()
   call_many('HSET', K_TASKS, records)
   due_add(dues)
   call_many('ZADD', K_PARKED, parked)
   call_many('ZADD', K_BYOWNER, byowner)
-  for plugin, k in pairs(counts) do count_scheduled(plugin, k) end
-  pending, records, dues, parked, byowner, counts = {}, {}, {}, {}, {}, {}
+  for plugin, k in pairs(counts) do count_scheduled(plugin, k, firsts[plugin]) end
+  pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
 end
 for i = 1, n do
   local b, h = at[i], run_of[i]
@@ -147,6 +147,7 @@ for i = 1, n do
     if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
     if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
     counts[plugin] = (counts[plugin] or 0) + 1
+    if not firsts[plugin] or due < firsts[plugin] then firsts[plugin] = due end
     local unique_for = unique_for_of[h]
     if unique_for > 0 then
       redis.call('ZADD', K_UNIQUE, -unique_for, id)

@@ -6,9 +6,21 @@
 -- count; dead in `dead` and `byplugin`; a dedup window in `unique`.
 
 -- `n` more (or fewer, n < 0) scheduled tasks of `plugin`; a plugin at zero leaves the hash.
-local function count_scheduled(plugin, n)
-  if redis.call('HINCRBY', K_SCHEDULED, plugin, string.format('%d', n)) <= 0 then
+-- Added tasks (n > 0) name the earliest due among them: the plugin's head in `meta`
+-- ('hd:' .. plugin) is a lower bound of its scheduled tasks' due times (exact when it had none;
+-- lowered, never raised, while it has some; gone with its last one). A plugin with tasks and no
+-- head (written before heads were kept) may have any task due. A claim walks past its size for
+-- other plugins only when one whose head has come has tasks here (see `claim`).
+local function count_scheduled(plugin, n, due)
+  local left = redis.call('HINCRBY', K_SCHEDULED, plugin, string.format('%d', n))
+  if left <= 0 then
     redis.call('HDEL', K_SCHEDULED, plugin)
+    redis.call('HDEL', K_META, 'hd:' .. plugin)
+  elseif due then
+    local head = left == n and math.huge or tonumber(redis.call('HGET', K_META, 'hd:' .. plugin))
+    if head and due < head then
+      redis.call('HSET', K_META, 'hd:' .. plugin, string.format('%d', due))
+    end
   end
 end
 
@@ -34,7 +46,7 @@ local function index_scheduled(id, t)
     added = due_add({ string.format('%d', t.due), id })
   end
   if t.owner ~= '' then redis.call('ZADD', K_BYOWNER, 0, owner_member(t.owner, t.due, id)) end
-  if added > 0 then count_scheduled(t.plugin, 1) end
+  if added > 0 then count_scheduled(t.plugin, 1, t.due) end
 end
 
 local function unindex_scheduled(id, t)

@@ -28,6 +28,29 @@ end
 local function not_crowding(n, part, most)
   return n <= part or n * 2 < most
 end
+-- The plugins with tasks here that may have one due at `now` (their head, see
+-- `count_scheduled`, has come or is unknown), and the earliest head of the other plugins not
+-- crowding the runner (nil: none): until then, no plugin but those may take a place here.
+local function due_plugins(now, held, part, most)
+  local plugins = redis.call('HKEYS', K_SCHEDULED)
+  local due, later = {}, nil
+  for i = 1, #plugins, 1000 do
+    local fields = {}
+    for j = i, math.min(i + 999, #plugins) do fields[#fields + 1] = 'hd:' .. plugins[j] end
+    local heads = redis.call('HMGET', K_META, unpack(fields))
+    for j, h in ipairs(heads) do
+      local p = plugins[i + j - 1]
+      h = tonumber(h)
+      if not h or h <= now then
+        due[#due + 1] = p
+      elseif not_crowding(held[p] or 0, part, most) and (not later or h < later) then
+        later = h
+      end
+    end
+  end
+  return due, later
+end
+
 -- Up to `limit` waiting tasks due at `now` of each plugin not paused, earliest first per
 -- plugin: a list of {due, id, plugin, member}.
 local function waiting_due(now, limit)
