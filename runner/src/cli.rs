@@ -459,13 +459,19 @@ fn source_call(cmd: SourceCmd) -> Call {
         SourceCmd::Add {
             name,
             stream,
+            plugin,
+            emitted,
             key_field,
             topic,
         } => {
             let topic = topic.unwrap_or_else(|| name.clone());
-            Call::new(Method::POST, "/v1/sources").json(
-                json!({"name": name, "stream": stream, "key_field": key_field, "topic": topic}),
-            )
+            let mut body = json!({"name": name, "key_field": key_field, "topic": topic});
+            for (field, v) in [("stream", stream), ("plugin", plugin), ("emitted", emitted)] {
+                if let Some(v) = v {
+                    body[field] = json!(v);
+                }
+            }
+            Call::new(Method::POST, "/v1/sources").json(body)
         }
         SourceCmd::List => Call::get("/v1/sources"),
         SourceCmd::Remove { name } => {

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use eggtimer_tests::as_key::{ADMIN, req};
+use eggtimer_tests::as_key::{ADMIN, req, upload_as};
 use eggtimer_tests::events::{listening, recorder_runner, runs};
-use eggtimer_tests::{RedisServer, eggtimer_bin, eventually};
+use eggtimer_tests::{RedisServer, eggtimer_bin, eventually, plugin_wasm};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
@@ -154,6 +154,103 @@ async fn a_teams_stream_read_through_a_source_reaches_the_tasks_listening() {
     assert_eq!(list, json!([]));
 }
 
+/// What a plugin emits drives the tasks listening on a topic, through a source its team adds:
+/// only a key that may both act on the plugin and publish to the topic may add it, so no team
+/// reads another's plugin into its topic nor feeds a topic it does not own.
+#[tokio::test]
+async fn a_plugins_emitted_events_drive_tasks_where_its_key_may_publish() {
+    let redis = RedisServer::start();
+    let r = recorder_runner(&redis).await;
+    let base = r.url.as_str();
+    let key_of = |name: &str, plugins: &str, publish: &str| json!({"name": name, "role": "developer", "plugins": [plugins], "publish": [publish]});
+    let (_, k) = admin(
+        "POST",
+        base,
+        "/v1/keys",
+        Some(key_of("orders", "order-*", "orders.*")),
+    )
+    .await;
+    let orders = k["key"].as_str().unwrap().to_owned();
+    let (_, k) = admin(
+        "POST",
+        base,
+        "/v1/keys",
+        Some(key_of("coupons", "coupon-*", "coupons")),
+    )
+    .await;
+    let coupons = k["key"].as_str().unwrap().to_owned();
+    let (s, up) = upload_as(base, &orders, "order-cancel", plugin_wasm("order-cancel")).await;
+    assert_eq!(s, 201, "{up}");
+    let add = |bearer: &str, body: Value| {
+        let (url, bearer) = (format!("{base}/v1/sources"), bearer.to_owned());
+        async move { req("POST", &url, Some(&bearer), Some(body)).await }
+    };
+    let source = |topic: &str| {
+        json!({"name": "cancelled", "plugin": "order-cancel", "emitted": "order",
+               "key_field": "order_id", "topic": topic})
+    };
+    // another team can't read the orders team's plugin into a topic of its own
+    let (s, e) = add(&coupons, source("coupons")).await;
+    assert_eq!(s, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("may not act on plugin"),
+        "{e}"
+    );
+    // nor can the orders team feed a topic it may not publish to
+    let (s, e) = add(&orders, source("payments")).await;
+    assert_eq!(s, 403, "{e}");
+    // a source reads a stream or a plugin's events, one of the two
+    let mut both = source("orders.cancelled");
+    both["stream"] = json!("orders");
+    let (s, e) = add(&orders, both).await;
+    assert_eq!(s, 422, "{e}");
+    let (s, e) = add(
+        &orders,
+        json!({"name": "x", "key_field": "id", "topic": "orders.x"}),
+    )
+    .await;
+    assert_eq!(s, 422, "{e}");
+    let (s, src) = add(&orders, source("orders.cancelled")).await;
+    assert_eq!(s, 201, "{src}");
+    assert_eq!(src["plugin"], "order-cancel", "{src}");
+
+    // a task told when its order is cancelled, and the order's timeout, due now
+    let (s, e) = admin(
+        "POST",
+        base,
+        "/v1/tasks",
+        Some(listening("sorry-o1", "orders.cancelled", "o1", "run")),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(&orders),
+        Some(json!({"plugin": "order-cancel", "id": "cancel-o1",
+                    "payload": {"order_id": "o1", "user_id": "u1"}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    let run = eventually(T, "sorry-o1 run by order-cancel's event", || async {
+        runs(&redis).remove("sorry-o1").map(|mut v| v.remove(0))
+    })
+    .await;
+    let event = &run["event"];
+    assert_eq!(
+        (&event["topic"], &event["key"], &event["data"]),
+        (
+            &json!("orders.cancelled"),
+            &json!("o1"),
+            &json!({"type": "order_cancelled", "order_id": "o1", "user_id": "u1"})
+        ),
+        "{run}"
+    );
+}
+
 #[tokio::test]
 async fn the_cli_sends_events_and_adds_sources() {
     let redis = RedisServer::start();
@@ -197,6 +294,29 @@ async fn the_cli_sends_events_and_adds_sources() {
     let out = cli(&["source", "list"]);
     assert!(out.contains("pet-meals"), "{out}");
     cli(&["source", "remove", "meals"]);
+    let out = cli(&[
+        "source",
+        "add",
+        "cancelled",
+        "--plugin",
+        "order-cancel",
+        "--emitted",
+        "order",
+        "--key-field",
+        "order_id",
+        "--topic",
+        "orders.cancelled",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&v["plugin"], &v["stream"]),
+        (
+            &json!("order-cancel"),
+            &json!("{eggtimer}:events:order-cancel:order")
+        ),
+        "{out}"
+    );
+    cli(&["source", "remove", "cancelled"]);
     let out = cli(&["event", "list", "bench", "--plugin", "bench-record"]);
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap(),

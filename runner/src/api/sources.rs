@@ -19,15 +19,26 @@ pub struct NewSource {
     #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
     name: String,
     /// The Redis Stream to read (1 to 200 bytes without control characters; not one of
-    /// eggtimer's own keys).
-    #[serde(deserialize_with = "field::required_id")]
+    /// eggtimer's own keys). Name a stream or a `plugin`, not both.
+    #[serde(default, deserialize_with = "field::id")]
     #[schema(
         min_length = 1,
         max_length = 200,
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
     )]
-    stream: String,
-    /// The entry field whose value is the event's key.
+    stream: Option<String>,
+    /// Read the events this plugin emits (to the topic `emitted`) instead of a stream: a plugin
+    /// the caller's key may act on. Each event's data is what the plugin emitted, its key the
+    /// data's member `key_field` (a string or an integer).
+    #[serde(default, deserialize_with = "field::plugin")]
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
+    /// With `plugin`: the topic it emits to (default: `topic`).
+    #[serde(default, deserialize_with = "field::string")]
+    #[schema(pattern = "^[a-z0-9._-]{1,64}$")]
+    emitted: Option<String>,
+    /// The entry field (with `plugin`: the member of the emitted data) whose value is the
+    /// event's key.
     #[serde(deserialize_with = "field::required_id")]
     #[schema(
         min_length = 1,
@@ -41,7 +52,9 @@ pub struct NewSource {
 }
 
 /// `POST /v1/sources`: reads `stream` into events of `topic` from now on (each entry's fields
-/// are the event's data, `key_field`'s value its key), on every runner.
+/// are the event's data, `key_field`'s value its key), on every runner; or, with `plugin`, the
+/// events that plugin emits to `emitted` (a plugin's emitted events driving tasks, where the
+/// key may both act on the plugin and publish to the topic).
 #[utoipa::path(post, path = "/v1/sources", tag = "events",
     request_body(content = NewSource, content_type = "application/json"),
     responses((status = 201, description = "the source", body = Source), doc::Errors),
@@ -70,17 +83,42 @@ pub async fn source_add(
     if let Some(why) = caller.refuses_topic(&n.topic, true) {
         return Err(ApiError::forbidden(why));
     }
-    // eggtimer's own keys (other teams' tasks, events, kv) are no source of anyone's events
-    let ns = st.store.keys().ns();
-    if n.stream.starts_with(&format!("{{{ns}}}")) || n.stream.starts_with(&format!("{{{ns}:")) {
-        return Err(ApiError::forbidden(format!(
-            "{:?} is one of eggtimer's own keys (namespace {ns:?}), not a stream of yours",
-            n.stream
-        )));
-    }
+    let stream = match (n.stream, &n.plugin) {
+        (Some(stream), None) => {
+            if n.emitted.is_some() {
+                return Err(unprocessable(
+                    "`emitted` goes with `plugin`, not with `stream`",
+                ));
+            }
+            // eggtimer's own keys (other teams' tasks, events, kv) are no source of anyone's
+            // events: a plugin's emitted events are read only through `plugin`
+            let ns = st.store.keys().ns();
+            if stream.starts_with(&format!("{{{ns}}}")) || stream.starts_with(&format!("{{{ns}:")) {
+                return Err(ApiError::forbidden(format!(
+                    "{stream:?} is one of eggtimer's own keys (namespace {ns:?}), not a stream of yours"
+                )));
+            }
+            stream
+        }
+        (None, Some(plugin)) => {
+            if let Some(why) = caller.refuses(plugin) {
+                return Err(ApiError::forbidden(why));
+            }
+            let emitted = n.emitted.as_deref().unwrap_or(&n.topic);
+            if !crate::plugins::valid_topic(emitted) {
+                return Err(ApiError::bad(format!(
+                    "{emitted:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
+                )));
+            }
+            st.store.keys().events(plugin, emitted)
+        }
+        (Some(_), Some(_)) => return Err(unprocessable("name a `stream` or a `plugin`, not both")),
+        (None, None) => return Err(unprocessable("name a `stream` or a `plugin` to read")),
+    };
     let s = Source {
         name: n.name,
-        stream: n.stream,
+        stream,
+        plugin: n.plugin,
         key_field: n.key_field,
         topic: n.topic,
         created_at: crate::clock::now_ms(),
@@ -147,4 +185,9 @@ pub async fn source_delete(
     }
     st.store.source_delete(&name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A well-formed source that names what it reads wrongly (422).
+fn unprocessable(why: &str) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_source", why)
 }

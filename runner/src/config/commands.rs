@@ -65,10 +65,16 @@ pub enum EventCmd {
 pub enum SourceCmd {
     /// Read a Redis Stream into events: each new entry is an event of TOPIC (the source's name
     /// unless --topic says), keyed by the value of its field --key-field, its fields the data.
+    /// With --plugin instead of --stream: the events that plugin emits (to --emitted, default
+    /// TOPIC), keyed by the member --key-field of what it emitted.
     Add {
         name: String,
+        #[arg(long, required_unless_present = "plugin", conflicts_with = "plugin")]
+        stream: Option<String>,
         #[arg(long)]
-        stream: String,
+        plugin: Option<String>,
+        #[arg(long, requires = "plugin")]
+        emitted: Option<String>,
         #[arg(long)]
         key_field: String,
         #[arg(long)]

@@ -19,7 +19,11 @@ pub struct Source {
     pub name: String,
     /// The stream read.
     pub stream: String,
-    /// The entry field whose value is the event's key.
+    /// The plugin whose emitted events are read (`stream` is its stream of one topic): each
+    /// entry's event data is what the plugin emitted, its key the data's member `key_field`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// The entry field (the emitted data's member, for a plugin) whose value is the event's key.
     pub key_field: String,
     /// The topic its events are published to.
     pub topic: String,
@@ -38,6 +42,36 @@ pub struct SourceRead {
 }
 
 type Entry = (String, Vec<(String, String)>);
+
+impl Source {
+    /// The event of one entry of the stream (None: it has no usable key).
+    fn event_of(&self, fields: &[(String, String)]) -> Option<Event> {
+        let (key, data) = if self.plugin.is_some() {
+            // what the plugin emitted: `data`, JSON (the host checked it)
+            let (_, data) = fields.iter().find(|(f, _)| f == "data")?;
+            let data: serde_json::Value = serde_json::from_str(data).ok()?;
+            let key = match data.get(&self.key_field)? {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+                _ => return None,
+            };
+            (key, data.to_string())
+        } else {
+            let (_, key) = fields.iter().find(|(f, _)| *f == self.key_field)?;
+            let data: serde_json::Map<String, serde_json::Value> = fields
+                .iter()
+                .map(|(f, v)| (f.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            (key.clone(), serde_json::Value::Object(data).to_string())
+        };
+        crate::limits::id("", &key).ok()?;
+        Some(Event {
+            topic: self.topic.clone(),
+            key,
+            data,
+        })
+    }
+}
 
 impl Store {
     /// Adds (or replaces) a source; its group reads the stream's entries from now on.
@@ -159,19 +193,9 @@ impl Store {
         let mut events = Vec::new();
         let mut skipped = 0;
         for (_, fields) in &entries {
-            match fields.iter().find(|(f, _)| *f == s.key_field) {
-                Some((_, key)) if crate::limits::id("", key).is_ok() => {
-                    let data: serde_json::Map<String, serde_json::Value> = fields
-                        .iter()
-                        .map(|(f, v)| (f.clone(), serde_json::Value::String(v.clone())))
-                        .collect();
-                    events.push(Event {
-                        topic: s.topic.clone(),
-                        key: key.clone(),
-                        data: serde_json::Value::Object(data).to_string(),
-                    });
-                }
-                _ => skipped += 1,
+            match s.event_of(fields) {
+                Some(e) => events.push(e),
+                None => skipped += 1,
             }
         }
         let published = self.publish(&events).await?;
@@ -205,5 +229,67 @@ impl Store {
             }
             redis::from_redis_value(g.get("lag")?.clone()).ok()
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(plugin: Option<&str>) -> Source {
+        Source {
+            name: "s".into(),
+            stream: "x".into(),
+            plugin: plugin.map(Into::into),
+            key_field: "order_id".into(),
+            topic: "orders".into(),
+            created_at: 0,
+        }
+    }
+
+    fn fields(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(f, v)| (f.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_of_a_stream_is_an_event_of_its_fields() {
+        let e = source(None)
+            .event_of(&fields(&[("order_id", "o1"), ("amount", "5")]))
+            .unwrap();
+        assert_eq!((e.topic.as_str(), e.key.as_str()), ("orders", "o1"));
+        assert_eq!(e.data, r#"{"amount":"5","order_id":"o1"}"#);
+        assert!(source(None).event_of(&fields(&[("amount", "5")])).is_none());
+        assert!(
+            source(None)
+                .event_of(&fields(&[("order_id", "a\u{1}b")]))
+                .is_none(),
+            "a key no task could listen for"
+        );
+    }
+
+    #[test]
+    fn an_emitted_event_is_keyed_by_a_member_of_its_data() {
+        let emitted = |data: &str| {
+            source(Some("order-cancel")).event_of(&fields(&[
+                ("task_id", "t1"),
+                ("plugin", "order-cancel"),
+                ("data", data),
+            ]))
+        };
+        let e = emitted(r#"{"order_id":"o1","type":"order_cancelled"}"#).unwrap();
+        assert_eq!(e.key, "o1");
+        assert_eq!(e.data, r#"{"order_id":"o1","type":"order_cancelled"}"#);
+        assert_eq!(emitted(r#"{"order_id":42}"#).unwrap().key, "42");
+        for none in [
+            r#"{"order_id":1.5}"#,
+            r#"{"order_id":null}"#,
+            r#"{"other":"o1"}"#,
+            r#"["o1"]"#,
+            "not json",
+        ] {
+            assert!(emitted(none).is_none(), "{none}");
+        }
     }
 }
