@@ -73,32 +73,20 @@ impl Finisher {
     }
 
     /// Records outcomes as they come, buffered per shard (group commit): when no recording is in
-    /// flight everything buffered is recorded at once; while recordings are in flight outcomes
-    /// are gathered when the oldest has waited [`FINISH_WAIT`] or a recording ends, and a shard's
-    /// buffer is recorded once it holds [`FINISH_GROUP`] outcomes or its oldest has waited
+    /// flight everything buffered is recorded at once; while recordings are in flight a shard's
+    /// buffer waits until it holds [`FINISH_GROUP`] outcomes or its oldest has waited
     /// [`FINISH_WAIT`]. Each recording is one finish script; shards are recorded concurrently.
     pub async fn run(self) {
         let Finisher { mut rx, recorder } = self;
         let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
         let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        // told when a recording ends
-        let recorded = Arc::new(Notify::new());
         loop {
             let due = bufs.values().map(|(since, _)| *since + FINISH_WAIT).min();
             let got = match due {
-                // outcomes wait for a recording in flight: the next ones are gathered when the
-                // oldest has waited FINISH_WAIT or a recording ends, not woken for one by one
-                // (each wake-up of this runtime from the plugins' costs both a system call)
-                Some(d) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(d) => {}
-                        _ = recorded.notified() => {}
-                    }
-                    None
-                }
+                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
                 None => Some(rx.recv().await),
             };
-            let mut closed = matches!(got, Some(None));
+            let closed = matches!(got, Some(None));
             let mut push = |p: Pending| {
                 bufs.entry(p.shard)
                     .or_insert_with(|| (Instant::now(), Vec::new()))
@@ -108,15 +96,8 @@ impl Finisher {
             if let Some(Some(p)) = got {
                 push(p);
             }
-            loop {
-                match rx.try_recv() {
-                    Ok(p) => push(p),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
-                }
+            while let Ok(p) = rx.try_recv() {
+                push(p);
             }
             let now = Instant::now();
             let idle = recording.load(Ordering::Acquire) == 0;
@@ -130,12 +111,11 @@ impl Finisher {
             for shard in ready {
                 let (_, group) = bufs.remove(&shard).expect("listed");
                 let this = Arc::clone(&recorder);
-                let (recording, recorded) = (Arc::clone(&recording), Arc::clone(&recorded));
+                let recording = Arc::clone(&recording);
                 recording.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(async move {
                     this.record(shard, group).await;
                     recording.fetch_sub(1, Ordering::AcqRel);
-                    recorded.notify_one();
                     // the recorded tasks' slots are free: wake pollers waiting for room
                     this.freed.notify_waiters();
                 });
