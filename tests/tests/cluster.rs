@@ -7,7 +7,7 @@ use std::time::Duration;
 use eggtimer::store::{Finish, Finished, Move, NewTask, ScheduleMode, StoreOptions, TaskState};
 use eggtimer::{RedisTarget, Store};
 use eggtimer_tests::{
-    RedisCluster, RunnerProcess, call, events_key, key, now_ms, plugins_dir, wait_state,
+    RedisCluster, RunnerProcess, call, events_key, eventually, key, now_ms, plugins_dir, wait_state,
 };
 use serde_json::json;
 
@@ -444,4 +444,115 @@ async fn a_stalled_master_runs_no_task_of_the_other_masters_twice() {
         lost.is_empty(),
         "the runner lost claims on masters that answered: {lost:?}"
     );
+}
+
+/// Events on a Redis Cluster: an event and its listeners live in the event shard of its topic
+/// and key, a task in its own, most often on another master; what one shard owes another goes
+/// through its outbox. 300 tasks listen (even ones `cancel`, odd ones `run`): the events of the
+/// first 100 come before their tasks are scheduled (the lookback), the next 100 after, then the
+/// runner is killed -9 and the last 100 go to the next runner. Every `cancel` task is gone, every
+/// `run` task ran once with its event, and every outbox is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_their_tasks_once_across_masters_and_a_killed_runner() {
+    use eggtimer_tests::as_key::{ADMIN, req};
+    use eggtimer_tests::events::listening;
+    use serde_json::Value;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = plugins_dir();
+    let args = ["--plugins-dir", dir.to_str().unwrap(), "--token", ADMIN];
+    let mut r = RunnerProcess::start(&cluster.url(), &args);
+    let publish = |base: String, from: usize| async move {
+        let batch: Vec<Value> = (from..from + 100)
+            .map(|i| json!({"key": format!("k-{i}"), "data": {"n": i}}))
+            .collect();
+        let (s, e) = req(
+            "POST",
+            &format!("{base}/v1/events/orders"),
+            Some(ADMIN),
+            Some(Value::Array(batch)),
+        )
+        .await;
+        assert_eq!((s, &e["published"]), (200, &json!(100)), "{e}");
+        e["matched"].as_u64().unwrap()
+    };
+    assert_eq!(publish(r.url.clone(), 0).await, 0, "no task listens yet");
+    let specs: Vec<Value> = (0..300)
+        .map(|i| {
+            let then = if i % 2 == 0 { "cancel" } else { "run" };
+            listening(&format!("k-{i}"), "orders", &format!("k-{i}"), then)
+        })
+        .collect();
+    let (s, e) = req(
+        "POST",
+        &format!("{}/v1/tasks", r.url),
+        Some(ADMIN),
+        Some(Value::Array(specs)),
+    )
+    .await;
+    assert_eq!(s, 201, "{e}");
+    assert_eq!(publish(r.url.clone(), 100).await, 100);
+    r.kill();
+    let r2 = RunnerProcess::start(&cluster.url(), &args);
+    assert_eq!(publish(r2.url.clone(), 200).await, 100);
+    // what bench-record emitted for each run, read through the cluster
+    let runs = || -> HashMap<String, Vec<Value>> {
+        let nodes: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+        let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(events_key("bench-record", "bench"))
+            .arg("-")
+            .arg("+")
+            .query(&mut client.get_connection().unwrap())
+            .unwrap_or_default();
+        let mut out: HashMap<String, Vec<Value>> = HashMap::new();
+        for (_, fields) in entries {
+            if let Some((_, data)) = fields.into_iter().find(|(f, _)| f == "data") {
+                let v: Value = serde_json::from_str(&data).unwrap();
+                let id = v["id"].as_str().unwrap().to_owned();
+                out.entry(id).or_default().push(v);
+            }
+        }
+        out
+    };
+    eventually(T, "the 150 run tasks to run", || async {
+        (runs().len() == 150).then_some(())
+    })
+    .await;
+    let all = runs();
+    for i in (1..300).step_by(2) {
+        let got = &all[&format!("k-{i}")];
+        assert_eq!(got.len(), 1, "k-{i} ran {} times", got.len());
+        assert_eq!(
+            got[0]["event"]["data"],
+            json!({"n": i}),
+            "k-{i}: {}",
+            got[0]
+        );
+    }
+    for i in (0..300).step_by(2) {
+        let (s, t) = req(
+            "GET",
+            &format!("{}/v1/tasks/k-{i}", r2.url),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        assert_eq!(s, 404, "k-{i} was not cancelled: {t}");
+    }
+    eventually(T, "every outbox to be empty", || async {
+        cluster
+            .nodes
+            .iter()
+            .all(|n| {
+                let mut c = n.conn();
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("{eggtimer:*}:outbox")
+                    .query(&mut c)
+                    .unwrap();
+                keys.iter()
+                    .all(|k| redis::cmd("ZCARD").arg(k).query::<u64>(&mut c).unwrap() == 0)
+            })
+            .then_some(())
+    })
+    .await;
 }
