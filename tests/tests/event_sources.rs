@@ -249,6 +249,21 @@ async fn a_plugins_emitted_events_drive_tasks_where_its_key_may_publish() {
         ),
         "{run}"
     );
+    // the source goes with its plugin: a plugin uploaded again under the name feeds nothing
+    let (s, e) = req(
+        "DELETE",
+        &format!("{base}/v1/plugins/order-cancel?tasks=cancel"),
+        Some(&orders),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204, "{e}");
+    let (_, list) = admin("GET", base, "/v1/sources", None).await;
+    assert_eq!(
+        list,
+        json!([]),
+        "the deleted plugin's source is left: {list}"
+    );
 }
 
 #[tokio::test]

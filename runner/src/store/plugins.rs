@@ -307,7 +307,8 @@ impl Store {
     }
 
     /// Deletes the keys of a deleted plugin that only a pattern names (kv, per-owner slots),
-    /// in chunks that hold Redis briefly; returns how many. A no-op unless `name` is in the
+    /// and the sources of its emitted events, in chunks that hold Redis briefly; returns how
+    /// many keys. A no-op unless `name` is in the
     /// purge set (deleted, and not purged yet).
     pub async fn plugin_purge(&self, name: &str) -> Result<u64> {
         let k = self.keys();
@@ -319,6 +320,13 @@ impl Store {
             .context("reading the purge set")?;
         if !pending {
             return Ok(0);
+        }
+        // the sources reading its emitted events go with it: a plugin uploaded again under its
+        // name (perhaps by another team) feeds no topic through them
+        for s in self.source_list().await? {
+            if s.plugin.as_deref() == Some(name) {
+                self.source_delete(&s.name).await?;
+            }
         }
         let (mut cursor, mut total) = ("0".to_owned(), 0u64);
         loop {
