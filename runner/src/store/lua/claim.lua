@@ -11,8 +11,9 @@
 -- and its weight ('p1\tn1\tw1\t...'); each place goes to the plugin holding the fewest for its
 -- weight. When ARGV[4] > 0 (one plugin holds much of the runner) and more than one plugin may
 -- have tasks due here (by their heads: see `count_scheduled`), the claim walks up to that many
--- due tasks beyond its size to find others, and sets aside what it walked and did not take. The last ARGV[5] places go only to plugins not crowding the runner: holding
--- at most ARGV[6], or under half of what the plugin holding the most holds.
+-- due tasks beyond its size to find others, and sets aside what it walked and did not take.
+-- The last ARGV[5] places go only to plugins not crowding the runner: holding at most ARGV[6],
+-- or under half of what the plugin holding the most holds.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
