@@ -58,11 +58,15 @@ pub fn listening(id: &str, topic: &str, key: &str, then: &str) -> Value {
 
 /// Every outbox of the namespace is empty: nothing owed between shards is left undelivered.
 pub fn outboxes_empty(redis: &RedisServer) -> bool {
-    let mut conn = redis.conn();
+    outboxes_empty_on(&mut redis.conn())
+}
+
+/// Every outbox the server of `conn` holds is empty (on a cluster: ask each master).
+pub fn outboxes_empty_on(conn: &mut redis::Connection) -> bool {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("{eggtimer:*}:outbox")
-        .query(&mut conn)
+        .query(conn)
         .unwrap();
     keys.iter()
-        .all(|k| redis::cmd("ZCARD").arg(k).query::<u64>(&mut conn).unwrap() == 0)
+        .all(|k| redis::cmd("ZCARD").arg(k).query::<u64>(conn).unwrap() == 0)
 }

@@ -455,7 +455,7 @@ async fn a_stalled_master_runs_no_task_of_the_other_masters_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_reach_their_tasks_once_across_masters_and_a_killed_runner() {
     use eggtimer_tests::as_key::{ADMIN, req};
-    use eggtimer_tests::events::listening;
+    use eggtimer_tests::events::{listening, outboxes_empty_on};
     use serde_json::Value;
     let cluster = RedisCluster::start(3, 0);
     let dir = plugins_dir();
@@ -543,15 +543,7 @@ async fn events_reach_their_tasks_once_across_masters_and_a_killed_runner() {
         cluster
             .nodes
             .iter()
-            .all(|n| {
-                let mut c = n.conn();
-                let keys: Vec<String> = redis::cmd("KEYS")
-                    .arg("{eggtimer:*}:outbox")
-                    .query(&mut c)
-                    .unwrap();
-                keys.iter()
-                    .all(|k| redis::cmd("ZCARD").arg(k).query::<u64>(&mut c).unwrap() == 0)
-            })
+            .all(|n| outboxes_empty_on(&mut n.conn()))
             .then_some(())
     })
     .await;
