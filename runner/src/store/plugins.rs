@@ -308,8 +308,7 @@ impl Store {
 
     /// Deletes the keys of a deleted plugin that only a pattern names (kv, per-owner slots),
     /// and the sources of its emitted events, in chunks that hold Redis briefly; returns how
-    /// many keys. A no-op unless `name` is in the
-    /// purge set (deleted, and not purged yet).
+    /// many keys. A no-op unless `name` is in the purge set (deleted, and not purged yet).
     pub async fn plugin_purge(&self, name: &str) -> Result<u64> {
         let k = self.keys();
         let pending: bool = redis::cmd("SISMEMBER")
