@@ -127,8 +127,8 @@ impl Nodes {
         Ok(out)
     }
 
-    /// How many times all nodes together have run `command` (INFO commandstats' `calls`).
-    pub async fn calls(&self, command: &str) -> Result<f64> {
+    /// How many times all nodes together have run any of `commands` (INFO commandstats' `calls`).
+    pub async fn calls(&self, commands: &[&str]) -> Result<f64> {
         let mut total = 0.0;
         for c in &self.conns {
             let info: String = redis::cmd("INFO")
@@ -136,17 +136,19 @@ impl Nodes {
                 .query_async(&mut c.clone())
                 .await?;
             // cmdstat_<command>:calls=N,usec=...; none before its first call
-            let stat = format!("cmdstat_{command}:calls=");
-            total += info
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix(&stat)?
-                        .split(',')
-                        .next()?
-                        .parse::<f64>()
-                        .ok()
-                })
-                .unwrap_or(0.0);
+            for command in commands {
+                let stat = format!("cmdstat_{command}:calls=");
+                total += info
+                    .lines()
+                    .find_map(|l| {
+                        l.strip_prefix(&stat)?
+                            .split(',')
+                            .next()?
+                            .parse::<f64>()
+                            .ok()
+                    })
+                    .unwrap_or(0.0);
+            }
         }
         Ok(total)
     }

@@ -23,6 +23,9 @@ use crate::report::{self, lateness, per_task, round};
 
 /// W1 lists what held Redis's thread this long or longer (ms; see `report::W1::redis_stalls_ms`).
 const STALL_MS: u32 = 2;
+/// The commands a script runs as: its function (`FCALL`), or its text where a Redis could not
+/// load the function (`EVAL`, `EVALSHA`).
+const SCRIPT_CALLS: &[&str] = &["fcall", "eval", "evalsha"];
 
 pub struct Bench {
     pub(crate) store: Store,
@@ -349,13 +352,13 @@ impl Bench {
         let limit = Duration::from_millis((start - now_ms()).max(0) as u64 + 40_000);
         // the load from here on is the runner's (nothing is due until `start`)
         let (cpu0, own0) = (self.redis_cpu().await?, process_cpu_s()?);
-        let calls0 = self.nodes.calls("evalsha").await?;
+        let calls0 = self.nodes.calls(SCRIPT_CALLS).await?;
         self.nodes.latency_reset(STALL_MS).await?;
         self.finish(runner, &rec, limit).await?;
         let wall = (now_ms() - start).max(1) as f64 / 1000.0;
         let cpu = self.redis_cpu().await? - cpu0;
         let own = process_cpu_s()? - own0;
-        let calls = self.nodes.calls("evalsha").await? - calls0;
+        let calls = self.nodes.calls(SCRIPT_CALLS).await? - calls0;
         let forks = self.nodes.forks().await? - forks0;
         let c = count(&rec, &dues);
         let span = (c.last_start_us - c.first_start_us) as f64 / 1e6;

@@ -461,3 +461,89 @@ async fn concurrent_schedulers_and_claimers_never_lose_or_double_claim() {
         );
     }
 }
+
+/// Every script loads into Redis as a function library (`FUNCTION LOAD`): each part's top level
+/// runs at load, so a part that read a run's keys or arguments there would fail here, and so
+/// would a script past Lua's limits (60 upvalues per function).
+#[test]
+fn every_script_loads_as_a_redis_function() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let libraries = eggtimer::store::script_libraries();
+    for (script, library) in &libraries {
+        let loaded: redis::RedisResult<String> = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(library)
+            .query(&mut c);
+        assert!(loaded.is_ok(), "{script}.lua: {loaded:?}");
+    }
+    let listed: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut c).unwrap();
+    assert_eq!(listed.len(), libraries.len());
+}
+
+/// A Redis that lost its functions (flushed, or restarted without persistence) gets each again
+/// at its first call; one that can't load them (`FUNCTION LOAD` is refused while Redis is out of
+/// memory) runs the scripts' text instead, so the runs already claimed still renew and finish.
+#[tokio::test]
+async fn scripts_run_where_redis_lost_its_functions_or_cannot_load_them() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    s.schedule(&[task("a", 0), task("b", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let mut c = redis.conn();
+    let functions = |c: &mut redis::Connection| -> usize {
+        let listed: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(c).unwrap();
+        listed.len()
+    };
+    assert!(functions(&mut c) > 0, "the schedule ran as a function");
+    let () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut c).unwrap();
+    let claimed = claim_when_due(&s, 0, 10, "both tasks").await;
+    assert_eq!(claimed.tasks.len(), 2);
+    assert_eq!(functions(&mut c), 1, "the claim's library was loaded again");
+
+    // full: nothing may be added, FUNCTION LOAD included
+    let () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut c).unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    let refused: redis::RedisResult<String> = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&eggtimer::store::script_libraries()[0].1)
+        .query(&mut c);
+    assert!(
+        refused.as_ref().is_err_and(|e| e.code() == Some("OOM")),
+        "{refused:?}"
+    );
+    let (a, b) = (&claimed.tasks[0], &claimed.tasks[1]);
+    assert_eq!(
+        s.renew(0, &[(a.id.as_str(), a.token)], 30_000)
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    assert_eq!(
+        s.finish(
+            0,
+            &[
+                (a.id.as_str(), a.token, &Finish::Done),
+                (b.id.as_str(), b.token, &Finish::Done)
+            ]
+        )
+        .await
+        .unwrap(),
+        vec![Finished::Done; 2]
+    );
+    assert_eq!(functions(&mut c), 0, "nothing was loaded while full");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        stats.contains("cmdstat_eval:calls=2,"),
+        "the renewal and the finish ran as EVAL: {stats}"
+    );
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use eggtimer::store::{RedisTarget, StoreOptions};
 use eggtimer_tests::{
     RedisServer, RunnerProcess, call, eventually, now_ms, plugin_wasm, plugins_dir, post_tasks,
-    read_events, read_stream, released_eggtimer, upload, wait_state,
+    read_events, released_eggtimer, upload, wait_state,
 };
 use serde_json::json;
 
@@ -222,14 +222,13 @@ async fn what_the_last_release_wrote_keeps_working() {
     )
     .await;
     wait_state(base, "cancel-o1-again", "done", MINUTE).await;
-    // (0.1.0 emitted into the topic's shared stream; this release reads it, writes per plugin)
-    assert_eq!(read_stream(&mut c, "{eggtimer}:events:order").len(), 1);
-    assert!(read_events(&mut c, &["order-cancel"], "order").is_empty());
+    // the event the release emitted, read through the API (0.1.0 emitted into the topic's
+    // shared stream, later builds into the plugin's own: the API reads both)
     let (s, ev) = call("GET", &format!("{base}/v1/events/order"), None).await;
     assert_eq!(
         (s, ev[0]["plugin"].as_str(), ev.as_array().map(Vec::len)),
         (200, Some("order-cancel"), Some(1)),
-        "the event 0.1.0 emitted, read through the API: {ev}"
+        "{release}: the event it emitted, read through the API: {ev}"
     );
     // settings: still paused (its task parked, no attempt used) and limited; resume runs it
     let p = call("GET", &format!("{base}/v1/plugins/test-sleep"), None)

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Arg, Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
 
@@ -240,9 +241,12 @@ fn manager_config() -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// A script's name (for `eggtimer_redis_seconds`) and text.
+/// One of our scripts: its name (for `eggtimer_redis_seconds`), its function, the function
+/// library that defines it, and its text.
 pub(super) struct ScriptText {
     pub name: &'static str,
+    pub function: String,
+    pub library: String,
     pub text: String,
 }
 
@@ -273,24 +277,47 @@ fn command_label(cmd: &Cmd) -> &'static str {
     }
 }
 
-/// The `EVAL` of the script an `EVALSHA` of ours names, with the same keys and arguments.
-///
-/// A Redis without the script answers `NOSCRIPT`; redis-rs would then send `SCRIPT LOAD`, which
-/// on a cluster goes to every master and waits for all of them: one master that stalls (or is
-/// down, or was just promoted and has no scripts) held up every first call of a script on the
-/// others, lease renewals included. `EVAL` goes where the `EVALSHA` went (the keys' node), runs
-/// the script and leaves it in that node's script cache.
-fn eval_of(cmd: &Cmd) -> Option<Cmd> {
-    let script = script_of(cmd)?;
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(script.text.as_str());
-    for a in cmd.args_iter().skip(2) {
+/// `call` (`FCALL <function>` or `EVAL <text>`) with the keys and arguments of an `EVALSHA`.
+fn with_args_of(mut call: Cmd, evalsha: &Cmd) -> Option<Cmd> {
+    for a in evalsha.args_iter().skip(2) {
         match a {
-            Arg::Simple(v) => eval.arg(v),
+            Arg::Simple(v) => call.arg(v),
             _ => return None,
         };
     }
-    Some(eval)
+    Some(call)
+}
+
+/// The `FCALL` of the function of a script of ours, with the `EVALSHA`'s keys and arguments.
+fn fcall_of(script: &ScriptText, evalsha: &Cmd) -> Option<Cmd> {
+    let mut fcall = redis::cmd("FCALL");
+    fcall.arg(script.function.as_str());
+    with_args_of(fcall, evalsha)
+}
+
+/// The `EVAL` of a script of ours, with the `EVALSHA`'s keys and arguments: where its library
+/// can't be loaded (`FUNCTION LOAD` is refused while Redis is out of memory; a script that may
+/// run then must still run).
+fn eval_of(script: &ScriptText, evalsha: &Cmd) -> Option<Cmd> {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script.text.as_str());
+    with_args_of(eval, evalsha)
+}
+
+/// The first key of an `EVALSHA` (`EVALSHA sha numkeys key...`), if it has one.
+fn first_key(evalsha: &Cmd) -> Option<&[u8]> {
+    match evalsha.args_iter().nth(3) {
+        Some(Arg::Simple(k)) if !matches!(evalsha.args_iter().nth(2), Some(Arg::Simple(b"0"))) => {
+            Some(k)
+        }
+        _ => None,
+    }
+}
+
+/// Whether Redis answered that a function does not exist (never loaded, or lost with a Redis
+/// that keeps nothing on disk, or flushed).
+fn is_missing_function(error: &str) -> bool {
+    error.contains("Function not found")
 }
 
 /// Times a round trip into `eggtimer_redis_seconds` (a no-op until a recorder is installed).
@@ -321,22 +348,70 @@ impl Conn {
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
+
+    /// Loads a script's library into the node its call went to (on a cluster, the master of its
+    /// first key's slot: not every master, so one that stalls or has just been promoted holds up
+    /// no other's calls). Another caller may have loaded it first: that is success too.
+    async fn load_library(&mut self, script: &ScriptText, evalsha: &Cmd) -> redis::RedisResult<()> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(script.library.as_str());
+        let r = match (&mut *self, first_key(evalsha)) {
+            (Conn::Cluster(c), Some(key)) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                c.route_command(load, to).await
+            }
+            _ => self.send(&load).await,
+        };
+        let loaded_before = |e: &str| e.contains("already exists");
+        match r {
+            Ok(Value::ServerError(e)) if !loaded_before(&e.to_string()) => Err(e.into()),
+            Err(e) if !loaded_before(&e.to_string()) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs a script of ours as its function (`FCALL`); where Redis lacks the function, loads its
+    /// library and calls again, or runs its text (`EVAL`) where the library can't be loaded.
+    async fn call_script(
+        &mut self,
+        label: &'static str,
+        script: &'static ScriptText,
+        evalsha: &Cmd,
+    ) -> redis::RedisResult<Value> {
+        let Some(fcall) = fcall_of(script, evalsha) else {
+            return timed(label, self.send(evalsha)).await;
+        };
+        let r = timed(label, self.send(&fcall)).await;
+        // (redis-rs hands server errors back as values; the caller's conversion makes them
+        // errors)
+        let missing = match &r {
+            Ok(Value::ServerError(e)) => is_missing_function(&e.to_string()),
+            Err(e) => is_missing_function(&e.to_string()),
+            Ok(_) => false,
+        };
+        if !missing {
+            return r;
+        }
+        match self.load_library(script, evalsha).await {
+            Ok(()) => timed(label, self.send(&fcall)).await,
+            Err(load) => {
+                tracing::debug!("loading the {label} script's library failed: {load}");
+                match eval_of(script, evalsha) {
+                    Some(eval) => timed(label, self.send(&eval)).await,
+                    None => r,
+                }
+            }
+        }
+    }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let label = command_label(cmd);
         Box::pin(async move {
-            match timed(label, self.send(cmd)).await {
-                // (redis-rs hands server errors back as values; the caller's conversion makes
-                // them errors)
-                Ok(Value::ServerError(e)) if e.kind() == Some(redis::ServerErrorKind::NoScript) => {
-                    match eval_of(cmd) {
-                        Some(eval) => timed(label, self.send(&eval)).await,
-                        None => Ok(Value::ServerError(e)),
-                    }
-                }
-                r => r,
+            match script_of(cmd) {
+                Some(script) => self.call_script(script.name, script, cmd).await,
+                None => timed(command_label(cmd), self.send(cmd)).await,
             }
         })
     }

@@ -55,6 +55,8 @@ pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
 pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
+#[doc(hidden)]
+pub use scripts::libraries as script_libraries;
 pub use secrets::{MAX_SECRET_BYTES, SecretInfo, SecretsKey, valid_secret_name};
 pub use sources::{SOURCE_CLAIM_IDLE_MS, Source, SourceRead};
 pub use stats::{DueHistogram, PluginCounts, STATS_BUCKET_MS, StatsBucket};

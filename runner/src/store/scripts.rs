@@ -2,12 +2,22 @@
 //! `lua/lib/` it names on its first line (`--! needs indexes walk`) and the parts those need, in
 //! the order of `PARTS`: a script carries only what it calls.
 //!
+//! Each script runs as a Redis function: its text becomes a function library (`FUNCTION LOAD`,
+//! once per Redis, which keeps it with the data) whose top level defines the parts once, and one
+//! function (`FCALL`) that runs the script's own text. A script run with `EVALSHA` or `EVAL`
+//! defines every function of its parts again at each call, which costs Redis more than a small
+//! claim's own work. `connection` turns our `EVALSHA` into `FCALL`, loads a library a Redis lacks
+//! and runs the text with `EVAL` where it cannot load it. So the top level of a part runs once per
+//! load: what a part keeps for one run is reset at each run's start (`start` in `shard`).
+//!
 //! Each script's first line tells Redis how it treats a Redis out of memory (`maxmemory` reached
 //! under `noeviction`), and Redis decides before the script runs, so no script stops half done:
 //! - `#!lua`: refused whole with `OOM` (what adds data: schedule, claim, firings, uploads);
 //! - `#!lua flags=allow-oom`: runs anyway (what keeps claimed runs alive and records their
 //!   outcomes, and what changes data in place or deletes it: cancel, pause, move, drop dead);
 //! - `#!lua flags=no-writes`: reads only.
+//!
+//! The same flags go to the function.
 
 use std::collections::HashMap;
 
@@ -38,24 +48,34 @@ macro_rules! scripts {
         /// Every script's name and source text (with its parts), in declaration order.
         #[cfg(test)]
         fn sources() -> Vec<(&'static str, String)> {
-            vec![$(($file, assemble(include_str!(concat!("lua/", $file, ".lua")))),)*]
+            vec![$(($file, assemble(include_str!(concat!("lua/", $file, ".lua"))).text()),)*]
+        }
+
+        /// Every script's name and its function library's text.
+        pub fn libraries() -> Vec<(&'static str, String)> {
+            [$(($file, assemble(include_str!(concat!("lua/", $file, ".lua")))),)*]
+                .into_iter()
+                .map(|(name, a)| (name, a.library(name)))
+                .collect()
         }
 
         impl Scripts {
             fn build() -> Self {
-                Scripts { $($field: Script::new(&assemble(include_str!(concat!("lua/", $file, ".lua")))),)* }
+                Scripts { $($field: Script::new(&assemble(include_str!(concat!("lua/", $file, ".lua"))).text()),)* }
             }
 
-            /// Every script by SHA1: its name (for the Redis round-trip metric) and its text (to
-            /// run it with EVAL where Redis does not have it yet).
+            /// Every script by the SHA1 of its text: its name (for the Redis round-trip metric),
+            /// its function and library, and its text (to run it with EVAL where Redis cannot
+            /// load the library).
             fn by_sha() -> HashMap<String, super::connection::ScriptText> {
                 [$(($file, assemble(include_str!(concat!("lua/", $file, ".lua")))),)*]
                     .into_iter()
-                    .map(|(name, text)| {
-                        (
-                            Script::new(&text).get_hash().to_owned(),
-                            super::connection::ScriptText { name, text },
-                        )
+                    .map(|(name, a)| {
+                        let text = a.text();
+                        let sha = Script::new(&text).get_hash().to_owned();
+                        let library = a.library(name);
+                        let function = function_name(name, &sha);
+                        (sha, super::connection::ScriptText { name, function, library, text })
                     })
                     .collect()
             }
@@ -117,9 +137,66 @@ fn needs(text: &str) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// A script's text: its first line (the `#!lua` line), the parts it needs (and theirs), in
-/// `PARTS` order, then the rest of its own.
-fn assemble(script: &str) -> String {
+/// A script with the parts it needs.
+struct Assembled {
+    /// Its first line (`#!lua`, with its flags).
+    shebang: &'static str,
+    /// The parts it needs, in `PARTS` order.
+    parts: String,
+    /// Whether those include `shard`, whose `start` each run calls first.
+    shard: bool,
+    /// The rest of its own text.
+    body: &'static str,
+}
+
+impl Assembled {
+    /// What a run does first: `start` with its keys, where the script has the `shard` part.
+    fn prologue(&self) -> &'static str {
+        if self.shard { "start(KEYS)\n" } else { "" }
+    }
+
+    /// The script's text, to run with `EVAL`: the `#!lua` line, the parts, the run.
+    fn text(&self) -> String {
+        format!(
+            "{}\n{}{}{}",
+            self.shebang,
+            self.parts,
+            self.prologue(),
+            self.body
+        )
+    }
+
+    /// The script `script` as a function library of one function, both named by
+    /// `function_name`: the parts at its top level (run once, at load), the run in the function,
+    /// with the script's flags.
+    fn library(&self, script: &str) -> String {
+        let name = function_name(script, Script::new(&self.text()).get_hash());
+        let flags = self
+            .shebang
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("flags="))
+            .flat_map(|f| f.split(','))
+            .map(|f| format!("'{f}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "#!lua name={name}\n{}redis.register_function{{function_name = '{name}', flags = {{{flags}}}, \
+             callback = function(KEYS, ARGV)\n{}{}\nend}}\n",
+            self.parts,
+            self.prologue(),
+            self.body
+        )
+    }
+}
+
+/// The name of a script's function (and library): `eggtimer_<script>_<its text's SHA1, 16 hex
+/// digits>`, so that runners of two releases each call their own.
+fn function_name(script: &str, sha: &str) -> String {
+    format!("eggtimer_{script}_{}", &sha[..16])
+}
+
+/// A script's parts: those its first lines name (and theirs), in `PARTS` order.
+fn assemble(script: &'static str) -> Assembled {
     let (shebang, body) = script.split_once('\n').unwrap_or((script, ""));
     let mut want = vec![false; PARTS.len()];
     let mut todo = needs(body);
@@ -133,15 +210,19 @@ fn assemble(script: &str) -> String {
             todo.extend(needs(PARTS[i].1));
         }
     }
-    let mut out = format!("{shebang}\n");
+    let mut parts = String::new();
     for (i, (_, text)) in PARTS.iter().enumerate() {
         if want[i] {
-            out.push_str(text);
-            out.push('\n');
+            parts.push_str(text);
+            parts.push('\n');
         }
     }
-    out.push_str(body);
-    out
+    Assembled {
+        shebang,
+        parts,
+        shard: want[PARTS.iter().position(|(n, _)| *n == "shard").unwrap()],
+        body,
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@ local function count_scheduled(plugin, n, due)
 end
 
 -- The plugins paused in this shard (read once per script run; the answer kept per plugin).
-local paused_list, paused_of = nil, {}
+local paused_list, paused_of
+on_start[#on_start + 1] = function() paused_list, paused_of = nil, {} end
 local function is_paused(plugin)
   local p = paused_of[plugin]
   if p == nil then

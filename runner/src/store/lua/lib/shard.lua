@@ -36,12 +36,27 @@
 --   KEYS[18] events (HASH topic \31 key -> time \30 event JSON: the latest event of each topic and
 --           key of this shard, kept for the lookback)
 --   KEYS[19] event_times (ZSET topic \31 key -> the time of its latest event, to drop old ones)
-local K_TASKS, K_DEAD, K_BYOWNER, K_META, K_PARKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_BYPLUGIN, K_UNIQUE, K_RERUN, K_CLAIM_LEASES = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_BATCHES, K_FINISHED, K_SCHEDULED, K_DUEX = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local K_WAITING, K_LOGS = KEYS[14], KEYS[15]
-local K_OUTBOX, K_LISTENERS, K_EVENTS, K_EVENT_TIMES = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
+local K_TASKS, K_DEAD, K_BYOWNER, K_META, K_PARKED
+local K_BYPLUGIN, K_UNIQUE, K_RERUN, K_CLAIM_LEASES
+local K_BATCHES, K_FINISHED, K_SCHEDULED, K_DUEX
+local K_WAITING, K_LOGS
+local K_OUTBOX, K_LISTENERS, K_EVENTS, K_EVENT_TIMES
 local K_FIRST = 20
+
+-- What a part keeps for one run only is set again by a function of this list at each run's start.
+-- (The parts are loaded once as a Redis function library and run many times: the top level of a
+-- part runs once, at load, so nothing it sets may depend on a run.)
+local on_start = {}
+
+-- Each run's start: its keys, then every part's state for one run.
+local function start(keys)
+  K_TASKS, K_DEAD, K_BYOWNER, K_META, K_PARKED = keys[1], keys[2], keys[3], keys[4], keys[5]
+  K_BYPLUGIN, K_UNIQUE, K_RERUN, K_CLAIM_LEASES = keys[6], keys[7], keys[8], keys[9]
+  K_BATCHES, K_FINISHED, K_SCHEDULED, K_DUEX = keys[10], keys[11], keys[12], keys[13]
+  K_WAITING, K_LOGS = keys[14], keys[15]
+  K_OUTBOX, K_LISTENERS, K_EVENTS, K_EVENT_TIMES = keys[16], keys[17], keys[18], keys[19]
+  for i = 1, #on_start do on_start[i]() end
+end
 
 -- The latest time anything may be due (9999-12-31T23:59:59.999Z); the API keeps every time and
 -- shift within bounds that leave it far below 2^53, so Lua's doubles hold them exactly.
