@@ -8,8 +8,8 @@ use crate::workspace;
 
 /// The last release (the newest commit whose subject starts with "Release "): its subject and
 /// its `eggtimer` binary, built on first use into target/released/<commit>/ (the source from
-/// `git archive`, the dependencies from the workspace's target dir, so only eggtimer itself is
-/// compiled).
+/// `git archive`, the dependencies from the workspace's target dir, so only the release's own
+/// crates are compiled).
 pub fn released_eggtimer() -> (String, PathBuf) {
     static BUILT: OnceLock<(String, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(build_release).clone()
@@ -85,15 +85,37 @@ fn build_release() -> (String, PathBuf) {
             "eggtimer = { path = \"runner\", package = \"eggtimer-released\" }",
         )],
     );
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    // The dependencies' features as `cargo xtask test` built them (every package with its tests:
+    // a test target turns on the dev-dependencies, and their features reach shared dependencies),
+    // so every dependency is found built. Built alone, the release's runner would compile wasmtime
+    // and most of its dependencies again with other features (4.5 min cold, and their disk). One
+    // test target of the release stands for all of them: its smallest.
+    let test = smallest_test(&src.join("tests/tests"));
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // without the variables cargo set for this test process: build scripts that read one (ring's
+    // does) would see them change and build again what the workspace built
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                &*k,
+                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
+            )
+        {
+            cargo.env_remove(&*k);
+        }
+    }
+    let status = cargo
         .current_dir(&src)
         .args([
             "build",
             "--quiet",
-            "-p",
-            "eggtimer-released",
+            "--workspace",
             "--bin",
             "eggtimer-released",
+            "--test",
+            &test,
         ])
         .arg("--target-dir")
         .arg(&target)
@@ -102,6 +124,20 @@ fn build_release() -> (String, PathBuf) {
     assert!(status.success(), "building the release {commit} failed");
     std::fs::copy(target.join("debug").join("eggtimer-released"), &bin).unwrap();
     (subject.to_owned(), bin)
+}
+
+/// The name of the smallest test file in `dir` (a release's tests/tests).
+fn smallest_test(dir: &std::path::Path) -> String {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().to_str()?.strip_suffix(".rs")?.to_owned();
+            Some((e.metadata().ok()?.len(), name))
+        })
+        .min()
+        .map(|(_, name)| name)
+        .unwrap_or_else(|| panic!("{} has no test file", dir.display()))
 }
 
 /// Replaces each `(from, to)` once in the file at `path`; each `from` must be there.
