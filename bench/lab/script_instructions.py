@@ -17,15 +17,21 @@ or with `--spread` one ms apart in id order (W1, W3: the claims cross buckets). 
 (run with the steps so far − run with one step fewer) / tasks.
 
 Usage: bench/lab/script_instructions.py [--tasks N] [--claim N] [--spread] [--keep DIR] REV [REV ...]
-  REV: a git revision whose scripts to measure, or `worktree` for the files on disk.
+  REV: a git revision whose scripts to measure (`':/^Release 0.1.0'` names that release's
+  commit), or `worktree` for the files on disk.
 Needs valgrind, redis-server and the Python package `redis` (pip install redis). Each revision
-takes about a minute at the default 8,000 tasks. It knows the scripts' argument layouts before
-and after commit "store: outcomes and schedule settings sent once per run" (the tenth round):
-`--layout runs|per-task` picks one for revisions it can't tell. `--keep DIR` keeps callgrind's
-output of each run for callgrind_annotate.
+takes about a minute at the default 8,000 tasks. It knows three ways scripts were put together:
+0.1.0's prelude, the parts of lua/lib/ run with EVALSHA (builds between 0.1.0 and 0.2.0), and
+the same parts loaded as a Redis function library and run with FCALL (0.2.0: task ids stored as
+`<plugin>\x1f<id>`, a claim's reply with nine values before its tasks, a finish's logs before
+its outcomes). It knows
+the scripts' argument layouts before and after commit "store: outcomes and schedule settings
+sent once per run": `--layout runs|per-task` picks one for revisions it can't tell. `--keep DIR`
+keeps callgrind's output of each run for callgrind_annotate.
 """
 import argparse
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -36,6 +42,7 @@ import redis
 ROOT = subprocess.run(['git', 'rev-parse', '--show-toplevel'], capture_output=True, text=True,
                       check=True).stdout.strip()
 LUA = 'runner/src/store/lua/'
+SCRIPTS_RS = 'runner/src/store/scripts.rs'
 SHARDS = 16
 PER_SCRIPT = 62
 # The shard keys, in the order the scripts take them: 0.1.0's (a prelude prepended to each script)
@@ -49,19 +56,33 @@ KEY_NAMES = {
 PARTS = ['shard', 'record', 'buckets', 'indexes', 'claims', 'finished', 'walk']
 
 
-def read(rev, f):
+def commit(rev):
+    """The commit a revision names (`worktree` stays itself)."""
     if rev == 'worktree':
-        return open(os.path.join(ROOT, LUA, f)).read()
-    return subprocess.run(['git', '-C', ROOT, 'show', '%s:%s%s' % (rev, LUA, f)],
+        return rev
+    return subprocess.run(['git', '-C', ROOT, 'rev-parse', '--verify', rev],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def read_path(rev, path):
+    if rev == 'worktree':
+        return open(os.path.join(ROOT, path)).read()
+    return subprocess.run(['git', '-C', ROOT, 'show', '%s:%s' % (rev, path)],
                           capture_output=True, text=True, check=True).stdout
+
+
+def read(rev, f):
+    return read_path(rev, LUA + f)
 
 
 def layout_of(rev):
     try:
         read(rev, 'lib/shard.lua')
-        return 'parts'
     except (subprocess.CalledProcessError, FileNotFoundError):
         return 'prelude'
+    if 'register_function' in read_path(rev, SCRIPTS_RS):
+        return 'functions'
+    return 'parts'
 
 
 def needs(text):
@@ -71,21 +92,73 @@ def needs(text):
     return []
 
 
-def source(rev, name):
+def parts_of(rev):
+    """The parts of lua/lib/ in the order scripts carry them (scripts.rs's PARTS)."""
+    return (re.findall(r'\("(\w+)", include_str!\("lua/lib/', read_path(rev, SCRIPTS_RS))
+            or PARTS)
+
+
+def assembled(rev, name):
+    """A script's first line, the parts it needs, what a run does first, and its own text (as
+    scripts.rs puts them together)."""
     body = read(rev, name + '.lua')
     if layout_of(rev) == 'prelude':
-        return read(rev, 'prelude.lua') + '\n' + body
+        return None, read(rev, 'prelude.lua') + '\n', '', body
     want, todo = set(), needs(body)
     while todo:
         part = todo.pop()
         if part not in want:
             want.add(part)
             todo += needs(read(rev, 'lib/%s.lua' % part))
-    return ''.join(read(rev, 'lib/%s.lua' % p) + '\n' for p in PARTS if p in want) + body
+    parts = ''.join(read(rev, 'lib/%s.lua' % p) + '\n' for p in parts_of(rev) if p in want)
+    shebang = None
+    if body.startswith('#!'):
+        shebang, body = body.split('\n', 1)
+    if layout_of(rev) == 'parts':
+        return shebang, parts, '', body
+    return shebang, parts, 'start(KEYS)\n' if 'shard' in want else '', body
+
+
+def source(rev, name):
+    """A script's text, to run with EVALSHA (the prelude and parts layouts)."""
+    shebang, parts, prologue, body = assembled(rev, name)
+    return (shebang + '\n' if shebang else '') + parts + prologue + body
+
+
+def library(rev, name):
+    """A script as the function library of one function that the runner loads: (its name, the
+    library's text)."""
+    shebang, parts, prologue, body = assembled(rev, name)
+    fname = 'lab_' + name
+    flags = ', '.join("'%s'" % f for w in shebang.split() if w.startswith('flags=')
+                      for f in w[len('flags='):].split(','))
+    return fname, ('#!lua name=%s\n%sredis.register_function{function_name = \'%s\', '
+                   'flags = {%s}, callback = function(KEYS, ARGV)\n%s%s\nend}\n'
+                   % (fname, parts, fname, flags, prologue, body))
+
+
+def shapes(rev, layout):
+    """What the revision's scripts take and answer, read from their text: the values before the
+    tasks in a claim's reply, whether a claim takes fair share's arguments, whether a finish takes
+    logs before its outcomes, whether a task's key is `<plugin>\\x1f<id>`."""
+    claim = read(rev, 'claim.lua')
+    fixed = re.search(r'local out = \{([^}]*)\}', claim)
+    return {
+        'fixed': len(fixed.group(1).split(',')) if fixed and layout == 'runs' else
+                 (5 if layout == 'runs' else 4),
+        'share': 'parse_held(ARGV' in claim,
+        'logs': 'number of logs' in read(rev, 'finish.lua'),
+        'plugin_key': 'x1f' in read(rev, 'schedule.lua'),
+    }
 
 
 def keys(rev, shard):
-    return ['{et:%d}:%s' % (shard, k) for k in KEY_NAMES[layout_of(rev)]]
+    names = KEY_NAMES['prelude']
+    if layout_of(rev) != 'prelude':
+        # the shard part's header lists them (`--   KEYS[1] tasks (...)`), in later builds
+        names = (re.findall(r'^--\s+KEYS\[\d+\] (\w+)', read(rev, 'lib/shard.lua'), re.M)
+                 or KEY_NAMES['parts'])
+    return ['{et:%d}:%s' % (shard, k) for k in names]
 
 
 def free_port():
@@ -132,11 +205,25 @@ def instructions(out):
 def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
     with tempfile.TemporaryDirectory() as d:
         proc, r, out = start(d)
-        sha = {n: r.script_load(source(rev, n)) for n in ('schedule', 'claim', 'finish')}
+        functions = layout_of(rev) == 'functions'
+        if functions:
+            call = {}
+            for n in ('schedule', 'claim', 'finish'):
+                fname, text = library(rev, n)
+                r.function_load(text)
+                call[n] = (lambda f: lambda nkeys, *a: r.fcall(f, nkeys, *a))(fname)
+        else:
+            call = {}
+            for n in ('schedule', 'claim', 'finish'):
+                sha = r.script_load(source(rev, n))
+                call[n] = (lambda s: lambda nkeys, *a: r.evalsha(s, nkeys, *a))(sha)
         ks = lambda shard: keys(rev, shard)
         # (0.1.0's schedule takes each task's done-record key of the layouts before it)
         old = layout_of(rev) == 'prelude'
         ids = ['b%d' % i for i in range(tasks)]
+        shape = shapes(rev, layout)
+        # a task's key: its plugin, \x1f, its id (0.2.0); the bare id before
+        key = (lambda i: 'noop\x1f' + i) if shape['plugin_key'] else (lambda i: i)
         if 'schedule' in steps:
             for shard in range(SHARDS):
                 mine = [i for i in ids if sum(map(ord, i)) % SHARDS == shard]
@@ -147,30 +234,34 @@ def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
                     if layout == 'runs':
                         args += [len(batch), 5, 'noop', 0, 0]
                         for i in batch:
-                            args += [i, due(i), '', 'null']
+                            args += [key(i), due(i), '', 'null']
                     else:
                         for i in batch:
                             args += [i, due(i), 5, 'noop', '', 'null', 0, 0]
                     done_keys = ['{et:%d}:done:%s' % (shard, i) for i in batch] if old else []
-                    r.evalsha(sha['schedule'], len(ks(shard)) + len(done_keys), *ks(shard),
-                              *done_keys, *args)
+                    call['schedule'](len(ks(shard)) + len(done_keys), *ks(shard), *done_keys,
+                                     *args)
         if 'claim' in steps:
             for shard in range(SHARDS):
                 while True:
-                    reply = r.evalsha(sha['claim'], len(ks(shard)), *ks(shard), claim, 5000)
-                    got, step = (reply[5:], 2) if layout == 'runs' else (reply[4:], 3)
+                    # limit, lease_ms, then fair share's held (none), extra, headroom, part
+                    share = ['', 0, 0, 0] if shape['share'] else []
+                    reply = call['claim'](len(ks(shard)), *ks(shard), claim, 5000, *share)
+                    got, step = reply[shape['fixed']:], 2 if layout == 'runs' else 3
                     if not got:
                         break
                     token = reply[3]
                     claimed = got[0::step]
                     args = ['', shard, 3600000]
                     if layout == 'runs':
+                        # (no logs,) then one run of outcomes
+                        args += [0] if shape['logs'] else []
                         args += ['done', token, 0, '', len(claimed)] + claimed
                     else:
                         for i in claimed:
                             args += [i, token, 'done', 0, '']
                     if 'finish' in steps:
-                        r.evalsha(sha['finish'], len(ks(shard)), *ks(shard), *args)
+                        call['finish'](len(ks(shard)), *ks(shard), *args)
         r.shutdown(nosave=True)
         proc.wait()
         if keep:
@@ -190,7 +281,8 @@ def main():
     ap.add_argument('--keep', metavar='DIR',
                     help='keep each run\'s callgrind output in DIR (for callgrind_annotate)')
     a = ap.parse_args()
-    for rev in a.revs:
+    for name in a.revs:
+        rev = commit(name)
         layout = a.layout or ('runs' if 'runs of tasks' in source(rev, 'finish') else 'per-task')
         def step(tasks, steps):
             keep = a.keep and os.path.join(a.keep, '%s-%s.out' % (rev, '-'.join(steps) or 'base'))
@@ -200,7 +292,7 @@ def main():
         c = step(a.tasks, ('schedule', 'claim'))
         f = step(a.tasks, ('schedule', 'claim', 'finish'))
         print('%-12s instructions per task: schedule %d, claim %d, finish %d' % (
-            rev, (s - base) / a.tasks, (c - s) / a.tasks, (f - c) / a.tasks))
+            name, (s - base) / a.tasks, (c - s) / a.tasks, (f - c) / a.tasks))
 
 
 if __name__ == '__main__':
