@@ -6,6 +6,9 @@ use std::sync::OnceLock;
 
 use crate::workspace;
 
+#[path = "../../xtask/src/cargo_command.rs"]
+mod cargo_command;
+
 /// The last release (the newest commit whose subject starts with "Release "): its subject and
 /// its `eggtimer` binary, built on first use into target/released/<commit>/ (the source from
 /// `git archive`, the dependencies from the workspace's target dir, so only the release's own
@@ -91,22 +94,8 @@ fn build_release() -> (String, PathBuf) {
     // and most of its dependencies again with other features (4.5 min cold, and their disk). One
     // test target of the release stands for all of them: its smallest.
     let test = smallest_test(&src.join("tests/tests"));
-    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // without the variables cargo set for this test process: build scripts that read one (ring's
-    // does) would see them change and build again what the workspace built
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if k.starts_with("CARGO_PKG_")
-            || k.starts_with("CARGO_MANIFEST_")
-            || matches!(
-                &*k,
-                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
-            )
-        {
-            cargo.env_remove(&*k);
-        }
-    }
-    let status = cargo
+    // (without the variables cargo set for this test process: see `cargo_command`)
+    let status = cargo_command::cargo_command()
         .current_dir(&src)
         .args([
             "build",

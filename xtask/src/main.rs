@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
+use cargo_command::cargo_command;
 
+mod cargo_command;
 mod dist;
 mod guest;
 mod peer;
@@ -153,27 +155,6 @@ fn cargo(args: &[&str], path_arg: Option<&Path>, rest: &[String]) -> Result<()> 
         bail!("cargo {} failed ({status})", args.join(" "));
     }
     Ok(())
-}
-
-/// A cargo command as from a shell: without the variables `cargo run` set for xtask itself
-/// (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, ...). Build scripts that read one of them (ring's
-/// does) would otherwise see it change between `cargo xtask test` and a plain `cargo test`, and
-/// rebuild themselves and everything above them each time.
-fn cargo_command() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if k.starts_with("CARGO_PKG_")
-            || k.starts_with("CARGO_MANIFEST_")
-            || matches!(
-                &*k,
-                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
-            )
-        {
-            c.env_remove(&*k);
-        }
-    }
-    c
 }
 
 /// The plugin crates: every directory under plugins/ with a Cargo.toml.
