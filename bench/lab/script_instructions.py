@@ -24,10 +24,9 @@ takes about a minute at the default 8,000 tasks. It knows three ways scripts wer
 0.1.0's prelude, the parts of lua/lib/ run with EVALSHA (builds between 0.1.0 and 0.2.0), and
 the same parts loaded as a Redis function library and run with FCALL (0.2.0: task ids stored as
 `<plugin>\x1f<id>`, a claim's reply with nine values before its tasks, a finish's logs before
-its outcomes). It knows
-the scripts' argument layouts before and after commit "store: outcomes and schedule settings
-sent once per run": `--layout runs|per-task` picks one for revisions it can't tell. `--keep DIR`
-keeps callgrind's output of each run for callgrind_annotate.
+its outcomes). It knows the scripts' argument layouts before and after commit "store: outcomes
+and schedule settings sent once per run": `--layout runs|per-task` picks one for revisions it
+can't tell. `--keep DIR` keeps callgrind's output of each run for callgrind_annotate.
 """
 import argparse
 import os
@@ -205,16 +204,14 @@ def instructions(out):
 def run(rev, layout, tasks, steps, claim=256, keep=None, spread=False):
     with tempfile.TemporaryDirectory() as d:
         proc, r, out = start(d)
-        functions = layout_of(rev) == 'functions'
-        if functions:
-            call = {}
-            for n in ('schedule', 'claim', 'finish'):
+        # each script called as the revision's runner calls it: FCALL of a function, or EVALSHA
+        call = {}
+        for n in ('schedule', 'claim', 'finish'):
+            if layout_of(rev) == 'functions':
                 fname, text = library(rev, n)
                 r.function_load(text)
                 call[n] = (lambda f: lambda nkeys, *a: r.fcall(f, nkeys, *a))(fname)
-        else:
-            call = {}
-            for n in ('schedule', 'claim', 'finish'):
+            else:
                 sha = r.script_load(source(rev, n))
                 call[n] = (lambda s: lambda nkeys, *a: r.evalsha(s, nkeys, *a))(sha)
         ks = lambda shard: keys(rev, shard)
