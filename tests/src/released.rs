@@ -88,8 +88,9 @@ fn build_release() -> (String, PathBuf) {
             "eggtimer = { path = \"runner\", package = \"eggtimer-released\" }",
         )],
     );
-    // The dependencies' features as `cargo xtask test` built them (every package with its tests:
-    // a test target turns on the dev-dependencies, and their features reach shared dependencies),
+    // The dependencies' features as `cargo xtask test` built them (xtask's `RUN_BUILD`: every
+    // package with its tests; a test target turns on the dev-dependencies, and their features
+    // reach shared dependencies),
     // so every dependency is found built. Built alone, the release's runner would compile wasmtime
     // and most of its dependencies again with other features (4.5 min cold, and their disk). One
     // test target of the release stands for all of them: its smallest.

@@ -128,6 +128,8 @@ fn exec(cmd: &mut Command) -> std::io::Error {
 /// would each compile wasmtime and everything above it (measured cold: 5 min 20 s, then 4 min
 /// 14 s more); one build for both compiles them once, and either command finds the other's work
 /// done.
+/// (The upgrade test builds the last release with the same selection, so its dependencies are
+/// these: tests/src/released.rs.)
 const RUN_BUILD: &[&str] = &["build", "--workspace", "--bins", "--tests"];
 
 fn target_dir() -> PathBuf {
