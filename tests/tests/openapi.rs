@@ -90,6 +90,69 @@ async fn the_api_reference_in_docs_is_the_document_rendered() {
     }
 }
 
+/// Every shape of answer `POST /v1/tasks` gives (one task, a batch, a debounced one and a batch of
+/// them; new and merged) is valid under the document's `ScheduleReply`, checked with the
+/// `jsonschema_rs` package of schemathesis's Python: the fuzzer finds a missing shape only by chance.
+#[tokio::test]
+async fn every_answer_of_a_schedule_fits_the_document() {
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let r = RunnerProcess::start(&redis.url(), &["--plugins-dir", dir.to_str().unwrap()]);
+    let (s, doc) = call("GET", &format!("{}/v1/openapi.json", r.url), None).await;
+    assert_eq!(s, 200);
+    let url = format!("{}/v1/tasks", r.url);
+    let later = serde_json::json!({"plugin": "noop", "delay_ms": 3_600_000});
+    let debounced = |key: &str| {
+        serde_json::json!({"plugin": "noop", "payload": {"k": key},
+                           "debounce": {"key": key, "quiet_ms": 60_000, "max_wait_ms": 600_000}})
+    };
+    let mut answers = Vec::new();
+    for body in [
+        later.clone(),
+        serde_json::json!([later.clone(), later]),
+        debounced("one"),
+        debounced("one"),
+        serde_json::json!([debounced("two"), debounced("one")]),
+    ] {
+        let (s, answer) = call("POST", &url, Some(body.clone())).await;
+        assert_eq!(s, 201, "{body} -> {answer}");
+        answers.push(answer);
+    }
+    assert_eq!(answers[3]["debounced"], "merged", "{}", answers[3]);
+    let python = schemathesis().with_file_name("python");
+    const CHECK: &str = r##"
+import json, sys, jsonschema_rs
+doc, answers = json.load(sys.stdin)
+schema = {"$ref": "#/components/schemas/ScheduleReply", "components": doc["components"]}
+validator = jsonschema_rs.Draft202012Validator(schema)
+bad = [(a, e.message) for a in answers for e in validator.iter_errors(a)]
+print(bad)
+sys.exit(1 if bad else 0)
+"##;
+    let mut child = Command::new(&python)
+        .args(["-c", CHECK])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
+    {
+        use std::io::Write;
+        let input = serde_json::json!([doc, answers]).to_string();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "answers outside the document's ScheduleReply: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[tokio::test]
 async fn schemathesis_with_every_check_finds_nothing() {
     let redis = RedisServer::start();

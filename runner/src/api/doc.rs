@@ -188,13 +188,33 @@ pub struct DryRunReply {
     pub effects: Value,
 }
 
-/// The answer to a schedule: one, or an array in the order of the specs.
+/// A debounced task's id (its debounce key) and what the schedule did with it.
+#[derive(Serialize, ToSchema)]
+pub struct DebouncedTask {
+    pub id: String,
+    pub debounced: DebounceVerdict,
+}
+
+/// `new`: a new window, the task due in `quiet_ms`; `merged`: joined the waiting task, which moved;
+/// `queued`: the task runs, so the payload waits for its next window.
+#[derive(Serialize, ToSchema, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+pub enum DebounceVerdict {
+    New,
+    Merged,
+    Queued,
+}
+
+/// The answer to a schedule: one, or an array in the order of the specs; a debounced schedule's
+/// answers are `DebouncedTask`s.
 #[derive(ToSchema, Serialize)]
 #[allow(dead_code)]
 #[serde(untagged)]
 pub enum ScheduleReply {
     One(ScheduledTask),
     Many(Vec<ScheduledTask>),
+    OneDebounced(DebouncedTask),
+    ManyDebounced(Vec<DebouncedTask>),
 }
 
 /// Move a task: to a time, or by a signed shift.

@@ -6,7 +6,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
@@ -112,22 +111,24 @@ pub async fn schedule_debounced(
             specs[i].id
         )));
     }
-    let replies: Vec<Value> = specs
+    let mut replies: Vec<doc::DebouncedTask> = specs
         .iter()
         .zip(&verdicts)
-        .map(|(t, v)| {
-            let what = match v {
-                Debounced::New => "new",
-                Debounced::Merged => "merged",
-                _ => "queued",
-            };
-            json!({"id": t.id, "debounced": what})
+        .map(|(t, v)| doc::DebouncedTask {
+            id: t.id.clone(),
+            debounced: match v {
+                Debounced::New => doc::DebounceVerdict::New,
+                Debounced::Merged => doc::DebounceVerdict::Merged,
+                _ => doc::DebounceVerdict::Queued,
+            },
         })
         .collect();
-    let body = if single {
-        replies.into_iter().next().unwrap_or(Value::Null)
-    } else {
-        Value::Array(replies)
+    let body = match replies.pop() {
+        Some(one) if single => doc::ScheduleReply::OneDebounced(one),
+        last => {
+            replies.extend(last);
+            doc::ScheduleReply::ManyDebounced(replies)
+        }
     };
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
