@@ -23,6 +23,12 @@ export interface Task<P = unknown> {
   created_at: number;
   finished_at?: number;
   traceparent?: string;
+  /** The events it listens for. */
+  on?: { topic: string; key: string; then: 'cancel' | 'run' }[];
+  /** The event that made it run, if one did. */
+  event?: { id: string; topic: string; key: string; at: number; data?: unknown };
+  /** A debounced task's payloads, oldest first. */
+  batch?: unknown[];
 }
 
 /** What scheduling answers: the task's id (generated when you gave none) and its due time. */
@@ -30,6 +36,17 @@ export interface Scheduled {
   id: string;
   run_at: number;
 }
+
+/** What scheduling a debounced task answers: its id (the debounce key) and what became of it:
+ *  `new` (a window, due in quiet_ms), `merged` (joined the waiting task, which moved) or `queued`
+ *  (the task runs, so the payload waits for its next window). No due time: a queued payload's
+ *  window starts when the run ends. */
+export interface Debounced {
+  id: string;
+  debounced: 'new' | 'merged' | 'queued';
+}
+
+type DebounceWindow = { key: string; quiet_ms: number; max_wait_ms: number };
 
 /** When and how a task runs: `run_at` or `delay_ms` (neither: now). */
 export interface ScheduleOptions {
@@ -47,7 +64,7 @@ export interface ScheduleOptions {
   /** An event up to this long before it was scheduled still matches (default 60,000). */
   lookback_ms?: number;
   /** One task per key: scheduling again within quiet_ms moves it and keeps every payload. */
-  debounce?: { key: string; quiet_ms: number; max_wait_ms: number };
+  debounce?: DebounceWindow;
 }
 
 export interface TaskSpec extends ScheduleOptions {
@@ -99,9 +116,12 @@ export class Client {
    *  needed only where plugins your key may see each have a task of one id (else 409
    *  `ambiguous_id`). */
   inPlugin(plugin: string): Client;
-  schedule(plugin: string, payload?: unknown, options?: ScheduleOptions): Promise<Scheduled>;
-  /** Up to 10,000 at once, all or none (an error names the refused index). */
-  scheduleMany(specs: TaskSpec[]): Promise<Scheduled[]>;
+  /** A debounced task (`debounce` given) is answered `{id, debounced}`, any other `{id, run_at}`. */
+  schedule(plugin: string, payload: unknown, options: ScheduleOptions & { debounce: DebounceWindow }): Promise<Debounced>;
+  schedule(plugin: string, payload?: unknown, options?: ScheduleOptions & { debounce?: undefined }): Promise<Scheduled>;
+  /** Up to 10,000 at once, all or none (an error names the refused index); all debounced or none. */
+  scheduleMany(specs: (TaskSpec & { debounce: DebounceWindow })[]): Promise<Debounced[]>;
+  scheduleMany(specs: (TaskSpec & { debounce?: undefined })[]): Promise<Scheduled[]>;
   /** The task, or null when there is none. */
   get<P = unknown>(id: string): Promise<Task<P> | null>;
   move(id: string, to: { runAt: number } | { shiftMs: number }): Promise<Scheduled>;

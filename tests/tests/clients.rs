@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use eggtimer_client::{Client, TaskSpec, TaskState};
+use eggtimer_client::{Client, DebounceVerdict, TaskSpec, TaskState};
 use eggtimer_tests::guests::{program, run_ok};
 use eggtimer_tests::{RedisServer, RunnerProcess, built_plugins, now_ms, temp_dir, workspace};
 use serde_json::json;
@@ -131,6 +131,32 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
     assert_eq!(et.publish("payments", "o-rs", &data).await.unwrap(), 1);
     assert!(et.get("paid-rs").await.unwrap().is_none());
 
+    // a debounced task: two payloads of one key make one task that has both; a debounced spec
+    // is answered without a due time, so it has methods of its own (nothing sent to the wrong one)
+    let fed = |n: i64| {
+        TaskSpec::new("noop")
+            .payload(json!({"n": n}))
+            .debounce("rs-feed", HOUR, 2 * HOUR)
+    };
+    let d = et.schedule_debounced(&fed(1)).await.unwrap();
+    assert_eq!(
+        (d.id.as_str(), d.debounced),
+        ("rs-feed", DebounceVerdict::New)
+    );
+    let d = et.schedule_debounced_many(&[fed(2)]).await.unwrap();
+    assert_eq!(d[0].debounced, DebounceVerdict::Merged);
+    let e = et.schedule(&fed(3)).await.unwrap_err();
+    assert!(e.to_string().contains("schedule_debounced"), "{e}");
+    let e = et
+        .schedule_debounced(&TaskSpec::new("noop").id("rs-plain"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("Client::schedule"), "{e}");
+    assert!(et.get("rs-plain").await.unwrap().is_none());
+    let task = et.get("rs-feed").await.unwrap().unwrap();
+    assert_eq!(task.batch, [json!({"n": 1}), json!({"n": 2})]);
+    assert!(et.cancel("rs-feed").await.unwrap());
+
     // the API's errors, with status, code and message
     let e = et
         .schedule(&TaskSpec::new("no-such-plugin"))
@@ -174,7 +200,7 @@ async fn the_typescript_client_passes_its_suite_against_a_real_runner() {
         &r,
     );
     assert!(
-        out.contains("# pass 9") && out.contains("# fail 0"),
+        out.contains("# pass 10") && out.contains("# fail 0"),
         "{out}"
     );
 
@@ -225,5 +251,8 @@ async fn the_python_client_passes_its_suite_against_a_real_runner() {
         "python3 -m unittest (clients/python)",
         &r,
     );
-    assert!(out.contains("Ran 9 tests") && out.contains("\nOK"), "{out}");
+    assert!(
+        out.contains("Ran 10 tests") && out.contains("\nOK"),
+        "{out}"
+    );
 }

@@ -127,6 +127,17 @@ test('an event cancels the task listening for it', async () => {
   assert.equal(await et.publish('payments', id), 0);
 });
 
+test('a debounced task gathers the payloads of its key', async () => {
+  const key = fresh('feed');
+  const debounce = { key, quiet_ms: HOUR, max_wait_ms: 2 * HOUR };
+  assert.deepEqual(await et.schedule(PLUGIN, { n: 1 }, { debounce }), { id: key, debounced: 'new' });
+  assert.deepEqual(await et.scheduleMany([{ plugin: PLUGIN, payload: { n: 2 }, debounce }]), [
+    { id: key, debounced: 'merged' },
+  ]);
+  assert.deepEqual((await et.get(key)).batch, [{ n: 1 }, { n: 2 }]);
+  assert.equal(await et.cancel(key), true);
+});
+
 test('a recurring schedule', async () => {
   const id = fresh('sweep');
   const got = await et.putSchedule(id, PLUGIN, { sweep: true }, { cron: '30 9 * * *', tz: 'Europe/Berlin' });

@@ -16,9 +16,9 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator, Literal, Optional, TypedDict
+from typing import Any, Iterator, Literal, Optional, TypedDict, Union, overload
 
-__all__ = ["Client", "EggtimerError", "Task", "Scheduled", "TaskSpec", "Schedule"]
+__all__ = ["Client", "EggtimerError", "Task", "Scheduled", "Debounced", "TaskSpec", "Schedule"]
 
 
 class EggtimerError(Exception):
@@ -38,6 +38,15 @@ class Scheduled(TypedDict):
     run_at: int
 
 
+class Debounced(TypedDict):
+    """What scheduling a debounced task answers: its id (the debounce key) and what became of it:
+    `new` (a window, due in quiet_ms), `merged` (joined the waiting task, which moved) or `queued`
+    (the task runs, so the payload waits for its next window, which starts when the run ends)."""
+
+    id: str
+    debounced: Literal["new", "merged", "queued"]
+
+
 class Task(TypedDict, total=False):
     """A task as the API shows it. Times are milliseconds since the Unix epoch."""
 
@@ -53,6 +62,9 @@ class Task(TypedDict, total=False):
     created_at: int
     finished_at: int
     traceparent: str
+    on: list[dict[str, str]]
+    event: dict[str, Any]
+    batch: list[Any]
 
 
 class TaskSpec(TypedDict, total=False):
@@ -118,6 +130,20 @@ class Client:
 
     # --- tasks -----------------------------------------------------------------------------
 
+    @overload
+    def schedule(self, plugin: str, payload: Any = None, *, run_at: Optional[int] = None,
+                 delay_ms: Optional[int] = None, id: Optional[str] = None, owner: Optional[str] = None,
+                 max_attempts: Optional[int] = None, unique_for_ms: Optional[int] = None,
+                 traceparent: Optional[str] = None, on: Optional[list[dict[str, str]]] = None,
+                 lookback_ms: Optional[int] = None, debounce: None = None) -> Scheduled: ...
+
+    @overload
+    def schedule(self, plugin: str, payload: Any = None, *, run_at: Optional[int] = None,
+                 delay_ms: Optional[int] = None, id: Optional[str] = None, owner: Optional[str] = None,
+                 max_attempts: Optional[int] = None, unique_for_ms: Optional[int] = None,
+                 traceparent: Optional[str] = None, on: Optional[list[dict[str, str]]] = None,
+                 lookback_ms: Optional[int] = None, debounce: dict[str, Any]) -> Debounced: ...
+
     def schedule(
         self,
         plugin: str,
@@ -133,12 +159,13 @@ class Client:
         on: Optional[list[dict[str, str]]] = None,
         lookback_ms: Optional[int] = None,
         debounce: Optional[dict[str, Any]] = None,
-    ) -> Scheduled:
+    ) -> Union[Scheduled, Debounced]:
         """Schedules one task of `plugin` at `run_at` (ms) or after `delay_ms` (now without either).
 
         The same `id` again replaces a task that has not started (409 `conflict` while it runs).
         `on` lists events it listens for (`{"topic", "key", "then": "cancel" | "run"}`); `debounce`
-        (`{"key", "quiet_ms", "max_wait_ms"}`) makes it one task per key that gathers payloads."""
+        (`{"key", "quiet_ms", "max_wait_ms"}`) makes it one task per key that gathers payloads,
+        answered with a `Debounced` (no due time) instead of a `Scheduled`."""
         spec: dict[str, Any] = {"plugin": plugin}
         for name, value in (
             ("payload", payload),
@@ -157,8 +184,9 @@ class Client:
                 spec[name] = value
         return self._call("POST", "/v1/tasks", spec)
 
-    def schedule_many(self, specs: list[TaskSpec]) -> list[Scheduled]:
-        """Schedules up to 10,000 tasks at once, all or none (an error names the refused index)."""
+    def schedule_many(self, specs: list[TaskSpec]) -> Union[list[Scheduled], list[Debounced]]:
+        """Schedules up to 10,000 tasks at once, all or none (an error names the refused index):
+        all debounced (answered with `Debounced`s) or none."""
         return self._call("POST", "/v1/tasks", list(specs))
 
     def get(self, id: str) -> Optional[Task]:

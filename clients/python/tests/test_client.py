@@ -124,6 +124,15 @@ class ClientTest(unittest.TestCase):
         self.assertIsNone(self.et.get(id))
         self.assertEqual(self.et.publish("payments", id), 0)
 
+    def test_a_debounced_task_gathers_the_payloads_of_its_key(self):
+        key = self.fresh("feed")
+        window = {"key": key, "quiet_ms": HOUR, "max_wait_ms": 2 * HOUR}
+        self.assertEqual(self.et.schedule(PLUGIN, {"n": 1}, debounce=window), {"id": key, "debounced": "new"})
+        got = self.et.schedule_many([{"plugin": PLUGIN, "payload": {"n": 2}, "debounce": window}])
+        self.assertEqual(got, [{"id": key, "debounced": "merged"}])
+        self.assertEqual(self.et.get(key)["batch"], [{"n": 1}, {"n": 2}])
+        self.assertTrue(self.et.cancel(key))
+
     def test_a_recurring_schedule(self):
         id = self.fresh("sweep")
         got = self.et.put_schedule(id, PLUGIN, {"sweep": True}, cron="30 9 * * *", tz="Europe/Berlin")

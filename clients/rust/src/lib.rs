@@ -42,7 +42,9 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
-    /// An answer this client could not read as the route's reply.
+    /// An answer this client could not read as the route's reply, or a spec whose answer the
+    /// method can't give (a debounced spec to [`Client::schedule`], a plain one to
+    /// [`Client::schedule_debounced`]; nothing is sent).
     #[error("{0}")]
     Reply(String),
 }
@@ -112,6 +114,27 @@ pub struct Task {
 pub struct Scheduled {
     pub id: String,
     pub run_at: i64,
+}
+
+/// What scheduling a debounced spec ([`TaskSpec::debounce`]) did with its task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum DebounceVerdict {
+    /// A new window: the task is due in `quiet_ms`.
+    New,
+    /// Joined the waiting task, which moved.
+    Merged,
+    /// The task runs, so the payload waits for its next window.
+    Queued,
+}
+
+/// What [`Client::schedule_debounced`] answers: the task's id (its debounce key) and what became
+/// of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debounced {
+    pub id: String,
+    pub debounced: DebounceVerdict,
 }
 
 /// One task to schedule (the body of `POST /v1/tasks`): `run_at` or `delay_ms`, or neither for
@@ -291,11 +314,27 @@ impl Client {
     }
 
     pub async fn schedule(&self, spec: &TaskSpec) -> Result<Scheduled> {
+        all_debounced(std::slice::from_ref(spec), false)?;
         self.typed(Method::POST, "/v1/tasks", json(spec)).await
     }
 
     /// Up to 10,000 tasks at once, all or none (an error names the refused index).
     pub async fn schedule_many(&self, specs: &[TaskSpec]) -> Result<Vec<Scheduled>> {
+        all_debounced(specs, false)?;
+        self.typed(Method::POST, "/v1/tasks", json(specs)).await
+    }
+
+    /// Schedules a debounced spec ([`TaskSpec::debounce`]): one task per key, which gathers the
+    /// payloads of a quiet period. Its answer has no due time: a payload may wait for a running
+    /// task's next window.
+    pub async fn schedule_debounced(&self, spec: &TaskSpec) -> Result<Debounced> {
+        all_debounced(std::slice::from_ref(spec), true)?;
+        self.typed(Method::POST, "/v1/tasks", json(spec)).await
+    }
+
+    /// Up to 10,000 debounced specs at once, all or none.
+    pub async fn schedule_debounced_many(&self, specs: &[TaskSpec]) -> Result<Vec<Debounced>> {
+        all_debounced(specs, true)?;
         self.typed(Method::POST, "/v1/tasks", json(specs)).await
     }
 
@@ -466,6 +505,20 @@ impl Client {
 
 fn json<T: Serialize + ?Sized>(v: &T) -> Body {
     Body::Json(serde_json::to_value(v).expect("a spec is plain JSON"))
+}
+
+/// Whether every spec is debounced (`want`) or none is: the two are answered differently.
+fn all_debounced(specs: &[TaskSpec], want: bool) -> Result<()> {
+    match specs.iter().position(|s| s.debounce.is_some() != want) {
+        None => Ok(()),
+        Some(i) if want => Err(Error::Reply(format!(
+            "spec [{i}] has no debounce: schedule it with Client::schedule"
+        ))),
+        Some(i) => Err(Error::Reply(format!(
+            "spec [{i}] is debounced, and its answer has no run_at: \
+             schedule it with Client::schedule_debounced"
+        ))),
+    }
 }
 
 fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T> {
