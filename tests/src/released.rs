@@ -90,10 +90,10 @@ fn build_release() -> (String, PathBuf) {
     );
     // The dependencies' features as `cargo xtask test` built them (xtask's `RUN_BUILD`: every
     // package with its tests; a test target turns on the dev-dependencies, and their features
-    // reach shared dependencies),
-    // so every dependency is found built. Built alone, the release's runner would compile wasmtime
-    // and most of its dependencies again with other features (4.5 min cold, and their disk). One
-    // test target of the release stands for all of them: its smallest.
+    // reach shared dependencies), so every dependency is found built. Built alone, the release's
+    // runner would compile wasmtime and most of its dependencies again with other features
+    // (4.5 min cold, and their disk). One test target of the release stands for all of them: its
+    // smallest.
     let test = smallest_test(&src.join("tests/tests"));
     // (without the variables cargo set for this test process: see `cargo_command`)
     let status = cargo_command::cargo_command()

@@ -197,7 +197,7 @@ pub struct DebouncedTask {
 
 /// `new`: a new window, the task due in `quiet_ms`; `merged`: joined the waiting task, which moved;
 /// `queued`: the task runs, so the payload waits for its next window.
-#[derive(Serialize, ToSchema, Clone, Copy)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DebounceVerdict {
     New,
@@ -208,7 +208,6 @@ pub enum DebounceVerdict {
 /// The answer to a schedule: one, or an array in the order of the specs; a debounced schedule's
 /// answers are `DebouncedTask`s.
 #[derive(ToSchema, Serialize)]
-#[allow(dead_code)]
 #[serde(untagged)]
 pub enum ScheduleReply {
     One(ScheduledTask),

@@ -123,12 +123,10 @@ pub async fn schedule_debounced(
             },
         })
         .collect();
-    let body = match replies.pop() {
-        Some(one) if single => doc::ScheduleReply::OneDebounced(one),
-        last => {
-            replies.extend(last);
-            doc::ScheduleReply::ManyDebounced(replies)
-        }
+    let body = if single && replies.len() == 1 {
+        doc::ScheduleReply::OneDebounced(replies.remove(0))
+    } else {
+        doc::ScheduleReply::ManyDebounced(replies)
     };
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }

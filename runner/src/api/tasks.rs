@@ -6,8 +6,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use serde_json::json;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::plugin_in_scope;
@@ -270,14 +270,17 @@ pub async fn schedule(
     for t in &specs {
         st.metrics.observe_scheduled(&t.plugin, 1);
     }
-    let replies: Vec<Value> = specs
+    let mut replies: Vec<doc::ScheduledTask> = specs
         .iter()
-        .map(|t| json!({"id": t.id, "run_at": t.run_at}))
+        .map(|t| doc::ScheduledTask {
+            id: t.id.clone(),
+            run_at: t.run_at,
+        })
         .collect();
-    let body = if single {
-        replies.into_iter().next().unwrap_or(Value::Null)
+    let body = if single && replies.len() == 1 {
+        doc::ScheduleReply::One(replies.remove(0))
     } else {
-        Value::Array(replies)
+        doc::ScheduleReply::Many(replies)
     };
     let mut res = (StatusCode::CREATED, axum::Json(body)).into_response();
     if specs.iter().all(|t| t.plugin == specs[0].plugin) {
@@ -467,6 +470,7 @@ pub async fn run_now(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::Value;
 
     /// Any JSON value, nested a little.
     fn any_json() -> impl Strategy<Value = Value> {
