@@ -46,9 +46,11 @@ pub struct AuditEntry {
 }
 
 impl AuditEntry {
-    /// A refusal (401, 403): kept in a stream of its own.
+    /// A request that changed nothing (any 4xx or 5xx answer: refused, not found, invalid, over
+    /// a limit): kept in a stream of its own, so that no number of failed requests pushes a
+    /// change out of the audit of changes.
     pub fn refused(&self) -> bool {
-        matches!(self.status, 401 | 403)
+        self.status >= 400
     }
 }
 

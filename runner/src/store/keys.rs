@@ -304,8 +304,8 @@ impl Keys {
         format!("{{{}}}:audit", self.ns)
     }
 
-    /// STREAM of the API's refusals (401 and 403), kept apart so that they can't push changes
-    /// out of the audit.
+    /// STREAM of the API's requests that failed (every 4xx and 5xx: refusals, unknown ids,
+    /// invalid bodies), kept apart so that they can't push changes out of the audit.
     pub fn audit_refused(&self) -> String {
         format!("{{{}}}:audit:refused", self.ns)
     }
