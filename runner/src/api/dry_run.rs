@@ -125,7 +125,11 @@ pub async fn dry_run(
             body: c.body.into_bytes(),
         });
     }
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    let mut t = resolve(&st, &caller, &id, of.plugin).await?;
+    // a debounced task runs with its window's payloads
+    st.store
+        .load_windows(st.store.shard_of(&t.key), std::slice::from_mut(&mut t))
+        .await?;
     let history = st.store.plugin_history(&t.plugin).await?;
     let entry = match b.version {
         None => st.store.plugin_current(&t.plugin).await?,

@@ -245,9 +245,6 @@ pub async fn schedule(
         ));
     }
     super::checks::payloads(&st, &specs, single).await?;
-    if debounced > 0 {
-        return super::events::schedule_debounced(&st, specs, single).await;
-    }
     let admitted = match st.store.admit(&specs).await? {
         Ok(a) => a,
         Err(q) => {
@@ -260,6 +257,11 @@ pub async fn schedule(
             return Err(e);
         }
     };
+    if debounced > 0 {
+        let r = super::events::schedule_debounced(&st, specs, single).await;
+        st.store.landed(admitted).await;
+        return r;
+    }
     let written = st.store.schedule_all_or_none(&specs).await;
     st.store.landed(admitted).await;
     match written? {

@@ -249,52 +249,64 @@ impl Store {
         Ok(n)
     }
 
-    /// Schedules debounced tasks: one task per id (see `lua/debounce.lua`).
+    /// Schedules debounced tasks: one task per id (see `lua/debounce.lua`). Each shard's tasks
+    /// go in order, in calls of at most [`DEBOUNCE_CALL_TASKS`] tasks and about
+    /// [`DEBOUNCE_CALL_BYTES`] of payloads, so no call holds Redis longer than those cost
+    /// (a batch of 10,000 tasks of one key is many short calls, not one long one).
     pub async fn debounce(&self, tasks: &[NewTask]) -> Result<Vec<Debounced>> {
         let groups = self.by_shard(tasks.iter().map(|t| t.id.as_str()));
         let channel = self.keys().wake_channel();
         let calls = groups.iter().map(|(shard, ix)| {
             let shard = *shard;
-            let mut inv = self.shard_script(&self.inner.scripts.debounce, shard);
-            inv.arg(&channel).arg(shard);
-            for &i in ix {
-                let t = &tasks[i];
-                let d = t.debounce.unwrap_or(Debounce {
-                    quiet_ms: 0,
-                    max_wait_ms: 0,
-                });
-                let marks = super::record::LastField {
-                    traceparent: t.traceparent.as_deref(),
-                    start_by: t.start_by,
-                    extras: None,
-                    payload: "",
-                }
-                .join()
-                .into_owned();
-                inv.arg(task_key(&t.plugin, &t.id))
-                    .arg(&t.plugin)
-                    .arg(t.owner.as_deref().unwrap_or(""))
-                    .arg(t.max_attempts)
-                    .arg(marks)
-                    .arg(&t.payload)
-                    .arg(d.quiet_ms)
-                    .arg(d.max_wait_ms);
-            }
+            let channel = &channel;
             let mut conn = self.conn();
             async move {
-                let answer: String = inv
-                    .invoke_async(&mut conn)
-                    .await
-                    .context("debounce script")?;
-                let verdicts = super::tasks::letters("debounce", &answer, ix.len(), |c| {
-                    Some(match c {
-                        b'o' => Debounced::New,
-                        b'm' => Debounced::Merged,
-                        b'q' => Debounced::Queued,
-                        b'r' => Debounced::Running,
-                        _ => return None,
-                    })
-                })?;
+                let mut verdicts = Vec::with_capacity(ix.len());
+                for part in debounce_calls(tasks, ix) {
+                    let mut inv = self.shard_script(&self.inner.scripts.debounce, shard);
+                    inv.arg(channel).arg(shard);
+                    for &i in part {
+                        let t = &tasks[i];
+                        let d = t.debounce.unwrap_or(Debounce {
+                            quiet_ms: 0,
+                            max_wait_ms: 0,
+                        });
+                        let marks = super::record::LastField {
+                            traceparent: t.traceparent.as_deref(),
+                            start_by: t.start_by,
+                            extras: None,
+                            payload: "",
+                        }
+                        .join()
+                        .into_owned();
+                        inv.arg(task_key(&t.plugin, &t.id))
+                            .arg(&t.plugin)
+                            .arg(t.owner.as_deref().unwrap_or(""))
+                            .arg(t.max_attempts)
+                            .arg(marks)
+                            .arg(&t.payload)
+                            .arg(d.quiet_ms)
+                            .arg(d.max_wait_ms);
+                    }
+                    let answer: String = inv
+                        .invoke_async(&mut conn)
+                        .await
+                        .context("debounce script")?;
+                    verdicts.extend(super::tasks::letters(
+                        "debounce",
+                        &answer,
+                        part.len(),
+                        |c| {
+                            Some(match c {
+                                b'o' => Debounced::New,
+                                b'm' => Debounced::Merged,
+                                b'q' => Debounced::Queued,
+                                b'r' => Debounced::Running,
+                                _ => return None,
+                            })
+                        },
+                    )?);
+                }
                 Ok::<_, anyhow::Error>((ix, verdicts))
             }
         });
@@ -306,4 +318,28 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// The most tasks one call of the debounce script takes.
+pub const DEBOUNCE_CALL_TASKS: usize = 32;
+/// About the most payload bytes one call of the debounce script takes (a call takes one task
+/// at least, whatever its size).
+pub const DEBOUNCE_CALL_BYTES: usize = 128 << 10;
+
+/// `ix` (indexes into `tasks`) cut into the runs that one debounce call each takes, in order.
+fn debounce_calls<'a>(tasks: &[NewTask], ix: &'a [usize]) -> Vec<&'a [usize]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (j, &i) in ix.iter().enumerate() {
+        let size = tasks[i].payload.len();
+        if j > start && (j - start == DEBOUNCE_CALL_TASKS || bytes + size > DEBOUNCE_CALL_BYTES) {
+            out.push(&ix[start..j]);
+            (start, bytes) = (j, 0);
+        }
+        bytes += size;
+    }
+    if start < ix.len() {
+        out.push(&ix[start..]);
+    }
+    out
 }

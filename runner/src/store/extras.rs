@@ -12,8 +12,11 @@ pub struct Extras {
     /// JSON text.
     pub event: Option<String>,
     pub debounce: Option<Window>,
-    /// JSON texts.
+    /// JSON texts (held in the record by 0.2.0; see `window`).
     pub batch: Vec<String>,
+    /// How many of the window's payloads are held in its list beside the record
+    /// ([`ShardKeys::window`](super::keys::ShardKeys::window)), after `batch`.
+    pub window: u64,
     pub batch_dropped: u64,
     pub next_batch: u64,
 }
@@ -97,6 +100,8 @@ impl Extras {
                     });
                 }
                 'b' => x.batch.push(v.to_owned()),
+                'w' => x.window = held(v),
+                'N' => x.next_batch += held(v),
                 'm' => x.batch_dropped = v.parse().unwrap_or(0),
                 'n' => x.next_batch += 1,
                 'M' => x.next_batch += v.parse().unwrap_or(0),
@@ -121,4 +126,12 @@ impl Extras {
         }
         Some(parts.join("\x1f"))
     }
+}
+
+/// The count of a `w` or `N` entry (`<count>\x1e<bytes>`).
+fn held(v: &str) -> u64 {
+    v.split('\x1e')
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }

@@ -36,6 +36,31 @@ impl Store {
         Ok(found)
     }
 
+    /// Reads into each debounced task's `batch` the payloads its window holds in the list beside
+    /// its record (one LRANGE each, pipelined; nothing to read for the others).
+    pub(crate) async fn load_windows(&self, shard: u32, recs: &mut [TaskRecord]) -> Result<()> {
+        let want: Vec<usize> = (0..recs.len()).filter(|&i| recs[i].window > 0).collect();
+        if want.is_empty() {
+            return Ok(());
+        }
+        let k = self.keys().shard(shard);
+        let mut pipe = redis::pipe();
+        for &i in &want {
+            pipe.cmd("LRANGE")
+                .arg(k.window(&recs[i].key))
+                .arg(0)
+                .arg(-1);
+        }
+        let lists: Vec<Vec<String>> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .context("reading debounced tasks' payloads")?;
+        for (i, list) in want.into_iter().zip(lists) {
+            recs[i].batch.extend(list);
+        }
+        Ok(())
+    }
+
     /// One chunk of the tasks of `plugin` waiting on `shard` (scheduled, parked or dead; not
     /// running), read with HSCAN from `cursor` (0 to start): the tasks and the next cursor (0:
     /// the shard is done). Every task there throughout the walk is seen (one scheduled meanwhile
@@ -70,23 +95,27 @@ impl Store {
     /// deletes it, but is not shown).
     pub async fn get(&self, key: &str) -> Result<Option<TaskRecord>> {
         let id = key;
-        let k = self.keys().shard(self.shard_of(id));
+        let shard = self.shard_of(id);
+        let k = self.keys().shard(shard);
         let (rec, log): (Option<String>, Option<String>) = redis::pipe()
             .hget(&k.tasks, id)
             .hget(&k.logs, id)
             .query_async(&mut self.conn())
             .await
             .context("reading a task")?;
-        Ok(rec
+        let Some(mut r) = rec
             .and_then(|r| TaskRecord::decode(id, &r))
             .filter(|r| self.retained(r))
-            .map(|mut r| {
-                r.log = log
-                    .as_deref()
-                    .map(super::record::decode_log)
-                    .unwrap_or_default();
-                r
-            }))
+        else {
+            return Ok(None);
+        };
+        r.log = log
+            .as_deref()
+            .map(super::record::decode_log)
+            .unwrap_or_default();
+        self.load_windows(shard, std::slice::from_mut(&mut r))
+            .await?;
+        Ok(Some(r))
     }
 
     /// Whether a record is to be shown: anything but a done task past the retention window.

@@ -59,6 +59,12 @@ impl ShardKeys {
         format!("{}:{name}", self.duex)
     }
 
+    /// LIST: the payloads of the debounced task stored under `key` (its window; see
+    /// `lua/lib/extras.lua`). The next window's list is `<tasks>:n:<key>`.
+    pub fn window(&self, key: &str) -> String {
+        format!("{}:w:{key}", self.tasks)
+    }
+
     pub fn all(&self) -> [&str; 19] {
         [
             &self.tasks,

@@ -153,9 +153,15 @@ impl Store {
 
     /// Admits new tasks against their plugins' max_pending, all or none; counts them as
     /// pending once admitted (call it right before scheduling them, and [`Store::landed`] after).
+    /// Debounced tasks count one task per key (a batch that repeats a key makes one task), and
+    /// one for a key whose task exists already (its payload is held as a task's is).
     pub async fn admit(&self, tasks: &[NewTask]) -> Result<Result<Admitted, QuotaExceeded>> {
         let mut asks: Vec<(&str, u64)> = Vec::new();
+        let mut keys = std::collections::HashSet::new();
         for t in tasks {
+            if t.debounce.is_some() && !keys.insert((t.plugin.as_str(), t.id.as_str())) {
+                continue;
+            }
             match asks.iter_mut().find(|(p, _)| *p == t.plugin) {
                 Some((_, n)) => *n += 1,
                 None => asks.push((&t.plugin, 1)),

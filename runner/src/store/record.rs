@@ -61,13 +61,19 @@ pub struct TaskRecord {
     /// A debounced task's window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub debounce: Option<Window>,
-    /// A debounced task's payloads, oldest first (at most 1,000).
+    /// A debounced task's payloads, oldest first (at most 1,000 and 1 MiB; more are only
+    /// counted in `batch_dropped`). A task read by id, and a run, carry them; a page of a
+    /// search does not.
     #[serde(
         skip_serializing_if = "Vec::is_empty",
         serialize_with = "raw_json_list"
     )]
     #[schema(value_type = Vec<serde_json::Value>)]
     pub batch: Vec<String>,
+    /// How many of `batch`'s payloads are held in a list beside the record (read into `batch`
+    /// by the store where a whole task is read: a claim, a get).
+    #[serde(skip)]
+    pub window: u64,
     /// How many more payloads came than `batch` keeps.
     #[serde(skip_serializing_if = "is_zero")]
     pub batch_dropped: u64,
@@ -289,6 +295,7 @@ impl TaskRecord {
             event: x.event,
             debounce: x.debounce,
             batch: x.batch,
+            window: x.window,
             batch_dropped: x.batch_dropped,
             next_batch: x.next_batch,
             log: Vec::new(),

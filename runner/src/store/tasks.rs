@@ -202,14 +202,20 @@ impl Store {
         let waiting = int(&v[6])?;
         let others_here = int(&v[7])? == 1;
         let others_due = int(&v[8])?;
-        let mut tasks = Vec::with_capacity((v.len() - 9) / 2);
-        for (i, c) in v[9..].chunks_exact(2).enumerate() {
+        let mut recs = Vec::with_capacity((v.len() - 9) / 2);
+        for c in v[9..].chunks_exact(2) {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
-            let effects_claim = firsts.get(&(i + 1)).copied().unwrap_or(token);
-            let r = TaskRecord::decode(&id, &rec).with_context(|| {
+            recs.push(TaskRecord::decode(&id, &rec).with_context(|| {
                 format!("the claim script returned a record it can't have written for {id:?}")
-            })?;
+            })?);
+        }
+        // a debounced task's payloads are beside its record; it runs with them
+        self.load_windows(shard, &mut recs).await?;
+        let mut tasks = Vec::with_capacity(recs.len());
+        for (i, r) in recs.into_iter().enumerate() {
+            let id = r.key;
+            let effects_claim = firsts.get(&(i + 1)).copied().unwrap_or(token);
             tasks.push(Claimed {
                 id,
                 shard,

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---! needs indexes walk
+--! needs indexes walk extras
 -- Acts on many tasks of one shard in chunks: each run handles at most `limit` index entries, so
 -- Redis is held only briefly; the caller runs it again with the returned cursor until it is ''.
 -- KEYS: the shard's keys (the `shard` part).
@@ -17,20 +17,10 @@
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
 local count, earliest = 0, nil
+local now = now_ms()
 local members
--- Deletes a scheduled or dead task: its indexes, its record, its log and rerun note (a scheduled
--- one never finished, so it leaves no dedup window either).
-local function delete_task(id, t)
-  if t.st == 's' then
-    unindex_scheduled(id, t)
-    redis.call('ZREM', K_UNIQUE, id)
-  else
-    unindex_dead(id, t)
-  end
-  redis.call('HDEL', K_TASKS, id)
-  redis.call('HDEL', K_LOGS, id)
-  redis.call('HDEL', K_RERUN, id)
-end
+-- Deletes a scheduled or dead task with all it holds (`forget`: its listeners go too).
+local function delete_task(id, t) forget(id, t, now) end
 if op == 'cancel_owner' then
   local lo = '[' .. owner .. '\0'
   if cursor ~= '' then lo = '(' .. cursor end
@@ -64,7 +54,6 @@ if op == 'cancel_plugin' then
   return {count, r[1]}
 end
 -- dead tasks: each one handled leaves the dead indexes, so every chunk starts at the front
-local now = now_ms()
 local ids = {}
 if plugin ~= '' then
   members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, '[' .. plugin .. '\0x\0', '(' .. plugin .. '\0x\1',
@@ -78,15 +67,14 @@ end
 for i, id in ipairs(ids) do
   local t = parse(redis.call('HGET', K_TASKS, id))
   if t and t.st == 'x' then
-    unindex_dead(id, t)
     if op == 'retry_dead' then
+      unindex_dead(id, t)
       t.st = 's'; t.att = 0; t.fin = ''; t.due = now; t.created = string.format('%d', now)
       redis.call('HSET', K_TASKS, id, encode(t))
       index_scheduled(id, t)
       earliest = now
     else
-      redis.call('HDEL', K_TASKS, id)
-      redis.call('HDEL', K_LOGS, id)
+      delete_task(id, t)
     end
     count = count + 1
   elseif members then

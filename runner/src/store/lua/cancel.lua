@@ -45,9 +45,5 @@ if t.st == 'd' then return 'done' end
 if not covered(t.plugin) then return 'other_plugin' end
 if only_dead and t.st ~= 'x' then return 'not_dead' end
 if t.st == 'r' then return 'running' end
-if t.st == 's' then unindex_scheduled(id, t); record_ended(id, t, now_ms(), false) else unindex_dead(id, t) end
-redis.call('HDEL', K_TASKS, id)
-redis.call('HDEL', K_LOGS, id)
-redis.call('HDEL', K_RERUN, id)
-if t.st == 's' then redis.call('ZREM', K_UNIQUE, id) end -- unfinished: no dedup window
+forget(id, t, now_ms())
 return 'ok'

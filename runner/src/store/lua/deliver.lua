@@ -47,6 +47,7 @@ for n, m in ipairs(parsed) do
         redis.call('HDEL', K_LOGS, id)
         redis.call('HDEL', K_RERUN, id)
         redis.call('ZREM', K_UNIQUE, id)
+        if entry(list, 'w') or entry(list, 'N') then redis.call('UNLINK', window_key(id), next_key(id)) end
       else
         list[#list + 1] = 'e' .. ev
         t.payload = join_last(head, list, payload)

@@ -130,8 +130,11 @@ for i = 1, n do
     verdict = 'e'
   end
   if verdict == 'o' then
-    -- a new occurrence: the log of the one it replaces goes
-    if old then redis.call('HDEL', K_LOGS, id) end
+    -- a new occurrence: the log (and a debounced one's payloads) of the one it replaces go
+    if old then
+      redis.call('HDEL', K_LOGS, id)
+      if string.find(old.payload, '\28', 1, true) then redis.call('UNLINK', window_key(id), next_key(id)) end
+    end
     local created = ARGV[h + 3]
     if created == '0' then created = now_s end
     -- the record `encode` would write, built in one concatenation (the client sends due and

@@ -10,9 +10,18 @@
 --   l<ms>           how long before the task was scheduled an event still matches
 --   e<event JSON>   the event that made it run (it listens no more)
 --   q<quiet>\30<max_wait>\30<first>   debounced: its window's parameters, first payload's time
---   b<payload>      one payload of the window (the latest is also the task's payload); m<n>: more
---                   payloads than the 1,000 kept
---   n<payload>, M<n>, p<first>   payloads that came while it ran, for the next window
+--   w<count>\30<bytes>   the window's payloads, held in the list `window_key(id)` (the latest is
+--                   also the task's payload); m<n>: how many more came than the window keeps
+--                   (WINDOW_MAX payloads, WINDOW_BYTES bytes)
+--   N<count>\30<bytes>, M<n>, p<first>   payloads that came while it ran, for the next window,
+--                   held in the list `next_key(id)`
+--   b<payload>, n<payload>   (0.2.0) payloads held in the record itself; the first script that
+--                   adds to such a window moves them into the lists (`lift`)
+-- A debounced task's payloads live in lists beside its record, not in it, so that adding one
+-- costs what that payload costs (RPUSH, and the record rewritten with only the latest payload),
+-- whatever the window already holds. The lists go with the record: `forget` deletes both, a
+-- done task keeps its window's list until its record is forgotten (`forget_done`), a dead one
+-- keeps both for a retry.
 --
 -- Events and listeners live in the shard of their topic and key (the event shard), tasks in
 -- theirs: a change on one shard that concerns the other is written to the first one's `outbox`
@@ -24,7 +33,10 @@
 --   D<c|r> task stamp topic key event    event shard -> task shard: an event reached a listener
 --   U topic key task stamp               task shard -> event shard: the task listens no more
 
-local BATCH_MAX = 1000
+-- What a debounced task's window (and its next one) holds at most: payloads past either bound
+-- are only counted.
+local WINDOW_MAX = 1000
+local WINDOW_BYTES = 1048576
 
 -- A record's last field as (marks before the extras, the extras or nil, the payload).
 local function split_last(last)
@@ -60,6 +72,50 @@ local function entry(list, letter)
     if string.sub(e, 1, 1) == letter then return string.sub(e, 2) end
   end
   return nil
+end
+
+-- Sets the entry of this letter to `value` (added at the end if there is none).
+local function set_entry(list, letter, value)
+  for i, e in ipairs(list) do
+    if string.sub(e, 1, 1) == letter then list[i] = letter .. value; return end
+  end
+  list[#list + 1] = letter .. value
+end
+
+-- How many payloads (and bytes) the list of a `w` or `N` entry holds.
+local function held(list, letter)
+  local v = entry(list, letter)
+  if not v then return 0, 0 end
+  local c, z = string.match(v, '^(%d+)\30(%d+)$')
+  return tonumber(c) or 0, tonumber(z) or 0
+end
+
+-- Adds a payload to the window (`letter` 'w') or the next one ('N') when it has room, else
+-- counts it in `more` ('m' or 'M'). One RPUSH, whatever the window holds.
+local function hold(id, list, letter, more, payload)
+  local c, z = held(list, letter)
+  if c < WINDOW_MAX and z + #payload <= WINDOW_BYTES then
+    redis.call('RPUSH', letter == 'w' and window_key(id) or next_key(id), payload)
+    set_entry(list, letter, string.format('%d', c + 1) .. '\30' .. string.format('%d', z + #payload))
+  else
+    set_entry(list, more, string.format('%d', (tonumber(entry(list, more)) or 0) + 1))
+  end
+end
+
+-- A record written by 0.2.0 holds its window's payloads itself (`b`, `n`): moves them into the
+-- lists (once; bounded by what 0.2.0 let a window hold) and answers the entries without them.
+local function lift(id, list)
+  local out, b, n = {}, {}, {}
+  for _, e in ipairs(list) do
+    local l = string.sub(e, 1, 1)
+    if l == 'b' then b[#b + 1] = string.sub(e, 2)
+    elseif l == 'n' then n[#n + 1] = string.sub(e, 2)
+    else out[#out + 1] = e end
+  end
+  if #b == 0 and #n == 0 then return list end
+  for _, p in ipairs(b) do hold(id, out, 'w', 'm', p) end
+  for _, p in ipairs(n) do hold(id, out, 'N', 'M', p) end
+  return out
 end
 
 -- The listeners of `list`: {then, topic, key} each.
@@ -98,8 +154,9 @@ end
 -- A task's record ends (done, dead, cancelled, replaced): its listeners are let go (U messages
 -- into the outbox) and, when it ran and finished (`done`), payloads that came while it ran become
 -- the next window's task, due `quiet` ms from now (never past their first + max_wait). `t` is
--- its record, parsed. (A dead one keeps them in its record, and the next schedule of its key
--- takes them into its window: see `debounce.lua`.)
+-- its record, parsed. (A dead one keeps them, and the next schedule of its key takes them into
+-- its window: see `debounce.lua`.) The record and lists of a cancelled or replaced one go with
+-- `forget`.
 local function record_ended(id, t, now, done)
   local head, ex, payload = split_last(t.payload)
   if not ex then return end
@@ -109,20 +166,42 @@ local function record_ended(id, t, now, done)
   outbox_add(now, msgs)
   local q = entry(list, 'q')
   if not q or not done then return end
-  local nexts, more, first = {}, entry(list, 'M'), tonumber(entry(list, 'p'))
-  for _, e in ipairs(list) do
-    if string.sub(e, 1, 1) == 'n' then nexts[#nexts + 1] = 'b' .. string.sub(e, 2) end
-  end
-  if #nexts == 0 then return end
+  if entry(list, 'n') then list = lift(id, list) end
+  local count, bytes = held(list, 'N')
+  if count == 0 or redis.call('EXISTS', next_key(id)) == 0 then return end
+  local wk = window_key(id)
+  redis.call('UNLINK', wk) -- the ended window's (freed in the background)
+  redis.call('RENAME', next_key(id), wk)
   local quiet, max_wait = string.match(q, '^(%d+)\30(%d+)')
-  first = first or now
-  local n = { 'q' .. quiet .. '\30' .. max_wait .. '\30' .. string.format('%d', first) }
-  for _, b in ipairs(nexts) do n[#n + 1] = b end
+  local first = tonumber(entry(list, 'p')) or now
+  local n = { 'q' .. quiet .. '\30' .. max_wait .. '\30' .. string.format('%d', first),
+    'w' .. string.format('%d', count) .. '\30' .. string.format('%d', bytes) }
+  local more = entry(list, 'M')
   if more then n[#n + 1] = 'm' .. more end
-  local last = string.sub(nexts[#nexts], 2)
+  local last = redis.call('LINDEX', wk, -1)
   local nt = { st = 's', due = math.min(now + tonumber(quiet), first + tonumber(max_wait)),
     att = 0, max = t.max, created = string.format('%d', now), fin = '', plugin = t.plugin,
     owner = t.owner, err = '', payload = join_last(head, n, last) }
   redis.call('HSET', K_TASKS, id, encode(nt))
   index_scheduled(id, nt)
+end
+
+-- Deletes a scheduled or dead task (cancelled, replaced, dropped): its indexes, its listeners (a
+-- scheduled one's; a dead one let them go when it died), its record, log, rerun note and window
+-- lists (a scheduled one never finished, so it leaves no dedup window either). Every path that
+-- deletes a task that is not done goes through here, so none leaks what the task held.
+local function forget(id, t, now)
+  if t.st == 's' then
+    unindex_scheduled(id, t)
+    record_ended(id, t, now, false)
+    redis.call('ZREM', K_UNIQUE, id)
+  elseif t.st == 'x' then
+    unindex_dead(id, t)
+  end
+  redis.call('HDEL', K_TASKS, id)
+  redis.call('HDEL', K_LOGS, id)
+  redis.call('HDEL', K_RERUN, id)
+  if string.find(t.payload, '\28', 1, true) then
+    redis.call('UNLINK', window_key(id), next_key(id))
+  end
 end

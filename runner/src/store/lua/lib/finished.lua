@@ -21,7 +21,11 @@ local function forget_done(before)
   for i, id in ipairs(ids) do
     -- still done, and then (not run again since and done later, nor replaced)
     local st, fin = state_and_fin(recs[i])
-    if st == 'd' and (tonumber(fin) or 0) < before then gone[#gone + 1] = id end
+    if st == 'd' and (tonumber(fin) or 0) < before then
+      gone[#gone + 1] = id
+      -- a debounced one's window (see `extras`)
+      if string.find(recs[i], '\28', 1, true) then redis.call('UNLINK', window_key(id)) end
+    end
   end
   call_many('HDEL', K_TASKS, gone)
   forget_logs(gone)

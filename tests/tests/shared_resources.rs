@@ -1,0 +1,302 @@
+//! What one team sends can't stall or fill what every team shares, tried as an attacking team
+//! would (a developer key of its own plugin, a real runner, a real redis-server): one request of
+//! one debounce key holds Redis no longer than a short call, debounced tasks pass `max_pending`
+//! like any other, and cancelling listening or debounced tasks by owner, by plugin or one by one
+//! leaves none of what they held behind.
+
+use std::time::Duration;
+
+use eggtimer_tests::as_key::{ADMIN, make_key, req};
+use eggtimer_tests::events::{listening, outboxes_empty, recorder_runner as runner, runs};
+use eggtimer_tests::{RedisServer, eventually};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(60);
+
+/// The commands Redis logged as taking longer than `slowlog-log-slower-than` since the reset.
+fn slow_calls(conn: &mut redis::Connection) -> Vec<redis::Value> {
+    redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(128)
+        .query(conn)
+        .unwrap()
+}
+
+/// Every key of the namespace matching `pattern` (`{eggtimer:*}:…`).
+fn keys(redis: &RedisServer, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// How many listener entries the shards hold (topic and key -> listening tasks).
+fn listener_entries(redis: &RedisServer) -> u64 {
+    let mut conn = redis.conn();
+    keys(redis, "{eggtimer:*}:listeners")
+        .iter()
+        .map(|k| redis::cmd("HLEN").arg(k).query::<u64>(&mut conn).unwrap())
+        .sum()
+}
+
+/// 500 specs of one debounce key with 60 KB payloads (a 30 MB body) in one request, twice: no
+/// Redis call over 10 ms (0.2.0 re-encoded every held payload at each merge, so this one request
+/// held Redis for minutes); the window keeps what its byte bound allows, in order, and counts the
+/// rest. (A run reading the window: `a_window_kept_in_its_record_by_0_2_0_is_read_and_moved`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_debounced_request_of_one_key_holds_redis_no_longer_than_a_short_call() {
+    let redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.as_str();
+    let (_, dev) = make_key(base, "team-a", "developer", &["bench-record"]).await;
+    let mut conn = redis.conn();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(10_000)
+        .query(&mut conn)
+        .unwrap();
+    let () = redis::cmd("SLOWLOG").arg("RESET").query(&mut conn).unwrap();
+    let pad = "x".repeat(60_000);
+    let batch = |from: usize| -> Value {
+        (from..from + 500)
+            .map(|i| {
+                json!({"plugin": "bench-record", "payload": {"i": i, "pad": pad},
+                       "debounce": {"key": "flood", "quiet_ms": 3_600_000, "max_wait_ms": 3_600_000}})
+            })
+            .collect()
+    };
+    let url = format!("{base}/v1/tasks");
+    for from in [0, 500] {
+        let (s, reply) = req("POST", &url, Some(&dev), Some(batch(from))).await;
+        assert_eq!(
+            s,
+            201,
+            "{}",
+            &reply.to_string()[..200.min(reply.to_string().len())]
+        );
+        let want = if from == 0 { "new" } else { "merged" };
+        assert_eq!(reply[0]["debounced"], want);
+        assert_eq!(reply[499]["debounced"], "merged");
+        let slow = slow_calls(&mut conn);
+        assert!(
+            slow.is_empty(),
+            "Redis calls over 10 ms after {} payloads: {slow:?}",
+            from + 500
+        );
+    }
+    let (s, t) = req("GET", &format!("{url}/flood"), Some(&dev), None).await;
+    assert_eq!(s, 200);
+    // 1 MiB of payloads of ~60 KB: 17 kept, the other 983 counted
+    let kept = t["batch"].as_array().unwrap();
+    assert_eq!(kept.len(), 17);
+    assert_eq!(t["batch_dropped"], 983);
+    for (i, p) in kept.iter().enumerate() {
+        assert_eq!(p["i"], i, "the window keeps the first payloads in order");
+    }
+    assert_eq!(t["payload"]["i"], 999, "the latest payload is the task's");
+
+    let bytes: usize = kept.iter().map(|p| p.to_string().len()).sum();
+    assert!(bytes <= 1 << 20, "the window holds {bytes} bytes");
+    assert!(slow_calls(&mut conn).is_empty());
+}
+
+/// A plugin at its max_pending takes no debounced task either (0.2.0 scheduled them past it);
+/// a batch that repeats one key is one task.
+#[tokio::test]
+async fn debounced_tasks_count_against_max_pending_one_per_key() {
+    let redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.as_str();
+    let (_, dev) = make_key(base, "team-a", "developer", &["bench-record"]).await;
+    let (s, p) = req(
+        "PATCH",
+        &format!("{base}/v1/plugins/bench-record"),
+        Some(ADMIN),
+        Some(json!({"max_pending": 3})),
+    )
+    .await;
+    assert_eq!(s, 200, "{p}");
+    let url = format!("{base}/v1/tasks");
+    let plain =
+        |id: &str| json!({"id": id, "plugin": "bench-record", "payload": 1, "delay_ms": 3_600_000});
+    for id in ["a", "b"] {
+        let (s, t) = req("POST", &url, Some(&dev), Some(plain(id))).await;
+        assert_eq!(s, 201, "{t}");
+    }
+    let debounced = |key: &str, n: usize| -> Value {
+        (0..n)
+            .map(|i| json!({"plugin": "bench-record", "payload": i,
+                            "debounce": {"key": key, "quiet_ms": 3_600_000, "max_wait_ms": 3_600_000}}))
+            .collect()
+    };
+    // 50 payloads of one key: one task, the third of three
+    let (s, reply) = req("POST", &url, Some(&dev), Some(debounced("k1", 50))).await;
+    assert_eq!(s, 201, "{reply}");
+    // full: another key, a batch of 5,000 keys, and a merge are refused
+    let many: Value = (0..5000)
+        .map(|i| json!({"plugin": "bench-record", "payload": i,
+                        "debounce": {"key": format!("k-{i}"), "quiet_ms": 3_600_000, "max_wait_ms": 3_600_000}}))
+        .collect();
+    for body in [debounced("k2", 1), many, debounced("k1", 1)] {
+        let (s, e) = req("POST", &url, Some(&dev), Some(body)).await;
+        assert_eq!(
+            (s, &e["error"]["code"]),
+            (429, &json!("quota_exceeded")),
+            "{e}"
+        );
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains("max_pending is 3"), "{e}");
+    }
+    let (_, stats) = req("GET", &format!("{base}/v1/stats"), Some(ADMIN), None).await;
+    assert_eq!(stats["scheduled"], 3, "{stats}");
+}
+
+/// Cancelling listening tasks lets their listeners go on every path (by owner, by plugin, one
+/// by one), and a cancelled debounced task leaves no payload list behind (0.2.0 kept 8,000
+/// listener entries for 1,000 tasks cancelled by owner, without end).
+#[tokio::test]
+async fn every_cancel_path_lets_listeners_and_payloads_go() {
+    let redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.as_str();
+    let url = format!("{base}/v1/tasks");
+    let listening_as = |id: String, owner: &str| {
+        let mut t = listening(&id, "orders", &id, "cancel");
+        t["owner"] = json!(owner);
+        t["on"] = (0..8)
+            .map(|j| json!({"topic": format!("t{j}"), "key": id, "then": "cancel"}))
+            .collect();
+        t
+    };
+    let all_gone =
+        || async { (listener_entries(&redis) == 0 && outboxes_empty(&redis)).then_some(()) };
+
+    // by owner
+    let specs: Value = (0..100)
+        .map(|i| listening_as(format!("o-{i}"), "o1"))
+        .collect();
+    let (s, t) = req("POST", &url, Some(ADMIN), Some(specs)).await;
+    assert_eq!(s, 201, "{t}");
+    eventually(T, "the listeners written", || async {
+        (listener_entries(&redis) == 800).then_some(())
+    })
+    .await;
+    let (s, c) = req(
+        "DELETE",
+        &format!("{base}/v1/owners/o1/tasks"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!((s, &c["cancelled"]), (200, &json!(100)), "{c}");
+    eventually(T, "no listener left after cancelling by owner", all_gone).await;
+
+    // one by one, a debounced task among them
+    let (s, t) = req(
+        "POST",
+        &url,
+        Some(ADMIN),
+        Some(listening_as("one".into(), "o2")),
+    )
+    .await;
+    assert_eq!(s, 201, "{t}");
+    let d = json!({"plugin": "bench-record", "payload": 1,
+                   "debounce": {"key": "deb", "quiet_ms": 3_600_000, "max_wait_ms": 3_600_000}});
+    for _ in 0..3 {
+        let (s, t) = req("POST", &url, Some(ADMIN), Some(d.clone())).await;
+        assert_eq!(s, 201, "{t}");
+    }
+    assert_eq!(keys(&redis, "{eggtimer:*}:tasks:w:*").len(), 1);
+    for id in ["one", "deb"] {
+        let (s, t) = req("DELETE", &format!("{url}/{id}"), Some(ADMIN), None).await;
+        assert_eq!(s, 204, "{t}");
+    }
+    eventually(T, "no listener left after cancelling one by one", all_gone).await;
+    assert_eq!(keys(&redis, "{eggtimer:*}:tasks:w:*"), Vec::<String>::new());
+
+    // by plugin (deleting it with its tasks)
+    let specs: Value = (0..50)
+        .map(|i| listening_as(format!("p-{i}"), "o3"))
+        .collect();
+    let (s, t) = req("POST", &url, Some(ADMIN), Some(specs)).await;
+    assert_eq!(s, 201, "{t}");
+    for _ in 0..2 {
+        let (s, t) = req("POST", &url, Some(ADMIN), Some(d.clone())).await;
+        assert_eq!(s, 201, "{t}");
+    }
+    let (s, t) = req(
+        "DELETE",
+        &format!("{base}/v1/plugins/bench-record?tasks=cancel"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204, "{t}");
+    eventually(T, "no listener left after deleting the plugin", all_gone).await;
+    assert_eq!(keys(&redis, "{eggtimer:*}:tasks:w:*"), Vec::<String>::new());
+    assert_eq!(keys(&redis, "{eggtimer:*}:tasks:n:*"), Vec::<String>::new());
+}
+
+/// A window 0.2.0 kept inside its record (`b` entries) is still read (get, run), and the first
+/// payload added to it moves those payloads into the list beside the record, in order.
+#[tokio::test]
+async fn a_window_kept_in_its_record_by_0_2_0_is_read_and_moved() {
+    let redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.as_str();
+    let url = format!("{base}/v1/tasks");
+    let spec = |n: u64| {
+        json!({"plugin": "bench-record", "payload": {"n": n},
+               "debounce": {"key": "legacy", "quiet_ms": 3_600_000, "max_wait_ms": 3_600_000}})
+    };
+    let (s, t) = req("POST", &url, Some(ADMIN), Some(spec(0))).await;
+    assert_eq!(s, 201, "{t}");
+    // rewrite it as 0.2.0 wrote it: both payloads inside the record, no list
+    let shard = eggtimer::store::shard_of("legacy", 16);
+    let tasks = format!("{{eggtimer:{shard}}}:tasks");
+    let key = eggtimer::store::task_key("bench-record", "legacy");
+    let mut conn = redis.conn();
+    let rec: String = redis::cmd("HGET")
+        .arg(&tasks)
+        .arg(&key)
+        .query(&mut conn)
+        .unwrap();
+    let (head, last) = rec.rsplit_once('\t').unwrap();
+    let q = last
+        .trim_start_matches('\x1c')
+        .split(['\x1f', '\x1c'])
+        .find(|e| e.starts_with('q'))
+        .unwrap()
+        .to_owned();
+    let old = format!("{head}\t\x1c{q}\x1fb{{\"n\":0}}\x1fb{{\"n\":1}}\x1c{{\"n\":1}}");
+    let () = redis::cmd("HSET")
+        .arg(&tasks)
+        .arg(&key)
+        .arg(old)
+        .query(&mut conn)
+        .unwrap();
+    let () = redis::cmd("DEL")
+        .arg(format!("{tasks}:w:{key}"))
+        .query(&mut conn)
+        .unwrap();
+    let (_, t) = req("GET", &format!("{url}/legacy"), Some(ADMIN), None).await;
+    assert_eq!(t["batch"], json!([{"n": 0}, {"n": 1}]), "{t}");
+
+    let (s, t) = req("POST", &url, Some(ADMIN), Some(spec(2))).await;
+    assert_eq!((s, &t["debounced"]), (201, &json!("merged")), "{t}");
+    let (_, t) = req("GET", &format!("{url}/legacy"), Some(ADMIN), None).await;
+    assert_eq!(t["batch"], json!([{"n": 0}, {"n": 1}, {"n": 2}]), "{t}");
+    let held: u64 = redis::cmd("LLEN")
+        .arg(format!("{tasks}:w:{key}"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(held, 3, "the record's payloads moved into the list");
+    let (s, _) = req("POST", &format!("{url}/legacy/run"), Some(ADMIN), None).await;
+    assert_eq!(s, 202);
+    let run = eventually(T, "the task to run", || async {
+        runs(&redis).remove("legacy").map(|mut v| v.remove(0))
+    })
+    .await;
+    assert_eq!(run["batch"], json!([{"n": 0}, {"n": 1}, {"n": 2}]), "{run}");
+}
