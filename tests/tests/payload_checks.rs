@@ -400,3 +400,72 @@ async fn a_plugins_slow_check_holds_up_only_its_own_requests() {
         "40 checks of 0.9 s through two slots in 5 s: some wait too long"
     );
 }
+
+/// Check slots are shared per team, not per plugin: a team that uploads the sleeping check
+/// under two names, raises their time limit and floods both with checks that outlast the 5 s
+/// queue still holds at most
+/// two of a runner's four slots, so another team's schedules are checked all the while (0.2.0
+/// gave each plugin two: the four were the slow team's, and everyone else's schedules answered
+/// 503 `busy`).
+#[tokio::test]
+async fn a_team_with_two_slow_checks_holds_no_more_slots_than_with_one() {
+    let redis = RedisServer::start();
+    let dir = eggtimer_tests::plugins_dir();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &["--token", ADMIN, "--plugins-dir", dir.to_str().unwrap()],
+    );
+    let base = r.url.clone();
+    let (_, team) =
+        eggtimer_tests::as_key::make_key(&base, "slow-team", "developer", &["slow-a", "slow-b"])
+            .await;
+    // a check runs under its plugin's time limit, which the team may raise (to 60 s)
+    for name in ["slow-a", "slow-b"] {
+        let (s, up) = upload_as(&base, &team, name, plugin_wasm("test-slow-check")).await;
+        assert_eq!(s, 201, "{up}");
+        let (s, p) = req(
+            "PATCH",
+            &format!("{base}/v1/plugins/{name}"),
+            Some(&team),
+            Some(json!({"time_limit_ms": 10_000})),
+        )
+        .await;
+        assert_eq!(s, 200, "{p}");
+    }
+    let slow: Vec<_> = (0..8)
+        .map(|i| {
+            let (base, team) = (base.clone(), team.clone());
+            tokio::spawn(async move {
+                let plugin = if i % 2 == 0 { "slow-a" } else { "slow-b" };
+                let spec = json!({"id": format!("slow-{i}"), "plugin": plugin,
+                    "delay_ms": 3_600_000, "payload": {"check_ms": 7_000}});
+                req("POST", &format!("{base}/v1/tasks"), Some(&team), Some(spec)).await
+            })
+        })
+        .collect();
+    let mut theirs = 0;
+    while !slow.iter().all(|h| h.is_finished()) {
+        theirs += 1;
+        let spec = json!({"id": format!("o-{theirs}"), "plugin": "order-cancel",
+            "delay_ms": 3_600_000, "payload": {"order_id": "o", "user_id": "u"}});
+        let (s, e) = admin("POST", &base, "/v1/tasks", Some(spec)).await;
+        assert_eq!(s, 201, "another team's task while the slow checks run: {e}");
+    }
+    assert!(
+        theirs >= 2,
+        "the slow checks were over before the other team asked"
+    );
+    let mut busy = 0;
+    for h in slow {
+        let (s, e) = h.await.unwrap();
+        match s {
+            201 => {}
+            503 => busy += 1,
+            _ => panic!("a slow check's request: {s} {e}"),
+        }
+    }
+    assert!(
+        busy > 0,
+        "8 checks of 7 s through two slots in 5 s: some wait too long"
+    );
+}

@@ -352,6 +352,7 @@ impl WasmEngine {
             .map_err(|e| format!("the plugin does not export the eggtimer handler: {e:#}"))?;
         Ok(Loaded {
             name: name.to_owned(),
+            team: team.to_owned(),
             version,
             digest,
             check: component.get_export_index(None, "check"),

@@ -41,8 +41,11 @@ const OUTPUT_CAP: usize = 1 << 20;
 /// Calls on one instance before it is recycled (bounds what a plugin can leak between tasks).
 const MAX_REUSE: u32 = 10_000;
 
-/// An instance kept for reuse.
+/// An instance kept for reuse: by the plugin it was made for and that plugin's version, never
+/// handed to another plugin with the same bytes (its guest memory and globals are that
+/// plugin's).
 pub(super) struct Warm {
+    name: String,
     digest: String,
     store: Store<State>,
     plugin: Plugin,
@@ -87,9 +90,11 @@ impl Pool {
         self.lock().len()
     }
 
-    fn take(&self, digest: &str) -> Option<Warm> {
+    fn take(&self, name: &str, digest: &str) -> Option<Warm> {
         let mut idle = self.lock();
-        let i = idle.iter().rposition(|w| w.digest == digest)?;
+        let i = idle
+            .iter()
+            .rposition(|w| w.digest == digest && w.name == name)?;
         idle.remove(i)
     }
 
@@ -110,12 +115,14 @@ impl Pool {
         drop(evicted); // its memory goes back to the allocator outside the lock
     }
 
-    /// Drops the idle instances of versions other than `keep` (after a swap or delete).
-    pub fn forget_except(&self, keep: &[String]) {
+    /// Drops the idle instances of plugin versions (name, digest) other than `keep` (after a
+    /// swap or delete).
+    pub fn forget_except(&self, keep: &[(String, String)]) {
         let dropped: Vec<Warm> = {
             let mut idle = self.lock();
-            let (stay, go): (VecDeque<Warm>, VecDeque<Warm>) =
-                idle.drain(..).partition(|w| keep.contains(&w.digest));
+            let (stay, go): (VecDeque<Warm>, VecDeque<Warm>) = idle
+                .drain(..)
+                .partition(|w| keep.iter().any(|(n, d)| *n == w.name && *d == w.digest));
             *idle = stay;
             go.into_iter().collect()
         };
@@ -394,7 +401,7 @@ async fn warm_instance(
     timeout: Duration,
     memory: usize,
 ) -> Result<Warm, String> {
-    while let Some(mut w) = pool.take(&loaded.digest) {
+    while let Some(mut w) = pool.take(&loaded.name, &loaded.digest) {
         if w.store.data_mut().limits.set_cap(memory) {
             return Ok(w);
         }
@@ -488,6 +495,7 @@ async fn instantiate(
         })?),
     };
     Ok(Warm {
+        name: loaded.name.clone(),
         digest: loaded.digest.clone(),
         store,
         plugin,

@@ -113,6 +113,9 @@ impl Default for PluginOptions {
 #[derive(Clone)]
 pub struct Loaded {
     pub name: String,
+    /// The key that uploaded it (the plugin's own name for one loaded from the plugins
+    /// directory): the team whose share of the check slots its checks take.
+    pub team: String,
     pub version: u64,
     pub digest: String,
     /// The plugin's `check` export (the `checked` world), if it has one.
@@ -156,7 +159,7 @@ pub struct Plugins {
     /// Checks running at once (each holds an instance beside the workers' and the idle ones).
     checking: tokio::sync::Semaphore,
     /// Each plugin's share of them (see `sandbox`).
-    checking_per_plugin: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    checking_per_team: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Plugins {
@@ -184,7 +187,7 @@ impl Plugins {
             opts,
             rt: CallRuntime(Some(rt)),
             checking: tokio::sync::Semaphore::new(sandbox::CHECK_SLOTS),
-            checking_per_plugin: Default::default(),
+            checking_per_team: Default::default(),
         }))
     }
 
@@ -285,12 +288,12 @@ impl Plugins {
 
     /// Drops idle instances of versions that are no longer current.
     fn forget_stale(&self) {
-        let keep: Vec<String> = self
+        let keep: Vec<(String, String)> = self
             .current
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .map(|l| l.digest.clone())
+            .map(|l| (l.name.clone(), l.digest.clone()))
             .collect();
         self.pool.forget_except(&keep);
     }

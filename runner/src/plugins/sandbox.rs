@@ -15,9 +15,10 @@ use crate::store::Claimed;
 /// Checks, schemas and dry runs at once on one runner.
 pub(super) const CHECK_SLOTS: usize = 4;
 
-/// Of those, the most one plugin may hold: a plugin whose check sleeps or loops to its time
-/// limit, asked by many requests at once, keeps the other slots free for other teams.
-const SLOTS_PER_PLUGIN: usize = 2;
+/// Of those, the most one team (the key that uploaded the plugins) may hold, whatever number of
+/// plugins it has: a team whose checks sleep or loop to their time limit, asked by many requests
+/// at once, keeps the other half of the slots free for other teams.
+const SLOTS_PER_TEAM: usize = CHECK_SLOTS / 2;
 
 /// How long one waits for a slot before it gives up (it still has its time limit after).
 const CHECK_QUEUE: Duration = Duration::from_secs(5);
@@ -60,9 +61,10 @@ impl Plugins {
         }
     }
 
-    /// Runs `ask` for `plugin` in a slot (one of its own [`SLOTS_PER_PLUGIN`] first, then one
-    /// of the runner's), on the calls' runtime: guest code never runs on the caller's threads.
-    async fn in_slot<T, F, Fut>(self: &Arc<Self>, plugin: &str, ask: F) -> Result<T, CheckError>
+    /// Runs `ask` for a plugin of `team` in a slot (one of the team's [`SLOTS_PER_TEAM`] first,
+    /// then one of the runner's), on the calls' runtime: guest code never runs on the caller's
+    /// threads.
+    async fn in_slot<T, F, Fut>(self: &Arc<Self>, team: &str, ask: F) -> Result<T, CheckError>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Plugins>) -> Fut + Send + 'static,
@@ -70,11 +72,11 @@ impl Plugins {
     {
         let this = Arc::clone(self);
         let own = Arc::clone(
-            self.checking_per_plugin
+            self.checking_per_team
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .entry(plugin.to_owned())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SLOTS_PER_PLUGIN))),
+                .entry(team.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SLOTS_PER_TEAM))),
         );
         let asking = async move {
             let waited = tokio::time::timeout(CHECK_QUEUE, async {
@@ -115,8 +117,8 @@ impl Plugins {
         if !loaded.has_check() {
             return Ok(vec![None; payloads.len()]);
         }
-        let plugin = loaded.name.clone();
-        self.in_slot(&plugin, move |this| async move {
+        let team = loaded.team.clone();
+        self.in_slot(&team, move |this| async move {
             let policy = this.policy(&loaded.name);
             instance::check(this.env(), &loaded, &payloads, &policy)
                 .await
@@ -137,7 +139,7 @@ impl Plugins {
         }
         let l = Arc::clone(&loaded);
         let text = self
-            .in_slot(plugin, move |this| async move {
+            .in_slot(&loaded.team, move |this| async move {
                 let policy = this.policy(&l.name);
                 instance::payload_schema(this.env(), &l, &policy)
                     .await
@@ -161,8 +163,8 @@ impl Plugins {
         host: Arc<dyn TaskHost>,
         canned: Vec<http::Response>,
     ) -> Result<DryRun, CheckError> {
-        let plugin = loaded.name.clone();
-        self.in_slot(&plugin, move |this| async move {
+        let team = loaded.team.clone();
+        self.in_slot(&team, move |this| async move {
             let dry = Arc::new(std::sync::Mutex::new(DryHttp {
                 canned: canned.into(),
                 asked: Vec::new(),
