@@ -121,7 +121,7 @@ pub struct ServeArgs {
     /// Redis URL: redis://host:port, redis+sentinel://[:password@]host:port[,host:port...]/<master>
     /// (Sentinels, followed through failovers), or redis+cluster://host:port,host:port. None:
     /// start a private redis-server with append-only persistence under --data-dir.
-    #[arg(long, env = "EGGTIMER_REDIS")]
+    #[arg(long, env = "EGGTIMER_REDIS", hide_env_values = true)]
     pub redis: Option<String>,
     /// Data directory of the private redis-server.
     #[arg(long, env = "EGGTIMER_DATA_DIR", default_value = "./eggtimer-data")]
@@ -140,7 +140,7 @@ pub struct ServeArgs {
     pub plugins_dir: Option<PathBuf>,
     /// The admin key: a bearer token that opens every /v1 route (and makes keys for teams).
     /// Without it the API is open, to requests for its own address or localhost only.
-    #[arg(long, env = "EGGTIMER_TOKEN")]
+    #[arg(long, env = "EGGTIMER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// How long the audit of the API's changes and refusals is kept.
     #[arg(long, env = "EGGTIMER_AUDIT_RETENTION", default_value = "90d", value_parser = parse_duration)]
@@ -151,7 +151,7 @@ pub struct ServeArgs {
     pub audit_max_len: u64,
     /// A bearer token /metrics asks for (none: the admin's --token when there is one, else
     /// /metrics is open).
-    #[arg(long, env = "EGGTIMER_METRICS_TOKEN")]
+    #[arg(long, env = "EGGTIMER_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
     /// How long done tasks stay readable.
     #[arg(long, env = "EGGTIMER_KEEP_DONE", default_value = "10m", value_parser = parse_duration)]

@@ -349,3 +349,40 @@ async fn a_plugins_secrets_hosts_and_config_from_the_cli() {
     let p: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(p["allowed_hosts"], json!([]));
 }
+
+/// `--help` names the variables that hold secrets but never prints their values (clap shows an
+/// env variable's value by default: the token in clear, beside the warning about `ps`).
+#[test]
+fn help_never_prints_a_secret() {
+    let secret = "s3cret-token-value";
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["task", "--help"],
+        &["task", "add", "--help"],
+        &["plugin", "push", "--help"],
+    ] {
+        let out = std::process::Command::new(eggtimer_bin())
+            .args(args)
+            .env("EGGTIMER_TOKEN", secret)
+            .env("EGGTIMER_METRICS_TOKEN", secret)
+            .env("EGGTIMER_REDIS", format!("redis://:{secret}@127.0.0.1:1"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(
+            !text.contains(secret),
+            "{args:?} printed the secret:\n{text}"
+        );
+    }
+    let out = std::process::Command::new(eggtimer_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("EGGTIMER_TOKEN"),
+        "the variable is still named:\n{text}"
+    );
+}

@@ -99,7 +99,7 @@ pub struct RemoteArgs {
     pub url: String,
     /// Bearer token. A token on the command line shows in `ps`: prefer `EGGTIMER_TOKEN` or
     /// `--token-file`.
-    #[arg(long, global = true, env = "EGGTIMER_TOKEN")]
+    #[arg(long, global = true, env = "EGGTIMER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// A file holding the bearer token (its first line), read when no token is given.
     #[arg(long, global = true, env = "EGGTIMER_TOKEN_FILE")]
