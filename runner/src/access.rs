@@ -77,13 +77,16 @@ pub fn valid_topic_pattern(p: &str) -> bool {
 
 /// The topics a key may publish events to, and listen on (patterns as [`matches`] reads them).
 /// A topic's owners are the keys whose `publish` covers it: no other key can cancel or start
-/// the tasks listening on it, and only keys whose `listen` covers it see its events.
+/// the tasks listening on it, and only keys whose `listen` covers it see its events. `streams`:
+/// the Redis Streams of the team's own that an admin granted the key to read through a source.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TopicRights {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publish: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listen: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<String>,
 }
 
 impl TopicRights {
@@ -92,6 +95,7 @@ impl TopicRights {
         TopicRights {
             publish: vec!["*".into()],
             listen: vec!["*".into()],
+            streams: vec!["*".into()],
         }
     }
 }
@@ -214,6 +218,24 @@ impl Caller {
                 }
             )
         })
+    }
+
+    /// Why this key may not read the Redis Stream `stream` through a source (None: it may): an
+    /// admin reads any; another key the streams its `streams` patterns name (an admin grants
+    /// them: a team reads its own streams, never another team's).
+    pub fn refuses_stream(&self, stream: &str) -> Option<String> {
+        if self.role >= Role::Admin || self.topics.streams.iter().any(|p| matches(p, stream)) {
+            return None;
+        }
+        Some(format!(
+            "key {:?} may not read stream {stream:?} (its streams patterns: {}; an admin grants them with the key)",
+            self.name,
+            if self.topics.streams.is_empty() {
+                "none".to_owned()
+            } else {
+                self.topics.streams.join(", ")
+            }
+        ))
     }
 
     /// Whether the key's patterns cover the plugin `name`.

@@ -295,10 +295,11 @@ fn key_call(cmd: KeyCmd) -> Call {
             max_pending,
             publish,
             listen,
+            streams,
         } => {
             eprintln!("the key's secret (\"key\") is shown this once: Redis keeps only its hash");
             let mut body = json!({"name": name, "role": role, "plugins": plugins,
-                                  "publish": publish, "listen": listen});
+                                  "publish": publish, "listen": listen, "streams": streams});
             if let Some(m) = max_plugins {
                 body["max_plugins"] = json!(m);
             }

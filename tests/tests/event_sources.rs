@@ -37,11 +37,45 @@ async fn a_teams_stream_read_through_a_source_reaches_the_tasks_listening() {
         base,
         "/v1/keys",
         Some(json!({"name": "payments", "role": "developer",
-        "plugins": ["payments-*"], "publish": ["payments"]})),
+        "plugins": ["payments-*"], "publish": ["payments"], "streams": ["payments*"]})),
     )
     .await;
     assert_eq!(s, 201, "{k}");
+    assert_eq!(k["streams"], json!(["payments*"]), "{k}");
     let payments = k["key"].as_str().unwrap().to_owned();
+    // a stream the grant covers but that is not there: refused, and nothing is made by asking;
+    // a key of another type: refused without Redis's words
+    let set = |key: &str| {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg("x")
+            .query(&mut redis.conn())
+            .unwrap();
+    };
+    set("payments-flag");
+    for (stream, says) in [
+        ("payments-missing", "there is no stream"),
+        ("payments-flag", "is not a stream"),
+    ] {
+        let (s, e) = req(
+            "POST",
+            &format!("{base}/v1/sources"),
+            Some(&payments),
+            Some(json!({"name": "p2", "stream": stream, "key_field": "id", "topic": "payments"})),
+        )
+        .await;
+        assert_eq!(s, 422, "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(says) && !message.contains("WRONGTYPE"),
+            "{e}"
+        );
+    }
+    let made: u64 = redis::cmd("EXISTS")
+        .arg("payments-missing")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(made, 0, "asking made the stream");
     let source = json!({"name": "payments", "stream": "payments", "key_field": "order_id", "topic": "payments"});
     let (s, src) = req(
         "POST",
@@ -115,6 +149,23 @@ async fn a_teams_stream_read_through_a_source_reaches_the_tasks_listening() {
     )
     .await;
     assert_eq!(s, 403, "{e}");
+    // nor read another team's stream into a topic of its own: a stream is read only where an
+    // admin granted the key (0.2.0 read any stream, card numbers and all)
+    let (s, e) = req(
+        "POST",
+        &format!("{base}/v1/sources"),
+        Some(&coupons),
+        Some(json!({"name": "peek", "stream": "payments", "key_field": "order_id", "topic": "coupons"})),
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("may not read stream"),
+        "{e}"
+    );
     let spy = json!({"name": "spy", "stream": "{eggtimer}:events:bench-record:bench", "key_field": "id", "topic": "coupons"});
     let (s, e) = req(
         "POST",
@@ -291,6 +342,8 @@ async fn the_cli_sends_events_and_adds_sources() {
     let out = cli(&["event", "send", "meals", "p1", "--data", r#"{"fed":true}"#]);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v, json!({"published": 1, "matched": 1}), "{out}");
+    // a source reads a stream that exists
+    xadd(&redis, "pet-meals", &[("pet_id", "p0")]);
     let out = cli(&[
         "source",
         "add",

@@ -346,6 +346,13 @@ pub struct PluginInfo {
 #[allow(dead_code)]
 pub struct PluginPattern(String);
 
+/// A stream pattern: a Redis Stream's name, a prefix of one ending in `*`, or `*` (1 to 200
+/// bytes without control characters).
+#[derive(ToSchema)]
+#[schema(value_type = String, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$")]
+#[allow(dead_code)]
+pub struct StreamPattern(String);
+
 /// A topic pattern: a topic, a prefix of one ending in `*`, or `*` for every topic.
 #[derive(ToSchema)]
 #[schema(value_type = String, pattern = "^(\\*|[a-z0-9._-]{1,64}\\*?)$")]

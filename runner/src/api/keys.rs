@@ -55,6 +55,12 @@ pub struct NewKey {
     #[serde(default)]
     #[schema(max_items = 100, value_type = Vec<doc::TopicPattern>)]
     listen: Vec<String>,
+    /// Redis Streams of the team's own it may read through a source (`POST /v1/sources` with
+    /// `stream`): a stream name, a prefix ending in `*`, or `*` (1 to 200 bytes without control
+    /// characters each). None: it reads no stream.
+    #[serde(default)]
+    #[schema(max_items = 100, value_type = Vec<doc::StreamPattern>)]
+    streams: Vec<String>,
 }
 
 /// A key, without its secret.
@@ -77,6 +83,9 @@ pub struct KeyInfo {
     /// Topic patterns its tasks may listen on (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     listen: Vec<String>,
+    /// Stream patterns it may read through a source (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    streams: Vec<String>,
     /// When a runner last took it (to the second), null if never.
     last_used_at: Option<i64>,
 }
@@ -101,6 +110,9 @@ pub struct KeyCreated {
     /// Topic patterns its tasks may listen on (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     listen: Vec<String>,
+    /// Stream patterns it may read through a source (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    streams: Vec<String>,
     /// The bearer secret. Redis keeps only its hash: it can't be shown again.
     key: String,
 }
@@ -149,6 +161,16 @@ pub async fn key_create(
             )));
         }
     }
+    if k.streams.len() > MAX_PATTERNS {
+        return Err(ApiError::bad(format!(
+            "streams lists more than {MAX_PATTERNS} patterns"
+        )));
+    }
+    if let Some(p) = k.streams.iter().find(|p| !crate::limits::id_like(p)) {
+        return Err(ApiError::bad(format!(
+            "streams: {p:?} is not a stream pattern (a stream name, a prefix ending in `*`, or `*`: 1 to 200 bytes without control characters)"
+        )));
+    }
     let max_plugins = within("max_plugins", k.max_plugins, MAX_PLUGINS_OF_KEY)?;
     let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
     let (id, secret) = new_secret();
@@ -165,6 +187,7 @@ pub async fn key_create(
         topics: crate::access::TopicRights {
             publish: k.publish,
             listen: k.listen,
+            streams: k.streams,
         },
     };
     st.store.key_put(&record, &secret_hash(&secret)).await?;
@@ -178,6 +201,7 @@ pub async fn key_create(
         max_pending: record.limits.max_pending,
         publish: record.topics.publish,
         listen: record.topics.listen,
+        streams: record.topics.streams,
         key: secret,
     };
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
@@ -202,6 +226,7 @@ pub async fn key_list(State(st): State<AppState>) -> ApiResult<Response> {
             max_pending: k.limits.max_pending,
             publish: k.topics.publish,
             listen: k.topics.listen,
+            streams: k.topics.streams,
             last_used_at: used,
         })
         .collect();

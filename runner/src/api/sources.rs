@@ -98,6 +98,20 @@ pub async fn source_add(
                     "{stream:?} is one of eggtimer's own keys (namespace {ns:?}), not a stream of yours"
                 )));
             }
+            // a team reads the streams an admin granted its key, never another team's
+            if let Some(why) = caller.refuses_stream(&stream) {
+                return Err(ApiError::forbidden(why));
+            }
+            // asking creates nothing, and says no more of a key than that it is no stream
+            match st.store.key_type(&stream).await?.as_str() {
+                "stream" => {}
+                "none" => {
+                    return Err(unprocessable(&format!(
+                        "there is no stream {stream:?}: a source reads a stream that exists"
+                    )));
+                }
+                _ => return Err(unprocessable(&format!("{stream:?} is not a stream"))),
+            }
             stream
         }
         (None, Some(plugin)) => {
@@ -136,10 +150,11 @@ pub async fn source_add(
             old.name, old.topic
         )));
     }
-    st.store
-        .source_put(&s)
-        .await
-        .map_err(|e| ApiError::bad(format!("can't read {:?} as a stream: {e:#}", s.stream)))?;
+    st.store.source_put(&s).await.map_err(|e| {
+        // Redis's own words stay in the runner's log
+        tracing::warn!(stream = %s.stream, "adding a source: {e:#}");
+        unprocessable(&format!("can't read {:?} as a stream", s.stream))
+    })?;
     Ok((StatusCode::CREATED, axum::Json(s)).into_response())
 }
 

@@ -33,6 +33,10 @@ pub enum KeyCmd {
         /// Topic patterns its tasks may listen on, comma-separated.
         #[arg(long, value_delimiter = ',')]
         listen: Vec<String>,
+        /// Redis Streams of the team's own it may read through a source, comma-separated:
+        /// names, prefixes ending in `*`, or `*`.
+        #[arg(long, value_delimiter = ',')]
+        streams: Vec<String>,
     },
     /// List the keys (without secrets), with when each was last used.
     List,

@@ -74,16 +74,29 @@ impl Source {
 }
 
 impl Store {
-    /// Adds (or replaces) a source; its group reads the stream's entries from now on.
+    /// What Redis holds at `key`: `stream`, `none`, or another type's name.
+    pub async fn key_type(&self, key: &str) -> Result<String> {
+        redis::cmd("TYPE")
+            .arg(key)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a key's type")
+    }
+
+    /// Adds (or replaces) a source; its group reads the stream's entries from now on. A plugin's
+    /// emitted stream is made if it is not there yet; a team's stream must exist (asking creates
+    /// no key).
     pub async fn source_put(&self, s: &Source) -> Result<()> {
-        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+        let mut create = redis::cmd("XGROUP");
+        create
             .arg("CREATE")
             .arg(&s.stream)
             .arg(self.keys().source_group(&s.name))
-            .arg("$")
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn())
-            .await;
+            .arg("$");
+        if s.plugin.is_some() {
+            create.arg("MKSTREAM");
+        }
+        let created: redis::RedisResult<()> = create.query_async(&mut self.conn()).await;
         match created {
             Ok(()) => {}
             Err(e) if e.code() == Some("BUSYGROUP") => {}
