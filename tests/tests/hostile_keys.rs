@@ -111,7 +111,8 @@ async fn a_keys_plugins_hold_no_more_than_its_max_plugins_and_max_pending() {
     assert_eq!(s, 201, "{up}");
 
     // a key with a max_pending and no max_plugins: its first plugin takes what is left, the next
-    // is refused until the first's max_pending is lowered
+    // is refused until the first's max_pending is lowered (which lowers its ceiling: the share
+    // goes back to the key)
     let (s, k) = req(
         "POST",
         &format!("{base}/v1/keys"),
@@ -144,6 +145,22 @@ async fn a_keys_plugins_hold_no_more_than_its_max_plugins_and_max_pending() {
     let (s, up) = upload_as(base, coupons, "coupon-b", noop.clone()).await;
     assert_eq!(s, 201, "{up}");
     assert_eq!(plugin(base, "coupon-b").await["ceilings"]["max_pending"], 6);
+    // lowering gave the share back: set back to its default, coupon-a holds what it kept (4),
+    // not the 10 it was lent first (0.2.0 charged the key the current value, so lowering,
+    // uploading and setting back lent the same budget out twice)
+    let (s, p) = req(
+        "PATCH",
+        &format!("{base}/v1/plugins/coupon-a"),
+        Some(coupons),
+        Some(json!({"max_pending": null})),
+    )
+    .await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(
+        (&p["max_pending"], &p["ceilings"]["max_pending"]),
+        (&json!(4), &json!(4)),
+        "{p}"
+    );
 
     // a key without ceilings of its own uploads as before: no ceiling given
     let (_, plain) = make_key(base, "prints", "developer", &["print-*"]).await;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use eggtimer_tests::as_key::{ADMIN, make_key, req};
+use eggtimer_tests::as_key::{ADMIN, make_key, req, upload_as};
 use eggtimer_tests::events::{listening, outboxes_empty, recorder_runner as runner, runs};
 use eggtimer_tests::{RedisServer, eventually};
 use serde_json::{Value, json};
@@ -299,4 +299,101 @@ async fn a_window_kept_in_its_record_by_0_2_0_is_read_and_moved() {
     })
     .await;
     assert_eq!(run["batch"], json!([{"n": 0}, {"n": 1}, {"n": 2}]), "{run}");
+}
+
+/// Deleting a plugin takes its schedules and done tasks with it: the next owner of the name
+/// (another team) neither sees the old schedule with its payload (a token) nor reads the done
+/// records, and no firing runs the new owner's code with the old payload (0.2.0 kept both).
+#[tokio::test]
+async fn a_deleted_plugins_schedules_and_done_tasks_go_with_it() {
+    let redis = RedisServer::start();
+    let r = runner(&redis).await;
+    let base = r.url.as_str();
+    let (_, a) = make_key(base, "team-a", "developer", &["victim"]).await;
+    let (_, b) = make_key(base, "team-b", "developer", &["victim"]).await;
+    let wasm = eggtimer_tests::plugin_wasm("bench-record");
+    let (s, up) = upload_as(base, &a, "victim", wasm.clone()).await;
+    assert_eq!(s, 201, "{up}");
+    let token = json!({"token": "team-a-secret"});
+    let (s, sched) = req(
+        "PUT",
+        &format!("{base}/v1/schedules/nightly"),
+        Some(&a),
+        Some(json!({"plugin": "victim", "every_ms": 3_600_000, "overlap": "allow", "payload": token})),
+    )
+    .await;
+    assert_eq!(s, 201, "{sched}");
+    let url = format!("{base}/v1/tasks");
+    let (s, t) = req(
+        "POST",
+        &url,
+        Some(&a),
+        Some(json!({"id": "done-1", "plugin": "victim", "payload": token})),
+    )
+    .await;
+    assert_eq!(s, 201, "{t}");
+    eventually(T, "the task to be done", || async {
+        let (_, t) = req("GET", &format!("{url}/done-1"), Some(&a), None).await;
+        (t["state"] == "done").then_some(())
+    })
+    .await;
+
+    let (s, e) = req(
+        "DELETE",
+        &format!("{base}/v1/plugins/victim?tasks=cancel"),
+        Some(&a),
+        None,
+    )
+    .await;
+    assert_eq!(s, 204, "{e}");
+    let (s, up) = upload_as(base, &b, "victim", wasm).await;
+    assert_eq!(s, 201, "{up}");
+    let (_, list) = req("GET", &format!("{base}/v1/schedules"), Some(&b), None).await;
+    assert_eq!(list, json!([]), "the next owner sees the old schedule");
+    let (s, t) = req("GET", &format!("{url}/done-1"), Some(&b), None).await;
+    assert_eq!(s, 404, "the next owner reads the old done task: {t}");
+    // nothing of team A's payload is left in Redis
+    let left: Vec<String> = keys(&redis, "{eggtimer*")
+        .into_iter()
+        .filter(|k| {
+            values_of(&redis, k)
+                .iter()
+                .any(|v| v.contains("team-a-secret"))
+        })
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "keys still holding team A's payload"
+    );
+}
+
+/// Every value a key holds, as text (strings, hashes, lists, sets, sorted sets, streams).
+fn values_of(redis: &RedisServer, key: &str) -> Vec<String> {
+    let mut conn = redis.conn();
+    let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).unwrap();
+    let mut cmd = |c: &str, extra: &[&str]| -> Vec<String> {
+        let v: redis::Value = redis::cmd(c).arg(key).arg(extra).query(&mut conn).unwrap();
+        let mut out = Vec::new();
+        flatten(&v, &mut out);
+        out
+    };
+    match kind.as_str() {
+        "string" => cmd("GET", &[]),
+        "hash" => cmd("HGETALL", &[]),
+        "list" => cmd("LRANGE", &["0", "-1"]),
+        "set" => cmd("SMEMBERS", &[]),
+        "zset" => cmd("ZRANGE", &["0", "-1"]),
+        "stream" => cmd("XRANGE", &["-", "+"]),
+        other => panic!("{key} is a {other}"),
+    }
+}
+
+fn flatten(v: &redis::Value, out: &mut Vec<String>) {
+    match v {
+        redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => out.push(s.clone()),
+        redis::Value::Array(a) => a.iter().for_each(|x| flatten(x, out)),
+        _ => {}
+    }
 }

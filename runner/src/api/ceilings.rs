@@ -13,7 +13,6 @@ use super::settings::{
     MIN_MEMORY_BYTES, RateLimitBody, Setting, given, ranged, rate,
 };
 use crate::access::Caller;
-use crate::policy::Policy;
 use crate::store::{Ceilings, DEFAULT_MAX_PENDING};
 
 /// An admin's ceilings on a plugin's limits (each field as in the settings).
@@ -105,14 +104,16 @@ pub(super) async fn key_share(
     let Some(max) = limits.max_pending else {
         return Ok(None);
     };
+    // each plugin the key holds is charged what it may hold (its ceiling), never what it is
+    // set to now: a value lowered for a while and set back would lend the budget out twice
     let settings = st.store.plugin_settings_all().await?;
-    let defaults = st.store.policies().defaults();
     let used: u64 = held
         .iter()
         .map(|n| {
-            let policy = settings.get(n).map(|s| Policy::of(s, defaults));
-            policy
-                .and_then(|p| p.max_pending)
+            settings
+                .get(n)
+                .and_then(|s| s.ceilings.as_ref())
+                .and_then(|c| c.max_pending)
                 .unwrap_or(DEFAULT_MAX_PENDING)
         })
         .sum();
@@ -127,6 +128,29 @@ pub(super) async fn key_share(
         ))),
         left => Ok(Some(left.min(DEFAULT_MAX_PENDING))),
     }
+}
+
+/// A team key with a `max_pending` of its own that lowers a plugin's `max_pending` below the
+/// plugin's ceiling gives the rest back to the key: the ceiling comes down with it (the change
+/// to write, if any). The key's budget charges each plugin its ceiling (see [`key_share`]), so
+/// what a plugin may be set back to is what the key lent it, never more.
+pub(super) fn share_given_back(
+    caller: &Caller,
+    settings: &crate::store::PluginSettings,
+    changes: &[(&'static str, serde_json::Value)],
+) -> Option<(&'static str, serde_json::Value)> {
+    caller.limits.max_pending?;
+    let (_, v) = changes.iter().find(|(f, _)| *f == "max_pending")?;
+    let lowered = v.as_u64()?;
+    let mut ceilings = settings.ceilings.clone()?;
+    if ceilings.max_pending? <= lowered {
+        return None;
+    }
+    ceilings.max_pending = Some(lowered);
+    Some((
+        "ceilings",
+        serde_json::to_value(&ceilings).expect("serializes"),
+    ))
 }
 
 /// Gives the new plugin `name` its share of its key's `max_pending` as the ceiling of its own.

@@ -280,7 +280,11 @@ pub async fn plugin_patch(
         internal_hosts: st.internal_hosts.clone(),
     };
     let cur = current(&st, &name).await?;
-    let changes = patch.changes(&caller, caps, &st.store.plugin_settings(&name).await?)?;
+    let settings = st.store.plugin_settings(&name).await?;
+    let mut changes = patch.changes(&caller, caps, &settings)?;
+    if let Some(c) = super::ceilings::share_given_back(&caller, &settings, &changes) {
+        changes.push(c);
+    }
     for (field, value) in &changes {
         st.store.set_setting(&name, field, value).await?;
     }
@@ -411,9 +415,9 @@ pub struct DeleteQuery {
 }
 
 /// `DELETE /v1/plugins/{name}`: the plugin and what is its (versions, settings, ceilings,
-/// secrets, kv, concurrency and rate state), so that a name uploaded again starts clean. While it
-/// has scheduled or dead tasks it is 409 unless `?tasks=cancel`, which deletes them too (a run
-/// under way finishes).
+/// secrets, kv, concurrency and rate state, its recurring schedules, its done tasks and their
+/// logs), so that a name uploaded again starts clean. While it has scheduled or dead tasks it is
+/// 409 unless `?tasks=cancel`, which deletes them too (a run under way finishes).
 #[utoipa::path(delete, path = "/v1/plugins/{name}", tag = "plugins", params(PluginName, DeleteQuery),
     responses((status = 204, description = "deleted"), doc::Errors),
     security((), ("bearer" = [])))]
@@ -449,9 +453,16 @@ pub async fn plugin_delete(
     if !st.registry.delete(&name).await? {
         return Err(ApiError::not_found(format!("no plugin {name:?}")));
     }
-    if cancel {
-        // what was scheduled between the first pass and the delete
-        st.store.cancel_plugin(&name).await?;
+    // its schedules would fire into the next owner of the name, with their payloads
+    for row in st.store.schedule_list().await? {
+        if super::schedules::plugin_of(&row) == name {
+            st.store
+                .schedule_op(&row.id, crate::store::ScheduleOp::Delete)
+                .await?;
+        }
     }
+    // its done tasks (and, with `?tasks=cancel`, what was scheduled between the first pass and
+    // the delete): nothing of its tasks is left for the next owner of the name to read
+    st.store.cancel_plugin(&name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

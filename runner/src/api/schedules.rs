@@ -186,7 +186,7 @@ async fn existing(st: &AppState, caller: &Caller, id: &str) -> ApiResult<Schedul
 }
 
 /// The plugin a stored schedule fires.
-fn plugin_of(row: &ScheduleRow) -> String {
+pub(super) fn plugin_of(row: &ScheduleRow) -> String {
     serde_json::from_str::<Value>(&row.def)
         .ok()
         .and_then(|v| v["plugin"].as_str().map(str::to_owned))

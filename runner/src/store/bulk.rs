@@ -88,7 +88,8 @@ impl Store {
         self.bulk(op, "", plugin).await
     }
 
-    /// Deletes every scheduled and dead task of a plugin (running ones finish); returns how many.
+    /// Deletes every scheduled, dead and done task of a plugin, with their logs, listeners and
+    /// dedup windows (running ones finish); returns how many.
     pub async fn cancel_plugin(&self, plugin: &str) -> Result<u64> {
         self.bulk("cancel_plugin", "", Some(plugin)).await
     }

@@ -10,9 +10,11 @@
 --   'drop_dead':    deletes dead tasks (of `plugin`).
 --   'expire_dead':  deletes dead tasks that died before `owner` (ms: the argument carries the
 --                   bound for this op).
---   'cancel_plugin': deletes the scheduled (parked included) and dead tasks of `plugin`, walking
---                   the shard's records with HSCAN from `cursor` (a plugin's scheduled tasks
---                   have no index of their own); running tasks are left alone.
+--   'cancel_plugin': deletes the scheduled (parked included), dead and done tasks of `plugin`
+--                   with their logs, listeners and dedup windows (a plugin deleted leaves
+--                   nothing of its tasks to the next owner of its name), walking the shard's
+--                   records with HSCAN from `cursor` (a plugin's scheduled tasks have no index
+--                   of their own); running tasks are left alone.
 -- Returns {count, next cursor}.
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -45,8 +47,9 @@ if op == 'cancel_plugin' then
   local fields = r[2]
   for i = 1, #fields, 2 do
     local id, t = fields[i], parse(fields[i + 1])
-    if t and t.plugin == plugin and (t.st == 's' or t.st == 'x') then
+    if t and t.plugin == plugin and t.st ~= 'r' then
       delete_task(id, t)
+      redis.call('ZREM', K_UNIQUE, id)
       count = count + 1
     end
   end

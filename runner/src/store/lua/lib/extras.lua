@@ -186,9 +186,10 @@ local function record_ended(id, t, now, done)
   index_scheduled(id, nt)
 end
 
--- Deletes a scheduled or dead task (cancelled, replaced, dropped): its indexes, its listeners (a
--- scheduled one's; a dead one let them go when it died), its record, log, rerun note and window
--- lists (a scheduled one never finished, so it leaves no dedup window either). Every path that
+-- Deletes a scheduled, dead or done task (cancelled, replaced, dropped, its plugin deleted): its
+-- indexes, its listeners (a scheduled one's; a dead or done one let them go when it ended), its
+-- record, log, rerun note and window lists (a scheduled one never finished, so it leaves no
+-- dedup window either; a done one's entry in `finished` finds no record and is passed over). Every path that
 -- deletes a task that is not done goes through here, so none leaks what the task held.
 local function forget(id, t, now)
   if t.st == 's' then
