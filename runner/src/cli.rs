@@ -332,6 +332,17 @@ fn fields(pairs: Vec<(&str, Option<Value>)>) -> Value {
     )
 }
 
+/// `--on TOPIC:KEY:THEN` as a listener (a topic holds no `:`; a key may).
+fn listener(text: &str) -> Result<Value> {
+    let bad = || anyhow::anyhow!("--on {text:?}: write TOPIC:KEY:cancel or TOPIC:KEY:run");
+    let (topic, rest) = text.split_once(':').ok_or_else(bad)?;
+    let (key, then) = rest.rsplit_once(':').ok_or_else(bad)?;
+    if !matches!(then, "cancel" | "run") || topic.is_empty() || key.is_empty() {
+        return Err(bad());
+    }
+    Ok(json!({"topic": topic, "key": key, "then": then}))
+}
+
 fn payload(text: &str) -> Result<Value> {
     serde_json::from_str(text).context("--payload must be JSON")
 }
@@ -350,16 +361,48 @@ fn task_call(cmd: TaskCmd) -> Result<Call> {
             owner,
             max_attempts,
             start_by,
-        } => Call::new(Method::POST, "/v1/tasks").json(fields(vec![
-            ("plugin", Some(json!(plugin))),
-            ("payload", Some(payload(&p)?)),
-            ("run_at", at.map(|t| json!(t))),
-            ("delay_ms", r#in.map(|d| millis("--in", &d)).transpose()?),
-            ("id", id.map(|v| json!(v))),
-            ("owner", owner.map(|v| json!(v))),
-            ("max_attempts", max_attempts.map(|v| json!(v))),
-            ("start_by", start_by.map(|v| json!(v))),
-        ])),
+            unique_for,
+            on,
+            lookback,
+            debounce,
+            quiet,
+            max_wait,
+            traceparent,
+        } => {
+            let on = on
+                .iter()
+                .map(|l| listener(l))
+                .collect::<Result<Vec<Value>>>()?;
+            let debounce = match debounce {
+                None => None,
+                Some(key) => Some(json!({
+                    "key": key,
+                    "quiet_ms": millis("--quiet", quiet.as_deref().unwrap_or_default())?,
+                    "max_wait_ms": millis("--max-wait", max_wait.as_deref().unwrap_or("1h"))?,
+                })),
+            };
+            Call::new(Method::POST, "/v1/tasks").json(fields(vec![
+                ("plugin", Some(json!(plugin))),
+                ("payload", Some(payload(&p)?)),
+                ("run_at", at.map(|t| json!(t))),
+                ("delay_ms", r#in.map(|d| millis("--in", &d)).transpose()?),
+                ("id", id.map(|v| json!(v))),
+                ("owner", owner.map(|v| json!(v))),
+                ("max_attempts", max_attempts.map(|v| json!(v))),
+                ("start_by", start_by.map(|v| json!(v))),
+                (
+                    "unique_for_ms",
+                    unique_for.map(|d| millis("--unique-for", &d)).transpose()?,
+                ),
+                ("on", (!on.is_empty()).then(|| json!(on))),
+                (
+                    "lookback_ms",
+                    lookback.map(|d| millis("--lookback", &d)).transpose()?,
+                ),
+                ("debounce", debounce),
+                ("traceparent", traceparent.map(|t| json!(t))),
+            ]))
+        }
         TaskCmd::Find {
             plugin,
             state,

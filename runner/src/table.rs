@@ -118,15 +118,27 @@ pub fn keys(v: &Value) -> String {
     let rows: Vec<Vec<String>> = items(v)
         .iter()
         .map(|k| {
-            let plugins: Vec<&str> = k["plugins"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let list = |field: &str| -> String {
+                k[field]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .join(",")
+            };
+            let limits = [("plugins", "max_plugins"), ("pending", "max_pending")]
+                .iter()
+                .filter_map(|(what, field)| Some(format!("{what} {}", k[*field].as_u64()?)))
+                .collect::<Vec<_>>()
+                .join(", ");
             vec![
                 f(k, "id"),
                 f(k, "name"),
                 f(k, "role"),
-                plugins.join(","),
+                list("plugins"),
+                list("publish"),
+                list("listen"),
+                list("streams"),
+                limits,
                 time(k, "created_at"),
                 time(k, "last_used_at"),
             ]
@@ -138,6 +150,10 @@ pub fn keys(v: &Value) -> String {
             "NAME",
             "ROLE",
             "PLUGINS",
+            "PUBLISH",
+            "LISTEN",
+            "STREAMS",
+            "AT MOST",
             "CREATED (UTC)",
             "LAST USED (UTC)",
         ],

@@ -386,3 +386,138 @@ fn help_never_prints_a_secret() {
         "the variable is still named:\n{text}"
     );
 }
+
+/// `task add` takes every field of a task spec (listeners with `--on` and `--lookback`, a
+/// debounce window, a dedup window, a trace context), and `key list` shows every field of a key
+/// (its topics, streams and limits).
+#[tokio::test]
+async fn task_add_takes_every_field_of_a_spec_and_key_list_shows_every_field() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(eggtimer_bin())
+            .args(args)
+            .args(["--url", &r.url])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let get = |id: &str| -> Value {
+        let (c, out, err) = cli(&["task", "get", id, "--json"]);
+        assert_eq!(c, Some(0), "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    // listeners: a key may hold a `:`, a topic may not
+    let (c, _, err) = cli(&[
+        "task",
+        "add",
+        "noop",
+        "--id",
+        "l1",
+        "--in",
+        "1h",
+        "--on",
+        "orders.paid:o:1:cancel",
+        "--on",
+        "orders.shipped:o2:run",
+        "--lookback",
+        "5s",
+    ]);
+    assert_eq!(c, Some(0), "{err}");
+    let t = get("l1");
+    assert_eq!(
+        t["on"],
+        json!([{"topic": "orders.paid", "key": "o:1", "then": "cancel"},
+               {"topic": "orders.shipped", "key": "o2", "then": "run"}]),
+        "{t}"
+    );
+    assert_eq!(t["lookback_ms"], 5000, "{t}");
+    let (c, _, err) = cli(&["task", "add", "noop", "--on", "orders.paid"]);
+    assert_ne!(c, Some(0));
+    assert!(err.contains("TOPIC:KEY:cancel"), "{err}");
+
+    // a debounce window: three adds, one task with the three payloads
+    for i in 0..3 {
+        let (c, out, err) = cli(&[
+            "task",
+            "add",
+            "noop",
+            "--payload",
+            &format!("{{\"i\":{i}}}"),
+            "--debounce",
+            "feed-1",
+            "--quiet",
+            "1h",
+            "--json",
+        ]);
+        assert_eq!(c, Some(0), "{err}");
+        assert!(out.contains("debounced"), "{out}");
+    }
+    let t = get("feed-1");
+    assert_eq!(t["batch"], json!([{"i": 0}, {"i": 1}, {"i": 2}]), "{t}");
+    assert_eq!(
+        (&t["debounce"]["quiet_ms"], &t["debounce"]["max_wait_ms"]),
+        (&json!(3_600_000), &json!(3_600_000)),
+        "{t}"
+    );
+
+    // a dedup window: once done, the same id is refused for 10 minutes
+    let (c, _, err) = cli(&["task", "add", "noop", "--id", "u1", "--unique-for", "10m"]);
+    assert_eq!(c, Some(0), "{err}");
+    wait_state(&r.url, "u1", "done", T).await;
+    let (c, _, err) = cli(&["task", "add", "noop", "--id", "u1", "--unique-for", "10m"]);
+    assert_ne!(c, Some(0), "a second u1 inside its dedup window: {err}");
+    assert!(err.contains("409"), "{err}");
+
+    // a trace context
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let (c, _, err) = cli(&[
+        "task",
+        "add",
+        "noop",
+        "--id",
+        "t1",
+        "--in",
+        "1h",
+        "--traceparent",
+        tp,
+    ]);
+    assert_eq!(c, Some(0), "{err}");
+    assert_eq!(get("t1")["traceparent"], tp);
+
+    // every field of a key in its list
+    let (c, _, err) = cli(&[
+        "key",
+        "create",
+        "payments",
+        "--role",
+        "developer",
+        "--plugins",
+        "pay-*",
+        "--publish",
+        "payments",
+        "--listen",
+        "orders.*",
+        "--streams",
+        "payments*",
+        "--max-pending",
+        "500",
+    ]);
+    assert_eq!(c, Some(0), "{err}");
+    let (c, out, err) = cli(&["key", "list"]);
+    assert_eq!(c, Some(0), "{err}");
+    for shown in [
+        "PUBLISH",
+        "LISTEN",
+        "STREAMS",
+        "orders.*",
+        "payments*",
+        "pending 500",
+    ] {
+        assert!(out.contains(shown), "{shown} missing from:\n{out}");
+    }
+}

@@ -327,6 +327,31 @@ pub enum TaskCmd {
         /// Not started by then (ms since the epoch), it is dead as expired instead of running.
         #[arg(long)]
         start_by: Option<i64>,
+        /// After it finished, another task of the same id is not scheduled for this long (a
+        /// schedule within it answers 409), e.g. 10m.
+        #[arg(long)]
+        unique_for: Option<String>,
+        /// An event it listens for, `TOPIC:KEY:cancel` or `TOPIC:KEY:run` (repeat it, up to 8):
+        /// the event cancels it, or runs it now.
+        #[arg(long = "on", value_name = "TOPIC:KEY:THEN")]
+        on: Vec<String>,
+        /// How long before it was scheduled an event still reaches it (default 60s).
+        #[arg(long, requires = "on")]
+        lookback: Option<String>,
+        /// Debounce on this key (the task's id): each add within --quiet moves it on and keeps
+        /// the payload, so it runs once with all of them.
+        #[arg(long, requires = "quiet", conflicts_with_all = ["id", "at", "in"])]
+        debounce: Option<String>,
+        /// With --debounce: the quiet period, e.g. 2s.
+        #[arg(long, requires = "debounce")]
+        quiet: Option<String>,
+        /// With --debounce: the longest a window stays open after its first payload (default:
+        /// 1h).
+        #[arg(long, requires = "debounce")]
+        max_wait: Option<String>,
+        /// A W3C trace context the run joins (00-<trace>-<span>-<flags>).
+        #[arg(long)]
+        traceparent: Option<String>,
     },
     /// Show a task (and the log lines of its last attempts).
     Get {
