@@ -343,3 +343,39 @@ fn debounce_calls<'a>(tasks: &[NewTask], ix: &'a [usize]) -> Vec<&'a [usize]> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sized(sizes: &[usize]) -> Vec<NewTask> {
+        sizes
+            .iter()
+            .map(|&n| NewTask {
+                payload: "x".repeat(n),
+                ..NewTask::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn debounce_calls_are_cut_by_count_and_bytes_in_order() {
+        // 100 small payloads: calls of 32
+        let tasks = sized(&[10; 100]);
+        let ix: Vec<usize> = (0..100).collect();
+        let lens: Vec<usize> = debounce_calls(&tasks, &ix)
+            .iter()
+            .map(|c| c.len())
+            .collect();
+        assert_eq!(lens, [32, 32, 32, 4]);
+        // 60 KB payloads: two a call (the third would pass 128 KiB); one larger than the
+        // bound still goes, alone
+        let tasks = sized(&[60_000, 60_000, 60_000, 200_000, 10]);
+        let ix: Vec<usize> = (0..5).collect();
+        let calls = debounce_calls(&tasks, &ix);
+        assert_eq!(calls, [&[0, 1][..], &[2], &[3], &[4]]);
+        // the order of the shard's tasks is kept across calls
+        let flat: Vec<usize> = calls.concat();
+        assert_eq!(flat, ix);
+    }
+}

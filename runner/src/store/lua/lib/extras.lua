@@ -189,8 +189,9 @@ end
 -- Deletes a scheduled, dead or done task (cancelled, replaced, dropped, its plugin deleted): its
 -- indexes, its listeners (a scheduled one's; a dead or done one let them go when it ended), its
 -- record, log, rerun note and window lists (a scheduled one never finished, so it leaves no
--- dedup window either; a done one's entry in `finished` finds no record and is passed over). Every path that
--- deletes a task that is not done goes through here, so none leaks what the task held.
+-- dedup window either; a done one's entry in `finished` finds no record and is passed over).
+-- Every path that deletes a task goes through here, so none leaks what the task held, but the
+-- trim of done records past their retention (`forget_done`, which drops their windows itself).
 local function forget(id, t, now)
   if t.st == 's' then
     unindex_scheduled(id, t)
