@@ -79,7 +79,6 @@ pub async fn run(cmd: Command) -> Result<()> {
     let (remote, call) = match cmd {
         Command::Serve(_) | Command::CompilePlugin => unreachable!("not a client command"),
         Command::Runners { remote } => (remote, Call::get("/v1/runners").view(View::Runners)),
-        Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)?),
         Command::Task {
             remote,
             cmd:
@@ -94,6 +93,21 @@ pub async fn run(cmd: Command) -> Result<()> {
             let out = crate::dry_local::run(&r, &id, plugin.as_deref(), &wasm).await?;
             return show(&out, View::Json);
         }
+        Command::Plugin {
+            remote,
+            cmd:
+                PluginCmd::AllowHosts {
+                    name,
+                    origins,
+                    add,
+                    remove,
+                },
+        } => {
+            let r = client(&remote)?;
+            let out = allow_hosts(&r, &name, origins, add, remove).await?;
+            return show(&out, View::Json);
+        }
+        Command::Plugin { remote, cmd } => (remote, plugin_call(cmd)?),
         Command::Task { remote, cmd } => (remote, task_call(cmd)?),
         Command::Owner { remote, cmd } => (remote, owner_call(cmd)?),
         Command::Dead { remote, cmd } => (remote, dead_call(cmd)),
@@ -227,9 +241,7 @@ fn plugin_call(cmd: PluginCmd) -> Result<Call> {
         PluginCmd::Limit { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_concurrency": max}))
         }
-        PluginCmd::AllowHosts { name, origins } => {
-            Call::new(Method::PATCH, path(&name, "")).json(json!({"allowed_hosts": origins}))
-        }
+        PluginCmd::AllowHosts { .. } => unreachable!("run() reads the list first"),
         PluginCmd::Config { name, entries } => {
             let map: serde_json::Map<String, Value> = entries
                 .into_iter()
@@ -239,6 +251,77 @@ fn plugin_call(cmd: PluginCmd) -> Result<Call> {
         }
         PluginCmd::Secret(cmd) => secret_call(cmd)?,
     })
+}
+
+/// `plugin allow-hosts`: reads the plugin's list, replaces it (or adds to it, or takes from it),
+/// and says on stderr what changed, so a replace never drops an origin unsaid.
+async fn allow_hosts(
+    r: &Client,
+    name: &str,
+    origins: Vec<String>,
+    add: bool,
+    remove: bool,
+) -> Result<Value> {
+    let path = format!("/v1/plugins/{}", enc(name));
+    let list = |v: &Value| -> Vec<String> {
+        v["allowed_hosts"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|o| o.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = list(
+        &r.call(Method::GET, &path, eggtimer_client::Body::None)
+            .await?,
+    );
+    let after: Vec<String> = if add {
+        let mut l = before.clone();
+        l.extend(origins.into_iter().filter(|o| !before.contains(o)));
+        l
+    } else if remove {
+        before
+            .iter()
+            .filter(|o| !origins.contains(o))
+            .cloned()
+            .collect()
+    } else {
+        origins
+    };
+    let body = eggtimer_client::Body::Json(json!({"allowed_hosts": after}));
+    let out = r.call(Method::PATCH, &path, body).await?;
+    let now = list(&out);
+    let added: Vec<&str> = now
+        .iter()
+        .filter(|o| !before.contains(o))
+        .map(String::as_str)
+        .collect();
+    let dropped: Vec<&str> = before
+        .iter()
+        .filter(|o| !now.contains(o))
+        .map(String::as_str)
+        .collect();
+    let said = |what: &str, l: &[&str]| (!l.is_empty()).then(|| format!("{what} {}", l.join(", ")));
+    let changes: Vec<String> = [said("added", &added), said("removed", &dropped)]
+        .into_iter()
+        .flatten()
+        .collect();
+    eprintln!(
+        "{name} may call {}{}",
+        if now.is_empty() {
+            "no host".to_owned()
+        } else {
+            now.join(", ")
+        },
+        if changes.is_empty() {
+            " (unchanged)".to_owned()
+        } else {
+            format!(" ({})", changes.join("; "))
+        }
+    );
+    Ok(out)
 }
 
 /// `?promote=false` and `?force=true` of a push or promotion.

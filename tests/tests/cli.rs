@@ -330,6 +330,53 @@ async fn a_plugins_secrets_hosts_and_config_from_the_cli() {
         p["allowed_hosts"],
         json!(["https://hooks.example.com", "https://*.partner.example"])
     );
+    assert!(
+        err.contains("added https://hooks.example.com, https://*.partner.example"),
+        "{err}"
+    );
+    // --add and --remove change the list; a replace says what it dropped
+    let (c, out, err) = cli(
+        &[
+            "plugin",
+            "allow-hosts",
+            "webhook",
+            "--add",
+            "http://127.0.0.1:9000",
+        ],
+        "",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["allowed_hosts"].as_array().unwrap().len(), 3, "{p}");
+    assert!(err.contains("(added http://127.0.0.1:9000)"), "{err}");
+    let (c, out, err) = cli(
+        &[
+            "plugin",
+            "allow-hosts",
+            "webhook",
+            "--remove",
+            "https://*.partner.example",
+        ],
+        "",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        p["allowed_hosts"],
+        json!(["https://hooks.example.com", "http://127.0.0.1:9000"])
+    );
+    assert!(err.contains("removed https://*.partner.example"), "{err}");
+    let (c, _, err) = cli(
+        &[
+            "plugin",
+            "allow-hosts",
+            "webhook",
+            "https://hooks.example.com",
+        ],
+        "",
+    );
+    assert_eq!(c, Some(0), "{err}");
+    assert!(err.contains("removed http://127.0.0.1:9000"), "{err}");
     let (c, _, err) = cli(
         &["plugin", "allow-hosts", "webhook", "hooks.example.com/x"],
         "",

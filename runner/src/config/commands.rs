@@ -230,8 +230,18 @@ pub enum PluginCmd {
         none: bool,
     },
     /// Let a plugin send HTTP requests to these origins (`https://api.example.com`,
-    /// `https://*.example.com`, `http://127.0.0.1:9000`); none: no network at all.
-    AllowHosts { name: String, origins: Vec<String> },
+    /// `https://*.example.com`, `http://127.0.0.1:9000`): the list replaces the one before
+    /// (none: no network at all), or with `--add` / `--remove` changes it. It says what changed.
+    AllowHosts {
+        name: String,
+        origins: Vec<String>,
+        /// Add these origins to the plugin's list.
+        #[arg(long, conflicts_with = "remove", requires = "origins")]
+        add: bool,
+        /// Take these origins out of the plugin's list.
+        #[arg(long, requires = "origins")]
+        remove: bool,
+    },
     /// Set a plugin's config, read with `config(name)`: NAME=VALUE ... (replaces all of it;
     /// none: clears it).
     Config {
