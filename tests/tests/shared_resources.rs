@@ -397,3 +397,73 @@ fn flatten(v: &redis::Value, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// A team's cheap failed requests can't push another team's change out of the audit: 1,000
+/// `DELETE /v1/tasks/nope-N` (404s) go to the failed requests' stream, and the stream of changes,
+/// capped at 100 entries, still holds the other team's schedule (0.2.0 kept the 404s with the
+/// changes, so they pushed it out).
+#[tokio::test]
+async fn failed_requests_cant_push_a_change_out_of_the_audit() {
+    let redis = RedisServer::start();
+    let r = eggtimer_tests::RunnerProcess::start(
+        &redis.url(),
+        &["--token", ADMIN, "--audit-max-len", "100"],
+    );
+    let base = r.url.as_str();
+    let (s, up) = upload_as(
+        base,
+        ADMIN,
+        "bench-record",
+        eggtimer_tests::plugin_wasm("bench-record"),
+    )
+    .await;
+    assert_eq!(s, 201, "{up}");
+    let (_, a) = make_key(base, "team-a", "developer", &["bench-record"]).await;
+    let (_, b) = make_key(base, "team-b", "developer", &["other-*"]).await;
+    let url = format!("{base}/v1/tasks");
+    let (s, t) = req(
+        "POST",
+        &url,
+        Some(&a),
+        Some(json!({"id": "kept", "plugin": "bench-record", "payload": 1, "delay_ms": 3_600_000})),
+    )
+    .await;
+    assert_eq!(s, 201, "{t}");
+    for i in 0..1000 {
+        let (s, _) = req("DELETE", &format!("{url}/nope-{i}"), Some(&b), None).await;
+        assert_eq!(s, 404);
+    }
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("{eggtimer}:audit")
+        .arg("-")
+        .arg("+")
+        .query(&mut redis.conn())
+        .unwrap();
+    let field = |e: &[(String, String)], name: &str| {
+        e.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        entries
+            .iter()
+            .any(|(_, e)| field(e, "key") == "team-a" && field(e, "method") == "POST"),
+        "team A's schedule was pushed out of the audit of changes"
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|(_, e)| field(e, "status").parse::<u16>().unwrap() < 400),
+        "the audit of changes holds a failed request"
+    );
+    // the failed requests are audited all the same, apart
+    let (_, page) = req(
+        "GET",
+        &format!("{base}/v1/audit?limit=1"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(page["entries"][0]["status"], 404, "{page}");
+}
