@@ -568,3 +568,35 @@ async fn task_add_takes_every_field_of_a_spec_and_key_list_shows_every_field() {
         assert!(out.contains(shown), "{shown} missing from:\n{out}");
     }
 }
+
+/// Every flag of `eggtimer serve` has a row in the README's configuration table (a row may name
+/// several flags), so none is only found by reading `--help`.
+#[test]
+fn every_serve_flag_is_in_the_readmes_configuration_table() {
+    let out = std::process::Command::new(eggtimer_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let readme = std::fs::read_to_string(eggtimer_tests::workspace().join("README.md")).unwrap();
+    let rows: Vec<&str> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .map(|l| l.split(" | ").next().unwrap_or(""))
+        .collect();
+    let flags: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .filter_map(|l| l.split([' ', '<']).next())
+        .filter(|f| *f != "help")
+        .collect();
+    assert!(flags.len() > 40, "read {} flags from:\n{help}", flags.len());
+    let missing: Vec<&&str> = flags
+        .iter()
+        .filter(|f| !rows.iter().any(|r| r.contains(&format!("`--{f}`"))))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "serve flags without a row in the README's configuration table: {missing:?}"
+    );
+}
