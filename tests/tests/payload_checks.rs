@@ -349,6 +349,23 @@ async fn a_follow_up_the_other_plugin_cant_read_is_refused_to_the_guest() {
     );
 }
 
+/// Another team (the admin, `order-cancel`) schedules again and again while the `slow`
+/// requests run: each of its schedules is 201, and it asked at least twice.
+async fn another_team_schedules_while(base: &str, slow: &[tokio::task::JoinHandle<(u16, Value)>]) {
+    let mut theirs = 0;
+    while !slow.iter().all(|h| h.is_finished()) {
+        theirs += 1;
+        let spec = json!({"id": format!("o-{theirs}"), "plugin": "order-cancel",
+            "delay_ms": 3_600_000, "payload": {"order_id": "o", "user_id": "u"}});
+        let (s, e) = admin("POST", base, "/v1/tasks", Some(spec)).await;
+        assert_eq!(s, 201, "another team's task while the slow checks run: {e}");
+    }
+    assert!(
+        theirs >= 2,
+        "the slow checks were over before the other team asked"
+    );
+}
+
 /// A team whose check sleeps to its time limit, asked by 40 requests at once, holds at most two
 /// of a runner's four check slots: another team's tasks are checked and scheduled all the while
 /// (201, never 503 `busy`); the slow team's own requests wait, and some are told to try again.
@@ -371,18 +388,7 @@ async fn a_plugins_slow_check_holds_up_only_its_own_requests() {
             })
         })
         .collect();
-    let mut theirs = 0;
-    while !slow.iter().all(|h| h.is_finished()) {
-        theirs += 1;
-        let spec = json!({"id": format!("o-{theirs}"), "plugin": "order-cancel",
-            "delay_ms": 3_600_000, "payload": {"order_id": "o", "user_id": "u"}});
-        let (s, e) = admin("POST", &base, "/v1/tasks", Some(spec)).await;
-        assert_eq!(s, 201, "another team's task while the slow checks run: {e}");
-    }
-    assert!(
-        theirs >= 2,
-        "the slow checks were over before the other team asked"
-    );
+    another_team_schedules_while(&base, &slow).await;
     let mut busy = 0;
     for h in slow {
         let (s, e) = h.await.unwrap();
@@ -443,18 +449,7 @@ async fn a_team_with_two_slow_checks_holds_no_more_slots_than_with_one() {
             })
         })
         .collect();
-    let mut theirs = 0;
-    while !slow.iter().all(|h| h.is_finished()) {
-        theirs += 1;
-        let spec = json!({"id": format!("o-{theirs}"), "plugin": "order-cancel",
-            "delay_ms": 3_600_000, "payload": {"order_id": "o", "user_id": "u"}});
-        let (s, e) = admin("POST", &base, "/v1/tasks", Some(spec)).await;
-        assert_eq!(s, 201, "another team's task while the slow checks run: {e}");
-    }
-    assert!(
-        theirs >= 2,
-        "the slow checks were over before the other team asked"
-    );
+    another_team_schedules_while(&base, &slow).await;
     let mut busy = 0;
     for h in slow {
         let (s, e) = h.await.unwrap();
