@@ -32,6 +32,7 @@ enum View {
     Schedule,
     Keys,
     Audit,
+    History,
 }
 
 /// What a command sends.
@@ -146,21 +147,54 @@ pub async fn run(cmd: Command) -> Result<()> {
             };
             match r.call(call.method, &call.path, body).await {
                 Ok(v) => v,
-                // a deploy refused by its check: the tasks it can't read, as a table
                 Err(eggtimer_client::Error::Api {
+                    status,
                     code,
                     message,
                     error,
-                    ..
-                }) if code == "incompatible_payloads" => {
-                    eprint!("{}", crate::table::refused(&error));
-                    anyhow::bail!("{message}");
+                }) => {
+                    // a deploy refused by its check: the tasks it can't read, as a table
+                    if code == "incompatible_payloads" {
+                        eprint!("{}", crate::table::refused(&error));
+                    }
+                    anyhow::bail!("{status}: {}", in_cli_terms(&message, &error));
                 }
                 Err(e) => return Err(e.into()),
             }
         }
     };
     show(&out, if remote.json { View::Json } else { call.view })
+}
+
+/// An API error's advice in the CLI's own commands: the API names its routes and query
+/// parameters (`POST /v1/plugins/orders/promote`, `?force=true`), a CLI user types commands.
+fn in_cli_terms(message: &str, error: &Value) -> String {
+    let mut m = message.to_owned();
+    // `POST /v1/plugins/NAME/promote` (the version refused is in the error's details)
+    if let Some(at) = m.find("POST /v1/plugins/")
+        && let Some(len) = m[at..].find("/promote")
+    {
+        let name = m[at + "POST /v1/plugins/".len()..at + len].to_owned();
+        let version = error["version"]
+            .as_u64()
+            .map_or("VERSION".into(), |v| v.to_string());
+        m.replace_range(
+            at..at + len + "/promote".len(),
+            &format!("`eggtimer plugin promote {name} {version}`"),
+        );
+    }
+    // `DELETE /v1/plugins/NAME?tasks=cancel`
+    if let Some(at) = m.find("DELETE /v1/plugins/")
+        && let Some(len) = m[at..].find("?tasks=cancel")
+    {
+        let name = m[at + "DELETE /v1/plugins/".len()..at + len].to_owned();
+        m.replace_range(
+            at..at + len + "?tasks=cancel".len(),
+            &format!("`eggtimer plugin delete {name} --cancel-tasks`"),
+        );
+    }
+    m.replace("with ?force=true", "with --force")
+        .replace("name one with ?plugin=", "name one with --plugin PLUGIN")
 }
 
 /// Prints a reply (nothing for an empty one): as a table, or as JSON.
@@ -176,6 +210,7 @@ fn show(out: &Value, view: View) -> Result<()> {
         View::Schedule => Some(crate::table::schedule(out)),
         View::Keys => Some(crate::table::keys(out)),
         View::Audit => Some(crate::table::audit(out)),
+        View::History => Some(crate::table::history(out)),
     };
     let text = match text {
         Some(t) => t,
@@ -211,6 +246,47 @@ fn key_call(cmd: KeyCmd) -> Call {
                 body["max_pending"] = json!(m);
             }
             Call::new(Method::POST, "/v1/keys").json(body)
+        }
+        KeyCmd::Update {
+            id,
+            name,
+            role,
+            plugins,
+            max_plugins,
+            max_pending,
+            publish,
+            listen,
+            streams,
+        } => {
+            let mut body = json!({});
+            let lists = [
+                ("plugins", plugins),
+                ("publish", publish),
+                ("listen", listen),
+                ("streams", streams),
+            ];
+            for (field, list) in lists {
+                if let Some(l) = list {
+                    let l: Vec<String> = l.into_iter().filter(|p| !p.is_empty()).collect();
+                    body[field] = json!(l);
+                }
+            }
+            for (field, v) in [("name", name), ("role", role)] {
+                if let Some(v) = v {
+                    body[field] = json!(v);
+                }
+            }
+            for (field, v) in [("max_plugins", max_plugins), ("max_pending", max_pending)] {
+                if let Some(v) = v {
+                    // `none` removes the limit; anything else goes as written, for the API to
+                    // check (a number written as text is refused there, saying so)
+                    body[field] = match v.as_str() {
+                        "none" => Value::Null,
+                        n => n.parse::<u64>().map_or(json!(n), |n| json!(n)),
+                    };
+                }
+            }
+            Call::new(Method::PATCH, format!("/v1/keys/{}", enc(&id))).json(body)
         }
         KeyCmd::List => Call::get("/v1/keys").view(View::Keys),
         KeyCmd::Revoke { id } => Call::new(Method::DELETE, format!("/v1/keys/{}", enc(&id))),

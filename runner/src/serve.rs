@@ -29,6 +29,8 @@ pub fn main(args: ServeArgs) -> Result<()> {
             "--token (or EGGTIMER_TOKEN) is empty: give a token, or leave it out to run without auth"
         );
     }
+    // The API's address first: a port in use is said before Redis starts and plugins load.
+    let listener = bind(args.listen)?;
     // The private redis-server is started from the main thread: its parent-death signal is tied
     // to the thread that spawned it.
     let local = match &args.redis {
@@ -46,7 +48,9 @@ pub fn main(args: ServeArgs) -> Result<()> {
         .expect("a Redis URL");
     let rts = Runtimes::new(args.engine_threads.into())?;
     let http = rts.http.handle().clone();
-    let result = rts.engine.block_on(serve(args, url, local.is_some(), http));
+    let result = rts
+        .engine
+        .block_on(serve(args, url, local.is_some(), listener, http));
     rts.engine.shutdown_timeout(Duration::from_secs(1));
     rts.http.shutdown_timeout(Duration::from_secs(1));
     drop(local);
@@ -125,6 +129,7 @@ async fn serve(
     args: ServeArgs,
     url: String,
     private: bool,
+    listener: std::net::TcpListener,
     http_rt: tokio::runtime::Handle,
 ) -> Result<()> {
     let (stop_tx, mut stop) = watch::channel(false);
@@ -161,7 +166,12 @@ async fn serve(
     let registry = load_plugins(&args, &api_store, &plugins).await?;
     let metrics = Arc::new(Metrics::new());
     metrics.install();
-    let listener = bind(args.listen, &http_rt)?;
+    let listener = {
+        // registered with the HTTP runtime's reactor: its connections are served on that
+        // runtime's threads
+        let _in_http = http_rt.enter();
+        tokio::net::TcpListener::from_std(listener).context("serving the API's address")?
+    };
     let addr = listener.local_addr()?;
     if args.token.is_none() && !addr.ip().is_loopback() {
         warn!(
@@ -306,16 +316,18 @@ fn runner_options(args: &ServeArgs, addr: SocketAddr) -> RunnerOptions {
     }
 }
 
-/// The API's listener, registered with the HTTP runtime's reactor: its connections are served
-/// on that runtime's threads.
-fn bind(listen: SocketAddr, http_rt: &tokio::runtime::Handle) -> Result<tokio::net::TcpListener> {
-    std::net::TcpListener::bind(listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(|l| {
-            let _in_http = http_rt.enter();
-            tokio::net::TcpListener::from_std(l)
-        })
-        .with_context(|| format!("listening on {listen}"))
+/// The API's listener (non-blocking, for tokio). A port in use names the flag that moves it.
+fn bind(listen: SocketAddr) -> Result<std::net::TcpListener> {
+    match std::net::TcpListener::bind(listen) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "{listen} is in use (another eggtimer, or another program, listens there): stop it, or listen elsewhere with --listen {}:{}",
+            listen.ip(),
+            listen.port().wrapping_add(1).max(1)
+        ),
+        r => r
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .with_context(|| format!("listening on {listen}")),
+    }
 }
 
 fn app_state(

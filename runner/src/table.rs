@@ -262,6 +262,29 @@ pub fn task(t: &Value) -> String {
     if !t["start_by"].is_null() {
         rows.push(vec!["start by (UTC)".into(), time(t, "start_by")]);
     }
+    // what it listens for and the event that reached it: `topic:key -> cancel|run`
+    for l in items(&t["on"]) {
+        let on = format!("{}:{} -> {}", f(l, "topic"), f(l, "key"), f(l, "then"));
+        rows.push(vec!["on".into(), on]);
+    }
+    if !t["lookback_ms"].is_null() {
+        rows.push(vec!["lookback (ms)".into(), f(t, "lookback_ms")]);
+    }
+    if !t["event"].is_null() {
+        rows.push(vec!["event".into(), short(&t["event"].to_string(), 200)]);
+    }
+    if !t["debounce"].is_null() {
+        rows.push(vec!["debounce".into(), t["debounce"].to_string()]);
+        let held = items(&t["batch"]).len();
+        rows.push(vec![
+            "batch".into(),
+            format!(
+                "{held} payloads, {} dropped, {} waiting for the next window",
+                t["batch_dropped"].as_u64().unwrap_or(0),
+                t["next_batch"].as_u64().unwrap_or(0)
+            ),
+        ]);
+    }
     rows.push(vec!["payload".into(), t["payload"].to_string()]);
     let mut out = render(&["FIELD", "VALUE"], &rows);
     let log: Vec<Vec<String>> = items(&t["log"])
@@ -283,6 +306,37 @@ pub fn task(t: &Value) -> String {
         ));
     }
     out
+}
+
+/// `plugin history`: the versions kept, newest first; which is current, and what a rollback
+/// would make current.
+pub fn history(p: &Value) -> String {
+    let rows: Vec<Vec<String>> = items(&p["history"])
+        .iter()
+        .map(|e| {
+            let state = if e["version"] == p["version"] {
+                "current"
+            } else if e["version"] == p["previous"] {
+                "previous (rollback target)"
+            } else if e["candidate"] == true {
+                "candidate"
+            } else {
+                ""
+            };
+            vec![
+                f(e, "version"),
+                state.into(),
+                time(e, "uploaded_at"),
+                e["uploaded_by"].as_str().unwrap_or("-").into(),
+                f(e, "size"),
+                f(e, "digest").chars().take(12).collect(),
+            ]
+        })
+        .collect();
+    render(
+        &["VERSION", "", "UPLOADED (UTC)", "BY", "BYTES", "DIGEST"],
+        &rows,
+    )
 }
 
 /// `runners`.

@@ -301,6 +301,8 @@ async fn plugin_routes_upload_list_roll_back_delete_and_refuse_bad_binaries() {
     let (s, b) = upload(&r.url, "rb", plugin_wasm("noop")).await;
     assert_eq!((s, b["version"].as_u64()), (201, Some(1)));
     let digest1 = b["digest"].as_str().unwrap().to_owned();
+    let (s, b) = call("POST", &format!("{p}/rb/rollback"), None).await;
+    assert_eq!((s, code(&b)), (409, "conflict"), "one version: {b}");
     let (s, b) = upload(&r.url, "rb", plugin_wasm("noop")).await;
     assert_eq!(
         (s, b["version"].as_u64()),
@@ -323,11 +325,47 @@ async fn plugin_routes_upload_list_roll_back_delete_and_refuse_bad_binaries() {
     assert_eq!((s, b["history"].as_array().unwrap().len()), (200, 2));
     let (s, b) = call("POST", &format!("{p}/rb/rollback"), None).await;
     assert_eq!(
-        (s, b["version"].as_u64(), b["digest"].as_str()),
-        (200, Some(1), Some(digest1.as_str()))
+        (
+            s,
+            b["version"].as_u64(),
+            b["digest"].as_str(),
+            b["previous"].as_u64()
+        ),
+        (200, Some(1), Some(digest1.as_str()), Some(2))
+    );
+    // a rollback goes back to the version current before: twice comes back, three times
+    // returns to the first
+    let (s, b) = call("POST", &format!("{p}/rb/rollback"), None).await;
+    assert_eq!(
+        (s, b["version"].as_u64(), b["previous"].as_u64()),
+        (200, Some(2), Some(1))
     );
     let (s, b) = call("POST", &format!("{p}/rb/rollback"), None).await;
-    assert_eq!((s, code(&b)), (409, "conflict"));
+    assert_eq!(
+        (s, b["version"].as_u64(), b["previous"].as_u64()),
+        (200, Some(1), Some(2))
+    );
+    // v3 kept as a candidate, then promoted: a rollback goes back to v1, which it replaced,
+    // not to v2, the newest before it
+    let (s, b) = upload(&r.url, "rb?promote=false", plugin_wasm("order-cancel")).await;
+    assert_eq!((s, b["version"].as_u64()), (201, Some(3)), "{b}");
+    let (s, b) = call(
+        "POST",
+        &format!("{p}/rb/promote"),
+        Some(json!({"version": 3})),
+    )
+    .await;
+    assert_eq!(
+        (s, b["version"].as_u64(), b["previous"].as_u64()),
+        (200, Some(3), Some(1)),
+        "{b}"
+    );
+    let (s, b) = call("POST", &format!("{p}/rb/rollback"), None).await;
+    assert_eq!(
+        (s, b["version"].as_u64(), b["previous"].as_u64()),
+        (200, Some(1), Some(3)),
+        "{b}"
+    );
     // the rolled-back version runs: noop emits nothing, so the task is simply done
     call("POST", &format!("{}/v1/tasks", r.url), Some(json!({"plugin": "rb", "id": "x", "payload": {"coupon_id": "c", "user_id": "u", "expires_at": 1}}))).await;
     wait_state(&r.url, "x", "done", T).await;

@@ -93,7 +93,11 @@ async fn a_dead_letter_dry_run_against_a_fixed_candidate_applies_nothing() {
     assert_eq!(s, 200, "{e}");
     let (s, e) = call("POST", &format!("{base}/v1/dead/o1/retry"), None).await;
     assert!(s < 300, "{e}");
-    wait_state(base, "o1", "done", T).await;
+    let t = wait_state(base, "o1", "done", T).await;
+    assert!(
+        t["last_error"].is_null(),
+        "a retried task that then succeeds shows no error of before its retry: {t}"
+    );
 }
 
 #[tokio::test]

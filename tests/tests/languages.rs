@@ -343,7 +343,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
             .arg(py.join("tests")),
         "pytest (sdk/python)",
     );
-    assert!(out.contains("8 passed"), "{out}");
+    assert!(out.contains("10 passed"), "{out}");
     assert!(
         !Path::new(&py.join("tests/__pycache__")).exists(),
         "pytest wrote into the source tree"

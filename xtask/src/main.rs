@@ -13,6 +13,7 @@
 //!   `--peer bullmq`, alternating with the same workloads run by BullMQ (`peer`).
 //! - `dist [--no-image] [--redis-image]` builds the static runner and the container images
 //!   (`dist`), saying first what the machine lacks for them.
+//! - `token [FILE]` makes an admin token file (`admin.token`) that only its owner may read.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -102,10 +103,45 @@ fn run() -> Result<()> {
             )
         }
         "dist" => dist::dist(&rest),
+        "token" => token(Path::new(
+            rest.first().map_or("admin.token", String::as_str),
+        )),
         _ => bail!(
-            "usage: cargo xtask plugins | run [ARGS] | test [ARGS] | bench [ARGS] | dist [--no-image] [--redis-image]"
+            "usage: cargo xtask plugins | run [ARGS] | test [ARGS] | bench [ARGS] | dist [--no-image] [--redis-image] | token [FILE]"
         ),
     }
+}
+
+/// Makes an admin token: 32 random bytes as 64 hex digits in `file`, which only its owner may
+/// read (mode 0600, made so, never widened after), and never over an existing file. Prints how
+/// to use it, not the token: it stays out of the terminal's scrollback.
+fn token(file: &Path) -> Result<()> {
+    use std::io::{Read, Write};
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut r| r.read_exact(&mut bytes))
+        .context("reading /dev/urandom")?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = match options.open(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+            "{} exists: keep using it, or delete it first to make a new token (every runner and client must then take the new one)",
+            file.display()
+        ),
+        r => r.with_context(|| format!("making {}", file.display()))?,
+    };
+    writeln!(f, "{token}").with_context(|| format!("writing {}", file.display()))?;
+    let shown = file.display();
+    println!(
+        "made {shown} (readable by you alone). Start the runner with it, and let the CLI and curl read it:\n  \
+         export EGGTIMER_TOKEN=\"$(cat {shown})\"\n  \
+         cargo xtask run\n  \
+         curl -H \"Authorization: Bearer $EGGTIMER_TOKEN\" -s 127.0.0.1:8080/v1/plugins"
+    );
+    Ok(())
 }
 
 /// Replaces this process with `cmd` (Unix); elsewhere runs it and exits with its status.

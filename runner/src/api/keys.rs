@@ -1,4 +1,4 @@
-//! API keys (admin only) and the audit: `POST/GET /v1/keys`, `DELETE /v1/keys/{id}`,
+//! API keys (admin only) and the audit: `POST/GET /v1/keys`, `PATCH/DELETE /v1/keys/{id}`,
 //! `GET /v1/audit`.
 
 use axum::body::Body;
@@ -130,47 +130,10 @@ pub async fn key_create(
     let bytes = body::read(body, 64 << 10).await?;
     let k: NewKey = body::typed(body::raw(&bytes)?)?;
     limits::id("name", &k.name)?;
-    if k.plugins.is_empty() || k.plugins.len() > MAX_PATTERNS {
-        return Err(ApiError::bad(format!(
-            "plugins must list 1 to {MAX_PATTERNS} patterns (`*` for every plugin)"
-        )));
-    }
-    if let Some(p) = k.plugins.iter().find(|p| !valid_pattern(p)) {
-        return Err(ApiError::bad(format!(
-            "plugins: {p:?} is not a pattern (a plugin name, a prefix ending in `*`, or `*`)"
-        )));
-    }
-    let within = |field: &str, v: Option<i64>, max: u64| -> ApiResult<Option<u64>> {
-        v.map(|n| {
-            u64::try_from(n)
-                .ok()
-                .filter(|n| *n <= max)
-                .ok_or_else(|| ApiError::bad(format!("{field} must be from 0 to {max}, got {n}")))
-        })
-        .transpose()
-    };
-    for (field, list) in [("publish", &k.publish), ("listen", &k.listen)] {
-        if list.len() > MAX_PATTERNS {
-            return Err(ApiError::bad(format!(
-                "{field} lists more than {MAX_PATTERNS} patterns"
-            )));
-        }
-        if let Some(p) = list.iter().find(|p| !crate::access::valid_topic_pattern(p)) {
-            return Err(ApiError::bad(format!(
-                "{field}: {p:?} is not a topic pattern (a topic of 1 to 64 of a-z 0-9 . _ -, a prefix ending in `*`, or `*`)"
-            )));
-        }
-    }
-    if k.streams.len() > MAX_PATTERNS {
-        return Err(ApiError::bad(format!(
-            "streams lists more than {MAX_PATTERNS} patterns"
-        )));
-    }
-    if let Some(p) = k.streams.iter().find(|p| !crate::limits::id_like(p)) {
-        return Err(ApiError::bad(format!(
-            "streams: {p:?} is not a stream pattern (a stream name, a prefix ending in `*`, or `*`: 1 to 200 bytes without control characters)"
-        )));
-    }
+    check_plugins(&k.plugins)?;
+    check_topics("publish", &k.publish)?;
+    check_topics("listen", &k.listen)?;
+    check_streams(&k.streams)?;
     let max_plugins = within("max_plugins", k.max_plugins, MAX_PLUGINS_OF_KEY)?;
     let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
     let (id, secret) = new_secret();
@@ -207,6 +170,200 @@ pub async fn key_create(
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
 }
 
+/// A key's plugin patterns: 1 to `MAX_PATTERNS` of them, each a pattern.
+fn check_plugins(plugins: &[String]) -> ApiResult<()> {
+    if plugins.is_empty() || plugins.len() > MAX_PATTERNS {
+        return Err(ApiError::bad(format!(
+            "plugins must list 1 to {MAX_PATTERNS} patterns (`*` for every plugin)"
+        )));
+    }
+    if let Some(p) = plugins.iter().find(|p| !valid_pattern(p)) {
+        return Err(ApiError::bad(format!(
+            "plugins: {p:?} is not a pattern (a plugin name, a prefix ending in `*`, or `*`)"
+        )));
+    }
+    Ok(())
+}
+
+/// A key's `publish` or `listen` topic patterns.
+fn check_topics(field: &str, list: &[String]) -> ApiResult<()> {
+    if list.len() > MAX_PATTERNS {
+        return Err(ApiError::bad(format!(
+            "{field} lists more than {MAX_PATTERNS} patterns"
+        )));
+    }
+    if let Some(p) = list.iter().find(|p| !crate::access::valid_topic_pattern(p)) {
+        return Err(ApiError::bad(format!(
+            "{field}: {p:?} is not a topic pattern (a topic of 1 to 64 of a-z 0-9 . _ -, a prefix ending in `*`, or `*`)"
+        )));
+    }
+    Ok(())
+}
+
+/// A key's stream patterns.
+fn check_streams(streams: &[String]) -> ApiResult<()> {
+    if streams.len() > MAX_PATTERNS {
+        return Err(ApiError::bad(format!(
+            "streams lists more than {MAX_PATTERNS} patterns"
+        )));
+    }
+    if let Some(p) = streams.iter().find(|p| !crate::limits::id_like(p)) {
+        return Err(ApiError::bad(format!(
+            "streams: {p:?} is not a stream pattern (a stream name, a prefix ending in `*`, or `*`: 1 to 200 bytes without control characters)"
+        )));
+    }
+    Ok(())
+}
+
+/// A key's limit within 0..=max (None: no limit).
+fn within(field: &str, v: Option<i64>, max: u64) -> ApiResult<Option<u64>> {
+    v.map(|n| {
+        u64::try_from(n)
+            .ok()
+            .filter(|n| *n <= max)
+            .ok_or_else(|| ApiError::bad(format!("{field} must be from 0 to {max}, got {n}")))
+    })
+    .transpose()
+}
+
+/// A change of a key: each field given replaces the key's own, `null` removes a limit; what
+/// is not given stays. Its id, secret and creation time never change.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyPatch {
+    /// Who holds it (a team, a service), 1 to 200 bytes.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+    )]
+    name: Option<String>,
+    #[serde(default)]
+    role: Option<Role>,
+    /// Plugin patterns: a name, a prefix ending in `*`, or `*` for every plugin.
+    #[serde(default)]
+    #[schema(min_items = 1, max_items = 100, value_type = Option<Vec<doc::PluginPattern>>)]
+    plugins: Option<Vec<String>>,
+    /// Most plugins its patterns may hold; `null`: no ceiling of the key's own.
+    #[serde(default, deserialize_with = "given_int")]
+    #[schema(value_type = Option<u32>, nullable = true, minimum = 0, maximum = 100000)]
+    max_plugins: Option<Option<i64>>,
+    /// Most tasks its plugins may hold together; `null`: no ceiling of the key's own. It
+    /// shares out among the plugins the key uploads from now on: the plugins it holds keep the
+    /// `max_pending` ceilings they were given (an admin changes those with `PATCH
+    /// /v1/plugins/{name}`).
+    #[serde(default, deserialize_with = "given_int")]
+    #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1000000000)]
+    max_pending: Option<Option<i64>>,
+    /// Topic patterns it may publish events to (`[]`: none).
+    #[serde(default)]
+    #[schema(max_items = 100, value_type = Option<Vec<doc::TopicPattern>>)]
+    publish: Option<Vec<String>>,
+    /// Topic patterns its tasks may listen on (`[]`: none). Tasks that listen already keep
+    /// listening.
+    #[serde(default)]
+    #[schema(max_items = 100, value_type = Option<Vec<doc::TopicPattern>>)]
+    listen: Option<Vec<String>>,
+    /// Redis Stream patterns it may read through a source (`[]`: none). Sources made already
+    /// keep reading.
+    #[serde(default)]
+    #[schema(max_items = 100, value_type = Option<Vec<doc::StreamPattern>>)]
+    streams: Option<Vec<String>>,
+}
+
+/// A field that may be given as `null` (to remove a limit): `Some(None)`; absent is `None`.
+fn given_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
+    field::int(d).map(Some)
+}
+
+/// A key as the API shows it.
+fn info(k: KeyRecord, used: Option<i64>) -> KeyInfo {
+    KeyInfo {
+        id: k.id,
+        name: k.name,
+        role: k.role,
+        plugins: k.plugins,
+        created_at: k.created_at,
+        max_plugins: k.limits.max_plugins,
+        max_pending: k.limits.max_pending,
+        publish: k.topics.publish,
+        listen: k.topics.listen,
+        streams: k.topics.streams,
+        last_used_at: used,
+    }
+}
+
+#[utoipa::path(patch, path = "/v1/keys/{id}", tag = "keys", params(KeyId),
+    request_body(content = KeyPatch, content_type = "application/json"),
+    responses((status = 200, description = "the key as it is now: every runner takes the change within a second", body = KeyInfo), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn key_update(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    limits::id("the key id", &id)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, 64 << 10).await?;
+    let p: KeyPatch = body::typed(body::raw(&bytes)?)?;
+    if let Some(n) = &p.name {
+        limits::id("name", n)?;
+    }
+    if let Some(l) = &p.plugins {
+        check_plugins(l)?;
+    }
+    check_topics("publish", p.publish.as_deref().unwrap_or_default())?;
+    check_topics("listen", p.listen.as_deref().unwrap_or_default())?;
+    check_streams(p.streams.as_deref().unwrap_or_default())?;
+    let max_plugins = p
+        .max_plugins
+        .map(|v| within("max_plugins", v, MAX_PLUGINS_OF_KEY))
+        .transpose()?;
+    let max_pending = p
+        .max_pending
+        .map(|v| within("max_pending", v, MAX_MAX_PENDING))
+        .transpose()?;
+    // a change made meanwhile by another admin is read again, never written over
+    for _ in 0..8 {
+        let Some((mut k, used, was)) = st.store.key_by_id(&id).await? else {
+            return Err(ApiError::not_found(format!("no key {id:?}")));
+        };
+        if let Some(n) = &p.name {
+            k.name.clone_from(n);
+        }
+        if let Some(r) = p.role {
+            k.role = r;
+        }
+        if let Some(l) = &p.plugins {
+            k.plugins.clone_from(l);
+        }
+        if let Some(m) = max_plugins {
+            k.limits.max_plugins = m.map(|n| n as u32);
+        }
+        if let Some(m) = max_pending {
+            k.limits.max_pending = m;
+        }
+        for (to, from) in [
+            (&mut k.topics.publish, &p.publish),
+            (&mut k.topics.listen, &p.listen),
+            (&mut k.topics.streams, &p.streams),
+        ] {
+            if let Some(l) = from {
+                to.clone_from(l);
+            }
+        }
+        if st.store.key_replace(&was, &k).await? {
+            st.access.forget_keys();
+            return Ok(axum::Json(info(k, used)).into_response());
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "key {id:?} kept changing while this change was made: try again"
+    )))
+}
+
 #[utoipa::path(get, path = "/v1/keys", tag = "keys",
     responses((status = 200, description = "every key, oldest first, without secrets", body = Vec<KeyInfo>), doc::Errors),
     security((), ("bearer" = [])))]
@@ -216,19 +373,7 @@ pub async fn key_list(State(st): State<AppState>) -> ApiResult<Response> {
         .key_list()
         .await?
         .into_iter()
-        .map(|(k, used)| KeyInfo {
-            id: k.id,
-            name: k.name,
-            role: k.role,
-            plugins: k.plugins,
-            created_at: k.created_at,
-            max_plugins: k.limits.max_plugins,
-            max_pending: k.limits.max_pending,
-            publish: k.topics.publish,
-            listen: k.topics.listen,
-            streams: k.topics.streams,
-            last_used_at: used,
-        })
+        .map(|(k, used)| info(k, used))
         .collect();
     Ok(axum::Json(keys).into_response())
 }

@@ -198,7 +198,7 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Developer, routes!(sources::source_delete));
     // keys (the admin's) and the audit (any key: its own entries)
     let r = roles.add(r, Admin, routes!(keys::key_create, keys::key_list));
-    let r = roles.add(r, Admin, routes!(keys::key_delete));
+    let r = roles.add(r, Admin, routes!(keys::key_delete, keys::key_update));
     let r = roles.add(r, Reader, routes!(keys::audit));
     (r, roles)
 }

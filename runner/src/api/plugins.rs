@@ -328,8 +328,10 @@ pub async fn plugin_get(
     Ok(axum::Json(v).into_response())
 }
 
-/// `POST /v1/plugins/{name}/rollback`: the newest version before the current one (candidates
-/// left out) becomes current, through the same check of the waiting tasks as an upload.
+/// `POST /v1/plugins/{name}/rollback`: the version that was current before the current one
+/// became current (its `previous`) is current again, through the same check of the waiting
+/// tasks as an upload; two rollbacks come back. A version 0.2.0 made current has no
+/// `previous`: its rollback takes the newest version before it that is not a candidate.
 #[utoipa::path(post, path = "/v1/plugins/{name}/rollback", tag = "plugins", params(PluginName, ForceQuery),
     responses((status = 200, description = "the version now current", body = crate::store::PluginEntry), doc::Errors),
     security((), ("bearer" = [])))]
@@ -342,13 +344,21 @@ pub async fn plugin_rollback(
     check_name(&caller, &name)?;
     let force = flag("force", q.force.as_deref(), false)?;
     let cur = current(&st, &name).await?;
-    let target = st
-        .store
-        .plugin_history(&name)
-        .await?
-        .into_iter()
-        .find(|e| e.version < cur.version && !e.candidate)
-        .ok_or_else(|| ApiError::conflict(format!("plugin {name:?} has no previous version")))?;
+    let history = st.store.plugin_history(&name).await?;
+    let target = match cur.previous {
+        Some(p) => history.into_iter().find(|e| e.version == p).ok_or_else(|| {
+            ApiError::conflict(format!(
+                "plugin {name:?} was v{p} before v{}, and v{p} is no longer kept (--keep-versions): promote a version its history lists",
+                cur.version
+            ))
+        })?,
+        None => history
+            .into_iter()
+            .find(|e| e.version < cur.version && !e.candidate)
+            .ok_or_else(|| {
+                ApiError::conflict(format!("plugin {name:?} has no previous version"))
+            })?,
+    };
     let e = super::deploy::make_current(&st, &target, Some(cur.version), force).await?;
     Ok(axum::Json(e).into_response())
 }

@@ -34,8 +34,12 @@ pub(super) fn plugin_call(cmd: PluginCmd) -> Result<Call> {
         .json(json!({"version": version})),
         PluginCmd::List => Call::get("/v1/plugins").view(View::Plugins),
         PluginCmd::Get { name } => Call::get(path(&name, "")),
+        PluginCmd::History { name } => Call::get(path(&name, "")).view(View::History),
         PluginCmd::Rollback { name } => Call::new(Method::POST, path(&name, "/rollback")),
-        PluginCmd::Delete { name } => Call::new(Method::DELETE, path(&name, "")),
+        PluginCmd::Delete { name, cancel_tasks } => {
+            let q = if cancel_tasks { "?tasks=cancel" } else { "" };
+            Call::new(Method::DELETE, path(&name, q))
+        }
         PluginCmd::Pause { name } => Call::new(Method::POST, path(&name, "/pause")),
         PluginCmd::Resume { name } => Call::new(Method::POST, path(&name, "/resume")),
         PluginCmd::MaySchedule { name, patterns } => {

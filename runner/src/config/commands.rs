@@ -40,6 +40,36 @@ pub enum KeyCmd {
     },
     /// List the keys (without secrets), with when each was last used.
     List,
+    /// Change a key: what is given replaces the key's own, the rest stays (its secret too).
+    /// Every runner takes the change within a second.
+    Update {
+        id: String,
+        /// Who holds it.
+        #[arg(long)]
+        name: Option<String>,
+        /// reader | operator | developer | admin.
+        #[arg(long)]
+        role: Option<String>,
+        /// Plugin patterns, comma-separated (they replace the key's).
+        #[arg(long, value_delimiter = ',')]
+        plugins: Option<Vec<String>>,
+        /// Most plugins its patterns may hold, or `none`.
+        #[arg(long, value_name = "N|none")]
+        max_plugins: Option<String>,
+        /// Most tasks its plugins may hold together, or `none` (it shares out among the plugins
+        /// the key uploads from now on).
+        #[arg(long, value_name = "N|none")]
+        max_pending: Option<String>,
+        /// Topic patterns it may publish to, comma-separated (`''`: none).
+        #[arg(long, value_delimiter = ',')]
+        publish: Option<Vec<String>>,
+        /// Topic patterns its tasks may listen on, comma-separated (`''`: none).
+        #[arg(long, value_delimiter = ',')]
+        listen: Option<Vec<String>>,
+        /// Redis Stream patterns it may read through a source, comma-separated (`''`: none).
+        #[arg(long, value_delimiter = ',')]
+        streams: Option<Vec<String>>,
+    },
     /// Revoke a key: every runner refuses it within a second.
     Revoke { id: String },
 }
@@ -158,10 +188,19 @@ pub enum PluginCmd {
     List,
     /// Show a plugin and its history.
     Get { name: String },
-    /// Go back to the previous version.
+    /// Make current again the version that was current before this one (two rollbacks come
+    /// back); the answer's `previous` names the version left.
     Rollback { name: String },
-    /// Delete a plugin.
-    Delete { name: String },
+    /// The versions kept, newest first: which is current, which a rollback would make current,
+    /// which are candidates.
+    History { name: String },
+    /// Delete a plugin (refused while it has scheduled or dead tasks, unless --cancel-tasks).
+    Delete {
+        name: String,
+        /// Cancel its scheduled and dead tasks with it.
+        #[arg(long)]
+        cancel_tasks: bool,
+    },
     /// Pause a plugin: no runner starts its tasks until it is resumed.
     Pause { name: String },
     /// Resume a paused plugin: its overdue tasks run at once.

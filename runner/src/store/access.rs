@@ -128,6 +128,50 @@ impl Store {
         Ok(keys)
     }
 
+    /// A key's record and when it was last used (None: no such key), with the stored text
+    /// that [`Store::key_replace`] compares against.
+    pub async fn key_by_id(&self, id: &str) -> Result<Option<(KeyRecord, Option<i64>, String)>> {
+        let k = self.keys();
+        let (stored, used): (Option<String>, Option<i64>) = redis::pipe()
+            .cmd("HGET")
+            .arg(k.api_keys())
+            .arg(id)
+            .cmd("HGET")
+            .arg(k.api_key_used())
+            .arg(id)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a key")?;
+        Ok(stored.and_then(|s| {
+            let record = serde_json::from_str::<StoredKey>(&s).ok()?.record;
+            Some((record, used, s))
+        }))
+    }
+
+    /// Replaces a key's record (its secret's hash kept) if it is still what `was` read: false
+    /// when it was changed or revoked since (a revoked key is never brought back).
+    pub async fn key_replace(&self, was: &str, record: &KeyRecord) -> Result<bool> {
+        let hash = serde_json::from_str::<StoredKey>(was)
+            .context("reading a stored key")?
+            .hash;
+        let stored = serde_json::to_string(&StoredKey {
+            record: record.clone(),
+            hash,
+        })?;
+        let replaced: i64 = self
+            .inner
+            .scripts
+            .key_replace
+            .key(self.keys().api_keys())
+            .arg(&record.id)
+            .arg(was)
+            .arg(stored)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("changing a key")?;
+        Ok(replaced == 1)
+    }
+
     /// Revokes a key; false when there is no such key.
     pub async fn key_delete(&self, id: &str) -> Result<bool> {
         let k = self.keys();

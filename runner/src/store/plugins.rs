@@ -24,6 +24,11 @@ pub struct PluginEntry {
     /// of the waiting tasks): `POST /v1/plugins/{name}/promote` makes it current.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub candidate: bool,
+    /// The current version only: the version that was current before it became current (absent
+    /// for a first version, or one made current by 0.2.0). `POST /v1/plugins/{name}/rollback`
+    /// makes that one current again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<u64>,
 }
 
 impl PluginEntry {

@@ -118,6 +118,7 @@ scripts! {
     heartbeat: "heartbeat",
     writable: "writable",
     audit: "audit",
+    key_replace: "key_replace",
 }
 
 impl Scripts {

@@ -90,6 +90,8 @@ def _json_type(v: Any) -> str:
         return "null"
     if isinstance(v, bool):
         return "a boolean"
+    if isinstance(v, float) and not v.is_integer():
+        return "a number with a fraction"
     if isinstance(v, (int, float)):
         return "a number"
     if isinstance(v, str):
@@ -119,7 +121,8 @@ def _fit(t: Any, v: Any, name: str) -> Any:
     ok = {
         str: lambda: isinstance(v, str),
         bool: lambda: isinstance(v, bool),
-        int: lambda: isinstance(v, int) and not isinstance(v, bool),
+        # as the runner reads an integer: `12` or `12.0`, within i64
+        int: lambda: _integer(v) is not None,
         float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool),
         list: lambda: isinstance(v, list),
         dict: lambda: isinstance(v, dict),
@@ -131,7 +134,23 @@ def _fit(t: Any, v: Any, name: str) -> Any:
         raise TypeError(f"field {name}: expected {expected}, got {_json_type(v)}")
     if origin is list and args:
         return [_fit(args[0], x, f"{name}[{i}]") for i, x in enumerate(v)]
+    if t is int:
+        return _integer(v)
     return float(v) if t is float else v
+
+
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _integer(v: Any) -> Optional[int]:
+    """``v`` as an integer the way the runner reads one (``12`` or ``12.0``, within i64), else
+    None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not v.is_integer():
+        return None
+    n = int(v)
+    return n if _I64[0] <= n <= _I64[1] else None
 
 
 def _schema_of(t: Any) -> dict:
@@ -180,7 +199,8 @@ def plugin(handle: Callable[[Task[Any]], Optional[types.Outcome]], payload_type:
     """Declares the plugin's handler: ``WitWorld = plugin(handle, MyPayload)`` in the app module.
 
     ``payload_type`` is a dataclass (or ``None`` for the decoded JSON as is); its fields' types
-    (str, int, float, bool, Optional, list, dict, nested dataclasses) are checked. The plugin's
+    (str, int, float, bool, Optional, list, dict, nested dataclasses) are checked, and its
+    ``__post_init__`` may check values (raise ``ValueError`` naming what is wrong). The plugin's
     ``check`` decodes a payload the same way, so the runner refuses a task whose payload does not
     fit when it is scheduled; one that gets through anyway fails the task at once (retrying would
     not help). An exception raised by ``handle`` is a failed attempt, retried with backoff, with

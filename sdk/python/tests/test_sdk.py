@@ -119,6 +119,38 @@ def test_check_names_what_does_not_fit_and_takes_what_does():
     assert "Expecting value" in e.value.value
 
 
+def test_integers_are_read_as_the_runner_reads_them():
+    check = plugin(lambda t: None, Order)().check
+    check('{"order_id": "o1", "inner": {"n": 12.0}}')
+    check('{"order_id": "o1", "inner": {"n": -9223372036854775808}}')
+    for n, got in [("12.5", "a number with a fraction"), ("9223372036854775808", "a number"),
+                   ("true", "a boolean")]:
+        with pytest.raises(Err) as e:
+            check('{"order_id": "o1", "inner": {"n": %s}}' % n)
+        assert e.value.value == f"field inner.n: expected int, got {got}", n
+    seen = []
+    TestHost().run(plugin(lambda t: seen.append(t.payload.inner.n), Order),
+                   '{"order_id": "o1", "inner": {"n": 12.0}}')
+    assert seen == [12] and type(seen[0]) is int
+
+
+@dataclass
+class Refund:
+    amount_cents: int
+
+    def __post_init__(self):
+        if self.amount_cents <= 0:
+            raise ValueError(f"amount_cents must be more than 0, got {self.amount_cents}")
+
+
+def test_a_dataclass_checks_values_and_check_names_what_it_refused():
+    check = plugin(lambda t: None, Refund)().check
+    check('{"amount_cents": 100}')
+    with pytest.raises(Err) as e:
+        check('{"amount_cents": 0}')
+    assert e.value.value == "amount_cents must be more than 0, got 0"
+
+
 def test_the_payload_dataclass_is_described_as_json_schema():
     import json
     schema = json.loads(plugin(lambda t: None, Order)().payload_schema())

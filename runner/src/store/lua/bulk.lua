@@ -72,7 +72,7 @@ for i, id in ipairs(ids) do
   if t and t.st == 'x' then
     if op == 'retry_dead' then
       unindex_dead(id, t)
-      t.st = 's'; t.att = 0; t.fin = ''; t.due = now; t.created = string.format('%d', now)
+      t.st = 's'; t.att = 0; t.fin = ''; t.err = ''; t.due = now; t.created = string.format('%d', now)
       redis.call('HSET', K_TASKS, id, encode(t))
       index_scheduled(id, t)
       earliest = now

@@ -17,9 +17,17 @@ local name, digest, size, at, bytes, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4
 local keep, history_prefix, blob_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local cur = redis.call('HGET', KEYS[1], name)
 local candidate = ARGV[11] == '1' and cur ~= false
+local previous
 if cur then
   local v = cjson.decode(cur)
   if v.digest == digest then return { v.version, 0 } end
+  previous = v.version
+end
+-- the current entry is its history entry with `previous`: the version it replaced, which a
+-- rollback makes current again
+local function current(v)
+  v.previous = previous
+  return cjson.encode(v)
 end
 -- bytes already in the history: a candidate upload names their version; an upload to make
 -- current promotes a candidate of them in place
@@ -31,7 +39,7 @@ for i, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
       v.candidate = nil
       e = cjson.encode(v)
       redis.call('LSET', KEYS[2], i - 1, e)
-      redis.call('HSET', KEYS[1], name, e)
+      redis.call('HSET', KEYS[1], name, current(v))
       redis.call('PUBLISH', channel, name)
       return { v.version, 1 }
     end
@@ -41,10 +49,10 @@ local version = redis.call('HINCRBY', KEYS[4], name, 1)
 redis.call('SET', KEYS[3], bytes)
 local uploaded_by = ARGV[10]
 if uploaded_by == '' then uploaded_by = nil end
-local entry = cjson.encode({ name = name, version = version, digest = digest, size = tonumber(size),
-  uploaded_at = tonumber(at), uploaded_by = uploaded_by, candidate = candidate or nil })
-redis.call('LPUSH', KEYS[2], entry)
-if not candidate then redis.call('HSET', KEYS[1], name, entry) end
+local fields = { name = name, version = version, digest = digest, size = tonumber(size),
+  uploaded_at = tonumber(at), uploaded_by = uploaded_by, candidate = candidate or nil }
+redis.call('LPUSH', KEYS[2], cjson.encode(fields))
+if not candidate then redis.call('HSET', KEYS[1], name, current(fields)) end
 local dropped = {}
 while redis.call('LLEN', KEYS[2]) > keep do
   dropped[cjson.decode(redis.call('RPOP', KEYS[2])).digest] = true
