@@ -35,6 +35,9 @@ export interface Task<P = unknown> {
 export interface Scheduled {
   id: string;
   run_at: number;
+  /** An event of its lookback that was already there: the task was cancelled at once
+   * (`cancel`) or runs now with it (`run`). */
+  met?: { topic: string; key: string; then: 'cancel' | 'run' };
 }
 
 /** What scheduling a debounced task answers: its id (the debounce key) and what became of it:

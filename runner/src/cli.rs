@@ -106,6 +106,7 @@ pub async fn run(cmd: Command) -> Result<()> {
                     origins,
                     add,
                     remove,
+                    set: _,
                 },
         } => {
             let r = client(&remote)?;

@@ -366,17 +366,32 @@ async fn a_plugins_secrets_hosts_and_config_from_the_cli() {
         json!(["https://hooks.example.com", "http://127.0.0.1:9000"])
     );
     assert!(err.contains("removed https://*.partner.example"), "{err}");
-    let (c, _, err) = cli(
+    let (c, out, err) = cli(
         &[
             "plugin",
             "allow-hosts",
             "webhook",
+            "--set",
             "https://hooks.example.com",
         ],
         "",
     );
     assert_eq!(c, Some(0), "{err}");
     assert!(err.contains("removed http://127.0.0.1:9000"), "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["allowed_hosts"], json!(["https://hooks.example.com"]));
+    let (c, _, err) = cli(
+        &[
+            "plugin",
+            "allow-hosts",
+            "webhook",
+            "--set",
+            "--add",
+            "https://a.example",
+        ],
+        "",
+    );
+    assert_eq!(c, Some(2), "--set and --add conflict: {err}");
     let (c, _, err) = cli(
         &["plugin", "allow-hosts", "webhook", "hooks.example.com/x"],
         "",

@@ -73,7 +73,7 @@ async fn an_event_cancels_or_starts_its_listeners_even_one_scheduled_just_after_
     )
     .await;
     assert_eq!(p, json!({"published": 1, "matched": 0}));
-    let (s, _) = admin(
+    let (s, t) = admin(
         "POST",
         base,
         "/v1/tasks",
@@ -81,6 +81,11 @@ async fn an_event_cancels_or_starts_its_listeners_even_one_scheduled_just_after_
     )
     .await;
     assert_eq!(s, 201);
+    assert_eq!(
+        t["met"],
+        json!({"topic": "payments", "key": "o2", "then": "cancel"}),
+        "the answer says the task was cancelled at once: {t}"
+    );
     let (s, _) = admin("GET", base, "/v1/tasks/cancel-o2", None).await;
     assert_eq!(
         s, 404,
@@ -97,8 +102,9 @@ async fn an_event_cancels_or_starts_its_listeners_even_one_scheduled_just_after_
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut spec = listening("cancel-o3", "payments", "o3", "cancel");
     spec["lookback_ms"] = json!(5);
-    let (s, _) = admin("POST", base, "/v1/tasks", Some(spec)).await;
+    let (s, t) = admin("POST", base, "/v1/tasks", Some(spec)).await;
     assert_eq!(s, 201);
+    assert!(t.get("met").is_none(), "no event met: {t}");
     let (s, t) = admin("GET", base, "/v1/tasks/cancel-o3", None).await;
     assert_eq!((s, t["state"].as_str()), (200, Some("scheduled")), "{t}");
     // a lookback past the runner's retention is refused

@@ -31,11 +31,25 @@ class EggtimerError(Exception):
         self.message = message
 
 
-class Scheduled(TypedDict):
-    """What scheduling answers: the task's id (generated when you gave none) and its due time (ms)."""
+class Met(TypedDict):
+    """An event of a task's lookback that was already there when it was scheduled: the task was
+    cancelled at once (`then`: `cancel`) or runs now with it (`run`)."""
 
+    topic: str
+    key: str
+    then: Literal["cancel", "run"]
+
+
+class _Scheduled(TypedDict):
     id: str
     run_at: int
+
+
+class Scheduled(_Scheduled, total=False):
+    """What scheduling answers: the task's id (generated when you gave none) and its due time
+    (ms); `met` only when an event of its lookback was already there."""
+
+    met: Met
 
 
 class Debounced(TypedDict):

@@ -114,6 +114,18 @@ pub struct Task {
 pub struct Scheduled {
     pub id: String,
     pub run_at: i64,
+    /// An event of its lookback that was already there when it was scheduled: the task was
+    /// cancelled at once or runs now with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub met: Option<Met>,
+}
+
+/// An event a task met when it was scheduled (`then`: `cancel` or `run`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Met {
+    pub topic: String,
+    pub key: String,
+    pub then: String,
 }
 
 /// What scheduling a debounced spec ([`TaskSpec::debounce`]) did with its task.

@@ -164,6 +164,19 @@ impl ToSchema for EventBatch<'_> {
 pub struct ScheduledTask {
     pub id: String,
     pub run_at: i64,
+    /// The event of its `on` that had already arrived within its lookback: the task was
+    /// cancelled at once (`then: cancel`; reading it answers 404 from now on) or runs now with
+    /// that event (`then: run`). Absent when no event was there yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub met: Option<MetEvent>,
+}
+
+/// An event a task met when it was scheduled, and what it did to the task.
+#[derive(Serialize, serde::Deserialize, ToSchema)]
+pub struct MetEvent {
+    pub topic: String,
+    pub key: String,
+    pub then: crate::store::Then,
 }
 
 /// What a dry run did (nothing of it applied).

@@ -264,19 +264,28 @@ pub async fn schedule(
     }
     let written = st.store.schedule_all_or_none(&specs).await;
     st.store.landed(admitted).await;
-    match written? {
+    let met = match written? {
         Err((i, Scheduled::Duplicate)) => return Err(duplicate(&at(i), &specs[i].id)),
         Err((i, _)) => return Err(running_conflict(&at(i), &specs[i].id)),
-        Ok(()) => {}
-    }
+        Ok(met) => met,
+    };
     for t in &specs {
         st.metrics.observe_scheduled(&t.plugin, 1);
     }
+    let mut met: std::collections::HashMap<String, crate::store::Met> =
+        met.into_iter().map(|m| (m.task.clone(), m)).collect();
     let mut replies: Vec<doc::ScheduledTask> = specs
         .iter()
         .map(|t| doc::ScheduledTask {
             id: t.id.clone(),
             run_at: t.run_at,
+            met: met
+                .remove(&crate::store::task_key(&t.plugin, &t.id))
+                .map(|m| doc::MetEvent {
+                    topic: m.topic,
+                    key: m.key,
+                    then: m.then,
+                }),
         })
         .collect();
     let body = if single && replies.len() == 1 {

@@ -270,10 +270,14 @@ pub enum PluginCmd {
     },
     /// Let a plugin send HTTP requests to these origins (`https://api.example.com`,
     /// `https://*.example.com`, `http://127.0.0.1:9000`): the list replaces the one before
-    /// (none: no network at all), or with `--add` / `--remove` changes it. It says what changed.
+    /// (`--set`, the default; none: no network at all), or with `--add` / `--remove` changes
+    /// it. It says what changed.
     AllowHosts {
         name: String,
         origins: Vec<String>,
+        /// Replace the plugin's list with these origins (what a plain call does).
+        #[arg(long, conflicts_with_all = ["add", "remove"])]
+        set: bool,
         /// Add these origins to the plugin's list.
         #[arg(long, conflicts_with = "remove", requires = "origins")]
         add: bool,

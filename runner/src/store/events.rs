@@ -40,6 +40,47 @@ pub struct Published {
     pub acted: u64,
 }
 
+/// An event of a task's lookback that was already there when the task was scheduled: the task
+/// was cancelled at once, or runs now (a D message a listen answered with).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Met {
+    /// The task's key ([`task_key`]).
+    pub task: String,
+    pub topic: String,
+    pub key: String,
+    pub then: super::extras::Then,
+}
+
+impl Met {
+    /// A D message's task, event and what it does (`D<then>\x1e<task>\x1e<stamp>\x1e<topic>\x1e<key>\x1e<event>`).
+    fn of(d: &str) -> Option<Met> {
+        let rest = d.strip_prefix('D')?;
+        let mut f = rest.splitn(6, '\x1e');
+        let then = match f.next()? {
+            "c" => super::extras::Then::Cancel,
+            "r" => super::extras::Then::Run,
+            _ => return None,
+        };
+        let task = f.next()?.to_owned();
+        let _stamp = f.next()?;
+        Some(Met {
+            task,
+            topic: f.next()?.to_owned(),
+            key: f.next()?.to_owned(),
+            then,
+        })
+    }
+}
+
+/// What a delivery of outbox messages did.
+#[derive(Debug, Default)]
+pub(super) struct Delivered {
+    /// How many tasks D messages cancelled or started.
+    pub acted: u64,
+    /// The events L messages found already there (their tasks' lookback).
+    pub met: Vec<Met>,
+}
+
 /// What a debounced schedule did with one task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Debounced {
@@ -125,7 +166,7 @@ impl Store {
             return Ok(out);
         }
         crate::failpoint::hit("events-recorded");
-        out.acted = self.deliver(&ds).await?;
+        out.acted = self.deliver(&ds).await?.acted;
         try_join_all(
             recorded
                 .iter()
@@ -146,21 +187,20 @@ impl Store {
         Ok(())
     }
 
-    /// Delivers messages the outbox of `from` holds, then deletes them there; returns how many
-    /// tasks the D messages among them (and those L messages led to) acted on.
-    pub(super) async fn deliver_from(&self, from: u32, msgs: Vec<String>) -> Result<u64> {
+    /// Delivers messages the outbox of `from` holds, then deletes them there.
+    pub(super) async fn deliver_from(&self, from: u32, msgs: Vec<String>) -> Result<Delivered> {
         if msgs.is_empty() {
-            return Ok(0);
+            return Ok(Delivered::default());
         }
-        let acted = self.deliver(&msgs).await?;
+        let done = self.deliver(&msgs).await?;
         self.outbox_done(from, &msgs).await?;
-        Ok(acted)
+        Ok(done)
     }
 
     /// Delivers messages to their shards: L to listen, D to deliver (then their U messages
-    /// from the task shards), U to unlisten. Returns how many tasks D messages acted on.
-    async fn deliver(&self, msgs: &[String]) -> Result<u64> {
-        let mut acted = 0;
+    /// from the task shards), U to unlisten.
+    async fn deliver(&self, msgs: &[String]) -> Result<Delivered> {
+        let mut done = Delivered::default();
         let mut todo: Vec<String> = msgs.to_vec();
         // L messages answer D messages, D messages answer U messages (written to the task
         // shard's outbox, deleted there once delivered): at most three rounds
@@ -214,11 +254,13 @@ impl Store {
                 }
             });
             for (n, next) in try_join_all(calls).await? {
-                acted += n;
+                done.acted += n;
+                // only a listen answers with D messages: events its tasks met at once
+                done.met.extend(next.iter().filter_map(|d| Met::of(d)));
                 todo.extend(next);
             }
         }
-        Ok(acted)
+        Ok(done)
     }
 
     /// Delivers what a shard's outbox has held for longer than [`OUTBOX_GRACE_MS`] (its writer

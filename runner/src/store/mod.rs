@@ -43,7 +43,7 @@ pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_full, is_unreachable, redact};
 pub use effects::MARKER_GRACE_MS;
-pub use events::{Debounced, Event, OUTBOX_GRACE_MS, Published, event_shard};
+pub use events::{Debounced, Event, Met, OUTBOX_GRACE_MS, Published, event_shard};
 pub use extras::{DEFAULT_LOOKBACK_MS, Extras, Listener, Then, Window};
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};

@@ -9,8 +9,8 @@ use redis::Value;
 
 use super::types::Verdict;
 use super::{
-    ClaimBatch, Claimed, Finish, Finished, Move, NewTask, Refused, ScheduleMode, Scheduled, Share,
-    Store, TaskRecord, field_safe, task_key,
+    ClaimBatch, Claimed, Finish, Finished, Met, Move, NewTask, Refused, ScheduleMode, Scheduled,
+    Share, Store, TaskRecord, field_safe, task_key,
 };
 
 /// An outcome as the finish script takes it: kind, claim token, value, error.
@@ -26,13 +26,14 @@ impl Store {
     /// all or nothing in its script; a batch over several shards is also checked before anything
     /// is written (per shard, a round trip to learn whether anything there runs or has a dedup
     /// window, and only then a read of the ids), so only a task claimed in the instant between
-    /// the check and the write can leave the other shards' part written.
+    /// the check and the write can leave the other shards' part written. Scheduled, the events
+    /// of their lookback that some of them met at once (cancelled, or run now).
     pub async fn schedule_all_or_none(
         &self,
         tasks: &[NewTask],
-    ) -> Result<Result<(), (usize, Scheduled)>> {
+    ) -> Result<Result<Vec<Met>, (usize, Scheduled)>> {
         let Some(first) = tasks.first().map(|t| self.shard_of(&t.id)) else {
-            return Ok(Ok(()));
+            return Ok(Ok(Vec::new()));
         };
         if tasks.iter().any(|t| self.shard_of(&t.id) != first) {
             let keys: Vec<String> = tasks.iter().map(|t| task_key(&t.plugin, &t.id)).collect();
@@ -46,19 +47,29 @@ impl Store {
                 return Ok(Err(refused));
             }
         }
-        let verdicts = self.schedule(tasks, ScheduleMode::Upsert).await?;
+        let (verdicts, met) = self.schedule_meeting(tasks, ScheduleMode::Upsert).await?;
         // a running id first, as the check above finds it
         for why in [Scheduled::Running, Scheduled::Duplicate] {
             if let Some(i) = verdicts.iter().position(|v| *v == why) {
                 return Ok(Err((i, why)));
             }
         }
-        Ok(Ok(()))
+        Ok(Ok(met))
     }
 
     /// Schedules tasks (any number, any shards): one script per shard, sent concurrently.
     /// The verdicts come back in the order of `tasks`.
     pub async fn schedule(&self, tasks: &[NewTask], mode: ScheduleMode) -> Result<Vec<Scheduled>> {
+        Ok(self.schedule_meeting(tasks, mode).await?.0)
+    }
+
+    /// [`Store::schedule`], and the events of their lookback that tasks met at once (their
+    /// listeners are registered, and such an event handed over, before this returns).
+    async fn schedule_meeting(
+        &self,
+        tasks: &[NewTask],
+        mode: ScheduleMode,
+    ) -> Result<(Vec<Scheduled>, Vec<Met>)> {
         // a claim batch lists its ids tab-separated (the API refuses every control character)
         if let Some(t) = tasks.iter().find(|t| t.id.contains('\t')) {
             bail!("the task id {:?} holds a tab, which no task id may", t.id);
@@ -139,13 +150,13 @@ impl Store {
         if !listens.is_empty() {
             crate::failpoint::hit("listeners-written");
         }
-        try_join_all(
+        let delivered = try_join_all(
             listens
                 .into_iter()
                 .map(|(shard, ls)| self.deliver_from(shard, ls)),
         )
         .await?;
-        Ok(out)
+        Ok((out, delivered.into_iter().flat_map(|d| d.met).collect()))
     }
 
     /// Claims up to `limit` due tasks of a shard with a lease of `lease_ms` (after putting tasks
