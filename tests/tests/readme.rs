@@ -1,6 +1,6 @@
 //! The README's walkthrough run as written, as a new user pastes it into a shell: its shell
 //! blocks ("Five minutes with eggtimer" with curl, then with the CLI, then "Recurring
-//! schedules, ...") against a real runner started as `cargo xtask run` starts one (a private
+//! schedules, ...", then "Tasks that react to events") against a real runner started as `cargo xtask run` starts one (a private
 //! redis-server under `./eggtimer-data`), once with an admin token set and once without one.
 //!
 //! The blocks run from a fresh directory that holds only `target` (a link to the built plugins)
@@ -108,7 +108,8 @@ async fn walkthrough(token: Option<&str>) {
         "### Recurring schedules, pausing, finding, bulk actions, limits, dedup",
         0,
     ));
-    let script = format!("{curl}\nset -e\n{cli}\n{sections}");
+    let events = as_written(block(&readme, "## Tasks that react to events", 0));
+    let script = format!("{curl}\nset -e\n{cli}\n{sections}\n{events}");
     let (code, out) = bash(&dir, &script, &env, "whsec-demo\n");
     assert_eq!(code, Some(0), "{out}");
     assert!(!out.contains("unauthorized"), "{out}");
@@ -154,9 +155,11 @@ async fn walkthrough(token: Option<&str>) {
         "rolled back to v1, from v2: {p}"
     );
 
-    // the CLI's secret list, and the last curl of the next section
+    // the CLI's secret list, the last curl of the next section, and the events
     assert!(out.contains("signing_key"), "{out}");
     assert!(out.contains(r#"{"id":"cancel-o9""#), "{out}");
+    assert!(out.contains(r#"{"published":1,"matched":2}"#), "{out}");
+    assert!(out.contains(r#""then": "cancel""#), "{out}");
 }
 
 #[tokio::test]
