@@ -13,13 +13,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::clock::now_ms;
 use crate::shards::Shards;
-use crate::store::{LeaseOp, Store};
+use crate::store::{LeaseOp, RunnerInfo, Store};
 
 /// This runner in the namespace: its id and the shards it holds.
 pub struct Membership {
@@ -97,10 +96,17 @@ async fn step(
     started: i64,
 ) -> anyhow::Result<()> {
     let shards = store.shards();
-    let info = json!({"id": me.id, "address": opts.address, "shards": me.owned(), "last_seen": now_ms(), "started_at": started,
-        "clock_ahead_ms": crate::clock::own_ahead_of_redis_ms()});
+    let info = RunnerInfo {
+        id: me.id.clone(),
+        address: opts.address.clone(),
+        shards: me.owned(),
+        last_seen: now_ms(),
+        started_at: started,
+        clock_ahead_ms: Some(crate::clock::own_ahead_of_redis_ms()),
+    };
+    let info = serde_json::to_string(&info).expect("serializes");
     let live = store
-        .heartbeat(&me.id, &info.to_string(), lease_ms * 2, lease_ms)
+        .heartbeat(&me.id, &info, lease_ms * 2, lease_ms)
         .await?;
     let share = fair_share(shards, &live, &me.id);
     // renew what we hold

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -29,8 +28,11 @@ pub fn main(args: ServeArgs) -> Result<()> {
             "--token (or EGGTIMER_TOKEN) is empty: give a token, or leave it out to run without auth"
         );
     }
-    // The API's address first: a port in use is said before Redis starts and plugins load.
-    let listener = bind(args.listen)?;
+    // The API's address first: a port in use is said before Redis starts and plugins load. It
+    // is let go again until the API serves (a client meanwhile is refused at once rather than
+    // left waiting in the listen queue); should another program take it in between, serving
+    // says so then.
+    drop(bind(args.listen)?);
     // The private redis-server is started from the main thread: its parent-death signal is tied
     // to the thread that spawned it.
     let local = match &args.redis {
@@ -48,9 +50,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
         .expect("a Redis URL");
     let rts = Runtimes::new(args.engine_threads.into())?;
     let http = rts.http.handle().clone();
-    let result = rts
-        .engine
-        .block_on(serve(args, url, local.is_some(), listener, http));
+    let result = rts.engine.block_on(serve(args, url, local.is_some(), http));
     rts.engine.shutdown_timeout(Duration::from_secs(1));
     rts.http.shutdown_timeout(Duration::from_secs(1));
     drop(local);
@@ -129,7 +129,6 @@ async fn serve(
     args: ServeArgs,
     url: String,
     private: bool,
-    listener: std::net::TcpListener,
     http_rt: tokio::runtime::Handle,
 ) -> Result<()> {
     let (stop_tx, mut stop) = watch::channel(false);
@@ -170,7 +169,8 @@ async fn serve(
         // registered with the HTTP runtime's reactor: its connections are served on that
         // runtime's threads
         let _in_http = http_rt.enter();
-        tokio::net::TcpListener::from_std(listener).context("serving the API's address")?
+        tokio::net::TcpListener::from_std(bind(args.listen)?)
+            .context("serving the API's address")?
     };
     let addr = listener.local_addr()?;
     if args.token.is_none() && !addr.ip().is_loopback() {
@@ -361,12 +361,11 @@ fn app_state(
             let s = runners_store.clone();
             Box::pin(async move {
                 let infos = s.runners().await?;
-                Ok(Value::Array(
-                    infos
-                        .iter()
-                        .filter_map(|i| serde_json::from_str(i).ok())
-                        .collect(),
-                ))
+                let infos: Vec<crate::store::RunnerInfo> = infos
+                    .iter()
+                    .filter_map(|i| serde_json::from_str(i).ok())
+                    .collect();
+                Ok(serde_json::to_value(infos).expect("serializes"))
             })
         }),
         owned_shards: Arc::new(move || member.owned().len()),

@@ -526,3 +526,34 @@ async fn a_rate_limit_holds_at_the_receiver_across_two_runners() {
     );
     assert!(busiest <= 55, "{busiest} requests in one second");
 }
+
+/// A secret's value is at most 65,536 characters, as the document's `maxLength` counts them,
+/// however JSON writes them: one past it is a 400 naming the limit (it was a 413 when escaped
+/// characters made the body larger than the route read), 65,536 four-byte characters fit.
+#[tokio::test]
+async fn a_secret_is_at_most_65536_characters_however_json_writes_them() {
+    let redis = RedisServer::start();
+    let key = secrets_key_file();
+    let r = runner(&redis, &key, &[]);
+    let put = |n: usize| {
+        // U+1F600 as an escaped surrogate pair: twelve bytes of JSON for one character
+        let body = format!("{{\"value\": \"{}\"}}", "\\ud83d\\ude00".repeat(n));
+        let url = format!("{}/v1/plugins/webhook/secrets/big", r.url);
+        async move {
+            let resp = reqwest::Client::new()
+                .put(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    let (s, b) = put(65_537).await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.contains("at most 65536 characters"), "{b}");
+    let (s, b) = put(65_536).await;
+    assert_eq!(s, 204, "{b}");
+}

@@ -295,15 +295,11 @@ pub struct Uploaded {
     pub candidate: bool,
 }
 
-/// A plugin's current version and its history, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// A plugin's current version with its settings, and its history, newest first.
+#[derive(Serialize, ToSchema)]
 pub struct PluginDetail {
-    pub name: String,
-    pub version: u64,
-    pub digest: String,
-    pub size: u64,
-    pub uploaded_at: i64,
+    #[serde(flatten)]
+    pub info: PluginInfo,
     /// Whether the current version checks payloads (exports `check`): tasks whose payload it
     /// refuses are not scheduled (422 `invalid_payload`). Null: not loaded on this runner yet.
     pub check: Option<bool>,
@@ -316,24 +312,33 @@ pub struct PluginDetail {
 }
 
 /// A plugin's current version and its settings.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 pub struct PluginInfo {
     pub name: String,
     pub version: u64,
     pub digest: String,
     pub size: u64,
     pub uploaded_at: i64,
+    /// The id of the key that uploaded it (`admin` for the runner's token; absent for a plugin
+    /// the runner seeded from its directory, or one uploaded before 0.2.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uploaded_by: Option<String>,
+    /// The version that was current before it: what `POST /v1/plugins/{name}/rollback` makes
+    /// current again (absent for a first version, or one made current by 0.2.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<u64>,
     pub paused: bool,
     pub max_concurrency: Option<u32>,
     /// At most this many runs of one owner's tasks at once across all runners (null: no limit).
     pub max_concurrency_per_owner: Option<u32>,
     /// At most `max` starts in any `per_ms` ms across all runners (null: no limit).
-    pub rate_limit: Option<RateLimitBody>,
+    #[schema(value_type = Option<RateLimitBody>)]
+    pub rate_limit: Option<crate::store::RateLimit>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).
-    pub may_schedule: Vec<PluginPattern>,
+    #[schema(value_type = Vec<PluginPattern>)]
+    pub may_schedule: Vec<String>,
     /// Its own time limit per run (ms); null: the runner's `--plugin-timeout`.
     pub time_limit_ms: Option<u64>,
     /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
@@ -344,7 +349,7 @@ pub struct PluginInfo {
     /// Origins it may send HTTP requests to (default none).
     pub allowed_hosts: Vec<String>,
     /// Strings it reads with `config(name)`.
-    pub config: std::collections::HashMap<String, String>,
+    pub config: std::collections::BTreeMap<String, String>,
     /// An admin's ceilings on its limits (`{}`: none); the limits above are the values that
     /// apply, each held under its ceiling.
     pub ceilings: crate::store::Ceilings,
@@ -427,9 +432,16 @@ impl utoipa::PartialSchema for CronExpr {
 
 impl ToSchema for CronExpr {}
 
-/// An origin a plugin may call: `http(s)://host[:port]`.
+/// An origin a plugin may call: `http(s)://host[:port]`, the host a name (its labels 1 to 63 of
+/// `A-Z a-z 0-9 _ -`, the first maybe `*`) or an IPv6 address in brackets (an IPv4 address is a
+/// name of digits). The server takes every origin this pattern admits (a test generates them from
+/// it), and a few more forms of IPv6 (with an IPv4 address inside) that it does not describe.
 #[derive(ToSchema, serde::Deserialize)]
-#[schema(value_type = String, pattern = "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#@]+$", max_length = 268)]
+#[schema(
+    value_type = String,
+    pattern = "^[Hh][Tt][Tt][Pp][Ss]?://((\\*\\.)?[A-Za-z0-9_-]{1,63}(\\.[A-Za-z0-9_-]{1,63})*|\\[(([0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}|([0-9A-Fa-f]{1,4}:){1,7}:|([0-9A-Fa-f]{1,4}:){1,6}:[0-9A-Fa-f]{1,4}|([0-9A-Fa-f]{1,4}:){1,5}(:[0-9A-Fa-f]{1,4}){1,2}|([0-9A-Fa-f]{1,4}:){1,4}(:[0-9A-Fa-f]{1,4}){1,3}|([0-9A-Fa-f]{1,4}:){1,3}(:[0-9A-Fa-f]{1,4}){1,4}|([0-9A-Fa-f]{1,4}:){1,2}(:[0-9A-Fa-f]{1,4}){1,5}|[0-9A-Fa-f]{1,4}:(:[0-9A-Fa-f]{1,4}){1,6}|:((:[0-9A-Fa-f]{1,4}){1,7}|:))\\])(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?$",
+    max_length = 268
+)]
 #[allow(dead_code)]
 pub struct AllowedOrigin(String);
 
@@ -491,25 +503,15 @@ pub struct ScheduleInfo {
     pub upcoming: Option<Vec<i64>>,
 }
 
-/// A live runner.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct RunnerInfo {
-    pub id: String,
-    pub address: Option<String>,
-    pub shards: Vec<u32>,
-    pub last_seen: i64,
-    pub started_at: i64,
-}
-
 /// `{"ok": true}`.
 #[derive(Serialize, ToSchema)]
 pub struct Ok {
     pub ok: bool,
 }
 
-/// The document as JSON, with the one rule of a task spec that utoipa can't express (JSON
-/// Schema's `not`): `run_at` and `delay_ms` are not both given.
+/// The document as JSON, with the rules utoipa can't express (JSON Schema's `not` and `oneOf`
+/// over fields): a task spec's `run_at` and `delay_ms` are not both given, a schedule has one of
+/// `cron` and `every_ms`, a source one of `stream` and `plugin`.
 pub fn finish(doc: utoipa::openapi::OpenApi) -> Value {
     let mut v = serde_json::to_value(doc).expect("the document serializes");
     // a schedule: exactly one of cron and every_ms
@@ -529,6 +531,22 @@ pub fn finish(doc: utoipa::openapi::OpenApi) -> Value {
             serde_json::json!([
                 {"required": ["cron"], "properties": {"cron": {"type": "string"}}},
                 {"required": ["every_ms"], "properties": {"every_ms": {"type": "integer"}}}
+            ]),
+        );
+    }
+    // a source reads a stream or a plugin's emitted events, exactly one of them (`emitted` goes
+    // with `plugin`); null is absent
+    if let Some(obj) = v
+        .pointer_mut("/components/schemas/NewSource")
+        .and_then(Value::as_object_mut)
+    {
+        let given =
+            |f: &str| serde_json::json!({"required": [f], "properties": {f: {"type": "string"}}});
+        obj.insert(
+            "oneOf".into(),
+            serde_json::json!([
+                {"allOf": [given("stream"), {"not": given("plugin")}, {"not": given("emitted")}]},
+                {"allOf": [given("plugin"), {"not": given("stream")}]}
             ]),
         );
     }

@@ -18,7 +18,7 @@ mod dry_run;
 pub use dry_run::reply as dry_run_reply;
 mod cursor;
 mod dead;
-mod doc;
+pub(crate) mod doc;
 mod error;
 mod events;
 mod find;

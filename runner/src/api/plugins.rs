@@ -176,11 +176,11 @@ impl From<anyhow::Error> for Refusal {
 
 /// `GET /v1/plugins`.
 #[utoipa::path(get, path = "/v1/plugins", tag = "plugins",
-    responses((status = 200, description = "the current version of every plugin", body = Vec<crate::store::PluginEntry>), doc::Errors),
+    responses((status = 200, description = "the current version of every plugin, with its settings", body = Vec<doc::PluginInfo>), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
     let settings = st.store.plugin_settings_all().await?;
-    let list: Vec<serde_json::Value> = st
+    let list: Vec<doc::PluginInfo> = st
         .store
         .plugin_list()
         .await?
@@ -191,25 +191,33 @@ pub async fn plugin_list(State(st): State<AppState>, caller: Caller) -> ApiResul
     Ok(axum::Json(list).into_response())
 }
 
-/// A version with the plugin's settings (paused, max_concurrency, weight).
-fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> serde_json::Value {
-    let mut v = serde_json::to_value(e).expect("serializes");
-    v["ceilings"] = json!(s.ceilings.clone().unwrap_or_default());
-    // the values that apply: each held under its ceiling
+/// A version with the plugin's settings: the values that apply (each held under its
+/// ceiling), and the ceilings.
+fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> doc::PluginInfo {
+    let ceilings = s.ceilings.clone().unwrap_or_default();
     let d = st.store.policies().defaults();
-    let s = &s.effective(d.time_limit.as_millis() as u64, d.memory as u64);
-    v["paused"] = json!(s.paused);
-    v["max_concurrency"] = json!(s.max_concurrency);
-    v["max_concurrency_per_owner"] = json!(s.max_concurrency_per_owner);
-    v["rate_limit"] = json!(s.rate_limit);
-    v["weight"] = json!(s.weight.unwrap_or(1));
-    v["may_schedule"] = json!(s.may_schedule.clone().unwrap_or_default());
-    v["time_limit_ms"] = json!(s.time_limit_ms);
-    v["memory_bytes"] = json!(s.memory_bytes);
-    v["max_pending"] = json!(s.max_pending.unwrap_or(DEFAULT_MAX_PENDING));
-    v["allowed_hosts"] = json!(s.allowed_hosts.clone().unwrap_or_default());
-    v["config"] = json!(s.config.clone().unwrap_or_default());
-    v
+    let s = s.effective(d.time_limit.as_millis() as u64, d.memory as u64);
+    doc::PluginInfo {
+        name: e.name.clone(),
+        version: e.version,
+        digest: e.digest.clone(),
+        size: e.size,
+        uploaded_at: e.uploaded_at,
+        uploaded_by: e.uploaded_by.clone(),
+        previous: e.previous,
+        paused: s.paused,
+        max_concurrency: s.max_concurrency,
+        max_concurrency_per_owner: s.max_concurrency_per_owner,
+        rate_limit: s.rate_limit,
+        weight: s.weight.unwrap_or(1),
+        may_schedule: s.may_schedule.unwrap_or_default(),
+        time_limit_ms: s.time_limit_ms,
+        memory_bytes: s.memory_bytes,
+        max_pending: s.max_pending.unwrap_or(DEFAULT_MAX_PENDING),
+        allowed_hosts: s.allowed_hosts.unwrap_or_default(),
+        config: s.config.unwrap_or_default(),
+        ceilings,
+    }
 }
 
 async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
@@ -313,19 +321,24 @@ pub async fn plugin_get(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no plugin {name:?}")))?;
     let history = st.store.plugin_history(&name).await?;
-    let mut v = with_settings(&st, &cur, &st.store.plugin_settings(&name).await?);
+    let info = with_settings(&st, &cur, &st.store.plugin_settings(&name).await?);
     let here = st
         .registry
         .plugins()
         .get(&name)
         .filter(|l| l.digest == cur.digest);
-    v["check"] = json!(here.as_ref().map(|l| l.has_check()));
-    v["payload_schema"] = match here {
-        Some(_) => json!(st.registry.plugins().payload_schema(&name).await),
-        None => serde_json::Value::Null,
+    let check = here.as_ref().map(|l| l.has_check());
+    let payload_schema = match here {
+        Some(_) => st.registry.plugins().payload_schema(&name).await,
+        None => None,
     };
-    v["history"] = serde_json::to_value(history).expect("serializes");
-    Ok(axum::Json(v).into_response())
+    Ok(axum::Json(doc::PluginDetail {
+        info,
+        check,
+        payload_schema,
+        history,
+    })
+    .into_response())
 }
 
 /// `POST /v1/plugins/{name}/rollback`: the version that was current before the current one

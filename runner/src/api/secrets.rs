@@ -11,7 +11,7 @@ use super::doc;
 use super::error::ApiError;
 use super::plugins::check_name;
 use crate::access::Caller;
-use crate::store::{MAX_SECRET_BYTES, valid_secret_name};
+use crate::store::{MAX_SECRET_CHARS, valid_secret_name};
 
 /// A plugin name and a secret's name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -50,7 +50,7 @@ fn no_key(st: &AppState) -> ApiResult<()> {
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SecretBody {
-    /// 1 byte to 64 KiB; never shown again.
+    /// 1 to 65,536 characters; never shown again.
     #[schema(min_length = 1, max_length = 65536)]
     value: String,
 }
@@ -71,11 +71,14 @@ pub async fn secret_put(
     check_name(&caller, &name)?;
     check_key(&key)?;
     body::require_content_type(&headers, "application/json")?;
-    let bytes = body::read(body, MAX_SECRET_BYTES + 1024).await?;
+    // room for a value one character past the limit however JSON writes it (a character past
+    // U+FFFF as an escaped surrogate pair, `\ud83d\ude00`, is twelve bytes), so that one is a
+    // 400 naming the limit, not a 413
+    let bytes = body::read(body, 12 * (MAX_SECRET_CHARS + 1) + 1024).await?;
     let SecretBody { value } = body::typed(body::raw(&bytes)?)?;
-    if value.len() > MAX_SECRET_BYTES {
+    if value.chars().count() > MAX_SECRET_CHARS {
         return Err(ApiError::bad(format!(
-            "a secret is at most {MAX_SECRET_BYTES} bytes"
+            "value: a secret is at most {MAX_SECRET_CHARS} characters"
         )));
     }
     if value.is_empty() {

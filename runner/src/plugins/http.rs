@@ -253,7 +253,7 @@ pub fn valid_origin(o: &str) -> Result<String, String> {
     if !matches!(scheme, "http" | "https") {
         return bad("the scheme is not http or https");
     }
-    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) || rest.len() > 260 {
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) || o.len() > 268 {
         return bad("only scheme, host and port");
     }
     let (host, port) = split_port(rest);
@@ -424,6 +424,35 @@ fn explain(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The OpenAPI document's pattern of an allowed origin, and its `maxLength`.
+    fn documented_origin() -> (String, usize) {
+        use utoipa::PartialSchema;
+        let s = serde_json::to_value(crate::api::doc::AllowedOrigin::schema()).unwrap();
+        let pattern = s["pattern"].as_str().expect("a pattern").to_owned();
+        (
+            pattern,
+            s["maxLength"].as_u64().expect("a maxLength") as usize,
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Every origin the document admits is one the server takes (a client generated from
+        /// the document is never refused for a value it thinks valid).
+        #[test]
+        fn every_origin_the_document_admits_is_taken(o in {
+            let (pattern, max) = documented_origin();
+            let inner = pattern.trim_start_matches('^').trim_end_matches('$').to_owned();
+            proptest::prelude::Strategy::prop_filter(
+                proptest::string::string_regex(&inner).unwrap(),
+                "maxLength",
+                move |s| s.chars().count() <= max,
+            )
+        }) {
+            proptest::prop_assert!(valid_origin(&o).is_ok(), "{o:?}: {:?}", valid_origin(&o));
+        }
+    }
 
     #[test]
     fn origins() {

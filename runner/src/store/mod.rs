@@ -27,6 +27,7 @@ mod quota;
 mod record;
 mod recurring;
 mod runners;
+pub use runners::RunnerInfo;
 mod scripts;
 mod secrets;
 mod sources;
@@ -57,7 +58,7 @@ pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
 #[doc(hidden)]
 pub use scripts::libraries as script_libraries;
-pub use secrets::{MAX_SECRET_BYTES, SecretInfo, SecretsKey, valid_secret_name};
+pub use secrets::{MAX_SECRET_CHARS, SecretInfo, SecretsKey, valid_secret_name};
 pub use sources::{SOURCE_CLAIM_IDLE_MS, Source, SourceRead};
 pub use stats::{DueHistogram, PluginCounts, STATS_BUCKET_MS, StatsBucket};
 pub use tasks::OWNER_CHUNK;

@@ -1,8 +1,25 @@
 //! Runners and shards: heartbeats in Redis time, shard leases, the pub/sub client, PING.
 
 use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
 
 use super::{LeaseOp, Store};
+
+/// A live runner, as its heartbeat records it (`GET /v1/runners`).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunnerInfo {
+    pub id: String,
+    /// Where its API listens.
+    pub address: Option<String>,
+    /// The shards it polls.
+    pub shards: Vec<u32>,
+    pub last_seen: i64,
+    pub started_at: i64,
+    /// How far its clock is ahead of Redis's (ms; negative: behind), as it last measured; its
+    /// timing follows Redis's clock whatever this is (absent: a runner of 0.2.0 or before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_ahead_ms: Option<i64>,
+}
 
 impl Store {
     /// Records that a runner is alive (its info, JSON, readable for `ttl_ms`) and returns the ids

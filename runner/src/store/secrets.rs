@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use super::Store;
 
-/// The longest secret value (bytes) and name.
-pub const MAX_SECRET_BYTES: usize = 64 << 10;
+/// The longest secret value (characters, as JSON Schema's `maxLength` counts them; at most four
+/// bytes each) and name (bytes).
+pub const MAX_SECRET_CHARS: usize = 64 << 10;
 pub const MAX_SECRET_NAME: usize = 128;
 
 /// The operator's secrets key (32 bytes). Its Debug shows nothing of it.
