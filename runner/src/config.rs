@@ -244,6 +244,13 @@ pub struct ServeArgs {
     /// The most a plugin's own `time_limit_ms` may be, unless an admin sets it.
     #[arg(long, env = "EGGTIMER_MAX_PLUGIN_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub max_plugin_timeout: Duration,
+    /// Time limit of one call of a plugin's payload `check` (and `payload-schema`), apart from
+    /// its runs': a check holds one of the runner's four check slots while it runs.
+    #[arg(long, env = "EGGTIMER_CHECK_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub check_timeout: Duration,
+    /// The most a plugin's own `check_time_limit_ms` may be, unless an admin sets it.
+    #[arg(long, env = "EGGTIMER_MAX_CHECK_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub max_check_timeout: Duration,
     /// Memory cap of one plugin instance, all its memories together (bytes); a plugin's own
     /// `memory_bytes` replaces it for that plugin.
     #[arg(long, env = "EGGTIMER_PLUGIN_MEMORY", default_value_t = 64 * 1024 * 1024, value_parser = parse_memory)]

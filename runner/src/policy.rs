@@ -25,6 +25,8 @@ pub struct Policy {
     pub max_pending: Option<u64>,
     /// The time limit of one run.
     pub time_limit: Duration,
+    /// The time limit of one call of its `check` or `payload-schema`.
+    pub check_time_limit: Duration,
     /// The memory cap of one instance, all its memories together (bytes).
     pub memory: usize,
     /// The plugins it may schedule and cancel besides its own (None: its own only).
@@ -42,6 +44,8 @@ pub struct Defaults {
     pub time_limit: Duration,
     /// `--plugin-memory` (bytes).
     pub memory: usize,
+    /// `--check-timeout`.
+    pub check_time_limit: Duration,
 }
 
 impl Default for Defaults {
@@ -49,6 +53,7 @@ impl Default for Defaults {
         Defaults {
             time_limit: Duration::from_secs(1),
             memory: 64 << 20,
+            check_time_limit: Duration::from_secs(1),
         }
     }
 }
@@ -61,7 +66,11 @@ impl Policy {
 
     /// What `settings` mean, each limit under its ceiling and what is unset at `d`.
     pub fn of(settings: &PluginSettings, d: Defaults) -> Policy {
-        let s = settings.effective(d.time_limit.as_millis() as u64, d.memory as u64);
+        let s = settings.effective(
+            d.time_limit.as_millis() as u64,
+            d.memory as u64,
+            d.check_time_limit.as_millis() as u64,
+        );
         Policy {
             max_concurrency: s.max_concurrency,
             max_concurrency_per_owner: s.max_concurrency_per_owner,
@@ -69,6 +78,9 @@ impl Policy {
             weight: s.weight.unwrap_or(1).max(1),
             max_pending: s.max_pending,
             time_limit: s.time_limit_ms.map_or(d.time_limit, Duration::from_millis),
+            check_time_limit: s
+                .check_time_limit_ms
+                .map_or(d.check_time_limit, Duration::from_millis),
             memory: s.memory_bytes.map_or(d.memory, |b| b as usize),
             may_schedule: s.may_schedule.map(Into::into),
             allowed_hosts: s.allowed_hosts.unwrap_or_default().into(),
@@ -168,6 +180,7 @@ mod tests {
         let d = Defaults {
             time_limit: Duration::from_millis(2_000),
             memory: 32 << 20,
+            check_time_limit: Duration::from_millis(700),
         };
         let s = PluginSettings {
             max_concurrency: Some(50),
@@ -186,6 +199,8 @@ mod tests {
         assert_eq!(p.weight, 3);
         assert_eq!(p.time_limit, Duration::from_millis(500));
         assert_eq!(p.memory, 32 << 20);
+        // a check's limit is its own: the runner's default, not the run's limit of 500 ms
+        assert_eq!(p.check_time_limit, Duration::from_millis(700));
         assert_eq!(p.slot_lease_ms(), 5_500);
         let policies = Policies::new(d);
         policies.set(HashMap::from([("a".to_owned(), s)]));

@@ -269,6 +269,7 @@ fn secrets_key(args: &ServeArgs, private: bool) -> Result<Option<crate::store::S
 fn plugin_options(args: &ServeArgs) -> Result<PluginOptions> {
     Ok(PluginOptions {
         timeout: args.plugin_timeout,
+        check_timeout: args.check_timeout,
         memory: args.plugin_memory,
         cache_dir: Some(
             args.plugin_cache
@@ -353,6 +354,7 @@ fn app_state(
         max_payload_bytes: args.max_payload_bytes,
         max_plugin_bytes: args.max_plugin_bytes,
         max_plugin_timeout_ms: args.max_plugin_timeout.as_millis() as u64,
+        max_check_timeout_ms: args.max_check_timeout.as_millis() as u64,
         max_plugin_memory: args.max_plugin_memory as u64,
         max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),
         internal_hosts: internal_hosts(args),

@@ -425,7 +425,7 @@ async fn a_team_with_two_slow_checks_holds_no_more_slots_than_with_one() {
     let (_, team) =
         eggtimer_tests::as_key::make_key(&base, "slow-team", "developer", &["slow-a", "slow-b"])
             .await;
-    // a check runs under its plugin's time limit, which the team may raise (to 60 s)
+    // a check runs under its plugin's check time limit, which the team may raise (to 10 s)
     for name in ["slow-a", "slow-b"] {
         let (s, up) = upload_as(&base, &team, name, plugin_wasm("test-slow-check")).await;
         assert_eq!(s, 201, "{up}");
@@ -433,7 +433,7 @@ async fn a_team_with_two_slow_checks_holds_no_more_slots_than_with_one() {
             "PATCH",
             &format!("{base}/v1/plugins/{name}"),
             Some(&team),
-            Some(json!({"time_limit_ms": 10_000})),
+            Some(json!({"check_time_limit_ms": 10_000})),
         )
         .await;
         assert_eq!(s, 200, "{p}");
@@ -463,4 +463,73 @@ async fn a_team_with_two_slow_checks_holds_no_more_slots_than_with_one() {
         busy > 0,
         "8 checks of 7 s through two slots in 5 s: some wait too long"
     );
+}
+
+/// A check's time limit is its own setting, not its runs': a team that gives its plugin long runs
+/// (`time_limit_ms` 10 s) still has its check stopped at the runner's `--check-timeout` (1 s by
+/// default), saying so; the team may raise it up to the operator's cap (`--max-check-timeout`)
+/// and under an admin's ceiling, never past them.
+#[tokio::test]
+async fn a_checks_time_limit_is_its_own_not_its_runs() {
+    let redis = RedisServer::start();
+    let dir = eggtimer_tests::plugins_dir();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &["--token", ADMIN, "--plugins-dir", dir.to_str().unwrap()],
+    );
+    let base = r.url.clone();
+    let (_, team) =
+        eggtimer_tests::as_key::make_key(&base, "slow-team", "developer", &["slow-c"]).await;
+    let (s, up) = upload_as(&base, &team, "slow-c", plugin_wasm("test-slow-check")).await;
+    assert_eq!(s, 201, "{up}");
+    let patch = |body: serde_json::Value, bearer: &str| {
+        let (base, bearer) = (base.clone(), bearer.to_owned());
+        async move {
+            req(
+                "PATCH",
+                &format!("{base}/v1/plugins/slow-c"),
+                Some(&bearer),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (s, p) = patch(json!({"time_limit_ms": 10_000}), &team).await;
+    assert_eq!((s, &p["check_time_limit_ms"]), (200, &json!(null)), "{p}");
+    let schedule = |id: &str| {
+        let (base, team) = (base.clone(), team.clone());
+        let spec = json!({"id": id, "plugin": "slow-c", "delay_ms": 3_600_000,
+                          "payload": {"check_ms": 2_500}});
+        async move { req("POST", &format!("{base}/v1/tasks"), Some(&team), Some(spec)).await }
+    };
+    let (s, e) = schedule("t1").await;
+    assert_eq!(s, 422, "{e}");
+    let m = e["error"]["message"].as_str().unwrap();
+    assert!(m.contains("check time limit of 1s"), "{m}");
+
+    // past the operator's cap: only an admin; above an admin's ceiling: refused
+    let (s, e) = patch(json!({"check_time_limit_ms": 20_000}), &team).await;
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-check-timeout"),
+        "{e}"
+    );
+    let (s, e) = patch(json!({"ceilings": {"check_time_limit_ms": 4_000}}), ADMIN).await;
+    assert_eq!(s, 200, "{e}");
+    let (s, e) = patch(json!({"check_time_limit_ms": 5_000}), &team).await;
+    assert_eq!(s, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ceiling of 4000"),
+        "{e}"
+    );
+    let (s, p) = patch(json!({"check_time_limit_ms": 4_000}), &team).await;
+    assert_eq!((s, &p["check_time_limit_ms"]), (200, &json!(4_000)), "{p}");
+    let (s, e) = schedule("t2").await;
+    assert_eq!(s, 201, "a check of 2.5 s under its own limit of 4 s: {e}");
 }

@@ -43,6 +43,9 @@ pub struct CeilingsBody {
     )]
     #[schema(value_type = Option<u64>, minimum = 1048576, maximum = 4294967296_u64)]
     memory_bytes: Setting<i64>,
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_TIME_LIMIT_MS>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    check_time_limit_ms: Setting<i64>,
 }
 
 impl CeilingsBody {
@@ -65,6 +68,7 @@ impl CeilingsBody {
         set(&mut cur.weight, n32(self.weight));
         set(&mut cur.time_limit_ms, n(self.time_limit_ms));
         set(&mut cur.memory_bytes, n(self.memory_bytes));
+        set(&mut cur.check_time_limit_ms, n(self.check_time_limit_ms));
         cur
     }
 }
@@ -265,7 +269,7 @@ mod tests {
             weight: Some(9),
             ..cur.clone()
         }
-        .effective(5_000, 64 << 20);
+        .effective(5_000, 64 << 20, 1_000);
         assert_eq!(applied.max_pending, Some(5));
         assert_eq!(applied.max_concurrency, Some(1));
         assert_eq!(applied.weight, Some(4));

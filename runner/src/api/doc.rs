@@ -344,6 +344,9 @@ pub struct PluginInfo {
     /// Its own memory cap per instance, all its memories together (bytes); null: the runner's
     /// `--plugin-memory`.
     pub memory_bytes: Option<u64>,
+    /// Its own time limit per call of its payload `check` (ms); null: the runner's
+    /// `--check-timeout`.
+    pub check_time_limit_ms: Option<u64>,
     /// At most this many of its tasks scheduled, running or dead (default 1,000,000).
     pub max_pending: u64,
     /// Origins it may send HTTP requests to (default none).

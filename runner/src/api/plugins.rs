@@ -196,7 +196,11 @@ pub async fn plugin_list(State(st): State<AppState>, caller: Caller) -> ApiResul
 fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> doc::PluginInfo {
     let ceilings = s.ceilings.clone().unwrap_or_default();
     let d = st.store.policies().defaults();
-    let s = s.effective(d.time_limit.as_millis() as u64, d.memory as u64);
+    let s = s.effective(
+        d.time_limit.as_millis() as u64,
+        d.memory as u64,
+        d.check_time_limit.as_millis() as u64,
+    );
     doc::PluginInfo {
         name: e.name.clone(),
         version: e.version,
@@ -213,6 +217,7 @@ fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> doc::Plu
         may_schedule: s.may_schedule.unwrap_or_default(),
         time_limit_ms: s.time_limit_ms,
         memory_bytes: s.memory_bytes,
+        check_time_limit_ms: s.check_time_limit_ms,
         max_pending: s.max_pending.unwrap_or(DEFAULT_MAX_PENDING),
         allowed_hosts: s.allowed_hosts.unwrap_or_default(),
         config: s.config.unwrap_or_default(),
@@ -284,6 +289,7 @@ pub async fn plugin_patch(
     // every field is checked before any is written; then each is written alone
     let caps = Caps {
         time_limit_ms: st.max_plugin_timeout_ms,
+        check_time_limit_ms: st.max_check_timeout_ms,
         memory_bytes: st.max_plugin_memory,
         internal_hosts: st.internal_hosts.clone(),
     };

@@ -77,6 +77,12 @@ pub struct PluginPatch {
     )]
     #[schema(value_type = Option<u64>, minimum = 1048576, maximum = 4294967296_u64)]
     memory_bytes: Setting<i64>,
+    /// Its own time limit per call of its payload `check` (and `payload-schema`), ms, apart from
+    /// its runs'; null: the runner's `--check-timeout`. Past the operator's cap
+    /// (`--max-check-timeout`) only an admin may set it (else 400).
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_TIME_LIMIT_MS>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    check_time_limit_ms: Setting<i64>,
     /// At most this many of its tasks scheduled, running or dead (a retry of dead letters needs no
     /// room); past it, scheduling is 429 `quota_exceeded`,
     /// a run whose follow-ups would pass it fails its attempt, a firing is skipped. Null: the
@@ -127,10 +133,12 @@ pub struct RateLimitBody {
 /// The most weight a developer key may give a plugin without an admin's ceiling saying more.
 pub const DEVELOPER_MAX_WEIGHT: i64 = 10;
 
-/// The operator's caps a PATCH is checked against (`--max-plugin-timeout`, `--max-plugin-memory`),
-/// and the hosts a team may not point its plugin at (the runner's listen address, Redis's).
+/// The operator's caps a PATCH is checked against (`--max-plugin-timeout`, `--max-check-timeout`,
+/// `--max-plugin-memory`), and the hosts a team may not point its plugin at (the runner's listen
+/// address, Redis's).
 pub struct Caps {
     pub time_limit_ms: u64,
+    pub check_time_limit_ms: u64,
     pub memory_bytes: u64,
     pub internal_hosts: Vec<String>,
 }
@@ -160,6 +168,11 @@ impl PluginPatch {
             "time_limit_ms",
             self.time_limit_ms,
             (caps.time_limit_ms, "--max-plugin-timeout"),
+        )?;
+        capped(
+            "check_time_limit_ms",
+            self.check_time_limit_ms,
+            (caps.check_time_limit_ms, "--max-check-timeout"),
         )?;
         capped(
             "memory_bytes",
@@ -213,6 +226,10 @@ impl PluginPatch {
             ("may_schedule", may_schedule.map(|v| json(&v))),
             ("time_limit_ms", self.time_limit_ms.map(|v| json(&v))),
             ("memory_bytes", self.memory_bytes.map(|v| json(&v))),
+            (
+                "check_time_limit_ms",
+                self.check_time_limit_ms.map(|v| json(&v)),
+            ),
             ("max_pending", self.max_pending.map(|v| json(&v))),
             ("allowed_hosts", allowed_hosts.map(|v| json(&v))),
             ("config", config.map(|v| json(&v))),
@@ -249,6 +266,11 @@ impl PluginPatch {
         )?;
         above("time_limit_ms", &self.time_limit_ms, c.time_limit_ms)?;
         above("memory_bytes", &self.memory_bytes, c.memory_bytes)?;
+        above(
+            "check_time_limit_ms",
+            &self.check_time_limit_ms,
+            c.check_time_limit_ms,
+        )?;
         above("weight", &self.weight, c.weight.map(u64::from))?;
         if let (Some(Some(w)), None) = (self.weight, c.weight)
             && w > DEVELOPER_MAX_WEIGHT
@@ -426,6 +448,7 @@ pub(super) mod tests {
 
     pub(in crate::api) const CAPS: Caps = Caps {
         time_limit_ms: 60_000,
+        check_time_limit_ms: 10_000,
         memory_bytes: 512 << 20,
         internal_hosts: Vec::new(),
     };
@@ -438,6 +461,7 @@ pub(super) mod tests {
         may_schedule: None,
         time_limit_ms: None,
         memory_bytes: None,
+        check_time_limit_ms: None,
         max_concurrency_per_owner: None,
         rate_limit: None,
         max_pending: None,

@@ -53,6 +53,10 @@ pub(super) fn plugin_call(cmd: PluginCmd) -> Result<Call> {
             let ms = limit.map(|d| d.as_millis() as u64);
             Call::new(Method::PATCH, path(&name, "")).json(json!({"time_limit_ms": ms}))
         }
+        PluginCmd::CheckTimeLimit { name, limit, .. } => {
+            let ms = limit.map(|d| d.as_millis() as u64);
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"check_time_limit_ms": ms}))
+        }
         PluginCmd::Memory { name, bytes, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"memory_bytes": bytes}))
         }

@@ -224,6 +224,15 @@ pub enum PluginCmd {
         #[arg(long)]
         default: bool,
     },
+    /// Set a plugin's own time limit per call of its payload check (`3s`), apart from its runs',
+    /// or --default for the runner's `--check-timeout`.
+    CheckTimeLimit {
+        name: String,
+        #[arg(value_parser = parse_duration, conflicts_with = "default", required_unless_present = "default")]
+        limit: Option<Duration>,
+        #[arg(long)]
+        default: bool,
+    },
     /// Set a plugin's own memory cap per instance in bytes, or --default for the runner's
     /// `--plugin-memory`.
     Memory {

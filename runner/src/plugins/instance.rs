@@ -201,8 +201,8 @@ pub(super) async fn call(
 const CHECK_MESSAGE_CAP: usize = 1024;
 
 /// What `check` of `loaded` says of each payload: `None` fits, `Some(message)` does not (a
-/// plugin without `check` takes every payload). The calls share one deadline, the plugin's time
-/// limit: one request's payloads are checked within it together. `Err`: the check itself failed
+/// plugin without `check` takes every payload). The calls share one deadline, the plugin's check
+/// time limit (not its runs'): one request's payloads are checked within it together. `Err`: the check itself failed
 /// (a trap, the time limit), and why. A check sees no task and does nothing: its host calls that
 /// read or write answer with an error, and what it asked to schedule, emit or write is dropped.
 pub(super) async fn check(
@@ -211,7 +211,7 @@ pub(super) async fn check(
     payloads: &[String],
     policy: &Policy,
 ) -> Result<Vec<Option<String>>, String> {
-    let timeout = policy.time_limit;
+    let timeout = policy.check_time_limit;
     if loaded.check.is_none() {
         return Ok(vec![None; payloads.len()]);
     }
@@ -229,7 +229,8 @@ pub(super) async fn check(
         match called {
             Err(_) => {
                 return Err(format!(
-                    "the plugin's check ran longer than its time limit of {timeout:?}"
+                    "the plugin's check ran longer than its check time limit of {timeout:?} \
+                     (check_time_limit_ms, --check-timeout)"
                 ));
             }
             Ok(Err(e)) => {
@@ -264,7 +265,7 @@ pub(super) async fn payload_schema(
     loaded: &Loaded,
     policy: &Policy,
 ) -> Result<Option<String>, String> {
-    let timeout = policy.time_limit;
+    let timeout = policy.check_time_limit;
     let mut warm = warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await?;
     let Some(f) = warm.schema else {
         return Ok(None);
@@ -282,9 +283,9 @@ pub(super) async fn payload_schema(
 }
 
 /// Readies `warm` for a question (a check, the schema): no task, no host, the plugin's config
-/// and budget, its time limit from now; returns the deadline.
+/// and budget, its check time limit from now; returns the deadline.
 fn begin_question(warm: &mut Warm, env: &CallEnv<'_>, loaded: &Loaded, policy: &Policy) -> Instant {
-    let deadline = Instant::now() + policy.time_limit;
+    let deadline = Instant::now() + policy.check_time_limit;
     let data = warm.store.data_mut();
     data.started_at.store(now_ms(), Ordering::Relaxed);
     data.deadline = deadline;

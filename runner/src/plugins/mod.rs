@@ -67,6 +67,8 @@ use bindings::PluginPre;
 pub struct PluginOptions {
     /// Wall-clock time limit of one call.
     pub timeout: Duration,
+    /// Wall-clock time limit of one call of a plugin's `check` or `payload-schema`.
+    pub check_timeout: Duration,
     /// Memory cap of one instance, all its memories together (bytes), where a plugin has no
     /// `memory_bytes` of its own.
     pub memory: usize,
@@ -95,6 +97,7 @@ impl Default for PluginOptions {
     fn default() -> Self {
         PluginOptions {
             timeout: Duration::from_secs(1),
+            check_timeout: Duration::from_secs(1),
             memory: 64 << 20,
             cache_dir: None,
             cache_keep: Duration::from_secs(7 * 24 * 3600),
@@ -182,6 +185,7 @@ impl Plugins {
             policies: RwLock::new(Policies::new(Defaults {
                 time_limit: opts.timeout,
                 memory: opts.memory,
+                check_time_limit: opts.check_timeout,
             })),
             pool: instance::Pool::new(opts.warm_instances),
             opts,
@@ -191,11 +195,13 @@ impl Plugins {
         }))
     }
 
-    /// What a plugin leaves unset: the runner's `--plugin-timeout` and `--plugin-memory`.
+    /// What a plugin leaves unset: the runner's `--plugin-timeout`, `--plugin-memory` and
+    /// `--check-timeout`.
     pub fn defaults(&self) -> Defaults {
         Defaults {
             time_limit: self.opts.timeout,
             memory: self.opts.memory,
+            check_time_limit: self.opts.check_timeout,
         }
     }
 

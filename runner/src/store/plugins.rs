@@ -60,6 +60,10 @@ pub struct PluginSettings {
     /// The memory cap of one of its instances, bytes (None: the runner's `--plugin-memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// The time limit of one call of its `check` (and `payload-schema`), ms (None: the runner's
+    /// `--check-timeout`), apart from its runs'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_time_limit_ms: Option<u64>,
     /// At most this many runs of one owner's tasks at once across all runners (None: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency_per_owner: Option<u32>,
@@ -98,6 +102,8 @@ pub struct Ceilings {
     pub time_limit_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_time_limit_ms: Option<u64>,
 }
 
 impl Ceilings {
@@ -126,9 +132,15 @@ impl RateLimit {
 }
 
 impl PluginSettings {
-    /// The settings that apply: each limit held under its ceiling. `time_limit_ms` and
-    /// `memory_bytes` unset mean the runner's defaults (given), held under a ceiling too.
-    pub fn effective(&self, default_time_limit_ms: u64, default_memory: u64) -> PluginSettings {
+    /// The settings that apply: each limit held under its ceiling. `time_limit_ms`,
+    /// `memory_bytes` and `check_time_limit_ms` unset mean the runner's defaults (given), held
+    /// under a ceiling too.
+    pub fn effective(
+        &self,
+        default_time_limit_ms: u64,
+        default_memory: u64,
+        default_check_ms: u64,
+    ) -> PluginSettings {
         let Some(c) = &self.ceilings else {
             return self.clone();
         };
@@ -152,6 +164,11 @@ impl PluginSettings {
             weight: self.weight.map(|w| w.min(c.weight.unwrap_or(u32::MAX))),
             time_limit_ms: with_default(self.time_limit_ms, c.time_limit_ms, default_time_limit_ms),
             memory_bytes: with_default(self.memory_bytes, c.memory_bytes, default_memory),
+            check_time_limit_ms: with_default(
+                self.check_time_limit_ms,
+                c.check_time_limit_ms,
+                default_check_ms,
+            ),
             ..self.clone()
         }
     }
