@@ -141,6 +141,7 @@ pub fn keys(v: &Value) -> String {
                 limits,
                 time(k, "created_at"),
                 time(k, "last_used_at"),
+                f(k, "refused"),
             ]
         })
         .collect();
@@ -156,6 +157,7 @@ pub fn keys(v: &Value) -> String {
             "AT MOST",
             "CREATED (UTC)",
             "LAST USED (UTC)",
+            "REFUSED",
         ],
         &rows,
     )

@@ -401,7 +401,7 @@ fn flatten(v: &redis::Value, out: &mut Vec<String>) {
 /// A team's cheap failed requests can't push another team's change out of the audit: 1,000
 /// `DELETE /v1/tasks/nope-N` (404s) go to the failed requests' stream, and the stream of changes,
 /// capped at 100 entries, still holds the other team's schedule (0.2.0 kept the 404s with the
-/// changes, so they pushed it out).
+/// changes, so they pushed it out). Each key's refusals are counted, past the streams' caps.
 #[tokio::test]
 async fn failed_requests_cant_push_a_change_out_of_the_audit() {
     let redis = RedisServer::start();
@@ -466,4 +466,18 @@ async fn failed_requests_cant_push_a_change_out_of_the_audit() {
     )
     .await;
     assert_eq!(page["entries"][0]["status"], 404, "{page}");
+    // and counted per key, past the refusal stream's own cap: team B's 1,000, none of team A's
+    let (_, keys) = req("GET", &format!("{base}/v1/keys"), Some(ADMIN), None).await;
+    let refused = |name: &str| {
+        keys.as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == name)
+            .map(|k| k["refused"].clone())
+    };
+    assert_eq!(
+        (refused("team-a"), refused("team-b")),
+        (Some(json!(0)), Some(json!(1000))),
+        "{keys}"
+    );
 }

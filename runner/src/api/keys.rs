@@ -88,6 +88,9 @@ pub struct KeyInfo {
     streams: Vec<String>,
     /// When a runner last took it (to the second), null if never.
     last_used_at: Option<i64>,
+    /// How many of its requests were refused (any 4xx or 5xx: the audit keeps those apart),
+    /// since it was made.
+    refused: u64,
 }
 
 /// A key just made, with its secret: shown in this reply only.
@@ -278,7 +281,7 @@ fn given_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i64
 }
 
 /// A key as the API shows it.
-fn info(k: KeyRecord, used: Option<i64>) -> KeyInfo {
+fn info(k: KeyRecord, used: Option<i64>, refused: u64) -> KeyInfo {
     KeyInfo {
         id: k.id,
         name: k.name,
@@ -291,6 +294,7 @@ fn info(k: KeyRecord, used: Option<i64>) -> KeyInfo {
         listen: k.topics.listen,
         streams: k.topics.streams,
         last_used_at: used,
+        refused,
     }
 }
 
@@ -327,7 +331,7 @@ pub async fn key_update(
         .transpose()?;
     // a change made meanwhile by another admin is read again, never written over
     for _ in 0..8 {
-        let Some((mut k, used, was)) = st.store.key_by_id(&id).await? else {
+        let Some((mut k, used, refused, was)) = st.store.key_by_id(&id).await? else {
             return Err(ApiError::not_found(format!("no key {id:?}")));
         };
         if let Some(n) = &p.name {
@@ -356,7 +360,7 @@ pub async fn key_update(
         }
         if st.store.key_replace(&was, &k).await? {
             st.access.forget_keys();
-            return Ok(axum::Json(info(k, used)).into_response());
+            return Ok(axum::Json(info(k, used, refused)).into_response());
         }
     }
     Err(ApiError::conflict(format!(
@@ -373,7 +377,7 @@ pub async fn key_list(State(st): State<AppState>) -> ApiResult<Response> {
         .key_list()
         .await?
         .into_iter()
-        .map(|(k, used)| info(k, used))
+        .map(|(k, used, refused)| info(k, used, refused))
         .collect();
     Ok(axum::Json(keys).into_response())
 }

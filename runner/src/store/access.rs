@@ -54,6 +54,12 @@ impl AuditEntry {
     }
 }
 
+/// The field a refusal counts in: its key's id, `admin` for the runner's token, `-` for a
+/// request without a key the runner knows.
+fn refusal_counter(e: &AuditEntry) -> &str {
+    if e.key_id.is_empty() { "-" } else { &e.key_id }
+}
+
 /// The suffix of a refusal's id: the entries of both streams come newest first, and at one
 /// stream id the change first.
 const REFUSED: char = 'r';
@@ -105,14 +111,21 @@ impl Store {
             .map(|s| s.record))
     }
 
-    /// Every key, with when each was last used (ms), oldest first.
-    pub async fn key_list(&self) -> Result<Vec<(KeyRecord, Option<i64>)>> {
+    /// Every key, with when each was last used (ms) and how many of its requests were refused,
+    /// oldest first.
+    pub async fn key_list(&self) -> Result<Vec<(KeyRecord, Option<i64>, u64)>> {
         let k = self.keys();
-        let (all, used): (HashMap<String, String>, HashMap<String, i64>) = redis::pipe()
+        let (all, used, refused): (
+            HashMap<String, String>,
+            HashMap<String, i64>,
+            HashMap<String, u64>,
+        ) = redis::pipe()
             .cmd("HGETALL")
             .arg(k.api_keys())
             .cmd("HGETALL")
             .arg(k.api_key_used())
+            .cmd("HGETALL")
+            .arg(k.audit_refused_counts())
             .query_async(&mut self.conn())
             .await
             .context("listing keys")?;
@@ -121,30 +134,37 @@ impl Store {
             .filter_map(|s| serde_json::from_str::<StoredKey>(s).ok())
             .map(|s| {
                 let at = used.get(&s.record.id).copied();
-                (s.record, at)
+                let n = refused.get(&s.record.id).copied().unwrap_or(0);
+                (s.record, at, n)
             })
             .collect();
         keys.sort_by(|a, b| (a.0.created_at, &a.0.id).cmp(&(b.0.created_at, &b.0.id)));
         Ok(keys)
     }
 
-    /// A key's record and when it was last used (None: no such key), with the stored text
-    /// that [`Store::key_replace`] compares against.
-    pub async fn key_by_id(&self, id: &str) -> Result<Option<(KeyRecord, Option<i64>, String)>> {
+    /// A key's record, when it was last used and how many of its requests were refused (None:
+    /// no such key), with the stored text that [`Store::key_replace`] compares against.
+    pub async fn key_by_id(
+        &self,
+        id: &str,
+    ) -> Result<Option<(KeyRecord, Option<i64>, u64, String)>> {
         let k = self.keys();
-        let (stored, used): (Option<String>, Option<i64>) = redis::pipe()
+        let (stored, used, refused): (Option<String>, Option<i64>, Option<u64>) = redis::pipe()
             .cmd("HGET")
             .arg(k.api_keys())
             .arg(id)
             .cmd("HGET")
             .arg(k.api_key_used())
             .arg(id)
+            .cmd("HGET")
+            .arg(k.audit_refused_counts())
+            .arg(id)
             .query_async(&mut self.conn())
             .await
             .context("reading a key")?;
         Ok(stored.and_then(|s| {
             let record = serde_json::from_str::<StoredKey>(&s).ok()?.record;
-            Some((record, used, s))
+            Some((record, used, refused.unwrap_or(0), s))
         }))
     }
 
@@ -196,6 +216,7 @@ impl Store {
             p.cmd("HDEL").arg(k.api_key_hashes()).arg(s.hash).ignore();
         }
         p.cmd("HDEL").arg(k.api_key_used()).arg(id).ignore();
+        p.cmd("HDEL").arg(k.audit_refused_counts()).arg(id).ignore();
         p.query_async::<()>(&mut self.conn())
             .await
             .context("tidying a revoked key's index")?;
@@ -257,6 +278,11 @@ impl Store {
         inv.key(stream)
             .arg(max_len)
             .arg(e.at.saturating_sub(keep_ms).max(0));
+        if e.refused() {
+            inv.key(k.audit_refused_counts()).arg(refusal_counter(e));
+        } else {
+            inv.arg("");
+        }
         for (field, value) in [
             ("at", e.at.to_string()),
             ("key", e.key.clone()),

@@ -316,6 +316,12 @@ impl Keys {
         format!("{{{}}}:audit:refused", self.ns)
     }
 
+    /// HASH key id (`admin`, `-` for no known key) -> how many of its requests were refused
+    /// (`lua/audit.lua`): counted past the refusal stream's trim.
+    pub fn audit_refused_counts(&self) -> String {
+        format!("{{{}}}:audit:refused-by-key", self.ns)
+    }
+
     /// The event stream of one plugin's topic: a plugin writes and trims only its own streams
     /// (a plugin name holds no `:`, a topic neither, so no two pairs share a key).
     pub fn events(&self, plugin: &str, topic: &str) -> String {
