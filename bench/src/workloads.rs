@@ -300,6 +300,7 @@ impl Bench {
             max_plugin_bytes: 16 << 20,
             max_plugin_timeout_ms: 60_000,
             max_check_timeout_ms: 10_000,
+            events_max_bytes: 16 << 20,
             max_plugin_memory: 512 << 20,
             max_body_bytes: 32 << 20,
             internal_hosts: vec![],

@@ -198,6 +198,10 @@ pub struct ServeArgs {
     /// task may ask for.
     #[arg(long, env = "EGGTIMER_EVENT_RETENTION", default_value = "60s", value_parser = parse_duration)]
     pub event_retention: Duration,
+    /// Most bytes of events one key (the admin token too) may publish within the event retention:
+    /// what Redis keeps of them for tasks' lookback. Past it a publish is 429 `event_budget`.
+    #[arg(long, env = "EGGTIMER_EVENTS_MAX_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = parse_memory)]
+    pub events_max_bytes: usize,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,

@@ -355,6 +355,7 @@ fn app_state(
         max_plugin_bytes: args.max_plugin_bytes,
         max_plugin_timeout_ms: args.max_plugin_timeout.as_millis() as u64,
         max_check_timeout_ms: args.max_check_timeout.as_millis() as u64,
+        events_max_bytes: args.events_max_bytes as u64,
         max_plugin_memory: args.max_plugin_memory as u64,
         max_body_bytes: (args.max_payload_bytes * 16).max(32 << 20),
         internal_hosts: internal_hosts(args),

@@ -43,6 +43,10 @@ pub struct PublishReply {
     matched: u64,
 }
 
+/// What an event costs Redis besides its data, topic and key (its entries in the event shard's
+/// hash and index), as a publish is charged to its key's budget.
+const EVENT_OVERHEAD: usize = 64;
+
 /// `POST /v1/events/{topic}`: one event or an array (up to 1,000), for the key's `publish`
 /// topics.
 #[utoipa::path(post, path = "/v1/events/{topic}", tag = "events",
@@ -77,15 +81,36 @@ pub async fn publish(
         return Err(ApiError::bad("the array of events is empty"));
     }
     let mut events = Vec::with_capacity(ins.len());
+    let mut bytes = 0u64;
     for e in ins {
         let data = e.data.map_or("null", |d| d.get());
         crate::limits::payload("data", data, st.max_payload_bytes)
             .map_err(|e| ApiError::too_large(e.0))?;
+        // what Redis keeps of it: the data, its topic and key, and its entries' own cost
+        bytes += (data.len() + topic.len() + e.key.len() + EVENT_OVERHEAD) as u64;
         events.push(Event {
             topic: topic.clone(),
             key: e.key,
             data: data.to_owned(),
         });
+    }
+    if let Err(used) = st
+        .store
+        .charge_events(&caller.key_id, bytes, st.events_max_bytes)
+        .await?
+    {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "event_budget",
+            format!(
+                "key {:?} published {used} bytes of events in the last {} s, which Redis keeps for \
+                 tasks' lookback; these {bytes} more would pass its budget of {} bytes \
+                 (--events-max-bytes): nothing was published",
+                caller.name,
+                st.store.options().event_retention_ms / 1000,
+                st.events_max_bytes
+            ),
+        ));
     }
     let done = st.store.publish(&events).await?;
     st.metrics

@@ -79,6 +79,8 @@ pub struct AppState {
     pub max_plugin_timeout_ms: u64,
     /// The most a plugin's `check_time_limit_ms` may be unless an admin sets it.
     pub max_check_timeout_ms: u64,
+    /// `--events-max-bytes`: what one key may publish within the event retention.
+    pub events_max_bytes: u64,
     /// The most a plugin's `memory_bytes` may be unless an admin sets it.
     pub max_plugin_memory: u64,
     pub max_body_bytes: usize,

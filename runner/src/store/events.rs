@@ -187,6 +187,33 @@ impl Store {
         Ok(())
     }
 
+    /// Charges `bytes` of events to the API key `key_id`'s budget, `limit` bytes within the
+    /// event retention: Ok(bytes within it now), or Err(bytes within it already) with nothing
+    /// charged when this would pass the limit.
+    pub async fn charge_events(
+        &self,
+        key_id: &str,
+        bytes: u64,
+        limit: u64,
+    ) -> Result<std::result::Result<u64, u64>> {
+        let retention = self.options().event_retention_ms.max(1);
+        // about 60 buckets over the retention, none shorter than a second
+        let bucket = (retention / 60).max(1_000);
+        let (ok, used): (i64, u64) = self
+            .inner
+            .scripts
+            .event_budget
+            .key(self.keys().event_budget(key_id))
+            .arg(bytes)
+            .arg(limit)
+            .arg(retention)
+            .arg(bucket)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("the event budget script")?;
+        Ok(if ok == 1 { Ok(used) } else { Err(used) })
+    }
+
     /// Delivers messages the outbox of `from` holds, then deletes them there.
     pub(super) async fn deliver_from(&self, from: u32, msgs: Vec<String>) -> Result<Delivered> {
         if msgs.is_empty() {

@@ -322,6 +322,12 @@ impl Keys {
         format!("{{{}}}:audit:refused-by-key", self.ns)
     }
 
+    /// HASH bucket start (ms) -> bytes of events the API key `key_id` published in it, within
+    /// the event retention (`lua/event_budget.lua`).
+    pub fn event_budget(&self, key_id: &str) -> String {
+        format!("{{{}}}:events-budget:{key_id}", self.ns)
+    }
+
     /// The event stream of one plugin's topic: a plugin writes and trims only its own streams
     /// (a plugin name holds no `:`, a topic neither, so no two pairs share a key).
     pub fn events(&self, plugin: &str, topic: &str) -> String {

@@ -119,6 +119,7 @@ scripts! {
     writable: "writable",
     audit: "audit",
     key_replace: "key_replace",
+    event_budget: "event_budget",
 }
 
 impl Scripts {
