@@ -101,6 +101,78 @@ async fn one_debounced_request_of_one_key_holds_redis_no_longer_than_a_short_cal
     assert!(slow_calls(&mut conn).is_empty());
 }
 
+/// One plain batch of the largest body the API takes (500 specs of 60 KB, 30 MB) on a runner of
+/// one shard holds Redis no longer than a short call: the shard's tasks go in calls of about
+/// 256 KiB of payloads, one after another (0.2.0 sent them in one call of 30 MB). The batch is
+/// still all or nothing: one of its ids running refuses the whole of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_plain_batch_of_one_shard_holds_redis_no_longer_than_a_short_call() {
+    let redis = RedisServer::start();
+    let r =
+        eggtimer_tests::RunnerProcess::start(&redis.url(), &["--token", ADMIN, "--shards", "1"]);
+    let base = r.url.as_str();
+    let (s, up) = upload_as(
+        base,
+        ADMIN,
+        "bench-record",
+        eggtimer_tests::plugin_wasm("bench-record"),
+    )
+    .await;
+    assert_eq!(s, 201, "{up}");
+    let (_, dev) = make_key(base, "team-a", "developer", &["bench-record"]).await;
+    let mut conn = redis.conn();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(10_000)
+        .query(&mut conn)
+        .unwrap();
+    let () = redis::cmd("SLOWLOG").arg("RESET").query(&mut conn).unwrap();
+    let url = format!("{base}/v1/tasks");
+    // p250 done, inside a dedup window
+    let (s, t) = req(
+        "POST",
+        &url,
+        Some(&dev),
+        Some(
+            json!({"plugin": "bench-record", "id": "p250", "payload": 1, "unique_for_ms": 600_000}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 201, "{t}");
+    eggtimer_tests::as_key::wait_state(base, "p250", "done").await;
+    let pad = "x".repeat(60_000);
+    let batch = |skip: Option<usize>| -> Value {
+        (0..500)
+            .filter(|i| Some(*i) != skip)
+            .map(|i| {
+                json!({"plugin": "bench-record", "id": format!("p{i}"), "delay_ms": 3_600_000,
+                       "payload": {"i": i, "pad": pad}})
+            })
+            .collect()
+    };
+    let tasks = |conn: &mut redis::Connection| -> u64 {
+        redis::cmd("HLEN")
+            .arg("{eggtimer:0}:tasks")
+            .query(conn)
+            .unwrap()
+    };
+    // all or nothing across its calls: p250's window refuses the whole batch
+    let (s, e) = req("POST", &url, Some(&dev), Some(batch(None))).await;
+    assert_eq!((s, &e["error"]["code"]), (409, &json!("duplicate")), "{e}");
+    assert_eq!(tasks(&mut conn), 1, "nothing of the refused batch written");
+    let (s, reply) = req("POST", &url, Some(&dev), Some(batch(Some(250)))).await;
+    assert_eq!(
+        s,
+        201,
+        "{}",
+        &reply.to_string()[..200.min(reply.to_string().len())]
+    );
+    let slow = slow_calls(&mut conn);
+    assert!(slow.is_empty(), "Redis calls over 10 ms: {slow:?}");
+    assert_eq!(tasks(&mut conn), 500, "every task of the batch written");
+}
+
 /// A plugin at its max_pending takes no debounced task either (0.2.0 scheduled them past it);
 /// a batch that repeats one key is one task.
 #[tokio::test]

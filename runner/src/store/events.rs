@@ -397,20 +397,7 @@ pub const DEBOUNCE_CALL_BYTES: usize = 128 << 10;
 
 /// `ix` (indexes into `tasks`) cut into the runs that one debounce call each takes, in order.
 fn debounce_calls<'a>(tasks: &[NewTask], ix: &'a [usize]) -> Vec<&'a [usize]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (j, &i) in ix.iter().enumerate() {
-        let size = tasks[i].payload.len();
-        if j > start && (j - start == DEBOUNCE_CALL_TASKS || bytes + size > DEBOUNCE_CALL_BYTES) {
-            out.push(&ix[start..j]);
-            (start, bytes) = (j, 0);
-        }
-        bytes += size;
-    }
-    if start < ix.len() {
-        out.push(&ix[start..]);
-    }
-    out
+    super::calls_by_size(tasks, ix, DEBOUNCE_CALL_TASKS, DEBOUNCE_CALL_BYTES)
 }
 
 #[cfg(test)]
