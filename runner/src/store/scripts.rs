@@ -301,4 +301,16 @@ mod tests {
             }
         }
     }
+
+    /// Each script's header says what bounds the work of one call (`-- Bound:`): what the call
+    /// brings and the caller cuts, or, where stored data still counts, which.
+    #[test]
+    fn every_script_says_what_bounds_one_call() {
+        for (file, text) in sources() {
+            assert!(
+                text.contains("\n-- Bound: "),
+                "{file}.lua's header does not say what bounds one call (`-- Bound:`)"
+            );
+        }
+    }
 }

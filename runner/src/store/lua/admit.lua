@@ -12,6 +12,8 @@
 --     {0, 0}, or {i, held} for the first plugin i (1-based) without room and what its ledger held.
 --   'landed': KEYS the ledgers of one admission; ARGV: op, then per ledger its member. Marks the
 --     admission written.
+-- Bound: one ZADD per plugin of the request (its plugins, at most the request's specs) and a
+--  ZREMRANGEBYSCORE of the entries landed long enough ago, which each admission writes one of.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local PENDING = 1e13

@@ -9,6 +9,8 @@
 -- ARGV: max_len, min_id (ms), the key id to count ('' for a change), then the entry's field,
 -- value pairs.
 -- Returns the entry's id.
+-- Bound: one XADD and an XTRIM of what fell outside the bounds (a few entries, amortized), one
+--  HINCRBY.
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 4))
 redis.call('XTRIM', KEYS[1], 'MINID', '~', ARGV[2])
 if KEYS[2] then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end

@@ -16,6 +16,8 @@
 --                   records with HSCAN from `cursor` (a plugin's scheduled tasks have no index
 --                   of their own); running tasks are left alone.
 -- Returns {count, next cursor}.
+-- Bound: at most `limit` index entries per call (the caller's chunk, `BULK_CHUNK`), each task's own
+--  record, window and listeners.
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
 local count, earliest = 0, nil

@@ -11,6 +11,8 @@
 -- shard, and a record eggtimer 0.1.0 stored under X.
 -- A listening task lets its listeners go (U messages into the outbox, see `extras`).
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin'.
+-- Bound: one task: its record, its indexes, its listeners (an outbox message each, at most 8), its
+--  window lists (UNLINK, freed off the main thread).
 local id, only_dead, plugin = ARGV[1], ARGV[2] == '1', ARGV[3]
 local function covered(name)
   if plugin == '' or name == plugin then return true end

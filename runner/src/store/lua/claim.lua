@@ -33,6 +33,8 @@
 -- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
+-- Bound: at most the claim's size (`--claim-batch`) plus the walk past it (ARGV[4]), and the
+--  expired claim batches it reaps (each batch's tasks: at most a claim's size).
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local held, weights, most = parse_held(ARGV[3] or '')
 local extra = tonumber(ARGV[4]) or 0

@@ -16,6 +16,9 @@
 -- deletes its list (UNLINK: freed in the background).
 -- Returns one string, a letter per task: o (new) m (merged, moved) q (kept for the next window)
 -- r (a task of that id runs and is not debounced).
+-- Bound: at most `DEBOUNCE_CALL_TASKS` specs and about `DEBOUNCE_CALL_BYTES` of payloads per call
+--  (the caller cuts a request so); each merge is one record of one payload, one RPUSH and an LTRIM,
+--  whatever its window holds.
 local channel, shard = ARGV[1], ARGV[2]
 local now = now_ms()
 local out, earliest = {}, nil

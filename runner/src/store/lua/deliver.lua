@@ -9,6 +9,8 @@
 -- lets its other listeners go (U messages into the outbox; the one that fired left `listeners`
 -- with its event).
 -- Returns {'<n acted>', U message...}.
+-- Bound: the D messages of the call (one delivery's), each one task's record and its listeners (at
+--  most 8).
 local channel, shard = ARGV[1], ARGV[2]
 local now = now_ms()
 local acted, msgs, earliest = 0, {}, nil

@@ -7,6 +7,7 @@
 -- KEYS: the shard's keys (the `shard` part).
 -- Returns {the count of each range, ..., where the next call starts ('' when all is walked)}: a
 -- range over many buckets is counted a bounded piece per call, so Redis is never held long.
+-- Bound: at most ARGV[2] buckets per call; the caller walks on from the returned place.
 local from, limit = ARGV[1], tonumber(ARGV[2])
 local edges, e = {}, {}
 for i = 3, #ARGV do

@@ -6,6 +6,7 @@
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: cursor due, cursor id ('' with due '': from the start), min due, max due, count.
 -- Returns {id, due, id, due, ...}.
+-- Bound: O(log n + page), the page at most 1,000 (the API's limit).
 local cs, cm, lo, hi, count = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local from = lo
 if cm ~= '' and tonumber(cs) > tonumber(lo) then from = cs end

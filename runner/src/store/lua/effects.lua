@@ -22,6 +22,8 @@
 -- the events would take the plugin past max_topics topics, -3 when its kv writes would take it
 -- past max_kv_keys keys or max_kv_bytes bytes (a run that adds neither is taken); nothing was
 -- written but the index's forgetting of entries whose TTL has passed.
+-- Bound: one run's effects, bounded by the run's budget (`--max-effect-bytes`, `--max-follow-ups`,
+--  `--max-cancels`) and the kv bounds it checks.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local maxlen, max_topics, topics_ix = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local kv_ix, max_kv_keys, max_kv_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])

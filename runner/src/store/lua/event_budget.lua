@@ -6,6 +6,7 @@
 -- KEYS[1]: the key's budget (HASH bucket start ms -> bytes published in it).
 -- ARGV: bytes, limit, retention_ms, bucket_ms.
 -- Returns {1, bytes within the retention after the charge} | {0, bytes within it before}.
+-- Bound: the key's buckets within the event retention (about 60).
 local bytes, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local retention, bucket = tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')

@@ -27,6 +27,8 @@
 -- debounced one's payloads that came while it ran become its next window.
 -- Returns one string, a letter per task in the order given: d(one) r(etry) x (dead) a(gain)
 -- l (release) f (defer) s(tale).
+-- Bound: the outcomes of one claim batch (at most a claim's size), each task's record, indexes and
+--  logs.
 local channel, shard, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
 local out = {}

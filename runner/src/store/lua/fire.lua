@@ -8,6 +8,7 @@
 -- max_attempts, plugin, owner, payload, keep_fired_ms.
 -- Returns 'ok' | 'exists' (created before: by another runner, or before a crash; in a shard of
 -- eggtimer 0.1.0's data, under its bare id too).
+-- Bound: one firing, and a trim of firing marks older than ARGV[9] (each firing writes one).
 local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
 local fired = KEYS[K_FIRST]
 local now = now_ms()

@@ -6,6 +6,9 @@
 -- A listener whose event is stored here since its `since` matches at once (a D message
 -- returned, not registered); else it joins `listeners` (once, however often it is sent).
 -- Returns {D message...}.
+-- Bound: the L messages of the call (one schedule call's listeners, at most 8 per task). A listener
+--  joining a topic and key that many tasks listen on copies that field's list of listeners (its
+--  length): bounded by the tasks listening, not yet by the call.
 local out = {}
 for i = 1, #ARGV do
   local th, task, stamp, topic, key, since = string.match(ARGV[i],

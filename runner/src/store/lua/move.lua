@@ -8,6 +8,7 @@
 -- later since, replaced or run again is left alone: {'missing'}).
 -- Returns {'ok', due} | {'running'} | {'done'} | {'dead'} | {'missing'} | {'out_of_range'} (a shift
 -- that would leave 0..MAX_TIME: nothing moved).
+-- Bound: one task (and one wake message).
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return { 'missing' } end

@@ -10,6 +10,8 @@
 -- 'resume' unmarks it and moves its parked tasks back to their due buckets, looking at up to `limit` entries
 -- of `parked` after `cursor` ('<due>\t<id>': called again with the returned cursor until it is '').
 -- Returns {moved, next cursor}.
+-- Bound: 'pause': one field; 'resume': at most `limit` entries of `parked` per call, the caller
+--  walks on.
 local channel, shard, op, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
   tonumber(ARGV[6])
 local epoch = tonumber(ARGV[7])

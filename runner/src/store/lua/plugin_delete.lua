@@ -10,6 +10,8 @@
 -- set, rate queue, topics, the three keys of its kv index.
 -- ARGV: name, channel, history key prefix, blob key prefix.
 -- Returns 1, or 0 when there was no such plugin.
+-- Bound: one plugin's own keys (its history: at most `--keep-versions`), not its kv (purged in
+--  chunks by `plugin_purge`).
 local name, history_prefix, blob_prefix = ARGV[1], ARGV[3], ARGV[4]
 if redis.call('HDEL', KEYS[1], name) == 0 then return 0 end
 local dropped = {}

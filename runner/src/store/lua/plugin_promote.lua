@@ -6,6 +6,7 @@
 -- ARGV: name, version, channel, expected current version ('' for any).
 -- Returns the entry (JSON) now current, or 'missing' (no such plugin or version in its history)
 -- or 'moved' (the current version is no longer the expected one).
+-- Bound: one plugin's history (at most `--keep-versions` entries).
 local name, version, channel, expected = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local cur = redis.call('HGET', KEYS[1], name)
 if not cur then return 'missing' end

@@ -5,6 +5,7 @@
 -- that match one of the patterns. When the scan is done the name leaves the purge set.
 -- KEYS: purge set (its hash tag routes the script). ARGV: name, cursor, count, patterns...
 -- Returns {the next cursor ('0' when done), keys deleted}.
+-- Bound: one SCAN of at most `count` keys per call, and deletes of those that match.
 local name, cursor, count = ARGV[1], ARGV[2], ARGV[3]
 local deleted = 0
 local r = redis.call('SCAN', cursor, 'COUNT', count)

@@ -13,6 +13,8 @@
 -- Returns {version, created (1) or 0 when these bytes are already the current version (or, for a
 -- candidate, any version in the history)}. Bytes of a candidate uploaded to be made current
 -- make that candidate current (1).
+-- Bound: the plugin's history (at most `--keep-versions`); when a version leaves it, every plugin's
+--  history is read to keep the bytes still used (plugins × `--keep-versions`).
 local name, digest, size, at, bytes, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local keep, history_prefix, blob_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local cur = redis.call('HGET', KEYS[1], name)

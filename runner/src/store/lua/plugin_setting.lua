@@ -7,6 +7,7 @@
 -- ARGV: name, field ('paused' | 'max_concurrency'), value (JSON: true, false, a number, null),
 -- channel.
 -- Returns the plugin's pause epoch (after this change).
+-- Bound: one plugin's settings (a few KiB).
 local name, field, value, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local cur = redis.call('HGET', KEYS[1], name)
 local s = {}

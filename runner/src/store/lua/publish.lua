@@ -9,6 +9,10 @@
 -- retention_ms has passed; its listeners leave `listeners` and a D message for each goes into
 -- the outbox (deleted by the caller once delivered). Up to 500 expired events are dropped per run.
 -- Returns {events stored, of them those no task listened for, D message...}.
+-- Bound: the events of one call (at most 1,000 per request, those of this shard), each one field
+--  and its listeners, plus at most 500 expired events dropped. An event for a topic and key that
+--  many tasks listen on writes a D message for each of them: bounded by the tasks listening, not
+--  yet by the call.
 local shard, retention = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local at = string.format('%d', now)

@@ -8,6 +8,7 @@
 -- Returns {member, score, member, score, ...}.
 -- (Scores are compared as numbers but passed to Redis as the caller's strings: Lua would print a
 -- large number in exponent form.)
+-- Bound: O(log n + page), the page at most 1,000 (the API's limit).
 local key, order, cs, cm = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local lo_s, hi_s, count = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = {}

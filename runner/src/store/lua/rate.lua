@@ -10,6 +10,8 @@
 -- that wait are reserved starts one interval apart after the last start and the last reservation,
 -- so they come back in the order they asked; one that comes back before the interval since the
 -- last start has passed (the run before it came back late) is reserved again for that moment.
+-- Bound: a trim of the plugin's starts older than `per_ms` (at most `max` are kept) and O(log n) in
+--  its waiting runs.
 local starts, queue = KEYS[1], KEYS[2]
 local run, max, per = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local gap = per / max

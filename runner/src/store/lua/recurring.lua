@@ -11,6 +11,7 @@
 --         advanced it, or it was replaced, paused or deleted).
 --   'pause' | 'resume' next | 'delete'
 -- Returns 'created' | 'replaced' | 'same' | 'ok' | 'moved' | 'missing'.
+-- Bound: one schedule's definition and state.
 local K_DEFS, K_NEXT = KEYS[1], KEYS[2]
 local op, id = ARGV[1], ARGV[2]
 local old = redis.call('HGET', K_DEFS, 'd:' .. id)

@@ -4,6 +4,7 @@
 -- KEYS[1]: the shard's `sched` (ZSET schedule id -> next fire time, ms).
 -- ARGV: limit (most schedules returned).
 -- Returns {now, the earliest next fire time (-1: none), then per due schedule: id, fire time}.
+-- Bound: at most ARGV[1] schedules.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = { now, -1 }

@@ -5,6 +5,8 @@
 -- KEYS: the shard's keys (the `shard` part). ARGV: lease_ms, then per task: id, claim token.
 -- Returns per task: 1 when the claim is still current (its lease now ends lease_ms from now),
 -- 0 when it was lost (reaped, claimed again, finished, cancelled or replaced).
+-- Bound: the tasks of the call (one runner's held tasks of one shard), each its claim batch's
+--  lease.
 local lease = tonumber(ARGV[1])
 local now = now_ms()
 local ids = {}

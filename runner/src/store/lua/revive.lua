@@ -3,6 +3,7 @@
 -- Puts one dead task back: due now, attempts reset, its last error let go (its run logs keep it).
 -- KEYS: the shard's keys (the `shard` part). ARGV: channel, shard, id.
 -- Returns {'ok', due} | {'missing'} | {'not_dead'}.
+-- Bound: one task.
 local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t or t.st == 'd' then return { 'missing' } end

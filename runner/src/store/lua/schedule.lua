@@ -18,6 +18,8 @@
 -- An id is a task's key, `<plugin>\x1f<id>`. In a shard that holds data of eggtimer 0.1.0 (meta
 -- `legacy`), a record stored under the bare id by that release is the same task when its plugin
 -- is the same: it is replaced (or, running, refuses the batch) as a record under the key is.
+-- Bound: at most `SCHEDULE_CALL_TASKS` tasks and about `SCHEDULE_CALL_BYTES` of payloads per call
+--  (the caller cuts a request so), each O(log n) in the indexes.
 local channel, shard, mode = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local now_s = string.format('%d', now)

@@ -4,6 +4,7 @@
 --   'acquire' -> 1 when this runner holds it now (taken, or already its own and renewed)
 --   'renew'   -> 1 when this runner still holds it (and it is extended), 0 when lost
 --   'release' -> 1 when this runner held it (it is freed)
+-- Bound: one key.
 local op, me, ttl = ARGV[1], ARGV[2], ARGV[3]
 local holder = redis.call('GET', KEYS[1])
 if op == 'acquire' then

@@ -15,6 +15,7 @@
 -- clamped into it.
 -- Returns {moved, next cursor ('' when the owner's index is walked to its end)}, or {-1, cursor}
 -- when another shift holds the lock (nothing done: try the same chunk again).
+-- Bound: at most ARGV[7] tasks per call; the caller walks on from the returned cursor.
 local channel, shard, owner, shift, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3],
   tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
 local lock, me = KEYS[K_FIRST], ARGV[8]

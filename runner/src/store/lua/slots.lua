@@ -11,6 +11,8 @@
 --   'give' holder -> the waiting run popped to be woken (`id\tcreated`), or false when none waits
 --   'wait' run (`id\tcreated`), max, due -> 1 when a slot is free now (the caller wakes the run
 --          itself), else 0 with the run added to the waiting
+-- Bound: O(log n) in the plugin's slots and waiting runs, plus the expired slots it drops (each run
+--  takes one).
 local key, waiting, op = KEYS[1], KEYS[2], ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

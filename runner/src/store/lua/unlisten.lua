@@ -4,6 +4,7 @@
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: U messages (see `extras`).
 -- Returns how many listeners were let go.
+-- Bound: the U messages of the call, each one field's list of listeners (its length).
 local gone = 0
 for i = 1, #ARGV do
   local topic, key, task, stamp = string.match(ARGV[i], '^U([^\30]*)\30([^\30]*)\30([^\30]*)\30(.*)$')
