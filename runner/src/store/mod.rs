@@ -259,6 +259,31 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
     (h % u64::from(shards)) as u32
 }
 
+/// `ix` (indexes into `tasks`, one shard's) cut into calls of at most `max_tasks` tasks and about
+/// `max_bytes` of payloads, in order: a task larger than the bound goes alone. What one script
+/// call costs Redis then depends on those bounds, never on how much one request brings.
+pub(crate) fn calls_by_size<'a>(
+    tasks: &[NewTask],
+    ix: &'a [usize],
+    max_tasks: usize,
+    max_bytes: usize,
+) -> Vec<&'a [usize]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (j, &i) in ix.iter().enumerate() {
+        let size = tasks[i].payload.len();
+        if j > start && (j - start == max_tasks || bytes + size > max_bytes) {
+            out.push(&ix[start..j]);
+            (start, bytes) = (j, 0);
+        }
+        bytes += size;
+    }
+    if start < ix.len() {
+        out.push(&ix[start..]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,29 +331,4 @@ mod tests {
         );
         assert!(RedisTarget::parse("http://x").is_err());
     }
-}
-
-/// `ix` (indexes into `tasks`, one shard's) cut into calls of at most `max_tasks` tasks and about
-/// `max_bytes` of payloads, in order: a task larger than the bound goes alone. What one script
-/// call costs Redis then depends on those bounds, never on how much one request brings.
-pub(crate) fn calls_by_size<'a>(
-    tasks: &[NewTask],
-    ix: &'a [usize],
-    max_tasks: usize,
-    max_bytes: usize,
-) -> Vec<&'a [usize]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (j, &i) in ix.iter().enumerate() {
-        let size = tasks[i].payload.len();
-        if j > start && (j - start == max_tasks || bytes + size > max_bytes) {
-            out.push(&ix[start..j]);
-            (start, bytes) = (j, 0);
-        }
-        bytes += size;
-    }
-    if start < ix.len() {
-        out.push(&ix[start..]);
-    }
-    out
 }

@@ -138,7 +138,7 @@ impl Store {
         });
         // runs of consecutive tasks sharing max_attempts, plugin and unique_for_ms: those
         // are sent once per run (the order of the tasks is kept: a later one of an id wins)
-        let mut rest = &ix[..];
+        let mut rest = ix;
         while let Some(&first) = rest.first() {
             let f = &tasks[first];
             let len = rest
