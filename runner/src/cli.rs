@@ -171,31 +171,28 @@ pub async fn run(cmd: Command) -> Result<()> {
 /// parameters (`POST /v1/plugins/orders/promote`, `?force=true`), a CLI user types commands.
 fn in_cli_terms(message: &str, error: &Value) -> String {
     let mut m = message.to_owned();
-    // `POST /v1/plugins/NAME/promote` (the version refused is in the error's details)
-    if let Some(at) = m.find("POST /v1/plugins/")
-        && let Some(len) = m[at..].find("/promote")
-    {
-        let name = m[at + "POST /v1/plugins/".len()..at + len].to_owned();
-        let version = error["version"]
-            .as_u64()
-            .map_or("VERSION".into(), |v| v.to_string());
-        m.replace_range(
-            at..at + len + "/promote".len(),
-            &format!("`eggtimer plugin promote {name} {version}`"),
-        );
-    }
-    // `DELETE /v1/plugins/NAME?tasks=cancel`
-    if let Some(at) = m.find("DELETE /v1/plugins/")
-        && let Some(len) = m[at..].find("?tasks=cancel")
-    {
-        let name = m[at + "DELETE /v1/plugins/".len()..at + len].to_owned();
-        m.replace_range(
-            at..at + len + "?tasks=cancel".len(),
-            &format!("`eggtimer plugin delete {name} --cancel-tasks`"),
-        );
-    }
+    // the version refused is in the error's details
+    let version = error["version"]
+        .as_u64()
+        .map_or("VERSION".into(), |v| v.to_string());
+    route_to_command(&mut m, "POST /v1/plugins/", "/promote", |name| {
+        format!("`eggtimer plugin promote {name} {version}`")
+    });
+    route_to_command(&mut m, "DELETE /v1/plugins/", "?tasks=cancel", |name| {
+        format!("`eggtimer plugin delete {name} --cancel-tasks`")
+    });
     m.replace("with ?force=true", "with --force")
         .replace("name one with ?plugin=", "name one with --plugin PLUGIN")
+}
+
+/// Replaces the first `<before>NAME<after>` in `m` with `command(NAME)`.
+fn route_to_command(m: &mut String, before: &str, after: &str, command: impl Fn(&str) -> String) {
+    if let Some(at) = m.find(before)
+        && let Some(len) = m[at..].find(after)
+    {
+        let name = m[at + before.len()..at + len].to_owned();
+        m.replace_range(at..at + len + after.len(), &command(&name));
+    }
 }
 
 /// Prints a reply (nothing for an empty one): as a table, or as JSON.
