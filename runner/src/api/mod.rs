@@ -19,6 +19,7 @@ pub use dry_run::reply as dry_run_reply;
 mod cursor;
 mod dead;
 pub(crate) mod doc;
+mod document;
 mod error;
 mod events;
 mod find;
@@ -34,6 +35,7 @@ mod settings;
 mod sources;
 mod stats;
 mod task_ref;
+mod task_spec;
 mod tasks;
 mod ui;
 
@@ -99,7 +101,7 @@ pub struct AppState {
 /// and `GET /v1/openapi.json` describing exactly those.
 pub fn router(state: AppState) -> Router {
     let (router, doc) = documented(state.clone());
-    let doc = Arc::new(doc::finish(doc));
+    let doc = Arc::new(document::finish(doc));
     router
         .route(
             "/v1/openapi.json",
@@ -127,7 +129,7 @@ pub fn documented(state: AppState) -> (Router<AppState>, utoipa::openapi::OpenAp
             (state, Arc::new(roles)),
             auth::guard,
         ));
-    OpenApiRouter::with_openapi(doc::ApiDoc::openapi())
+    OpenApiRouter::with_openapi(document::ApiDoc::openapi())
         .merge(v1)
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))

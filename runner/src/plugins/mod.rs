@@ -15,6 +15,7 @@
 //! Architecture invariant: a plugin never reaches Redis; it asks the host, and the host turns its
 //! asks into [`Effects`](crate::executor::Effects) that the executor commits before the outcome.
 
+mod addresses;
 mod compiler;
 mod engine;
 mod host;
@@ -42,8 +43,9 @@ use tracing::{info, warn};
 
 pub use compiler::{CompileLimits, compile_child};
 
+pub use addresses::is_public;
 pub use host::{Asked, Budget, derive_id, valid_topic};
-pub use http::{MAX_ALLOWED_HOSTS, Response as HttpAnswer, is_public, valid_origin};
+pub use http::{MAX_ALLOWED_HOSTS, Response as HttpAnswer, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
 pub use registry::{PluginVersion, Prepared, Registry, UploadError, valid_plugin_name};
 pub use sandbox::{CheckError, DryRun, Verdicts};

@@ -21,12 +21,14 @@ mod find;
 mod inspect;
 mod keys;
 mod layout;
+mod plugin_entry;
 mod plugins;
 mod pubsub;
 mod quota;
 mod record;
 mod recurring;
 mod runners;
+mod schedule;
 pub use runners::RunnerInfo;
 mod scripts;
 mod secrets;
@@ -48,7 +50,7 @@ pub use events::{Debounced, Event, Met, OUTBOX_GRACE_MS, Published, event_shard}
 pub use extras::{DEFAULT_LOOKBACK_MS, Extras, Listener, Then, Window};
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
-pub use plugins::{
+pub use plugin_entry::{
     Ceilings, PluginEntry, PluginSettings, Promoted, RateLimit, SlotWaiter, SlotsOf,
 };
 pub use pubsub::{Heard, Subscription};
