@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, now_ms, post_tasks, read_events, read_events_timed,
-    runner_fast_retry as start, wait_state,
+    RedisServer, call, eventually, fired_by, now_ms, post_tasks, read_events, read_events_timed,
+    runner_fast_retry as start, runners_holding_shards, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -336,7 +336,8 @@ async fn max_concurrency_holds_across_two_runners() {
         (a["max_concurrency"] == 2).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // both claim: one runner alone would hold the limit without any agreement between them
+    runners_holding_shards(&r1.url, 2).await;
     let specs: Vec<Value> = (0..16)
         .map(|i| json!({"plugin": "test-sleep", "id": format!("s{i}"), "payload": {"ms": 300, "tag": format!("s{i}")}}))
         .collect();
@@ -382,6 +383,14 @@ async fn max_concurrency_holds_across_two_runners() {
     assert!(
         sleeps.iter().all(|t| t["attempts"] == 1),
         "waiting for a slot used no attempt"
+    );
+    let (one, two) = (
+        fired_by(&r1.url, "test-sleep").await,
+        fired_by(&r2.url, "test-sleep").await,
+    );
+    assert!(
+        one > 0.0 && two > 0.0 && one + two == 16.0,
+        "each runner ran some of the 16: {one} and {two}"
     );
 }
 

@@ -247,13 +247,7 @@ async fn tasks_scheduled_right_after_an_upload_wait_for_runners_still_loading_it
             cache.to_str().unwrap(),
         ],
     );
-    eggtimer_tests::eventually(T, "both runners holding shards", || async {
-        let (_, rs) = call("GET", &format!("{}/v1/runners", a.url), None).await;
-        let rs = rs.as_array()?;
-        let holding = |r: &serde_json::Value| r["shards"].as_array().is_some_and(|s| !s.is_empty());
-        (rs.len() == 2 && rs.iter().all(holding)).then_some(())
-    })
-    .await;
+    eggtimer_tests::runners_holding_shards(&a.url, 2).await;
     let (s, body) = upload(&a.url, "late-py", plugin_wasm("coupon-expiry-py")).await;
     assert_eq!(s, 201, "{body}");
     let specs: Vec<serde_json::Value> = (0..32)

@@ -210,13 +210,29 @@ async fn a_rolling_restart_under_load_loses_nothing_and_runs_nothing_twice() {
     stop.store(true, Ordering::Relaxed);
     let ids = generator.await.unwrap();
     let (missing, duplicates) = settle(&redis, &store, &ids, Duration::from_secs(30)).await;
+    // A second run of a task would write no second event (its effects are committed once), but
+    // every claim counts an attempt, and these tasks never fail: more than one is a second run.
+    let mut reruns = Vec::new();
+    for id in &ids {
+        let key = eggtimer::store::task_key("coupon-expiry", id);
+        let t = store.get(&key).await.unwrap();
+        let attempts = t.as_ref().map_or(0, |t| t.attempts);
+        if attempts != 1 {
+            reruns.push((id.clone(), attempts));
+        }
+    }
     eprintln!(
-        "rolling restart: {} tasks, missing {}, duplicates {duplicates}",
+        "rolling restart: {} tasks, missing {}, duplicate events {duplicates}, run other than once {}",
         ids.len(),
-        missing.len()
+        missing.len(),
+        reruns.len()
     );
     assert!(missing.is_empty(), "missing: {missing:?}");
     assert_eq!(duplicates, 0);
+    assert!(
+        reruns.is_empty(),
+        "(task, attempts) not run once: {reruns:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

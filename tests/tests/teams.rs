@@ -469,13 +469,14 @@ async fn metrics_read_redis_at_most_once_a_second_and_can_ask_for_a_token() {
         .arg("commandstats")
         .query(&mut c)
         .unwrap();
+    // no HVALS line at all means no read: the first scrape reads every shard once
     let hvals: u64 = info
         .lines()
         .find_map(|l| l.strip_prefix("cmdstat_hvals:calls="))
         .and_then(|rest| rest.split(',').next()?.parse().ok())
         .unwrap_or(0);
     assert!(
-        hvals <= shards * (seconds + 1),
+        (shards..=shards * (seconds + 1)).contains(&hvals),
         "{scrapes} scrapes in {seconds} s read every shard {hvals} times ({shards} shards)"
     );
 }
