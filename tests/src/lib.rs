@@ -31,7 +31,7 @@ pub use redis_server::RedisServer;
 pub use released::released_eggtimer;
 pub use runner_process::RunnerProcess;
 pub use sentinel::Sentinels;
-pub use starts::{fired_by, runners_holding_shards, starts, upload_start_reporter};
+pub use starts::{both_ran, runners_holding_shards, starts, upload_start_reporter};
 pub use store::{
     claim_when_due, due_entries, find_all, found_ids, key, layout_of, noop_task,
     store_keeping_done, store_on,

@@ -41,8 +41,14 @@ pub async fn runners_holding_shards(base: &str, n: usize) {
     .await;
 }
 
-/// How many of `plugin`'s tasks the runner at `base` fired itself (its own `/metrics`).
-pub async fn fired_by(base: &str, plugin: &str) -> f64 {
+/// Asserts that each of the two runners at `a` and `b` ran some of `plugin`'s tasks and that
+/// together they ran `n` (each runner's own count, from its `/metrics`).
+pub async fn both_ran(a: &str, b: &str, plugin: &str, n: u32) {
     let series = format!("eggtimer_tasks_fired_total{{plugin=\"{plugin}\"}}");
-    metric(base, &series).await.unwrap_or(0.0)
+    let one = metric(a, &series).await.unwrap_or(0.0);
+    let two = metric(b, &series).await.unwrap_or(0.0);
+    assert!(
+        one > 0.0 && two > 0.0 && one + two == f64::from(n),
+        "each runner ran some of the {n}: {one} and {two}"
+    );
 }

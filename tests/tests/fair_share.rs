@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, fired_by, metric, now_ms, plugin_wasm, post_tasks as schedule,
+    RedisServer, both_ran, call, eventually, metric, now_ms, plugin_wasm, post_tasks as schedule,
     read_events, read_events_timed, runner_fast_retry as start, runners_holding_shards, starts,
     upload, upload_start_reporter, wait_state,
 };
@@ -351,14 +351,7 @@ async fn max_concurrency_per_owner_holds_each_owners_runs_across_two_runners() {
         let t = wait_state(base, id, "done", T).await;
         assert_eq!(t["attempts"], 1, "{t}");
     }
-    let (one, two) = (
-        fired_by(base, "test-sleep").await,
-        fired_by(&second.url, "test-sleep").await,
-    );
-    assert!(
-        one > 0.0 && two > 0.0 && one + two == 20.0,
-        "each runner ran some of the 20: {one} and {two}"
-    );
+    both_ran(base, &second.url, "test-sleep", 20).await;
 }
 
 #[tokio::test]
@@ -443,14 +436,7 @@ async fn a_rate_limit_holds_across_two_runners_and_waiting_uses_no_attempt() {
         let t = wait_state(base, &format!("r{i}"), "done", T).await;
         assert_eq!(t["attempts"], 1, "{t}");
     }
-    let (one, two) = (
-        fired_by(base, "test-sleep").await,
-        fired_by(&second.url, "test-sleep").await,
-    );
-    assert!(
-        one > 0.0 && two > 0.0 && one + two == 20.0,
-        "each runner ran some of the 20: {one} and {two}"
-    );
+    both_ran(base, &second.url, "test-sleep", 20).await;
     // null lifts it
     let (s, p) = call(
         "PATCH",

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use eggtimer_tests::{
-    RedisServer, call, eventually, fired_by, now_ms, post_tasks, read_events, read_events_timed,
+    RedisServer, both_ran, call, eventually, now_ms, post_tasks, read_events, read_events_timed,
     runner_fast_retry as start, runners_holding_shards, wait_state,
 };
 use serde_json::{Value, json};
@@ -384,14 +384,7 @@ async fn max_concurrency_holds_across_two_runners() {
         sleeps.iter().all(|t| t["attempts"] == 1),
         "waiting for a slot used no attempt"
     );
-    let (one, two) = (
-        fired_by(&r1.url, "test-sleep").await,
-        fired_by(&r2.url, "test-sleep").await,
-    );
-    assert!(
-        one > 0.0 && two > 0.0 && one + two == 16.0,
-        "each runner ran some of the 16: {one} and {two}"
-    );
+    both_ran(&r1.url, &r2.url, "test-sleep", 16).await;
 }
 
 /// unique_for_ms: after a task finished, scheduling its id again inside the window is 409
