@@ -268,6 +268,30 @@ pub fn variant(wasm: &[u8], n: usize) -> Vec<u8> {
     out
 }
 
+/// The same component with a custom section of `bytes` zero bytes appended: a binary as large
+/// as a test needs that still loads and runs as the original does.
+pub fn padded(wasm: &[u8], bytes: usize) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"eggtimer-test-padding";
+    let mut out = wasm.to_vec();
+    out.push(0); // custom section
+    leb128(1 + name.len() + bytes, &mut out);
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.resize(out.len() + bytes, 0);
+    out
+}
+
 /// The `id`s of a JSON array of tasks, sorted.
 pub fn sorted_ids(tasks: &serde_json::Value) -> Vec<String> {
     let mut ids: Vec<String> = tasks

@@ -177,6 +177,66 @@ async fn a_runner_aborted_between_the_scripts_of_an_event_leaves_nothing_undone_
     }
 }
 
+/// A runner aborted (as by kill -9) while it hands one event to 1,200 listeners, after the first
+/// call of at most 500 of them was delivered: the next runner's sweeper hands the event to the
+/// rest; every task runs once, with the event, and no listener or message is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_aborted_midway_through_an_events_listeners_leaves_the_rest_to_the_next() {
+    let redis = RedisServer::start();
+    let mut a = RunnerProcess::start_with_env(
+        &redis.url(),
+        &["--token", ADMIN],
+        &[("EGGTIMER_FAILPOINT", "events-drained")],
+    );
+    let (s, up) = upload_as(&a.url, ADMIN, "bench-record", plugin_wasm("bench-record")).await;
+    assert_eq!(s, 201, "{up}");
+    let n = 1_200;
+    for from in (0..n).step_by(400) {
+        let specs: Vec<Value> = (from..from + 400)
+            .map(|i| listening(&format!("d-{i}"), "drain", "all", "run"))
+            .collect();
+        let (s, e) = admin("POST", &a.url, "/v1/tasks", Some(Value::Array(specs))).await;
+        assert_eq!(s, 201, "{e}");
+    }
+    let published = reqwest::Client::new()
+        .post(format!("{}/v1/events/drain", a.url))
+        .bearer_auth(ADMIN)
+        .json(&json!({"key": "all", "data": {"to": "all"}}))
+        .send()
+        .await;
+    assert!(
+        published.is_err(),
+        "the runner should have died handing it over"
+    );
+    let died = std::time::Instant::now() + T;
+    while !a.child_exited() {
+        assert!(std::time::Instant::now() < died, "the runner did not die");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ran_before = runs(&redis).len();
+    assert!(ran_before <= 500, "{ran_before} ran before the abort");
+    let _b = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let all = eventually(T, "every listener to run", || async {
+        let all = runs(&redis);
+        (all.len() == n).then_some(all)
+    })
+    .await;
+    let twice = all.values().filter(|v| v.len() > 1).count();
+    let without = all
+        .values()
+        .filter(|v| v[0]["event"]["data"] != json!({"to": "all"}))
+        .count();
+    assert_eq!((twice, without), (0, 0), "ran twice, ran without the event");
+    eventually(T, "no drain, listener or message left", || async {
+        let drains: Vec<String> = redis::cmd("KEYS")
+            .arg("{eggtimer:*}:listeners:*")
+            .query(&mut redis.conn())
+            .unwrap();
+        (drains.is_empty() && outboxes_empty(&redis)).then_some(())
+    })
+    .await;
+}
+
 /// Redis killed -9 while events flow (every write fsynced: `appendfsync always`) and started
 /// again from its append-only file, the runner living on: what it acknowledged survived, the
 /// publisher sends again what was not acknowledged, and every task runs once with its event.

@@ -3,7 +3,9 @@
 //! in its own; what one shard owes another is a message in its `outbox`, written by the script
 //! that made it owed and deleted here once delivered. Delivery is at once by the caller, and
 //! after [`OUTBOX_GRACE_MS`] by [`Store::sweep_outbox`] when the caller died. Every message's
-//! effect is idempotent, so one delivered twice acts once.
+//! effect is idempotent, so one delivered twice acts once. An event for more listeners than one
+//! script hands over is a drain: its listeners are taken aside and handed it a call at a time
+//! (`lua/drain.lua`), by the caller, or by the sweeper when the caller died.
 
 use std::collections::BTreeMap;
 
@@ -154,15 +156,19 @@ impl Store {
             let unmatched = int(&v[1])? as u64;
             Ok::<_, anyhow::Error>((shard, stored, unmatched, strings(&v[2..])?))
         });
-        let recorded = try_join_all(calls).await?;
+        let mut recorded = try_join_all(calls).await?;
         let mut out = Published::default();
         let mut ds = Vec::new();
-        for (_, stored, unmatched, d) in &recorded {
-            out.stored += stored;
-            out.unmatched += unmatched;
+        let mut drains = Vec::new();
+        for (shard, stored, unmatched, d) in &mut recorded {
+            out.stored += *stored;
+            out.unmatched += *unmatched;
+            // an event for more listeners than one call hands over: a drain (P) of its own
+            let at = d.iter().position(|m| m.starts_with('P')).unwrap_or(d.len());
+            drains.extend(d.split_off(at).into_iter().map(|p| (*shard, p)));
             ds.extend(d.iter().cloned());
         }
-        if ds.is_empty() {
+        if ds.is_empty() && drains.is_empty() {
             return Ok(out);
         }
         crate::failpoint::hit("events-recorded");
@@ -174,7 +180,35 @@ impl Store {
                 .map(|(shard, _, _, d)| self.outbox_done(*shard, d)),
         )
         .await?;
+        for (shard, p) in drains {
+            out.acted += self.drain(shard, &p).await?;
+        }
         Ok(out)
+    }
+
+    /// Hands an event to the listeners a publish took aside (its P message on the event shard
+    /// `shard`), `lua/drain.lua`'s number at a time, until none is left; how many tasks it
+    /// cancelled or started. A caller that dies midway leaves the rest to the outbox sweeper.
+    async fn drain(&self, shard: u32, p: &str) -> Result<u64> {
+        let mut acted = 0;
+        loop {
+            let v: Vec<Value> = self
+                .shard_script(&self.inner.scripts.drain, shard)
+                .arg(p)
+                .invoke_async(&mut self.conn())
+                .await
+                .context("drain script")?;
+            let done = string(v.first().context("an empty drain reply")?)? == "1";
+            let ds = strings(&v[1..])?;
+            if !ds.is_empty() {
+                acted += self.deliver(&ds).await?.acted;
+                self.outbox_done(shard, &ds).await?;
+                crate::failpoint::hit("events-drained");
+            }
+            if done {
+                return Ok(acted);
+            }
+        }
     }
 
     /// Strikes delivered messages from a shard's outbox.
@@ -307,6 +341,18 @@ impl Store {
             .await?;
         let n = msgs.len();
         self.deliver_from(shard, msgs).await?;
+        let drains: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(k.drains())
+            .arg("-inf")
+            .arg(now - OUTBOX_GRACE_MS)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(SWEEP_CHUNK)
+            .query_async(&mut self.conn())
+            .await?;
+        for p in &drains {
+            self.drain(shard, p).await?;
+        }
         // no events: the script only drops expired ones
         let mut inv = self.shard_script(&self.inner.scripts.publish, shard);
         let _: Vec<Value> = inv

@@ -45,7 +45,10 @@ pub struct ShardKeys {
     /// ZSET message -> time: what this shard owes another (listen, deliver, unlisten; see
     /// `lua/lib/extras.lua`).
     pub outbox: String,
-    /// HASH `topic\x1fkey` -> the tasks listening for that event (in the event's shard).
+    /// HASH `topic\x1fkey` -> the tasks listening for that event (in the event's shard), up
+    /// to eight; more are in a hash of their own, `<listeners>:<topic\x1fkey>`, and an event's
+    /// listeners taken aside to be handed it in several calls in `<listeners>:d:<event id>`
+    /// (see `lua/lib/extras.lua`).
     pub listeners: String,
     /// HASH `topic\x1fkey` -> `time\x1e<event JSON>`: the latest event, kept for the lookback.
     pub events: String,
@@ -54,6 +57,11 @@ pub struct ShardKeys {
 }
 
 impl ShardKeys {
+    /// ZSET P message -> time: the events still being handed to listeners taken aside.
+    pub fn drains(&self) -> String {
+        format!("{}:drains", self.listeners)
+    }
+
     /// A due bucket's key (its name from `duex`).
     pub fn due_bucket(&self, name: &str) -> String {
         format!("{}:{name}", self.duex)
@@ -192,6 +200,12 @@ impl Keys {
     /// A plugin binary by content digest.
     pub fn plugin_blob(&self, digest: &str) -> String {
         format!("{}{digest}", self.plugin_blob_prefix())
+    }
+
+    /// An upload's bytes while they are sent in pieces, before the store script takes them as
+    /// the blob of `digest` (STRING with a time to live; `nonce` tells two uploads apart).
+    pub fn plugin_staging(&self, digest: &str, nonce: u64) -> String {
+        format!("{{{}}}:plugin:staging:{digest}:{nonce:016x}", self.ns)
     }
 
     /// What every blob key starts with.

@@ -4,11 +4,22 @@
 use std::collections::HashMap;
 
 use super::{PluginEntry, PluginSettings, Promoted, RateLimit, SlotWaiter, SlotsOf, Store};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+
+/// A plugin binary goes to Redis, and comes back, in commands of at most this many bytes each,
+/// so no command holds Redis long whatever size the binary has (a 60 MB binary in one script
+/// call held Redis 185–526 ms; a GET of it copies all of it into one reply).
+pub const BLOB_PIECE: usize = 1 << 20;
+
+/// How long an upload's pieces wait for the store script before Redis drops them (a runner
+/// killed between the pieces and the script leaves nothing for longer).
+const STAGING_TTL_MS: u64 = 10 * 60 * 1000;
 
 impl Store {
     /// Stores `wasm` as the new current version of `name` (or finds it is current already);
-    /// returns (version, created).
+    /// returns (version, created). The bytes go first, in pieces of [`BLOB_PIECE`], to a key of
+    /// their own that expires; the store script then takes that key as the blob (a rename) or
+    /// drops it when the blob is there already.
     pub async fn plugin_put(
         &self,
         name: &str,
@@ -19,6 +30,23 @@ impl Store {
         candidate: bool,
     ) -> Result<(u64, bool)> {
         let k = self.keys();
+        let staging = k.plugin_staging(digest, rand::random());
+        let mut conn = self.conn();
+        for (i, piece) in wasm.chunks(BLOB_PIECE).enumerate() {
+            let cmd = if i == 0 {
+                let mut c = redis::cmd("SET");
+                c.arg(&staging).arg(piece).arg("PX").arg(STAGING_TTL_MS);
+                c
+            } else {
+                let mut c = redis::cmd("APPEND");
+                c.arg(&staging).arg(piece);
+                c
+            };
+            let _: redis::Value = cmd
+                .query_async(&mut conn)
+                .await
+                .context("sending a plugin's bytes")?;
+        }
         let (version, created): (u64, u8) = self
             .inner
             .scripts
@@ -27,11 +55,12 @@ impl Store {
             .key(k.plugin_history(name))
             .key(k.plugin_blob(digest))
             .key(k.plugin_seq())
+            .key(&staging)
             .arg(name)
             .arg(digest)
             .arg(wasm.len())
             .arg(uploaded_at)
-            .arg(wasm)
+            .arg("")
             .arg(k.plugins_channel())
             .arg(self.inner.opts.keep_versions.max(1))
             .arg(k.plugin_history_prefix())
@@ -209,13 +238,40 @@ impl Store {
             .collect())
     }
 
+    /// The binary of `digest` (None: no such blob), read in pieces of [`BLOB_PIECE`], one
+    /// command after another. Blobs never change (a digest names its bytes); one deleted while
+    /// it is read is None too.
     pub async fn plugin_blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
-        let b: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(self.keys().plugin_blob(digest))
-            .query_async(&mut self.conn())
+        let key = self.keys().plugin_blob(digest);
+        let mut conn = self.conn();
+        let len: usize = redis::cmd("STRLEN")
+            .arg(&key)
+            .query_async(&mut conn)
             .await
-            .context("reading a plugin binary")?;
-        Ok(b)
+            .context("reading a plugin binary's size")?;
+        if len == 0 {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let end = (out.len() + BLOB_PIECE).min(len) - 1;
+            let piece: Vec<u8> = redis::cmd("GETRANGE")
+                .arg(&key)
+                .arg(out.len())
+                .arg(end)
+                .query_async(&mut conn)
+                .await
+                .context("reading a plugin binary")?;
+            if piece.len() != end + 1 - out.len() {
+                // deleted (or, against every rule, changed) while read
+                return Ok(None);
+            }
+            out.extend_from_slice(&piece);
+        }
+        if out.len() != len {
+            bail!("a plugin binary read as {} bytes, not {len}", out.len());
+        }
+        Ok(Some(out))
     }
 
     /// The settings of every plugin that has any.

@@ -90,6 +90,7 @@ scripts! {
     listen: "listen",
     deliver: "deliver",
     unlisten: "unlisten",
+    drain: "drain",
     claim: "claim",
     renew: "renew",
     finish: "finish",

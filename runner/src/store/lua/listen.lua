@@ -6,9 +6,8 @@
 -- A listener whose event is stored here since its `since` matches at once (a D message
 -- returned, not registered); else it joins `listeners` (once, however often it is sent).
 -- Returns {D message...}.
--- Bound: the L messages of the call (one schedule call's listeners, at most 8 per task). A listener
---  joining a topic and key that many tasks listen on copies that field's list of listeners (its
---  length): bounded by the tasks listening, not yet by the call.
+-- Bound: the L messages of the call (one schedule call's listeners, at most 8 per task), each an
+--  inline list of at most LISTEN_INLINE listeners or one HSET (see `extras`).
 local out = {}
 for i = 1, #ARGV do
   local th, task, stamp, topic, key, since = string.match(ARGV[i],
@@ -22,11 +21,21 @@ for i = 1, #ARGV do
       out[#out + 1] = 'D' .. th .. '\30' .. task .. '\30' .. stamp .. '\30' .. topic .. '\30' .. key .. '\30' .. ev
     else
       local me = th .. '\30' .. task .. '\30' .. stamp
-      local ls = redis.call('HGET', K_LISTENERS, field)
-      if not ls then
-        redis.call('HSET', K_LISTENERS, field, me)
-      elseif not string.find('\29' .. ls .. '\29', '\29' .. me .. '\29', 1, true) then
-        redis.call('HSET', K_LISTENERS, field, ls .. '\29' .. me)
+      local sk = spill_key(field)
+      if redis.call('EXISTS', sk) == 1 then
+        redis.call('HSET', sk, task .. '\30' .. stamp, th)
+      else
+        local ls = redis.call('HGET', K_LISTENERS, field)
+        if not ls then
+          redis.call('HSET', K_LISTENERS, field, me)
+        elseif string.find('\29' .. ls .. '\29', '\29' .. me .. '\29', 1, true) then
+          -- listening already
+        elseif inline_count(ls) < LISTEN_INLINE then
+          redis.call('HSET', K_LISTENERS, field, ls .. '\29' .. me)
+        else
+          spill(field, ls)
+          redis.call('HSET', sk, task .. '\30' .. stamp, th)
+        end
       end
     end
   end

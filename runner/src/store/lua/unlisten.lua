@@ -4,13 +4,20 @@
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: U messages (see `extras`).
 -- Returns how many listeners were let go.
--- Bound: the U messages of the call, each one field's list of listeners (its length).
+-- Bound: the U messages of the call, each an inline list of at most LISTEN_INLINE listeners or
+--  one HDEL (see `extras`).
 local gone = 0
 for i = 1, #ARGV do
   local topic, key, task, stamp = string.match(ARGV[i], '^U([^\30]*)\30([^\30]*)\30([^\30]*)\30(.*)$')
   if topic then
     local field = topic .. '\31' .. key
     local ls = redis.call('HGET', K_LISTENERS, field)
+    if ls and inline_count(ls) > LISTEN_INLINE then
+      -- (0.2.0's lists had no bound: such a list moves to its hash, once)
+      spill(field, ls)
+      ls = nil
+    end
+    gone = gone + redis.call('HDEL', spill_key(field), task .. '\30' .. stamp)
     if ls then
       local keep = {}
       for l in string.gmatch(ls, '[^\29]+') do

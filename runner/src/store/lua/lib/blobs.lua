@@ -10,5 +10,6 @@ local function drop_unkept_blobs(dropped, plugins, history_prefix, blob_prefix)
       dropped[cjson.decode(e).digest] = nil
     end
   end
-  for d in pairs(dropped) do redis.call('DEL', blob_prefix .. d) end
+  -- (UNLINK: a binary of many MB is freed in the background)
+  for d in pairs(dropped) do redis.call('UNLINK', blob_prefix .. d) end
 end

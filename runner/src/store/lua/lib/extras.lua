@@ -32,11 +32,48 @@
 --                                        after `since` matches at once)
 --   D<c|r> task stamp topic key event    event shard -> task shard: an event reached a listener
 --   U topic key task stamp               task shard -> event shard: the task listens no more
+--
+-- The listeners of one topic and key (a `listeners` field) are kept in the field itself while
+-- there are at most LISTEN_INLINE of them (\29-separated `then \30 task \30 stamp`); past that,
+-- all of them move to a hash of their own, `spill_key(field)` (`task \30 stamp` -> then), where
+-- one joins or leaves in O(1) whatever the number listening. (0.2.0 kept any number in the
+-- field: the first script that adds to or takes from such a field moves them, once.) An event
+-- for more listeners than one call hands over (EVENT_LISTENERS_PER_CALL) takes them aside into
+-- `drain_key(event id)`, and a P message in `drains_key()` (message -> time) says so:
+--   P topic key event-id event           event shard: hand the event to the drain's listeners
+-- `drain.lua` hands it to the next EVENT_LISTENERS_PER_CALL of them per call (into the outbox,
+-- as D messages), and strikes the P message when none is left; the outbox sweeper takes over
+-- the drains of a caller that died.
 
 -- What a debounced task's window (and its next one) holds at most: payloads past either bound
 -- are only counted.
 local WINDOW_MAX = 1000
 local WINDOW_BYTES = 1048576
+
+local LISTEN_INLINE = 8
+local EVENT_LISTENERS_PER_CALL = 500
+local function spill_key(field) return K_LISTENERS .. ':' .. field end
+local function drain_key(event_id) return K_LISTENERS .. ':d:' .. event_id end
+local function drains_key() return K_LISTENERS .. ':drains' end
+
+-- How many listeners an inline list holds.
+local function inline_count(ls)
+  local _, n = string.gsub(ls, '\29', '')
+  return n + 1
+end
+
+-- Adds the listeners of an inline list to the hash `key` (`task \30 stamp` -> then).
+local function inline_into(key, ls)
+  local pairs_ = {}
+  for l in string.gmatch(ls, '[^\29]+') do push(pairs_, string.sub(l, 3), string.sub(l, 1, 1)) end
+  call_many('HSET', key, pairs_)
+end
+
+-- Moves a field's inline listeners (any number) into its own hash.
+local function spill(field, ls)
+  inline_into(spill_key(field), ls)
+  redis.call('HDEL', K_LISTENERS, field)
+end
 
 -- A record's last field as (marks before the extras, the extras or nil, the payload).
 local function split_last(last)
