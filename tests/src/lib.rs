@@ -18,6 +18,7 @@ mod cluster;
 pub mod events;
 pub mod guests;
 mod proxy;
+pub mod redis_log;
 mod redis_server;
 mod released;
 mod runner_process;

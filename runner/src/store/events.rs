@@ -22,6 +22,10 @@ pub const OUTBOX_GRACE_MS: i64 = 1_000;
 /// How many outbox messages one sweep of a shard reads.
 const SWEEP_CHUNK: usize = 500;
 
+/// Most messages one call of the listen, deliver or unlisten script takes: a schedule call's
+/// tasks may bring 8 listeners each, and each message is a task's or a listener's work.
+const DELIVER_CHUNK: usize = 500;
+
 /// One event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
@@ -276,7 +280,12 @@ impl Store {
                 }
             }
             let channel = self.keys().wake_channel();
-            let calls = groups.into_iter().map(|((kind, shard), ms)| {
+            let calls = groups.into_iter().flat_map(|((kind, shard), ms)| {
+                ms.chunks(DELIVER_CHUNK)
+                    .map(|c| (kind, shard, c.to_vec()))
+                    .collect::<Vec<_>>()
+            });
+            let calls = calls.map(|(kind, shard, ms)| {
                 let channel = channel.clone();
                 async move {
                     let script = match kind {

@@ -17,29 +17,34 @@
 --                   of their own); running tasks are left alone.
 -- Returns {count, next cursor}.
 -- Bound: at most `limit` index entries per call (the caller's chunk, `BULK_CHUNK`), each task's own
---  record, window and listeners.
+--  record and window; a cancel of the owner's tasks also stops once the tasks and the listeners
+--  they let go (a message each) reach `limit`.
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
 local count, earliest = 0, nil
 local now = now_ms()
 local members
--- Deletes a scheduled or dead task with all it holds (`forget`: its listeners go too).
-local function delete_task(id, t) forget(id, t, now) end
+-- Deletes a scheduled or dead task with all it holds (`forget`: its listeners go too); returns
+-- the work it was: 1, and 1 for each listener it let go.
+local function delete_task(id, t) return 1 + forget(id, t, now) end
 if op == 'cancel_owner' then
   local lo = '[' .. owner .. '\0'
   if cursor ~= '' then lo = '(' .. cursor end
   members = redis.call('ZRANGEBYLEX', K_BYOWNER, lo, '(' .. owner .. '\1', 'LIMIT', 0, limit)
-  for _, m in ipairs(members) do
+  local work = 0
+  for i, m in ipairs(members) do
     local id = string.match(m, '^[^%z]*%z[^%z]*%z(.*)$')
     local t = parse(redis.call('HGET', K_TASKS, id))
     if t and t.st == 's' and t.owner == owner then
       if plugin == '' or t.plugin == plugin then
-        delete_task(id, t)
+        work = work + delete_task(id, t)
         count = count + 1
       end
     else
       redis.call('ZREM', K_BYOWNER, m) -- a stale index entry: repair
     end
+    -- listening tasks weigh more: the next chunk goes on after this member
+    if work >= limit and i < #members then return { count, m } end
   end
   return chunk_done(count, members, limit)
 end

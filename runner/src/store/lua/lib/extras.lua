@@ -193,19 +193,19 @@ end
 -- the next window's task, due `quiet` ms from now (never past their first + max_wait). `t` is
 -- its record, parsed. (A dead one keeps them, and the next schedule of its key takes them into
 -- its window: see `debounce.lua`.) The record and lists of a cancelled or replaced one go with
--- `forget`.
+-- `forget`. Returns how many listeners it let go.
 local function record_ended(id, t, now, done)
   local head, ex, payload = split_last(t.payload)
-  if not ex then return end
+  if not ex then return 0 end
   local list = entries_of(ex)
   local msgs = {}
   unlisten_msgs(id, list, msgs)
   outbox_add(now, msgs)
   local q = entry(list, 'q')
-  if not q or not done then return end
+  if not q or not done then return #msgs end
   if entry(list, 'n') then list = lift(id, list) end
   local count, bytes = held(list, 'N')
-  if count == 0 or redis.call('EXISTS', next_key(id)) == 0 then return end
+  if count == 0 or redis.call('EXISTS', next_key(id)) == 0 then return #msgs end
   local wk = window_key(id)
   redis.call('UNLINK', wk) -- the ended window's (freed in the background)
   redis.call('RENAME', next_key(id), wk)
@@ -221,6 +221,7 @@ local function record_ended(id, t, now, done)
     owner = t.owner, err = '', payload = join_last(head, n, last) }
   redis.call('HSET', K_TASKS, id, encode(nt))
   index_scheduled(id, nt)
+  return #msgs
 end
 
 -- Deletes a scheduled, dead or done task (cancelled, replaced, dropped, its plugin deleted): its
@@ -229,10 +230,12 @@ end
 -- dedup window either; a done one's entry in `finished` finds no record and is passed over).
 -- Every path that deletes a task goes through here, so none leaks what the task held, but the
 -- trim of done records past their retention (`forget_done`, which drops their windows itself).
+-- Returns how many listeners it let go.
 local function forget(id, t, now)
+  local let_go = 0
   if t.st == 's' then
     unindex_scheduled(id, t)
-    record_ended(id, t, now, false)
+    let_go = record_ended(id, t, now, false)
     redis.call('ZREM', K_UNIQUE, id)
   elseif t.st == 'x' then
     unindex_dead(id, t)
@@ -243,4 +246,5 @@ local function forget(id, t, now)
   if string.find(t.payload, '\28', 1, true) then
     redis.call('UNLINK', window_key(id), next_key(id))
   end
+  return let_go
 end
