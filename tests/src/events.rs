@@ -10,7 +10,13 @@ use crate::{RedisServer, RunnerProcess, plugin_wasm};
 
 /// A runner (the admin token `ADMIN`) with `bench-record` uploaded.
 pub async fn recorder_runner(redis: &RedisServer) -> RunnerProcess {
-    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    recorder_runner_with(redis, &[]).await
+}
+
+/// [`recorder_runner`] started with more flags (`--shards 1`, say).
+pub async fn recorder_runner_with(redis: &RedisServer, flags: &[&str]) -> RunnerProcess {
+    let args: Vec<&str> = ["--token", ADMIN].iter().chain(flags).copied().collect();
+    let r = RunnerProcess::start(&redis.url(), &args);
     let (s, up) = upload_as(&r.url, ADMIN, "bench-record", plugin_wasm("bench-record")).await;
     assert_eq!(s, 201, "{up}");
     r

@@ -100,16 +100,23 @@ pub struct ScriptCall {
     pub args: usize,
 }
 
-/// The calls of the eggtimer function whose name starts with `function` that Redis logged
-/// since [`log_every_call`] (see [`logged`]).
-pub fn script_calls(conn: &mut redis::Connection, function: &str) -> Vec<ScriptCall> {
-    logged(conn)
-        .into_iter()
+/// The calls among `calls` of the eggtimer function whose name starts with `function`.
+pub fn calls_of<'a>(calls: &'a [Logged], function: &str) -> Vec<&'a Logged> {
+    calls
+        .iter()
         .filter(|c| {
             c.shown.len() >= 2
                 && c.shown[0].eq_ignore_ascii_case("FCALL")
                 && c.shown[1].starts_with(function)
         })
+        .collect()
+}
+
+/// The calls of the eggtimer function whose name starts with `function` that Redis logged
+/// since [`log_every_call`] (see [`logged`]).
+pub fn script_calls(conn: &mut redis::Connection, function: &str) -> Vec<ScriptCall> {
+    calls_of(&logged(conn), function)
+        .into_iter()
         .map(|c| ScriptCall {
             micros: c.micros,
             args: c.args,

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use eggtimer_tests::as_key::{ADMIN, make_key, req, upload_as};
+use eggtimer_tests::as_key::{ADMIN, make_key, req};
+use eggtimer_tests::events::recorder_runner_with;
 use eggtimer_tests::{RedisServer, eventually};
 use serde_json::{Value, json};
 
@@ -15,19 +16,8 @@ use serde_json::{Value, json};
 #[tokio::test]
 async fn failed_requests_cant_push_a_change_out_of_the_audit() {
     let redis = RedisServer::start();
-    let r = eggtimer_tests::RunnerProcess::start(
-        &redis.url(),
-        &["--token", ADMIN, "--audit-max-len", "100"],
-    );
+    let r = recorder_runner_with(&redis, &["--audit-max-len", "100"]).await;
     let base = r.url.as_str();
-    let (s, up) = upload_as(
-        base,
-        ADMIN,
-        "bench-record",
-        eggtimer_tests::plugin_wasm("bench-record"),
-    )
-    .await;
-    assert_eq!(s, 201, "{up}");
     let (_, a) = make_key(base, "team-a", "developer", &["bench-record"]).await;
     let (_, b) = make_key(base, "team-b", "developer", &["other-*"]).await;
     let url = format!("{base}/v1/tasks");

@@ -5,9 +5,11 @@
 
 use std::time::Duration;
 
-use eggtimer_tests::as_key::{ADMIN, req, upload_as};
-use eggtimer_tests::events::{listening, outboxes_empty, recorder_runner as runner};
-use eggtimer_tests::redis_log::{Logged, keys, listener_entries, log_every_call, logged};
+use eggtimer_tests::as_key::{ADMIN, req};
+use eggtimer_tests::events::{
+    listening, outboxes_empty, recorder_runner as runner, recorder_runner_with,
+};
+use eggtimer_tests::redis_log::{calls_of, keys, listener_entries, log_every_call, logged};
 use eggtimer_tests::{RedisServer, eventually};
 use serde_json::{Value, json};
 
@@ -84,12 +86,7 @@ async fn an_event_for_thousands_of_listeners_goes_in_calls_of_500() {
         assert_eq!((s, &p["matched"]), (200, &json!(n)), "{p}");
     }
     let calls = logged(&mut conn);
-    let named = |f: &str| -> Vec<&Logged> {
-        calls
-            .iter()
-            .filter(|c| c.shown.len() > 1 && c.shown[1].starts_with(f))
-            .collect()
-    };
+    let named = |f: &str| calls_of(&calls, f);
     // 2,999 listeners: at least six calls of at most 500 (the sweeper may help a drain that
     // took longer than a second); 20: the publish's own
     let drains = named("eggtimer_drain").len();
@@ -120,17 +117,8 @@ async fn an_event_for_thousands_of_listeners_goes_in_calls_of_500() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_an_owners_listening_tasks_goes_in_calls_bounded_by_their_listeners() {
     let redis = RedisServer::start();
-    let r =
-        eggtimer_tests::RunnerProcess::start(&redis.url(), &["--token", ADMIN, "--shards", "1"]);
+    let r = recorder_runner_with(&redis, &["--shards", "1"]).await;
     let base = r.url.as_str();
-    let (s, up) = upload_as(
-        base,
-        ADMIN,
-        "bench-record",
-        eggtimer_tests::plugin_wasm("bench-record"),
-    )
-    .await;
-    assert_eq!(s, 201, "{up}");
     let url = format!("{base}/v1/tasks");
     for from in (0..1_000).step_by(250) {
         let specs: Value = (from..from + 250)
@@ -163,12 +151,7 @@ async fn cancelling_an_owners_listening_tasks_goes_in_calls_bounded_by_their_lis
     })
     .await;
     let calls = logged(&mut conn);
-    let of = |f: &str| -> Vec<&Logged> {
-        calls
-            .iter()
-            .filter(|c| c.shown.len() > 1 && c.shown[1].starts_with(f))
-            .collect()
-    };
+    let of = |f: &str| calls_of(&calls, f);
     // each task is 1 and 8 listeners: 55 tasks fill a call's 500, so 19 calls for the 1,000
     let bulk = of("eggtimer_bulk").len();
     assert!(bulk >= 18, "{bulk} calls of the bulk script");

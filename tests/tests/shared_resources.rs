@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use eggtimer_tests::as_key::{ADMIN, make_key, req, upload_as};
-use eggtimer_tests::events::{recorder_runner as runner, runs};
+use eggtimer_tests::events::{recorder_runner as runner, recorder_runner_with, runs};
 use eggtimer_tests::redis_log::{
     FAR_FROM_BUSY_MICROS, Logged, keys, log_every_call, logged, script_calls,
 };
@@ -90,17 +90,8 @@ async fn one_debounced_request_of_one_key_holds_redis_no_longer_than_a_short_cal
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_plain_batch_of_one_shard_holds_redis_no_longer_than_a_short_call() {
     let redis = RedisServer::start();
-    let r =
-        eggtimer_tests::RunnerProcess::start(&redis.url(), &["--token", ADMIN, "--shards", "1"]);
+    let r = recorder_runner_with(&redis, &["--shards", "1"]).await;
     let base = r.url.as_str();
-    let (s, up) = upload_as(
-        base,
-        ADMIN,
-        "bench-record",
-        eggtimer_tests::plugin_wasm("bench-record"),
-    )
-    .await;
-    assert_eq!(s, 201, "{up}");
     let (_, dev) = make_key(base, "team-a", "developer", &["bench-record"]).await;
     let mut conn = redis.conn();
     let url = format!("{base}/v1/tasks");

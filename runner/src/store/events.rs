@@ -339,27 +339,22 @@ impl Store {
     pub async fn sweep_outbox(&self, shard: u32) -> Result<usize> {
         let k = self.keys().shard(shard);
         let now = self.redis_time_ms().await?;
-        let msgs: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(&k.outbox)
-            .arg("-inf")
-            .arg(now - OUTBOX_GRACE_MS)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(SWEEP_CHUNK)
-            .query_async(&mut self.conn())
-            .await?;
+        // what a ZSET of message -> time has held past the grace, a sweep's worth
+        let orphaned = |key: String| async move {
+            redis::cmd("ZRANGEBYSCORE")
+                .arg(key)
+                .arg("-inf")
+                .arg(now - OUTBOX_GRACE_MS)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(SWEEP_CHUNK)
+                .query_async::<Vec<String>>(&mut self.conn())
+                .await
+        };
+        let msgs = orphaned(k.outbox.clone()).await?;
         let n = msgs.len();
         self.deliver_from(shard, msgs).await?;
-        let drains: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(k.drains())
-            .arg("-inf")
-            .arg(now - OUTBOX_GRACE_MS)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(SWEEP_CHUNK)
-            .query_async(&mut self.conn())
-            .await?;
-        for p in &drains {
+        for p in &orphaned(k.drains()).await? {
             self.drain(shard, p).await?;
         }
         // no events: the script only drops expired ones
