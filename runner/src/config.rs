@@ -202,6 +202,17 @@ pub struct ServeArgs {
     /// what Redis keeps of them for tasks' lookback. Past it a publish is 429 `event_budget`.
     #[arg(long, env = "EGGTIMER_EVENTS_MAX_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = parse_memory)]
     pub events_max_bytes: usize,
+    /// Most bytes of tasks the plugins of one team (the key that uploaded them; a plugin loaded
+    /// from the plugins directory is a team of its own) make Redis hold: payloads, listeners and
+    /// debounced payloads of scheduled, running, dead and kept done tasks. Past it scheduling is
+    /// 429 `task_budget`.
+    #[arg(long, env = "EGGTIMER_TEAM_TASK_BYTES", default_value_t = 64 * 1024 * 1024, value_parser = parse_budget)]
+    pub team_task_bytes: usize,
+    /// Most bytes one plugin's emitted streams hold together (entries' fields and values): a
+    /// stream a run writes drops its oldest entries to make room, as it does past
+    /// `--events-max-len` entries.
+    #[arg(long, env = "EGGTIMER_EMITTED_MAX_BYTES", default_value_t = 64 * 1024 * 1024, value_parser = parse_budget)]
+    pub emitted_max_bytes: usize,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,
@@ -363,6 +374,16 @@ pub fn parse_memory(s: &str) -> Result<usize, String> {
         Ok(n) if ((1 << 20)..=max).contains(&n) => Ok(n),
         _ => Err(format!(
             "{s:?} is not a number of bytes from 1048576 (1 MiB) to {max} (4 GiB)"
+        )),
+    }
+}
+
+/// Parses a budget of Redis memory: bytes, from 1 MiB to 1 TiB.
+pub fn parse_budget(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if ((1 << 20)..=(1 << 40)).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of bytes from 1048576 (1 MiB) to 1099511627776 (1 TiB)"
         )),
     }
 }

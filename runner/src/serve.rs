@@ -154,6 +154,8 @@ async fn serve(
         replica_ack_timeout_ms: args.replica_ack_timeout.as_millis().max(1) as u64,
         secrets_key: secrets_key(&args, private)?,
         event_retention_ms: args.event_retention.as_millis().max(1) as u64,
+        team_task_bytes: args.team_task_bytes as u64,
+        emitted_max_bytes: args.emitted_max_bytes as u64,
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {

@@ -51,7 +51,7 @@ impl IntoResponses for Errors {
             ("422", "well-formed but impossible, e.g. an unknown plugin"),
             (
                 "429",
-                "the tasks would pass their plugin's max_pending (`quota_exceeded`): nothing was scheduled; or the events would pass their key's budget within the event retention (`event_budget`): nothing was published",
+                "the tasks would pass their plugin's max_pending (`quota_exceeded`) or their team's bytes of tasks (`task_budget`, `--team-task-bytes`): nothing was scheduled; or the events would pass their key's budget within the event retention (`event_budget`): nothing was published",
             ),
             ("500", "an internal error (details in the runner's log)"),
             (

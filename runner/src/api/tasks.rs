@@ -100,12 +100,8 @@ pub async fn schedule(
     let admitted = match st.store.admit(&specs).await? {
         Ok(a) => a,
         Err(q) => {
-            let mut e = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "quota_exceeded",
-                q.to_string(),
-            );
-            e.concerns = Some(q.plugin);
+            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, q.code(), q.to_string());
+            e.concerns = Some(q.plugin().to_owned());
             return Err(e);
         }
     };

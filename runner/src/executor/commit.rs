@@ -120,6 +120,12 @@ impl Executor {
                         task.plugin
                     )));
                 }
+                Ok(Committed::EmittedFull { max_bytes }) => {
+                    return Err(NotCommitted::OverQuota(format!(
+                        "plugin {:?} would hold more than {max_bytes} bytes in its emitted streams (--emitted-max-bytes) even with the oldest entries of the streams this run writes dropped; nothing of this run was written",
+                        task.plugin
+                    )));
+                }
                 Err(e) => return Err(NotCommitted::Failed(e)),
             }
         }

@@ -215,6 +215,7 @@ impl Registry {
         match self.store.plugin_current(&loaded.name).await? {
             Some(cur) if cur.digest == loaded.digest => {
                 loaded.version = cur.version;
+                self.store.set_team(&loaded.name, &loaded.team);
                 self.plugins.install(loaded);
             }
             cur => info!(

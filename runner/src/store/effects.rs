@@ -26,8 +26,8 @@ impl Store {
         let keys = self.keys();
         let mut inv = self.inner.scripts.effects.prepare_invoke();
         inv.key(keys.effects_marker(&run.id, &run.effects_claim.to_string()));
-        // the SET of the plugin's topics, when the run emits: the key after the others; then
-        // the plugin's kv index (three keys), when the run writes kv
+        // the SET of the plugin's topics and the bytes of its streams, when the run emits: the
+        // keys after the others; then the plugin's kv index (three keys), when the run writes kv
         let after = 2 + fx.reads.len() + fx.kv.len() + fx.events.len();
         let topics_ix = match fx.events.is_empty() {
             true => 0,
@@ -35,7 +35,7 @@ impl Store {
         };
         let kv_ix = match fx.kv.is_empty() {
             true => 0,
-            false => after + usize::from(topics_ix > 0),
+            false => after + 2 * usize::from(topics_ix > 0),
         };
         let o = &self.inner.opts;
         inv.arg(MARKER_TTL_MS)
@@ -46,6 +46,7 @@ impl Store {
             .arg(o.kv_max_keys)
             .arg(o.kv_max_bytes)
             .arg(keys.kv(plugin, "").len())
+            .arg(o.emitted_max_bytes)
             .arg(fx.reads.len());
         let mut ix = 1;
         for r in &fx.reads {
@@ -91,7 +92,8 @@ impl Store {
             };
         }
         if topics_ix > 0 {
-            inv.key(keys.plugin_topics(plugin));
+            inv.key(keys.plugin_topics(plugin))
+                .key(keys.plugin_emitted(plugin));
         }
         if kv_ix > 0 {
             for k in keys.plugin_kv_index(plugin) {
@@ -112,6 +114,9 @@ impl Store {
             -3 => Committed::KvFull {
                 max_keys: self.inner.opts.kv_max_keys,
                 max_bytes: self.inner.opts.kv_max_bytes,
+            },
+            -4 => Committed::EmittedFull {
+                max_bytes: self.inner.opts.emitted_max_bytes,
             },
             other => bail!("the effects script answered {other}, which this runner does not know"),
         })

@@ -363,6 +363,12 @@ impl Keys {
         format!("{{{}}}:plugin:topics:{}", self.ns, name)
     }
 
+    /// HASH stream key -> the bytes of its entries: what each of a plugin's emitted streams holds
+    /// (`effects.lua` keeps it and trims the streams by it).
+    pub fn plugin_emitted(&self, name: &str) -> String {
+        format!("{{{}}}:plugin:emitted:{}", self.ns, name)
+    }
+
     /// The stream of a topic as 0.1.0 wrote it, shared by every plugin (read, never written).
     pub fn events_0_1(&self, topic: &str) -> String {
         format!("{{{}}}:events:{}", self.ns, topic)

@@ -12,6 +12,7 @@
 //! this runner does not know is an error, never a default answer.
 
 mod access;
+mod budget;
 mod bulk;
 mod connection;
 mod effects;
@@ -42,6 +43,7 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 
 pub use access::AuditEntry;
+pub use budget::BudgetExceeded;
 pub use bulk::{BULK_CHUNK, DeadAction};
 use connection::{Conn, connect};
 pub use connection::{RedisTarget, is_full, is_unreachable, redact};
@@ -54,7 +56,7 @@ pub use plugin_entry::{
     Ceilings, PluginEntry, PluginSettings, Promoted, RateLimit, SlotWaiter, SlotsOf,
 };
 pub use pubsub::{Heard, Subscription};
-pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, QuotaExceeded};
+pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, NotAdmitted, QuotaExceeded};
 pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
@@ -81,6 +83,8 @@ struct Inner {
     scripts: Arc<Scripts>,
     /// Each plugin's max_pending and pending count, shared the same way.
     quotas: Arc<quota::Quotas>,
+    /// Each plugin's team and each team's task bytes, shared the same way.
+    budgets: Arc<budget::Budgets>,
 }
 
 impl Store {
@@ -99,6 +103,7 @@ impl Store {
                 opts,
                 scripts: Arc::new(Scripts::load()),
                 quotas: Default::default(),
+                budgets: Default::default(),
             }),
         };
         store.check_shards().await?;
@@ -145,6 +150,7 @@ impl Store {
                 opts: i.opts.clone(),
                 scripts: Arc::clone(&i.scripts),
                 quotas: Arc::clone(&i.quotas),
+                budgets: Arc::clone(&i.budgets),
             }),
         })
     }

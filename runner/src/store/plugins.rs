@@ -124,6 +124,7 @@ impl Store {
             .key(&kv_index[0])
             .key(&kv_index[1])
             .key(&kv_index[2])
+            .key(k.plugin_emitted(name))
             .arg(name)
             .arg(k.plugins_channel())
             .arg(k.plugin_history_prefix())

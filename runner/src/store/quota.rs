@@ -95,6 +95,40 @@ impl std::fmt::Display for QuotaExceeded {
     }
 }
 
+/// Why new tasks were not admitted: their plugin's `max_pending`, or their team's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotAdmitted {
+    Quota(QuotaExceeded),
+    Budget(super::BudgetExceeded),
+}
+
+impl NotAdmitted {
+    /// The API's error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            NotAdmitted::Quota(_) => "quota_exceeded",
+            NotAdmitted::Budget(_) => "task_budget",
+        }
+    }
+
+    /// The plugin it concerns.
+    pub fn plugin(&self) -> &str {
+        match self {
+            NotAdmitted::Quota(q) => &q.plugin,
+            NotAdmitted::Budget(b) => &b.plugin,
+        }
+    }
+}
+
+impl std::fmt::Display for NotAdmitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotAdmitted::Quota(q) => q.fmt(f),
+            NotAdmitted::Budget(b) => b.fmt(f),
+        }
+    }
+}
+
 impl Quotas {
     fn limit(&self, plugin: &str) -> u64 {
         self.own_limit(plugin).unwrap_or(DEFAULT_MAX_PENDING)
@@ -151,11 +185,26 @@ impl Store {
         self.policies().get(plugin)
     }
 
+    /// Admits new tasks against their plugins' max_pending and their teams' task bytes
+    /// (`budget`), all or none; counts them once admitted (call it right before scheduling them,
+    /// and [`Store::landed`] after).
+    pub async fn admit(&self, tasks: &[NewTask]) -> Result<Result<Admitted, NotAdmitted>> {
+        let bytes = match self.check_budgets(tasks).await? {
+            Ok(asks) => asks,
+            Err(b) => return Ok(Err(NotAdmitted::Budget(b))),
+        };
+        let admitted = self.admit_pending(tasks).await?;
+        if admitted.is_ok() {
+            self.admitted_bytes(bytes);
+        }
+        Ok(admitted.map_err(NotAdmitted::Quota))
+    }
+
     /// Admits new tasks against their plugins' max_pending, all or none; counts them as
-    /// pending once admitted (call it right before scheduling them, and [`Store::landed`] after).
+    /// pending once admitted.
     /// Debounced tasks count one task per key (a batch that repeats a key makes one task), and
     /// one for a key whose task exists already (its payload is held as a task's is).
-    pub async fn admit(&self, tasks: &[NewTask]) -> Result<Result<Admitted, QuotaExceeded>> {
+    async fn admit_pending(&self, tasks: &[NewTask]) -> Result<Result<Admitted, QuotaExceeded>> {
         let mut asks: Vec<(&str, u64)> = Vec::new();
         let mut keys = std::collections::HashSet::new();
         for t in tasks {

@@ -260,6 +260,11 @@ pub enum Committed {
         max_keys: u64,
         max_bytes: u64,
     },
+    /// Its events would not fit its plugin's emitted streams' `max_bytes`, even with the oldest
+    /// entries of the streams it writes dropped: nothing was written.
+    EmittedFull {
+        max_bytes: u64,
+    },
 }
 
 /// Options of a store.
@@ -287,7 +292,16 @@ pub struct StoreOptions {
     pub secrets_key: Option<super::secrets::SecretsKey>,
     /// How long an event is kept for tasks scheduled after it (the longest `lookback_ms`).
     pub event_retention_ms: u64,
+    /// Most bytes of tasks (payloads, listeners, debounced payloads) the plugins of one team
+    /// (the key that uploaded them) make Redis hold.
+    pub team_task_bytes: u64,
+    /// Most bytes one plugin's emitted streams hold together (their entries' fields and
+    /// values); the streams a run writes drop their oldest entries to make room.
+    pub emitted_max_bytes: u64,
 }
+
+/// `--team-task-bytes` unless set: 64 MiB.
+pub const DEFAULT_TEAM_TASK_BYTES: u64 = 64 << 20;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -304,6 +318,8 @@ impl Default for StoreOptions {
             replica_ack_timeout_ms: 1000,
             secrets_key: None,
             event_retention_ms: 60_000,
+            team_task_bytes: DEFAULT_TEAM_TASK_BYTES,
+            emitted_max_bytes: 64 << 20,
         }
     }
 }

@@ -28,7 +28,9 @@ for a = 3, #ARGV - 7, 8 do
   local quiet, max_wait = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
   local t = parse(redis.call('HGET', K_TASKS, id))
   local head, ex, current = '', nil, nil
-  if t then head, ex, current = split_last(t.payload) end
+  -- what its record held, for the plugin's task bytes (`charge`)
+  local was = 0
+  if t then head, ex, current = split_last(t.payload); was = weight(t.payload) end
   local list = entries_of(ex)
   local q = entry(list, 'q')
   if t and q and t.st == 's' and t.att == 0 then
@@ -40,6 +42,7 @@ for a = 3, #ARGV - 7, 8 do
     t.due = math.max(math.min(now + tonumber(qq), first + tonumber(mw)), 0)
     t.payload = join_last(head, list, payload)
     redis.call('HSET', K_TASKS, id, encode(t))
+    charge(t.plugin, weight(t.payload) - was)
     index_scheduled(id, t)
     if not earliest or t.due < earliest then earliest = t.due end
     out[#out + 1] = 'm'
@@ -49,6 +52,7 @@ for a = 3, #ARGV - 7, 8 do
     hold(id, list, 'N', 'M', payload)
     t.payload = join_last(head, list, current)
     redis.call('HSET', K_TASKS, id, encode(t))
+    charge(t.plugin, weight(t.payload) - was)
     out[#out + 1] = 'q'
   elseif t and t.st == 'r' then
     out[#out + 1] = 'r'
@@ -72,6 +76,7 @@ for a = 3, #ARGV - 7, 8 do
       redis.call('UNLINK', next_key(id))
       redis.call('HDEL', K_LOGS, id)
       redis.call('HDEL', K_RERUN, id)
+      charge(t.plugin, -was)
     end
     hold(id, window, 'w', 'm', payload)
     table.insert(window, 1, 'q' .. string.format('%d', quiet) .. '\30' .. string.format('%d', max_wait)
@@ -80,6 +85,7 @@ for a = 3, #ARGV - 7, 8 do
       created = string.format('%d', now), fin = '', plugin = plugin, owner = owner, err = '',
       payload = join_last(marks, window, payload) }
     redis.call('HSET', K_TASKS, id, encode(nt))
+    charge(plugin, weight(nt.payload))
     index_scheduled(id, nt)
     if not earliest or nt.due < earliest then earliest = nt.due end
     out[#out + 1] = 'o'

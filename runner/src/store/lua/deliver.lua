@@ -46,13 +46,16 @@ for n, m in ipairs(parsed) do
       unindex_scheduled(id, t)
       if th == 'c' then
         redis.call('HDEL', K_TASKS, id)
+        charge(t.plugin, -weight(t.payload))
         redis.call('HDEL', K_LOGS, id)
         redis.call('HDEL', K_RERUN, id)
         redis.call('ZREM', K_UNIQUE, id)
         if entry(list, 'w') or entry(list, 'N') then redis.call('UNLINK', window_key(id), next_key(id)) end
       else
         list[#list + 1] = 'e' .. ev
+        local was = weight(t.payload)
         t.payload = join_last(head, list, payload)
+        charge(t.plugin, weight(t.payload) - was)
         t.due = math.min(t.due, now)
         redis.call('HSET', K_TASKS, id, encode(t))
         index_scheduled(id, t)

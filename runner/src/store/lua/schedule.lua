@@ -89,13 +89,16 @@ end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
 local pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
+local bytes = {}
 local function flush()
   call_many('HSET', K_TASKS, records)
   due_add(dues)
   call_many('ZADD', K_PARKED, parked)
   call_many('ZADD', K_BYOWNER, byowner)
   for plugin, k in pairs(counts) do count_scheduled(plugin, k, firsts[plugin]) end
+  for plugin, k in pairs(bytes) do charge(plugin, k) end
   pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
+  bytes = {}
 end
 for i = 1, n do
   local b, h = at[i], run_of[i]
@@ -116,6 +119,7 @@ for i = 1, n do
     else
       if t.st == 's' then unindex_scheduled(bare, t) elseif t.st == 'x' then unindex_dead(bare, t) end
       redis.call('HDEL', K_TASKS, bare)
+      charge(t.plugin, -weight(t.payload))
       redis.call('HDEL', K_LOGS, bare)
       redis.call('HDEL', K_RERUN, bare)
       redis.call('ZREM', K_UNIQUE, bare)
@@ -134,6 +138,7 @@ for i = 1, n do
   if verdict == 'o' then
     -- a new occurrence: the log (and a debounced one's payloads) of the one it replaces go
     if old then
+      charge(old.plugin, -weight(old.payload))
       redis.call('HDEL', K_LOGS, id)
       if string.find(old.payload, '\28', 1, true) then redis.call('UNLINK', window_key(id), next_key(id)) end
     end
@@ -152,6 +157,7 @@ for i = 1, n do
     if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
     if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
     counts[plugin] = (counts[plugin] or 0) + 1
+    bytes[plugin] = (bytes[plugin] or 0) + weight(last)
     if not firsts[plugin] or due < firsts[plugin] then firsts[plugin] = due end
     local unique_for = unique_for_of[h]
     if unique_for > 0 then

@@ -17,17 +17,23 @@ local function forget_done(before)
       ids[#ids + 1] = id
     end
   end
-  local recs, gone = records_of(ids), {}
+  local recs, gone, bytes = records_of(ids), {}, {}
   for i, id in ipairs(ids) do
     -- still done, and then (not run again since and done later, nor replaced)
-    local st, fin = state_and_fin(recs[i])
+    local rec = recs[i]
+    local st, fin, plugin, at
+    if rec then
+      st, fin, plugin, at = string.match(rec, '^(%a)\t%-?%d+\t%d+\t%d+\t%d+\t(%d*)\t([^\t]*)\t[^\t]*\t[^\t]*\t()')
+    end
     if st == 'd' and (tonumber(fin) or 0) < before then
       gone[#gone + 1] = id
+      bytes[plugin] = (bytes[plugin] or 0) + weight(rec, at)
       -- a debounced one's window (see `extras`)
       if string.find(recs[i], '\28', 1, true) then redis.call('UNLINK', window_key(id)) end
     end
   end
   call_many('HDEL', K_TASKS, gone)
+  for plugin, n in pairs(bytes) do charge(plugin, -n) end
   forget_logs(gone)
   redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, #logs - 1)
 end

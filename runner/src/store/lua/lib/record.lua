@@ -26,6 +26,33 @@ local function encode(t)
     string.format('%d', t.max), t.created, t.fin, t.plugin, t.owner, t.err, t.payload }, '\t')
 end
 
+-- What a record holds in Redis for its plugin's budget of task bytes (`by:` plugin in `meta`,
+-- see `charge`): its last field from `at` on (payload, listeners, the event that reached it) and
+-- the bytes a debounced one's lists hold (its `w` and `N` extras, see `extras`). Every script
+-- that writes a record's last field or deletes a record charges the difference, so a plugin's
+-- count is the sum over its records (those 0.2.0 wrote count from their first rewrite). A
+-- payload is JSON, which holds no control character, so the extras' marks are found by byte.
+local function weight(last, at)
+  at = at or 1
+  local n = #last - at + 1
+  local s = string.find(last, '\28', at, true)
+  if s then
+    local e = string.find(last, '\28', s + 1, true) or #last
+    local ex = string.sub(last, s, e)
+    n = n + (tonumber(string.match(ex, '[\28\31]w%d+\30(%d+)')) or 0)
+      + (tonumber(string.match(ex, '[\28\31]N%d+\30(%d+)')) or 0)
+  end
+  return n
+end
+
+-- Adds `n` bytes (n < 0: takes them) to `plugin`'s task bytes on this shard; a plugin at zero
+-- (or below, from records 0.2.0 wrote) leaves `meta`.
+local function charge(plugin, n)
+  if n == 0 then return end
+  local f = 'by:' .. plugin
+  if redis.call('HINCRBY', K_META, f, string.format('%d', n)) <= 0 then redis.call('HDEL', K_META, f) end
+end
+
 -- The state and `fin` field of a stored record, without decoding the rest.
 local function state_and_fin(rec)
   if not rec then return nil, nil end
