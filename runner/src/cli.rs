@@ -230,6 +230,7 @@ fn key_call(cmd: KeyCmd) -> Call {
             plugins,
             max_plugins,
             max_pending,
+            task_bytes,
             publish,
             listen,
             streams,
@@ -243,6 +244,9 @@ fn key_call(cmd: KeyCmd) -> Call {
             if let Some(m) = max_pending {
                 body["max_pending"] = json!(m);
             }
+            if let Some(m) = task_bytes {
+                body["task_bytes"] = json!(m);
+            }
             Call::new(Method::POST, "/v1/keys").json(body)
         }
         KeyCmd::Update {
@@ -252,6 +256,7 @@ fn key_call(cmd: KeyCmd) -> Call {
             plugins,
             max_plugins,
             max_pending,
+            task_bytes,
             publish,
             listen,
             streams,
@@ -274,7 +279,12 @@ fn key_call(cmd: KeyCmd) -> Call {
                     body[field] = json!(v);
                 }
             }
-            for (field, v) in [("max_plugins", max_plugins), ("max_pending", max_pending)] {
+            let limits = [
+                ("max_plugins", max_plugins),
+                ("max_pending", max_pending),
+                ("task_bytes", task_bytes),
+            ];
+            for (field, v) in limits {
                 if let Some(v) = v {
                     // `none` removes the limit; anything else goes as written, for the API to
                     // check (a number written as text is refused there, saying so)

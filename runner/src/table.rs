@@ -125,11 +125,15 @@ pub fn keys(v: &Value) -> String {
                     .unwrap_or_default()
                     .join(",")
             };
-            let limits = [("plugins", "max_plugins"), ("pending", "max_pending")]
-                .iter()
-                .filter_map(|(what, field)| Some(format!("{what} {}", k[*field].as_u64()?)))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let limits = [
+                ("plugins", "max_plugins"),
+                ("pending", "max_pending"),
+                ("task bytes", "task_bytes"),
+            ]
+            .iter()
+            .filter_map(|(what, field)| Some(format!("{what} {}", k[*field].as_u64()?)))
+            .collect::<Vec<_>>()
+            .join(", ");
             vec![
                 f(k, "id"),
                 f(k, "name"),

@@ -277,7 +277,7 @@ async fn a_teams_tasks_hold_no_more_than_its_budget_whatever_its_plugins() {
     );
     let base = r.url.as_str();
     let (id_a, a) = make_key(base, "team-a", "developer", &["a-*"]).await;
-    let (_, b) = make_key(base, "team-b", "developer", &["b-*"]).await;
+    let (id_b, b) = make_key(base, "team-b", "developer", &["b-*"]).await;
     for (key, name) in [(&a, "a-one"), (&a, "a-two"), (&b, "b-one")] {
         let (s, up) = upload_as(base, key, name, plugin_wasm("bench-record")).await;
         assert_eq!(s, 201, "{up}");
@@ -375,6 +375,35 @@ async fn a_teams_tasks_hold_no_more_than_its_budget_whatever_its_plugins() {
     )
     .await;
     assert_eq!(counted(&redis), held(&redis));
+    // an admin gives team B a budget of its own, 1 MiB: it holds 500 KB, so 1 MB more is refused
+    let (s, k) = req(
+        "PATCH",
+        &format!("{base}/v1/keys/{id_b}"),
+        Some(ADMIN),
+        Some(json!({"task_bytes": 1_048_576})),
+    )
+    .await;
+    assert_eq!((s, &k["task_bytes"]), (200, &json!(1_048_576)), "{k}");
+    let (s, e) = req(
+        "POST",
+        &url,
+        Some(&b),
+        Some(far_tasks("b-one", "b2", 100, 10_000)),
+    )
+    .await;
+    assert_eq!(
+        (s, &e["error"]["code"]),
+        (429, &json!("task_budget")),
+        "{e}"
+    );
+    let (s, e) = req(
+        "POST",
+        &url,
+        Some(&b),
+        Some(far_tasks("b-one", "b3", 40, 10_000)),
+    )
+    .await;
+    assert_eq!(s, 201, "400 KB more fit team B's 1 MiB: {e}");
 }
 
 /// The count of a plugin's task bytes follows its records through every path that writes or

@@ -13,7 +13,8 @@ use super::doc;
 use super::error::ApiError;
 use super::params::page_limit_of;
 use crate::access::{
-    Caller, KeyLimits, KeyRecord, MAX_PATTERNS, Role, new_secret, secret_hash, valid_pattern,
+    Caller, KeyLimits, KeyRecord, MAX_PATTERNS, MAX_TASK_BYTES, Role, new_secret, secret_hash,
+    valid_pattern,
 };
 use crate::clock::now_ms;
 use crate::limits;
@@ -46,6 +47,11 @@ pub struct NewKey {
     #[serde(default, deserialize_with = "field::int")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000000)]
     max_pending: Option<i64>,
+    /// Most bytes of tasks its plugins may make Redis hold together (payloads, listeners,
+    /// debounced payloads); absent: the runner's `--team-task-bytes`.
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1099511627776_u64)]
+    task_bytes: Option<i64>,
     /// Topic patterns it may publish events to (`POST /v1/events/{topic}`): a topic, a prefix
     /// ending in `*`, or `*`. None: it publishes nothing.
     #[serde(default)]
@@ -77,6 +83,10 @@ pub struct KeyInfo {
     /// Most tasks its plugins may hold together (absent: no ceiling of the key's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     max_pending: Option<u64>,
+    /// Most bytes of tasks its plugins may make Redis hold together (absent: the runner's
+    /// `--team-task-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_bytes: Option<u64>,
     /// Topic patterns it may publish events to (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publish: Vec<String>,
@@ -107,6 +117,10 @@ pub struct KeyCreated {
     /// Most tasks its plugins may hold together (absent: no ceiling of the key's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     max_pending: Option<u64>,
+    /// Most bytes of tasks its plugins may make Redis hold together (absent: the runner's
+    /// `--team-task-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_bytes: Option<u64>,
     /// Topic patterns it may publish events to (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publish: Vec<String>,
@@ -139,6 +153,7 @@ pub async fn key_create(
     check_streams(&k.streams)?;
     let max_plugins = within("max_plugins", k.max_plugins, MAX_PLUGINS_OF_KEY)?;
     let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
+    let task_bytes = within("task_bytes", k.task_bytes, MAX_TASK_BYTES)?;
     let (id, secret) = new_secret();
     let record = KeyRecord {
         id,
@@ -149,6 +164,7 @@ pub async fn key_create(
         limits: KeyLimits {
             max_plugins: max_plugins.map(|n| n as u32),
             max_pending,
+            task_bytes,
         },
         topics: crate::access::TopicRights {
             publish: k.publish,
@@ -165,6 +181,7 @@ pub async fn key_create(
         created_at: record.created_at,
         max_plugins: record.limits.max_plugins,
         max_pending: record.limits.max_pending,
+        task_bytes: record.limits.task_bytes,
         publish: record.topics.publish,
         listen: record.topics.listen,
         streams: record.topics.streams,
@@ -259,6 +276,11 @@ pub struct KeyPatch {
     #[serde(default, deserialize_with = "given_int")]
     #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1000000000)]
     max_pending: Option<Option<i64>>,
+    /// Most bytes of tasks its plugins may make Redis hold together; `null`: the runner's
+    /// `--team-task-bytes`. Tasks held already stay; new ones are refused past it.
+    #[serde(default, deserialize_with = "given_int")]
+    #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1099511627776_u64)]
+    task_bytes: Option<Option<i64>>,
     /// Topic patterns it may publish events to (`[]`: none).
     #[serde(default)]
     #[schema(max_items = 100, value_type = Option<Vec<doc::TopicPattern>>)]
@@ -290,6 +312,7 @@ fn info(k: KeyRecord, used: Option<i64>, refused: u64) -> KeyInfo {
         created_at: k.created_at,
         max_plugins: k.limits.max_plugins,
         max_pending: k.limits.max_pending,
+        task_bytes: k.limits.task_bytes,
         publish: k.topics.publish,
         listen: k.topics.listen,
         streams: k.topics.streams,
@@ -329,6 +352,10 @@ pub async fn key_update(
         .max_pending
         .map(|v| within("max_pending", v, MAX_MAX_PENDING))
         .transpose()?;
+    let task_bytes = p
+        .task_bytes
+        .map(|v| within("task_bytes", v, MAX_TASK_BYTES))
+        .transpose()?;
     // a change made meanwhile by another admin is read again, never written over
     for _ in 0..8 {
         let Some((mut k, used, refused, was)) = st.store.key_by_id(&id).await? else {
@@ -348,6 +375,9 @@ pub async fn key_update(
         }
         if let Some(m) = max_pending {
             k.limits.max_pending = m;
+        }
+        if let Some(m) = task_bytes {
+            k.limits.task_bytes = m;
         }
         for (to, from) in [
             (&mut k.topics.publish, &p.publish),

@@ -27,6 +27,10 @@ pub enum KeyCmd {
         /// ceiling of its own max_pending).
         #[arg(long)]
         max_pending: Option<u64>,
+        /// Most bytes of tasks its plugins may make Redis hold together (default: the runner's
+        /// --team-task-bytes).
+        #[arg(long)]
+        task_bytes: Option<u64>,
         /// Topic patterns it may publish events to, comma-separated.
         #[arg(long, value_delimiter = ',')]
         publish: Vec<String>,
@@ -60,6 +64,10 @@ pub enum KeyCmd {
         /// the key uploads from now on).
         #[arg(long, value_name = "N|none")]
         max_pending: Option<String>,
+        /// Most bytes of tasks its plugins may make Redis hold together, or `none` (the
+        /// runner's --team-task-bytes).
+        #[arg(long, value_name = "N|none")]
+        task_bytes: Option<String>,
         /// Topic patterns it may publish to, comma-separated (`''`: none).
         #[arg(long, value_delimiter = ',')]
         publish: Option<Vec<String>>,

@@ -1,4 +1,5 @@
-//! The task bytes a team's plugins make Redis hold, bounded by `--team-task-bytes`.
+//! The task bytes a team's plugins make Redis hold, bounded by the team's key's `task_bytes`
+//! (an admin's) or else `--team-task-bytes`.
 //!
 //! A team is the key that uploaded a plugin (a plugin the runner loaded from its directory is a
 //! team of its own). Every script that writes a record's payload field or deletes a record
@@ -43,6 +44,8 @@ struct Held {
     read: u64,
     admitted: u64,
     at: Instant,
+    /// The team's key's own `task_bytes`, read with the count (None: the flag).
+    own_limit: Option<u64>,
 }
 
 /// A schedule refused because the team's plugins would hold more than `--team-task-bytes`.
@@ -64,7 +67,8 @@ impl std::fmt::Display for BudgetExceeded {
             f,
             "task_budget: the plugins of team {:?} (the key that uploaded them; plugin {:?} among \
              them) hold {} bytes of tasks in Redis (payloads, listeners, debounced payloads) and \
-             their budget is {} (--team-task-bytes); these {} more would pass it",
+             their budget is {} (the key's task_bytes, else --team-task-bytes); these {} more \
+             would pass it",
             self.team, self.plugin, self.held, self.budget, self.asked
         )
     }
@@ -148,21 +152,26 @@ impl Store {
             if stale {
                 let at = Instant::now();
                 let read = self.plugin_bytes(&budgets.plugins_of(team, plugin)).await?;
+                let own_limit = match self.key_by_id(team).await? {
+                    Some((key, ..)) => key.limits.task_bytes,
+                    None => None,
+                };
                 let mut held = budgets.held();
                 if held.get(team).is_none_or(|h| h.at < at) {
                     let h = Held {
                         read,
                         admitted: 0,
                         at,
+                        own_limit,
                     };
                     held.insert(team.clone(), h);
                 }
             }
         }
-        let budget = self.inner.opts.team_task_bytes;
         let held = budgets.held();
         for (team, plugin, asked) in &asks {
             let h = held.get(team).expect("read before");
+            let budget = h.own_limit.unwrap_or(self.inner.opts.team_task_bytes);
             let now = h.read + h.admitted;
             if now + asked > budget {
                 return Ok(Err(BudgetExceeded {
