@@ -143,15 +143,21 @@ pub struct KeyLimits {
     /// Most bytes of tasks its plugins make Redis hold together (None: `--team-task-bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_bytes: Option<u64>,
+    /// Most bytes of events it publishes within the event retention (None: `--events-max-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_bytes: Option<u64>,
 }
 
 impl KeyLimits {
     pub fn is_none(&self) -> bool {
-        self.max_plugins.is_none() && self.max_pending.is_none() && self.task_bytes.is_none()
+        self.max_plugins.is_none()
+            && self.max_pending.is_none()
+            && self.task_bytes.is_none()
+            && self.event_bytes.is_none()
     }
 }
 
-/// The most an admin gives one key as `task_bytes`: 1 TiB.
+/// The most an admin gives one key as `task_bytes` or `event_bytes`: 1 TiB.
 pub const MAX_TASK_BYTES: u64 = 1 << 40;
 
 /// A new key's id and secret.

@@ -231,6 +231,7 @@ fn key_call(cmd: KeyCmd) -> Call {
             max_plugins,
             max_pending,
             task_bytes,
+            event_bytes,
             publish,
             listen,
             streams,
@@ -247,6 +248,9 @@ fn key_call(cmd: KeyCmd) -> Call {
             if let Some(m) = task_bytes {
                 body["task_bytes"] = json!(m);
             }
+            if let Some(m) = event_bytes {
+                body["event_bytes"] = json!(m);
+            }
             Call::new(Method::POST, "/v1/keys").json(body)
         }
         KeyCmd::Update {
@@ -257,6 +261,7 @@ fn key_call(cmd: KeyCmd) -> Call {
             max_plugins,
             max_pending,
             task_bytes,
+            event_bytes,
             publish,
             listen,
             streams,
@@ -283,6 +288,7 @@ fn key_call(cmd: KeyCmd) -> Call {
                 ("max_plugins", max_plugins),
                 ("max_pending", max_pending),
                 ("task_bytes", task_bytes),
+                ("event_bytes", event_bytes),
             ];
             for (field, v) in limits {
                 if let Some(v) = v {

@@ -129,6 +129,7 @@ pub fn keys(v: &Value) -> String {
                 ("plugins", "max_plugins"),
                 ("pending", "max_pending"),
                 ("task bytes", "task_bytes"),
+                ("event bytes", "event_bytes"),
             ]
             .iter()
             .filter_map(|(what, field)| Some(format!("{what} {}", k[*field].as_u64()?)))

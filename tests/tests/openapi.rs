@@ -407,3 +407,106 @@ fn schemathesis_finds_nothing(r: &RunnerProcess, extra: &[&str]) {
         .collect();
     assert!(runner_panics.is_empty(), "the runner panicked:\n{log}");
 }
+
+/// A Python client generated from the document by openapi-python-client (PyPI; nobody here wrote
+/// it) reads the answers of the routes that list and show things — plugins with their settings,
+/// keys with their limits, tasks, owners, schedules, runners, stats, the audit — and keeps no
+/// field outside the ones the document describes (such a field lands in a model's
+/// `additional_properties`, and a client of a stricter generator drops it).
+#[tokio::test]
+async fn a_client_generated_from_the_document_keeps_every_field_of_the_answers() {
+    use eggtimer_tests::as_key::{ADMIN, req};
+    use serde_json::json;
+    let bin = workspace().join("target/py-gen/bin");
+    assert!(
+        bin.join("openapi-python-client").is_file(),
+        "openapi-python-client is not installed. Install it into the repository's target dir (as \
+         `cargo xtask test` does): `python3 -m venv target/py-gen && target/py-gen/bin/pip install \
+         openapi-python-client==0.29.1`"
+    );
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(
+        &redis.url(),
+        &[
+            "--token",
+            ADMIN,
+            "--plugins-dir",
+            plugins_dir().to_str().unwrap(),
+        ],
+    );
+    let base = r.url.as_str();
+    let ok = |(s, v): (u16, serde_json::Value)| {
+        assert!((200..300).contains(&s), "{s} {v}");
+    };
+    ok(req(
+        "PATCH",
+        &format!("{base}/v1/plugins/bench-record"),
+        Some(ADMIN),
+        Some(json!({"max_pending": 500, "config": {"region": "eu"},
+                    "rate_limit": {"max": 100, "per_ms": 1000},
+                    "ceilings": {"max_concurrency": 4}})),
+    )
+    .await);
+    ok(req(
+        "POST",
+        &format!("{base}/v1/keys"),
+        Some(ADMIN),
+        Some(
+            json!({"name": "team-a", "role": "developer", "plugins": ["a-*"],
+                    "max_plugins": 3, "max_pending": 100, "task_bytes": 1_048_576,
+                    "event_bytes": 1_048_576, "publish": ["a.*"], "listen": ["a.*"]}),
+        ),
+    )
+    .await);
+    ok(req(
+        "POST",
+        &format!("{base}/v1/tasks"),
+        Some(ADMIN),
+        Some(
+            json!({"id": "t1", "plugin": "bench-record", "payload": {"n": 1}, "owner": "u1",
+                    "delay_ms": 3_600_000,
+                    "on": [{"topic": "orders", "key": "o1", "then": "cancel"}]}),
+        ),
+    )
+    .await);
+    ok(req(
+        "PUT",
+        &format!("{base}/v1/schedules/nightly"),
+        Some(ADMIN),
+        Some(json!({"plugin": "bench-record", "payload": {"n": 2}, "cron": "0 3 * * *"})),
+    )
+    .await);
+    let (s, doc) = req("GET", &format!("{base}/v1/openapi.json"), Some(ADMIN), None).await;
+    assert_eq!(s, 200);
+    let dir = eggtimer_tests::temp_dir("generated-client");
+    let path = dir.join("openapi.json");
+    std::fs::write(&path, doc.to_string()).unwrap();
+    let generated = dir.join("client");
+    let out = Command::new(bin.join("openapi-python-client"))
+        .arg("generate")
+        .arg("--path")
+        .arg(&path)
+        .arg("--output-path")
+        .arg(&generated)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && generated.join("eggtimer_admin_api_client").is_dir(),
+        "openapi-python-client made no client: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(bin.join("python"))
+        .arg(workspace().join("tests/py/generated_client.py"))
+        .args([base, ADMIN, "t1", "bench-record"])
+        .env("PYTHONPATH", &generated)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("every field described"),
+        "the generated client kept fields the document does not describe:\n{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

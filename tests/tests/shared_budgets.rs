@@ -122,9 +122,12 @@ async fn events_published_within_the_retention_are_bounded_per_key() {
         )
         .await;
         assert_eq!(s, 201, "{k}");
-        k["key"].as_str().unwrap().to_owned()
+        (
+            k["id"].as_str().unwrap().to_owned(),
+            k["key"].as_str().unwrap().to_owned(),
+        )
     };
-    let (a, b) = (key("team-a").await, key("team-b").await);
+    let ((_, a), (id_b, b)) = (key("team-a").await, key("team-b").await);
     let big = "x".repeat(60_000);
     let publish = |bearer: String, topic: &'static str, n: usize, round: usize| {
         let big = big.clone();
@@ -172,6 +175,22 @@ async fn events_published_within_the_retention_are_bounded_per_key() {
     // another team's budget is its own
     let (s, e) = publish(b.clone(), "team-b.orders", 10, 0).await;
     assert_eq!(s, 200, "{e}");
+    // an admin gives team B a budget of its own, 1 MiB: it published 600 KB, so 600 KB more is
+    // refused (every runner takes a key's change within a second)
+    let (s, k) = req(
+        "PATCH",
+        &format!("{base}/v1/keys/{id_b}"),
+        Some(ADMIN),
+        Some(json!({"event_bytes": 1_048_576})),
+    )
+    .await;
+    assert_eq!((s, &k["event_bytes"]), (200, &json!(1_048_576)), "{k}");
+    let (s, e) = publish(b.clone(), "team-b.orders", 10, 1).await;
+    assert_eq!(
+        (s, &e["error"]["code"]),
+        (429, &json!("event_budget")),
+        "{e}"
+    );
     // once the retention has passed, the first team publishes again
     eventually(
         Duration::from_secs(60),

@@ -7,7 +7,8 @@
 //!   progress shown), then becomes
 //!   `eggtimer serve --plugins-dir target/run-plugins ARGS` (exec: signals reach the runner) with
 //!   the sample plugins and `noop` (not the test-only ones).
-//! - `test [ARGS]` builds the plugins and the runner, installs schemathesis into target/py, then
+//! - `test [ARGS]` builds the plugins and the runner, installs schemathesis into target/py and
+//!   openapi-python-client into target/py-gen, then
 //!   runs every test file (`test`), ending with one summary.
 //! - `bench [ARGS]` builds in release and runs the benchmark (BENCHMARKS.md); with
 //!   `--peer bullmq`, alternating with the same workloads run by BullMQ (`peer`).
@@ -68,7 +69,7 @@ fn run() -> Result<()> {
             std::fs::create_dir_all(&bin)?;
             std::fs::copy(target_dir().join("debug/eggtimer"), bin.join("eggtimer"))
                 .context("copying the runner for the tests")?;
-            test::schemathesis(&root())?;
+            test::openapi_tools(&root())?;
             // `cargo xtask test -- --test teams`: what follows `--` is cargo test's
             let rest = match rest.first().map(String::as_str) {
                 Some("--") => &rest[1..],

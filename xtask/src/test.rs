@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the whole suite on a machine that has only the README's prerequisites.
-//! It installs what the tests call that is not a Rust crate (schemathesis, pinned, into
-//! target/py, as the plugins' toolchains go into target/), runs every test file even when one
+//! It installs what the tests call that is not a Rust crate (schemathesis and
+//! openapi-python-client, pinned, into target/py and target/py-gen, as the plugins' toolchains go into target/), runs every test file even when one
 //! fails, and ends with one summary: passed, failed, the failing tests by name, the wall time.
 
 use std::io::{BufRead, BufReader};
@@ -13,13 +13,28 @@ use anyhow::{Context, Result, bail};
 /// schemathesis, pinned: the OpenAPI tests run it against a runner.
 pub const SCHEMATHESIS: &str = "schemathesis==4.32.5";
 
-/// The virtualenv target/py with schemathesis, made when missing.
-pub fn schemathesis(root: &Path) -> Result<()> {
-    let venv = root.join("target/py");
-    if venv.join("bin/schemathesis").is_file() {
+/// openapi-python-client, pinned: a test generates a client from the document with it.
+pub const OPENAPI_PYTHON_CLIENT: &str = "openapi-python-client==0.29.1";
+
+/// The virtualenvs of the OpenAPI tests' tools, made when missing: target/py with schemathesis,
+/// target/py-gen with openapi-python-client (apart: their dependencies need not agree).
+pub fn openapi_tools(root: &Path) -> Result<()> {
+    python_tool(root, "target/py", "schemathesis", SCHEMATHESIS)?;
+    python_tool(
+        root,
+        "target/py-gen",
+        "openapi-python-client",
+        OPENAPI_PYTHON_CLIENT,
+    )
+}
+
+/// The virtualenv `dir` with `package` (whose command is `bin`), made when missing.
+fn python_tool(root: &Path, dir: &str, bin: &str, package: &str) -> Result<()> {
+    let venv = root.join(dir);
+    if venv.join("bin").join(bin).is_file() {
         return Ok(());
     }
-    eprintln!("xtask: installing {SCHEMATHESIS} into target/py");
+    eprintln!("xtask: installing {package} into {dir}");
     let ok = Command::new("python3")
         .args(["-m", "venv"])
         .arg(&venv)
@@ -27,16 +42,16 @@ pub fn schemathesis(root: &Path) -> Result<()> {
         .is_ok_and(|s| s.success());
     if !ok {
         bail!(
-            "`python3 -m venv target/py` failed: the OpenAPI tests need Python 3 with venv \
+            "`python3 -m venv {dir}` failed: the OpenAPI tests need Python 3 with venv \
              (Debian/Ubuntu: `sudo apt-get install -y python3-venv`)"
         );
     }
     let status = Command::new(venv.join("bin/pip"))
-        .args(["install", "-q", SCHEMATHESIS])
+        .args(["install", "-q", package])
         .status()
         .context("running pip")?;
     if !status.success() {
-        bail!("`target/py/bin/pip install {SCHEMATHESIS}` failed ({status})");
+        bail!("`{dir}/bin/pip install {package}` failed ({status})");
     }
     Ok(())
 }

@@ -94,9 +94,10 @@ pub async fn publish(
             data: data.to_owned(),
         });
     }
+    let budget = caller.limits.event_bytes.unwrap_or(st.events_max_bytes);
     if let Err(used) = st
         .store
-        .charge_events(&caller.key_id, bytes, st.events_max_bytes)
+        .charge_events(&caller.key_id, bytes, budget)
         .await?
     {
         return Err(ApiError::new(
@@ -104,11 +105,10 @@ pub async fn publish(
             "event_budget",
             format!(
                 "key {:?} published {used} bytes of events in the last {} s, which Redis keeps for \
-                 tasks' lookback; these {bytes} more would pass its budget of {} bytes \
-                 (--events-max-bytes): nothing was published",
+                 tasks' lookback; these {bytes} more would pass its budget of {budget} bytes \
+                 (the key's event_bytes, else --events-max-bytes): nothing was published",
                 caller.name,
                 st.store.options().event_retention_ms / 1000,
-                st.events_max_bytes
             ),
         ));
     }

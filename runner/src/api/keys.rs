@@ -52,6 +52,11 @@ pub struct NewKey {
     #[serde(default, deserialize_with = "field::int")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1099511627776_u64)]
     task_bytes: Option<i64>,
+    /// Most bytes of events it may publish within the event retention; absent: the runner's
+    /// `--events-max-bytes`.
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1099511627776_u64)]
+    event_bytes: Option<i64>,
     /// Topic patterns it may publish events to (`POST /v1/events/{topic}`): a topic, a prefix
     /// ending in `*`, or `*`. None: it publishes nothing.
     #[serde(default)]
@@ -87,6 +92,10 @@ pub struct KeyInfo {
     /// `--team-task-bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     task_bytes: Option<u64>,
+    /// Most bytes of events it may publish within the event retention (absent: the runner's
+    /// `--events-max-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event_bytes: Option<u64>,
     /// Topic patterns it may publish events to (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publish: Vec<String>,
@@ -121,6 +130,10 @@ pub struct KeyCreated {
     /// `--team-task-bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     task_bytes: Option<u64>,
+    /// Most bytes of events it may publish within the event retention (absent: the runner's
+    /// `--events-max-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event_bytes: Option<u64>,
     /// Topic patterns it may publish events to (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publish: Vec<String>,
@@ -154,6 +167,7 @@ pub async fn key_create(
     let max_plugins = within("max_plugins", k.max_plugins, MAX_PLUGINS_OF_KEY)?;
     let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
     let task_bytes = within("task_bytes", k.task_bytes, MAX_TASK_BYTES)?;
+    let event_bytes = within("event_bytes", k.event_bytes, MAX_TASK_BYTES)?;
     let (id, secret) = new_secret();
     let record = KeyRecord {
         id,
@@ -165,6 +179,7 @@ pub async fn key_create(
             max_plugins: max_plugins.map(|n| n as u32),
             max_pending,
             task_bytes,
+            event_bytes,
         },
         topics: crate::access::TopicRights {
             publish: k.publish,
@@ -182,6 +197,7 @@ pub async fn key_create(
         max_plugins: record.limits.max_plugins,
         max_pending: record.limits.max_pending,
         task_bytes: record.limits.task_bytes,
+        event_bytes: record.limits.event_bytes,
         publish: record.topics.publish,
         listen: record.topics.listen,
         streams: record.topics.streams,
@@ -281,6 +297,11 @@ pub struct KeyPatch {
     #[serde(default, deserialize_with = "given_int")]
     #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1099511627776_u64)]
     task_bytes: Option<Option<i64>>,
+    /// Most bytes of events it may publish within the event retention; `null`: the runner's
+    /// `--events-max-bytes`.
+    #[serde(default, deserialize_with = "given_int")]
+    #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1099511627776_u64)]
+    event_bytes: Option<Option<i64>>,
     /// Topic patterns it may publish events to (`[]`: none).
     #[serde(default)]
     #[schema(max_items = 100, value_type = Option<Vec<doc::TopicPattern>>)]
@@ -313,6 +334,7 @@ fn info(k: KeyRecord, used: Option<i64>, refused: u64) -> KeyInfo {
         max_plugins: k.limits.max_plugins,
         max_pending: k.limits.max_pending,
         task_bytes: k.limits.task_bytes,
+        event_bytes: k.limits.event_bytes,
         publish: k.topics.publish,
         listen: k.topics.listen,
         streams: k.topics.streams,
@@ -356,6 +378,10 @@ pub async fn key_update(
         .task_bytes
         .map(|v| within("task_bytes", v, MAX_TASK_BYTES))
         .transpose()?;
+    let event_bytes = p
+        .event_bytes
+        .map(|v| within("event_bytes", v, MAX_TASK_BYTES))
+        .transpose()?;
     // a change made meanwhile by another admin is read again, never written over
     for _ in 0..8 {
         let Some((mut k, used, refused, was)) = st.store.key_by_id(&id).await? else {
@@ -378,6 +404,9 @@ pub async fn key_update(
         }
         if let Some(m) = task_bytes {
             k.limits.task_bytes = m;
+        }
+        if let Some(m) = event_bytes {
+            k.limits.event_bytes = m;
         }
         for (to, from) in [
             (&mut k.topics.publish, &p.publish),

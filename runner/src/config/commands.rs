@@ -31,6 +31,10 @@ pub enum KeyCmd {
         /// --team-task-bytes).
         #[arg(long)]
         task_bytes: Option<u64>,
+        /// Most bytes of events it may publish within the event retention (default: the
+        /// runner's --events-max-bytes).
+        #[arg(long)]
+        event_bytes: Option<u64>,
         /// Topic patterns it may publish events to, comma-separated.
         #[arg(long, value_delimiter = ',')]
         publish: Vec<String>,
@@ -68,6 +72,10 @@ pub enum KeyCmd {
         /// runner's --team-task-bytes).
         #[arg(long, value_name = "N|none")]
         task_bytes: Option<String>,
+        /// Most bytes of events it may publish within the event retention, or `none` (the
+        /// runner's --events-max-bytes).
+        #[arg(long, value_name = "N|none")]
+        event_bytes: Option<String>,
         /// Topic patterns it may publish to, comma-separated (`''`: none).
         #[arg(long, value_delimiter = ',')]
         publish: Option<Vec<String>>,
