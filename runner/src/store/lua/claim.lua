@@ -34,7 +34,12 @@
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
 -- Bound: at most the claim's size (`--claim-batch`) plus the walk past it (ARGV[4]), and the
---  expired claim batches it reaps (each batch's tasks: at most a claim's size).
+--  expired claim batches it reaps (each batch's tasks: at most a claim's size); where no plugin
+--  is set aside for fair share, at most CLAIM_BYTES of records past the first (the rest are put
+--  back in their buckets).
+-- The most bytes of records one claim takes (and so answers with), past its first task: a
+-- claim of 256 tasks of 60 KB would copy 15 MB in one call.
+local CLAIM_BYTES = 1048576
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local held, weights, most = parse_held(ARGV[3] or '')
 local extra = tonumber(ARGV[4]) or 0
@@ -76,10 +81,13 @@ local function fields(rec)
     return string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(([^\t]*).*)$')
   end
 end
+-- the earliest due of the tasks walked and put back for the next claim (past CLAIM_BYTES)
+local back_head = nil
 if #waits == 0 and #ids <= limit - headroom then
-  -- every task walked is taken (the common case: one claim's worth, no one set aside)
+  -- every task walked is taken (the common case: one claim's worth, no one set aside), up to
+  -- CLAIM_BYTES of records: the rest go back to their buckets, in due order, for the next claim
   local recs = records_of(ids)
-  local n = 0
+  local n, bytes, back = 0, 0, {}
   for i, id in ipairs(ids) do
     local rec = recs[i]
     local due, att, mc, rest, plugin
@@ -89,14 +97,21 @@ if #waits == 0 and #ids <= limit - headroom then
     if due then -- (else an index entry without a scheduled record: repaired by its removal)
       if is_paused(plugin) then
         push(parked, due, id)
+      elseif #back > 0 or (n > 0 and bytes + #rec > CLAIM_BYTES) then
+        push(back, due, id)
       else
         n = n + 1
+        bytes = bytes + #rec
         c_ids[n], c_recs[n], c_dues[n], c_atts[n], c_mcs[n], c_rests[n], c_plugins[n] =
           id, rec, due, att, mc, rest, plugin
       end
     end
   end
   call_many('ZADD', K_PARKED, parked)
+  if #back > 0 then
+    due_add(back)
+    back_head = tonumber(back[1])
+  end
 elseif #ids > 0 or #waits > 0 then
   -- the candidates, in due order: {due, id, plugin, rec, att, mc, rest, member (when waiting)}
   local cands, stale = {}, {}
@@ -196,8 +211,9 @@ if #c_ids > 0 then
     lease_head = math.min(lease_head or now + lease, now + lease)
   end
 end
--- (parking puts nothing back in a bucket: the earliest seen on the way still is)
-out[2] = head or head_due()
+-- (parking puts nothing back in a bucket: the earliest seen on the way still is; tasks put
+-- back past CLAIM_BYTES are due now, before any left in the buckets)
+out[2] = back_head or head or head_due()
 -- for a runner one plugin crowds: whether a plugin under its part may have tasks due here
 -- (else a claim with headroom could only take the crowding plugin's: the poller then waits for
 -- room instead, or until `later`, when such a plugin's first task may fall due)
