@@ -64,7 +64,9 @@ impl Store {
     /// One chunk of the tasks of `plugin` waiting on `shard` (scheduled, parked or dead; not
     /// running), read with HSCAN from `cursor` (0 to start): the tasks and the next cursor (0:
     /// the shard is done). Every task there throughout the walk is seen (one scheduled meanwhile
-    /// may be missed, or seen twice).
+    /// may be missed, or seen twice). Only the plugin's own records come back (`MATCH` on its
+    /// ids' prefix; Redis still walks every record of the page), but on a shard of 0.1.0's data,
+    /// whose bare ids carry no plugin.
     pub async fn waiting_chunk(
         &self,
         shard: u32,
@@ -72,9 +74,19 @@ impl Store {
         cursor: u64,
     ) -> Result<(Vec<TaskRecord>, u64)> {
         let k = self.keys().shard(shard);
-        let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-            .arg(&k.tasks)
-            .arg(cursor)
+        let legacy: bool = redis::cmd("HEXISTS")
+            .arg(&k.meta)
+            .arg("legacy")
+            .query_async(&mut self.conn())
+            .await
+            .context("reading a shard's layout")?;
+        let mut scan = redis::cmd("HSCAN");
+        scan.arg(&k.tasks).arg(cursor);
+        if !legacy {
+            // a plugin name is [a-z0-9-]: nothing in it is a pattern's
+            scan.arg("MATCH").arg(format!("{}*", task_key(plugin, "")));
+        }
+        let (next, fields): (u64, Vec<(String, String)>) = scan
             .arg("COUNT")
             .arg(1000)
             .query_async(&mut self.conn())
