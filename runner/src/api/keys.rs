@@ -262,6 +262,11 @@ fn within(field: &str, v: Option<i64>, max: u64) -> ApiResult<Option<u64>> {
     .transpose()
 }
 
+/// [`within`] for a limit a change may give (`Some(None)`: lift it).
+fn given_within(field: &str, v: Option<Option<i64>>, max: u64) -> ApiResult<Option<Option<u64>>> {
+    v.map(|v| within(field, v, max)).transpose()
+}
+
 /// A change of a key: each field given replaces the key's own, `null` removes a limit; what
 /// is not given stays. Its id, secret and creation time never change.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -366,22 +371,10 @@ pub async fn key_update(
     check_topics("publish", p.publish.as_deref().unwrap_or_default())?;
     check_topics("listen", p.listen.as_deref().unwrap_or_default())?;
     check_streams(p.streams.as_deref().unwrap_or_default())?;
-    let max_plugins = p
-        .max_plugins
-        .map(|v| within("max_plugins", v, MAX_PLUGINS_OF_KEY))
-        .transpose()?;
-    let max_pending = p
-        .max_pending
-        .map(|v| within("max_pending", v, MAX_MAX_PENDING))
-        .transpose()?;
-    let task_bytes = p
-        .task_bytes
-        .map(|v| within("task_bytes", v, MAX_TASK_BYTES))
-        .transpose()?;
-    let event_bytes = p
-        .event_bytes
-        .map(|v| within("event_bytes", v, MAX_TASK_BYTES))
-        .transpose()?;
+    let max_plugins = given_within("max_plugins", p.max_plugins, MAX_PLUGINS_OF_KEY)?;
+    let max_pending = given_within("max_pending", p.max_pending, MAX_MAX_PENDING)?;
+    let task_bytes = given_within("task_bytes", p.task_bytes, MAX_TASK_BYTES)?;
+    let event_bytes = given_within("event_bytes", p.event_bytes, MAX_TASK_BYTES)?;
     // a change made meanwhile by another admin is read again, never written over
     for _ in 0..8 {
         let Some((mut k, used, refused, was)) = st.store.key_by_id(&id).await? else {
@@ -419,6 +412,7 @@ pub async fn key_update(
         }
         if st.store.key_replace(&was, &k).await? {
             st.access.forget_keys();
+            st.store.forget_team_budget(&id);
             return Ok(axum::Json(info(k, used, refused)).into_response());
         }
     }

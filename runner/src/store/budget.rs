@@ -128,6 +128,12 @@ impl Store {
         }
     }
 
+    /// Forgets what this store read of `team`'s bytes and budget: its next admission reads them
+    /// again (its key's `task_bytes` just changed).
+    pub fn forget_team_budget(&self, team: &str) {
+        self.inner.budgets.held().remove(team);
+    }
+
     /// Checks `tasks` against their teams' budgets, without admitting them (see
     /// [`Store::admitted_bytes`]).
     pub(super) async fn check_budgets(
@@ -151,11 +157,10 @@ impl Store {
                 .is_none_or(|h| h.at.elapsed() >= FRESH);
             if stale {
                 let at = Instant::now();
-                let read = self.plugin_bytes(&budgets.plugins_of(team, plugin)).await?;
-                let own_limit = match self.key_by_id(team).await? {
-                    Some((key, ..)) => key.limits.task_bytes,
-                    None => None,
-                };
+                let plugins = budgets.plugins_of(team, plugin);
+                let (read, key) =
+                    futures::try_join!(self.plugin_bytes(&plugins), self.key_by_id(team))?;
+                let own_limit = key.and_then(|(key, ..)| key.limits.task_bytes);
                 let mut held = budgets.held();
                 if held.get(team).is_none_or(|h| h.at < at) {
                     let h = Held {
@@ -197,7 +202,7 @@ impl Store {
     }
 
     /// The bytes these plugins' records hold over all shards (one HMGET per shard).
-    pub async fn plugin_bytes(&self, plugins: &[String]) -> Result<u64> {
+    async fn plugin_bytes(&self, plugins: &[String]) -> Result<u64> {
         if plugins.is_empty() {
             return Ok(0);
         }
