@@ -123,9 +123,7 @@ impl Store {
     pub fn set_team(&self, plugin: &str, team: &str) {
         let budgets = &self.inner.budgets;
         let mut teams = budgets.teams.write().unwrap_or_else(|e| e.into_inner());
-        if teams.get(plugin).map(String::as_str) != Some(team) {
-            teams.insert(plugin.to_owned(), team.to_owned());
-        }
+        teams.insert(plugin.to_owned(), team.to_owned());
     }
 
     /// Forgets what this store read of `team`'s bytes and budget: its next admission reads them
@@ -141,13 +139,21 @@ impl Store {
         tasks: &[NewTask],
     ) -> Result<Result<Asks, BudgetExceeded>> {
         let budgets = &self.inner.budgets;
-        let mut asks: Vec<(String, String, u64)> = Vec::new();
+        // by plugin first (a batch is mostly of one), then by team
+        let mut by_plugin: Vec<(&str, u64)> = Vec::new();
         for t in tasks {
-            let team = budgets.team_of(&t.plugin);
             let bytes = task_bytes(t);
+            match by_plugin.iter_mut().find(|(p, _)| *p == t.plugin) {
+                Some((_, n)) => *n += bytes,
+                None => by_plugin.push((&t.plugin, bytes)),
+            }
+        }
+        let mut asks: Vec<(String, String, u64)> = Vec::new();
+        for (plugin, bytes) in by_plugin {
+            let team = budgets.team_of(plugin);
             match asks.iter_mut().find(|(tm, _, _)| *tm == team) {
                 Some((_, _, n)) => *n += bytes,
-                None => asks.push((team, t.plugin.clone(), bytes)),
+                None => asks.push((team, plugin.to_owned(), bytes)),
             }
         }
         for (team, plugin, _) in &asks {
