@@ -2,6 +2,7 @@
 //! (`--cluster N`). Redis CPU is read from each one's `INFO cpu`.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use redis::aio::MultiplexedConnection;
@@ -49,7 +50,7 @@ impl Nodes {
                 .await?;
         }
         for i in 0..self.conns.len() {
-            let freed = crate::workloads::until(
+            let freed = until(
                 std::time::Duration::from_secs(300),
                 std::time::Duration::from_millis(20),
                 || async { Ok(self.info(i, "memory", "lazyfree_pending_objects").await? == 0.0) },
@@ -157,4 +158,20 @@ impl Nodes {
     pub async fn cpu_total(&self) -> Result<f64> {
         Ok(self.cpu().await?.iter().sum())
     }
+}
+
+/// Polls `f` every `every` until it is true; false at the deadline.
+pub(crate) async fn until<F, Fut>(limit: Duration, every: Duration, mut f: F) -> Result<bool>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f().await? {
+            return Ok(true);
+        }
+        tokio::time::sleep(every).await;
+    }
+    Ok(false)
 }

@@ -90,7 +90,7 @@ impl Bench {
             axum::routing::post(|| async { axum::http::StatusCode::NO_CONTENT }),
         );
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let settings = eggtimer::store::PluginSettings {
+        let settings = eggtimer::plugin_settings::PluginSettings {
             allowed_hosts: Some(vec![format!("http://127.0.0.1:{port}")]),
             ..Default::default()
         };

@@ -8,8 +8,9 @@ use anyhow::{Context, Result, bail};
 use eggtimer::clock::now_ms;
 use serde_json::Value;
 
+use crate::nodes::until;
 use crate::report::{self, lateness, round};
-use crate::workloads::{Bench, schedule_all, tasks, until};
+use crate::workloads::{Bench, schedule_all, tasks};
 
 impl Bench {
     /// W5: W1 across two `eggtimer` processes (beside this one's binary), one killed with

@@ -17,7 +17,7 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::Args;
-use crate::nodes::{Nodes, info_field};
+use crate::nodes::{Nodes, info_field, until};
 use crate::recorder::{Recorder, count};
 use crate::report::{self, lateness, per_task, round};
 
@@ -88,22 +88,6 @@ fn process_cpu_s() -> Result<f64> {
     };
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
     Ok((ticks(11)? + ticks(12)?) / 100.0)
-}
-
-/// Polls `f` every `every` until it is true; false at the deadline.
-pub(crate) async fn until<F, Fut>(limit: Duration, every: Duration, mut f: F) -> Result<bool>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if f().await? {
-            return Ok(true);
-        }
-        tokio::time::sleep(every).await;
-    }
-    Ok(false)
 }
 
 impl Bench {

@@ -8,6 +8,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::names::matches;
+
 /// A key's role; each has the rights of the ones before it.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
@@ -43,38 +45,6 @@ impl Role {
 /// Most patterns on one key or one `may_schedule` setting.
 pub const MAX_PATTERNS: usize = 100;
 
-/// Whether `p` is a plugin pattern: a plugin name, or a name's prefix followed by `*`.
-pub fn valid_pattern(p: &str) -> bool {
-    match p.strip_suffix('*') {
-        Some("") => true,
-        Some(prefix) => {
-            prefix.len() < 64
-                && prefix
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !prefix.starts_with('-')
-        }
-        None => crate::plugins::valid_plugin_name(p),
-    }
-}
-
-/// Whether `pattern` covers the plugin `name`.
-pub fn matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => pattern == name,
-    }
-}
-
-/// Whether `p` is a topic pattern: a topic, a prefix of one ending in `*`, or `*`.
-pub fn valid_topic_pattern(p: &str) -> bool {
-    match p.strip_suffix('*') {
-        Some("") => true,
-        Some(prefix) => crate::plugins::valid_topic(prefix),
-        None => crate::plugins::valid_topic(p),
-    }
-}
-
 /// The topics a key may publish events to, and listen on (patterns as [`matches`] reads them).
 /// A topic's owners are the keys whose `publish` covers it: no other key can cancel or start
 /// the tasks listening on it, and only keys whose `listen` covers it see its events. `streams`:
@@ -98,19 +68,6 @@ impl TopicRights {
             streams: vec!["*".into()],
         }
     }
-}
-
-/// Whether every plugin `inner` covers is covered by one of `outer`.
-pub fn covers(outer: &[String], inner: &str) -> bool {
-    let inner_prefix = inner.strip_suffix('*');
-    outer
-        .iter()
-        .any(|o| match (o.strip_suffix('*'), inner_prefix) {
-            (Some(op), Some(ip)) => ip.starts_with(op),
-            (Some(op), None) => inner.starts_with(op),
-            (None, Some(_)) => false,
-            (None, None) => o == inner,
-        })
 }
 
 /// A key as Redis keeps it (never its secret).
@@ -279,32 +236,6 @@ impl Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn patterns() {
-        for ok in ["*", "order-*", "order-cancel", "a*", "a"] {
-            assert!(valid_pattern(ok), "{ok}");
-        }
-        for bad in ["", "**", "Order-*", "order-*-x", "-*", "a b", "x*y"] {
-            assert!(!valid_pattern(bad), "{bad}");
-        }
-        assert!(matches("*", "anything"));
-        assert!(matches("order-*", "order-cancel"));
-        assert!(!matches("order-*", "orders"));
-        assert!(matches("order-cancel", "order-cancel"));
-        assert!(!matches("order-cancel", "order-cancel-2"));
-    }
-
-    #[test]
-    fn covering() {
-        let outer = vec!["order-*".to_owned(), "pet-feed".to_owned()];
-        assert!(covers(&outer, "order-cancel"));
-        assert!(covers(&outer, "order-x*"));
-        assert!(covers(&outer, "pet-feed"));
-        assert!(!covers(&outer, "pet-*"));
-        assert!(!covers(&outer, "*"));
-        assert!(covers(&["*".to_owned()], "*"));
-    }
 
     #[test]
     fn secrets_are_hashed_and_unique() {

@@ -13,6 +13,8 @@ pub mod limits;
 pub mod local_redis;
 pub mod membership;
 pub mod metrics;
+pub mod names;
+pub mod plugin_settings;
 pub mod plugins;
 pub mod policy;
 pub mod poller;

@@ -120,7 +120,7 @@ pub fn attempts(field: &str, n: i64) -> Result<u32, OutOfBounds> {
 
 /// A plugin's name (`[a-z0-9][a-z0-9-]{0,63}`), given in `field`.
 pub fn plugin(field: &str, name: &str) -> Result<(), OutOfBounds> {
-    if crate::plugins::valid_plugin_name(name) {
+    if crate::names::valid_plugin_name(name) {
         Ok(())
     } else {
         Err(OutOfBounds(format!(

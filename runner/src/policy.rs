@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::store::{PluginSettings, RateLimit};
+use crate::plugin_settings::{PluginSettings, RateLimit};
 
 /// What a plugin's settings make of its runs, its slots and its quota.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl Policies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Ceilings;
+    use crate::plugin_settings::Ceilings;
 
     #[test]
     fn a_policy_holds_each_limit_under_its_ceiling_and_fills_in_the_defaults() {

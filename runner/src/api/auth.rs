@@ -432,7 +432,7 @@ fn entry(caller: Option<&Caller>, said: &Said, res: &Response) -> AuditEntry {
                 .query
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("plugin="))?;
-            crate::plugins::valid_plugin_name(p).then(|| p.to_owned())
+            crate::names::valid_plugin_name(p).then(|| p.to_owned())
         })
         .unwrap_or_default();
     AuditEntry {

@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 use super::body::ApiResult;
 use super::checks::failed;
 use super::{ApiError, AppState};
+use crate::plugin_settings::PluginEntry;
 use crate::plugins::Loaded;
-use crate::store::PluginEntry;
 
 /// Payloads one check call reads (each call has the plugin's time limit).
 const CHECK_CHUNK: usize = 500;

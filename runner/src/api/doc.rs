@@ -2,16 +2,16 @@
 //! from each handler's `#[utoipa::path]`, and the router registers every route from that same
 //! annotation (`utoipa_axum::routes!`), so the document can't drift from the routes. A request
 //! body's schema is the type the handler reads it into (`task_spec::TaskSpec`,
-//! `settings::PluginPatch`, …); only shapes no one type reads are here (a batch, a move's two
-//! forms).
+//! `settings::PluginPatch`, …), and a batch's beside it (`task_spec::ScheduleBody`); here are
+//! the shapes no one handler owns (the error body, a move's two forms, patterns the schemas of
+//! several share). This module imports no handler, so every handler may import it.
 
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::openapi::{RefOr, ResponseBuilder, ResponsesBuilder};
 use utoipa::{IntoResponses, ToSchema};
 
-use super::settings::RateLimitBody;
-use super::task_spec::TaskSpec;
+use super::fields::RateLimitBody;
 use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
 
 /// The error body of every 4xx and 5xx.
@@ -76,85 +76,6 @@ impl IntoResponses for Errors {
             );
         }
         b.build().into()
-    }
-}
-
-/// One task spec, or an array of 1 to 10,000.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code, clippy::large_enum_variant)]
-#[serde(untagged)]
-pub enum ScheduleBody<'a> {
-    #[serde(borrow)]
-    One(TaskSpec<'a>),
-    #[serde(borrow)]
-    Many(SpecBatch<'a>),
-}
-
-/// 1 to 10,000 task specs, scheduled all or nothing.
-#[derive(serde::Deserialize)]
-#[allow(dead_code)]
-pub struct SpecBatch<'a>(#[serde(borrow)] Vec<TaskSpec<'a>>);
-
-impl utoipa::PartialSchema for SpecBatch<'_> {
-    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::schema::ArrayBuilder::new()
-            .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                "TaskSpec",
-            )))
-            .min_items(Some(1))
-            .max_items(Some(crate::api::MAX_BATCH))
-            .description(Some("1 to 10,000 task specs, scheduled all or nothing"))
-            .into()
-    }
-}
-
-impl ToSchema for SpecBatch<'_> {
-    fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::schema::Schema>)>) {
-        schemas.push((
-            TaskSpec::name().into(),
-            <TaskSpec as utoipa::PartialSchema>::schema(),
-        ));
-        <TaskSpec as ToSchema>::schemas(schemas);
-    }
-}
-
-/// One event (`{"key", "data"}`) or an array of 1 to 1,000.
-#[derive(ToSchema, serde::Deserialize)]
-#[allow(dead_code)]
-#[serde(untagged)]
-pub enum EventBody<'a> {
-    #[serde(borrow)]
-    One(crate::api::events::EventIn<'a>),
-    #[serde(borrow)]
-    Many(EventBatch<'a>),
-}
-
-/// 1 to 1,000 events.
-#[derive(serde::Deserialize)]
-#[allow(dead_code)]
-pub struct EventBatch<'a>(#[serde(borrow)] Vec<crate::api::events::EventIn<'a>>);
-
-impl utoipa::PartialSchema for EventBatch<'_> {
-    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::schema::ArrayBuilder::new()
-            .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                "EventIn",
-            )))
-            .min_items(Some(1))
-            .max_items(Some(crate::api::events::MAX_EVENTS))
-            .description(Some("1 to 1,000 events"))
-            .into()
-    }
-}
-
-impl ToSchema for EventBatch<'_> {
-    fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::schema::Schema>)>) {
-        use crate::api::events::EventIn;
-        schemas.push((
-            EventIn::name().into(),
-            <EventIn as utoipa::PartialSchema>::schema(),
-        ));
-        <EventIn as ToSchema>::schemas(schemas);
     }
 }
 
@@ -307,7 +228,7 @@ pub struct PluginDetail {
     #[schema(value_type = Option<Object>)]
     pub payload_schema: Option<serde_json::Value>,
     /// Versions newest first, candidates included.
-    pub history: Vec<crate::store::PluginEntry>,
+    pub history: Vec<crate::plugin_settings::PluginEntry>,
 }
 
 /// A plugin's current version and its settings.
@@ -332,7 +253,7 @@ pub struct PluginInfo {
     pub max_concurrency_per_owner: Option<u32>,
     /// At most `max` starts in any `per_ms` ms across all runners (null: no limit).
     #[schema(value_type = Option<RateLimitBody>)]
-    pub rate_limit: Option<crate::store::RateLimit>,
+    pub rate_limit: Option<crate::plugin_settings::RateLimit>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).
@@ -354,7 +275,7 @@ pub struct PluginInfo {
     pub config: std::collections::BTreeMap<String, String>,
     /// An admin's ceilings on its limits (`{}`: none); the limits above are the values that
     /// apply, each held under its ceiling.
-    pub ceilings: crate::store::Ceilings,
+    pub ceilings: crate::plugin_settings::Ceilings,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
@@ -386,7 +307,7 @@ pub struct ConfigMap;
 
 impl utoipa::PartialSchema for ConfigMap {
     fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
-        use super::settings::{MAX_CONFIG_NAME, MAX_CONFIG_NAMES, MAX_CONFIG_VALUE};
+        use super::fields::{MAX_CONFIG_NAME, MAX_CONFIG_NAMES, MAX_CONFIG_VALUE};
         use utoipa::openapi::schema::{ObjectBuilder, Type};
         let name = ObjectBuilder::new()
             .schema_type(Type::String)
@@ -514,15 +435,15 @@ pub struct Ok {
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
 const _: () = assert!(crate::limits::MAX_ATTEMPTS == 1000);
-const _: () = assert!(super::settings::MAX_WEIGHT == 1000);
+const _: () = assert!(super::fields::MAX_WEIGHT == 1000);
+const _: () =
+    assert!(super::fields::MAX_RATE == 1000000 && super::fields::MAX_RATE_WINDOW_MS == 86400000);
+const _: () = assert!(super::fields::MAX_TIME_LIMIT_MS == 3600000);
 const _: () = assert!(
-    super::settings::MAX_RATE == 1000000 && super::settings::MAX_RATE_WINDOW_MS == 86400000
+    crate::store::MAX_MAX_PENDING == 1000000000
+        && crate::plugin_settings::DEFAULT_MAX_PENDING == 1000000
 );
-const _: () = assert!(super::settings::MAX_TIME_LIMIT_MS == 3600000);
 const _: () = assert!(
-    crate::store::MAX_MAX_PENDING == 1000000000 && crate::store::DEFAULT_MAX_PENDING == 1000000
-);
-const _: () = assert!(
-    super::settings::MIN_MEMORY_BYTES == 1048576
+    super::fields::MIN_MEMORY_BYTES == 1048576
         && crate::plugins::MAX_MEMORY_BYTES == 4294967296_usize
 );

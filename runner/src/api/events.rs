@@ -6,6 +6,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
+use utoipa::openapi::{Ref, RefOr, schema};
 
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
@@ -14,6 +16,43 @@ use crate::store::{Debounce, Debounced, Event, Listener, NewTask};
 
 /// Most events one request publishes.
 pub const MAX_EVENTS: usize = 1000;
+
+/// One event (`{"key", "data"}`) or an array of 1 to 1,000.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum EventBody<'a> {
+    #[serde(borrow)]
+    One(EventIn<'a>),
+    #[serde(borrow)]
+    Many(EventBatch<'a>),
+}
+
+/// 1 to 1,000 events.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+pub struct EventBatch<'a>(#[serde(borrow)] Vec<EventIn<'a>>);
+
+impl utoipa::PartialSchema for EventBatch<'_> {
+    fn schema() -> RefOr<schema::Schema> {
+        schema::ArrayBuilder::new()
+            .items(RefOr::Ref(Ref::from_schema_name("EventIn")))
+            .min_items(Some(1))
+            .max_items(Some(MAX_EVENTS))
+            .description(Some("1 to 1,000 events"))
+            .into()
+    }
+}
+
+impl ToSchema for EventBatch<'_> {
+    fn schemas(schemas: &mut Vec<(String, RefOr<schema::Schema>)>) {
+        schemas.push((
+            EventIn::name().into(),
+            <EventIn as utoipa::PartialSchema>::schema(),
+        ));
+        <EventIn as ToSchema>::schemas(schemas);
+    }
+}
 
 /// One event.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -51,7 +90,7 @@ const EVENT_OVERHEAD: usize = 64;
 /// topics.
 #[utoipa::path(post, path = "/v1/events/{topic}", tag = "events",
     params(("topic" = String, Path, pattern = "^[a-z0-9._-]{1,64}$")),
-    request_body(content = doc::EventBody, content_type = "application/json"),
+    request_body(content = EventBody, content_type = "application/json"),
     responses((status = 200, description = "stored and delivered", body = PublishReply), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn publish(
@@ -61,7 +100,7 @@ pub async fn publish(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
-    if !crate::plugins::valid_topic(&topic) {
+    if !crate::names::valid_topic(&topic) {
         return Err(ApiError::bad(format!(
             "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
         )));
@@ -225,7 +264,7 @@ impl Reacts {
         if on.len() > 8 {
             return Err(ApiError::bad(format!("{at}on lists more than 8 events")));
         }
-        if let Some(l) = on.iter().find(|l| !crate::plugins::valid_topic(&l.topic)) {
+        if let Some(l) = on.iter().find(|l| !crate::names::valid_topic(&l.topic)) {
             return Err(ApiError::bad(format!(
                 "{at}on: {:?} is not a topic (1 to 64 of a-z 0-9 . _ -)",
                 l.topic

@@ -14,10 +14,10 @@ use super::error::ApiError;
 use super::params::page_limit_of;
 use crate::access::{
     Caller, KeyLimits, KeyRecord, MAX_PATTERNS, MAX_TASK_BYTES, Role, new_secret, secret_hash,
-    valid_pattern,
 };
 use crate::clock::now_ms;
 use crate::limits;
+use crate::names::valid_pattern;
 use crate::store::{AuditEntry, MAX_MAX_PENDING};
 
 /// Most a key's `max_plugins` may be.
@@ -228,7 +228,7 @@ fn check_topics(field: &str, list: &[String]) -> ApiResult<()> {
             "{field} lists more than {MAX_PATTERNS} patterns"
         )));
     }
-    if let Some(p) = list.iter().find(|p| !crate::access::valid_topic_pattern(p)) {
+    if let Some(p) = list.iter().find(|p| !crate::names::valid_topic_pattern(p)) {
         return Err(ApiError::bad(format!(
             "{field}: {p:?} is not a topic pattern (a topic of 1 to 64 of a-z 0-9 . _ -, a prefix ending in `*`, or `*`)"
         )));

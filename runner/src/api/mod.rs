@@ -22,6 +22,7 @@ pub(crate) mod doc;
 mod document;
 mod error;
 mod events;
+mod fields;
 mod find;
 mod keys;
 mod ops;
@@ -59,7 +60,7 @@ pub use cursor::Cursors;
 pub use error::ApiError;
 pub use ops::ScrapeCache;
 pub use server::{HttpLimits, serve};
-pub use tasks::MAX_BATCH;
+pub use task_spec::MAX_BATCH;
 
 use crate::metrics::Metrics;
 use crate::plugins::Registry;

@@ -13,8 +13,8 @@ use super::doc;
 use super::error::ApiError;
 use super::settings::{Caps, PluginPatch};
 use crate::access::Caller;
-use crate::plugins::valid_plugin_name;
-use crate::store::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings};
+use crate::names::valid_plugin_name;
+use crate::plugin_settings::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings};
 
 /// A plugin name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -352,7 +352,7 @@ pub async fn plugin_get(
 /// tasks as an upload; two rollbacks come back. A version 0.2.0 made current has no
 /// `previous`: its rollback takes the newest version before it that is not a candidate.
 #[utoipa::path(post, path = "/v1/plugins/{name}/rollback", tag = "plugins", params(PluginName, ForceQuery),
-    responses((status = 200, description = "the version now current", body = crate::store::PluginEntry), doc::Errors),
+    responses((status = 200, description = "the version now current", body = crate::plugin_settings::PluginEntry), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_rollback(
     State(st): State<AppState>,
@@ -396,7 +396,7 @@ pub struct PromoteBody {
 /// same check of the waiting tasks as an upload.
 #[utoipa::path(post, path = "/v1/plugins/{name}/promote", tag = "plugins", params(PluginName, ForceQuery),
     request_body(content = PromoteBody, content_type = "application/json"),
-    responses((status = 200, description = "the version now current", body = crate::store::PluginEntry), doc::Errors),
+    responses((status = 200, description = "the version now current", body = crate::plugin_settings::PluginEntry), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_promote(
     State(st): State<AppState>,

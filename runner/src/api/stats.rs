@@ -279,7 +279,7 @@ pub async fn events(
     Path(topic): Path<String>,
     Query(q): Query<EventParams>,
 ) -> ApiResult<axum::Json<Vec<Event>>> {
-    if !crate::plugins::valid_topic(&topic) {
+    if !crate::names::valid_topic(&topic) {
         return Err(ApiError::bad(format!(
             "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
         )));

@@ -4,11 +4,12 @@
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
+use utoipa::openapi::{Ref, RefOr, schema};
 
 use super::AppState;
 use super::body::{self, ApiResult, field};
 use super::error::ApiError;
-use super::tasks::MAX_BATCH;
 use crate::clock::now_ms;
 use crate::limits;
 use crate::store::NewTask;
@@ -84,6 +85,46 @@ pub struct TaskSpec<'a> {
     /// past its first payload + `max_wait_ms`) and keeps every payload (`task.batch`).
     #[serde(default)]
     debounce: Option<super::events::DebounceSpec>,
+}
+
+/// Most specs in one POST /v1/tasks.
+pub const MAX_BATCH: usize = 10_000;
+
+/// One task spec, or an array of 1 to 10,000.
+#[derive(ToSchema, serde::Deserialize)]
+#[allow(dead_code, clippy::large_enum_variant)]
+#[serde(untagged)]
+pub enum ScheduleBody<'a> {
+    #[serde(borrow)]
+    One(TaskSpec<'a>),
+    #[serde(borrow)]
+    Many(SpecBatch<'a>),
+}
+
+/// 1 to 10,000 task specs, scheduled all or nothing.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+pub struct SpecBatch<'a>(#[serde(borrow)] Vec<TaskSpec<'a>>);
+
+impl utoipa::PartialSchema for SpecBatch<'_> {
+    fn schema() -> RefOr<schema::Schema> {
+        schema::ArrayBuilder::new()
+            .items(RefOr::Ref(Ref::from_schema_name("TaskSpec")))
+            .min_items(Some(1))
+            .max_items(Some(MAX_BATCH))
+            .description(Some("1 to 10,000 task specs, scheduled all or nothing"))
+            .into()
+    }
+}
+
+impl ToSchema for SpecBatch<'_> {
+    fn schemas(schemas: &mut Vec<(String, RefOr<schema::Schema>)>) {
+        schemas.push((
+            TaskSpec::name().into(),
+            <TaskSpec as utoipa::PartialSchema>::schema(),
+        ));
+        <TaskSpec as ToSchema>::schemas(schemas);
+    }
 }
 
 fn new_id() -> String {

@@ -19,8 +19,6 @@ use super::task_spec::{parse_specs, traceparent_header};
 use crate::access::Caller;
 use crate::store::{Move, Refused, Scheduled, TaskRecord};
 
-/// Most specs in one POST /v1/tasks.
-pub const MAX_BATCH: usize = 10_000;
 /// Largest body of the small JSON routes (PATCH, shift).
 pub(super) const SMALL_BODY: usize = 64 << 10;
 
@@ -33,7 +31,7 @@ async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
     params(("traceparent" = Option<String>, Header, nullable = false, pattern = "^(00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})?$",
         description = "A W3C trace context for every spec without its own: the runs join this trace (empty: none)")),
-    request_body(content = doc::ScheduleBody, content_type = "application/json"),
+    request_body(content = super::task_spec::ScheduleBody, content_type = "application/json"),
     responses((status = 201, description = "scheduled", body = doc::ScheduleReply), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn schedule(

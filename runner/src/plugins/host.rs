@@ -24,6 +24,7 @@ pub use super::run_http::{Asked, DryHttp, HttpCtx, HttpFailure};
 use crate::clock::now_ms;
 use crate::executor::{Effects, TaskHost};
 use crate::limits::{self, MAX_DURATION_MS};
+use crate::names::valid_topic;
 use crate::store::{KvRead, KvWrite, NewTask};
 
 /// The longest kv TTL (10 years, the limit of every duration), in ms.
@@ -112,7 +113,7 @@ impl CallCtx {
             || self
                 .may_schedule
                 .as_deref()
-                .is_some_and(|ps| ps.iter().any(|p| crate::access::matches(p, plugin)))
+                .is_some_and(|ps| ps.iter().any(|p| crate::names::matches(p, plugin)))
     }
 
     fn spend(&mut self, bytes: usize, what: &str) -> wasmtime::Result<()> {
@@ -151,6 +152,12 @@ impl WasiView for State {
     }
 }
 
+impl wasmtime_wasi_http::WasiHttpView for State {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        self.http.view(&mut self.table, self.call.http.clone())
+    }
+}
+
 /// The guest's wall clock: frozen at the start of the current call (the plugin's time comes
 /// from the host's `now`).
 pub struct FrozenClock(pub Arc<AtomicI64>);
@@ -162,14 +169,6 @@ impl HostWallClock for FrozenClock {
     fn now(&self) -> Duration {
         Duration::from_millis(self.0.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64)
     }
-}
-
-/// A topic name: 1 to 64 of a-z 0-9 . _ -
-pub fn valid_topic(t: &str) -> bool {
-    !t.is_empty()
-        && t.len() <= 64
-        && t.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
 }
 
 /// The id of the `index`-th follow-up of one occurrence of task `parent` (`occurrence`: when it
@@ -508,13 +507,4 @@ mod tests {
 
     /// `eggtimer_sdk::testing::derive_id("order-1", 1_700_000_000_000, 0)`.
     const SDK_VECTOR: &str = "c2b0d6e0fe68e95a329c";
-
-    #[test]
-    fn topics() {
-        assert!(valid_topic("order"));
-        assert!(valid_topic("pet.v2_x-y"));
-        assert!(!valid_topic(""));
-        assert!(!valid_topic("Order"));
-        assert!(!valid_topic("a b"));
-    }
 }

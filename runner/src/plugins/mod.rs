@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::names::valid_plugin_name;
 use crate::policy::{Defaults, Policies, Policy};
 
 use anyhow::{Context, Result, anyhow};
@@ -44,10 +45,10 @@ use tracing::{info, warn};
 pub use compiler::{CompileLimits, compile_child};
 
 pub use addresses::is_public;
-pub use host::{Asked, Budget, derive_id, valid_topic};
+pub use host::{Asked, Budget, derive_id};
 pub use http::{MAX_ALLOWED_HOSTS, Response as HttpAnswer, valid_origin};
 pub use limiter::MAX_MEMORY_BYTES;
-pub use registry::{PluginVersion, Prepared, Registry, UploadError, valid_plugin_name};
+pub use registry::{PluginVersion, Prepared, Registry, UploadError};
 pub use sandbox::{CheckError, DryRun, Verdicts};
 
 use crate::executor::{Handler, Run, TaskHost};

@@ -12,7 +12,9 @@ use tracing::{info, warn};
 
 use super::{Loaded, Plugins, digest};
 use crate::clock::now_ms;
-use crate::store::{Heard, PluginEntry, Promoted, Store};
+use crate::names::valid_plugin_name;
+use crate::plugin_settings::PluginEntry;
+use crate::store::{Heard, Promoted, Store};
 
 /// What the registry's listener asks its loader to load.
 enum Load {
@@ -30,16 +32,6 @@ pub struct Prepared {
 
 /// A plugin version as the API shows it.
 pub type PluginVersion = PluginEntry;
-
-/// Plugin names: `[a-z0-9][a-z0-9-]{0,63}`.
-pub fn valid_plugin_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 64
-        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-}
 
 /// Why an upload was refused.
 #[derive(Debug, thiserror::Error)]
@@ -433,22 +425,5 @@ impl Registry {
             warn!("{what} failed: {e:#}");
         }
         self.clean_cache().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plugin_names() {
-        assert!(valid_plugin_name("auto-feed"));
-        assert!(valid_plugin_name("a"));
-        assert!(valid_plugin_name("0x"));
-        assert!(!valid_plugin_name("-a"));
-        assert!(!valid_plugin_name("Auto"));
-        assert!(!valid_plugin_name(""));
-        assert!(!valid_plugin_name(&"a".repeat(65)));
-        assert!(!valid_plugin_name("a_b"));
     }
 }

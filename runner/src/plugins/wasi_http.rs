@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use wasmtime_wasi_http::{
-    Error, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
-};
+use wasmtime_wasi_http::{Error, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks};
 
-use super::host::{HttpCtx, HttpFailure, State};
+use wasmtime::component::ResourceTable;
+
 use super::http::MAX_RESPONSE_BYTES;
+use super::run_http::{HttpCtx, HttpFailure};
 
 /// Headers of how a message is framed on the wire (lowercase, as `http` names them).
 const FRAMING: [&str; 4] = ["host", "connection", "content-length", "transfer-encoding"];
@@ -40,14 +40,19 @@ struct Hooks {
     run: Option<Arc<HttpCtx>>,
 }
 
-impl WasiHttpView for State {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        // the current run's (a warm instance serves many runs)
-        self.http.hooks.run = self.call.http.clone();
+impl WasiHttp {
+    /// The view `wasi:http` works through, sending for `run` (the current run's context: a warm
+    /// instance serves many runs; none outside a run).
+    pub fn view<'a>(
+        &'a mut self,
+        table: &'a mut ResourceTable,
+        run: Option<Arc<HttpCtx>>,
+    ) -> WasiHttpCtxView<'a> {
+        self.hooks.run = run;
         WasiHttpCtxView {
-            ctx: &mut self.http.ctx,
-            table: &mut self.table,
-            hooks: &mut self.http.hooks,
+            ctx: &mut self.ctx,
+            table,
+            hooks: &mut self.hooks,
         }
     }
 }

@@ -22,7 +22,6 @@ mod find;
 mod inspect;
 mod keys;
 mod layout;
-mod plugin_entry;
 mod plugins;
 mod pubsub;
 mod quota;
@@ -33,6 +32,7 @@ mod schedule;
 pub use runners::RunnerInfo;
 mod scripts;
 mod secrets;
+mod slots;
 mod sources;
 mod stats;
 mod tasks;
@@ -52,17 +52,15 @@ pub use events::{Debounced, Event, Met, OUTBOX_GRACE_MS, Published, event_shard}
 pub use extras::{DEFAULT_LOOKBACK_MS, Extras, Listener, Then, Window};
 pub use find::{FindCursor, FindQuery};
 pub use keys::{Keys, ShardKeys};
-pub use plugin_entry::{
-    Ceilings, PluginEntry, PluginSettings, Promoted, RateLimit, SlotWaiter, SlotsOf,
-};
 pub use pubsub::{Heard, Subscription};
-pub use quota::{DEFAULT_MAX_PENDING, MAX_MAX_PENDING, NotAdmitted, QuotaExceeded};
+pub use quota::{MAX_MAX_PENDING, NotAdmitted, QuotaExceeded};
 pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
 use scripts::Scripts;
 #[doc(hidden)]
 pub use scripts::libraries as script_libraries;
 pub use secrets::{MAX_SECRET_CHARS, SecretInfo, SecretsKey, valid_secret_name};
+pub use slots::{Promoted, SlotWaiter, SlotsOf};
 pub use sources::{SOURCE_CLAIM_IDLE_MS, Source, SourceRead};
 pub use stats::{DueHistogram, PluginCounts, STATS_BUCKET_MS, StatsBucket};
 pub use tasks::OWNER_CHUNK;

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::{PluginEntry, PluginSettings, Promoted, RateLimit, SlotWaiter, SlotsOf, Store};
+use super::{Promoted, SlotWaiter, SlotsOf, Store};
+use crate::plugin_settings::{PluginEntry, PluginSettings, RateLimit};
 use anyhow::{Context, Result, bail};
 
 /// A plugin binary goes to Redis, and comes back, in commands of at most this many bytes each,

@@ -30,9 +30,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::{NewTask, Store};
+use crate::plugin_settings::DEFAULT_MAX_PENDING;
 
-/// A plugin's max_pending unless it has its own.
-pub const DEFAULT_MAX_PENDING: u64 = 1_000_000;
 /// The most an admin can set.
 pub const MAX_MAX_PENDING: u64 = 1_000_000_000;
 /// Makes each ledger entry's member unique in this process (with [`process_tag`], in Redis).
@@ -340,7 +339,7 @@ mod tests {
         let max_pending = Some(limit);
         q.policies.set(HashMap::from([(
             "p".to_owned(),
-            crate::store::PluginSettings {
+            crate::plugin_settings::PluginSettings {
                 max_pending,
                 ..Default::default()
             },

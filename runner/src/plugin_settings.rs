@@ -1,9 +1,12 @@
-//! What the registry keeps of a plugin: a version's entry, the settings of its name, an admin's
-//! ceilings over them and what the two mean together, and the waiters for a plugin's slots.
+//! What a plugin is to every part of the runner: a version's entry, the settings of its name, an
+//! admin's ceilings over them and what the two mean together. The registry stores them, the
+//! policy makes them whole for this runner, the API shows and changes them; none of those
+//! defines them.
 
 use serde::{Deserialize, Serialize};
 
-use super::DEFAULT_MAX_PENDING;
+/// A plugin's max_pending when neither it nor a ceiling sets one.
+pub const DEFAULT_MAX_PENDING: u64 = 1_000_000;
 
 /// One version of a plugin.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -171,54 +174,9 @@ impl PluginSettings {
     }
 }
 
-/// A run put back to wait for a concurrency slot: its task, occurrence and attempts (as the put
-/// back recorded them, the attempt given back).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlotWaiter {
-    pub id: String,
-    pub created: i64,
-    pub attempts: u32,
-}
-
-impl SlotWaiter {
-    pub(super) fn member(&self) -> String {
-        format!("{}\t{}\t{}", self.id, self.created, self.attempts)
-    }
-
-    pub(super) fn parse(member: &str) -> Option<SlotWaiter> {
-        let mut f = member.rsplitn(3, '\t');
-        let attempts = f.next()?.parse().ok()?;
-        let created = f.next()?.parse().ok()?;
-        Some(SlotWaiter {
-            id: f.next()?.to_owned(),
-            created,
-            attempts,
-        })
-    }
-}
-
 /// A plugin's rate limit: at most `max` starts in any `per_ms` ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RateLimit {
     pub max: u32,
     pub per_ms: u64,
-}
-
-/// Whose concurrency slots: a plugin's (`max_concurrency`), or those of one owner's runs of a
-/// plugin (`max_concurrency_per_owner`).
-#[derive(Debug, Clone, Copy)]
-pub enum SlotsOf<'a> {
-    Plugin(&'a str),
-    Owner { plugin: &'a str, owner: &'a str },
-}
-
-/// Outcome of a rollback.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Promoted {
-    /// Now current.
-    Done(PluginEntry),
-    /// No such plugin, or no such version in its history.
-    Missing,
-    /// The current version is no longer the one the caller checked against.
-    Moved,
 }
