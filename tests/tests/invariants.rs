@@ -1,6 +1,6 @@
 //! ARCHITECTURE.md's "one owner per outside system" invariants, checked rather than hoped: only
 //! `store` names the redis crate, only `plugins` names wasmtime, only `api` names axum, and only
-//! `config` reads the environment.
+//! `config` reads the environment; and its codemap, which names every module of `runner/src`.
 
 use std::path::{Path, PathBuf};
 
@@ -120,4 +120,81 @@ fn only_config_reads_the_environment() {
 fn the_check_itself_tells_a_path_from_a_longer_name() {
     assert!(names("use redis::Value;", "redis"));
     assert!(!names("use crate::local_redis::LocalRedis;", "redis"));
+}
+
+/// ARCHITECTURE.md owns the map of `runner/src`: a top-level module has a bullet of its own (or
+/// is named as one inside another's: `` `local_redis` — ``), a module of a folder is named in a
+/// bullet about that folder, and every module a bullet is about exists. A module added, moved
+/// or removed without the map fails here.
+#[test]
+fn the_codemap_names_every_module_and_each_module_it_names_exists() {
+    let doc = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).unwrap();
+    let map = &doc[doc.find("\n## Codemap").expect("a Codemap section")..];
+    let map = &map[..map[1..].find("\n## ").map_or(map.len(), |i| i + 1)];
+    let runner = &map[map.find("\n- `runner/`").expect("a runner/ bullet")..];
+    let runner = &runner[..runner[1..].find("\n- `").map_or(runner.len(), |i| i + 1)];
+    let ticked =
+        |s: &str| -> Vec<String> { s.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
+    // the runner's bullets: what each is about (its first name, and any `name` — inside it)
+    let bullets: Vec<(Vec<String>, Vec<String>)> = runner
+        .split("\n  - ")
+        .skip(1)
+        .map(|b| {
+            let names = ticked(b);
+            let mut about: Vec<String> = names.iter().take(1).cloned().collect();
+            about.extend(
+                b.split('`')
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .filter(|w| w[1].starts_with(" —"))
+                    .map(|w| w[0].to_owned()),
+            );
+            (about, names)
+        })
+        .collect();
+    assert!(bullets.len() > 10, "the runner's bullets were not found");
+    let src = workspace().join("runner/src");
+    let module = |name: &str| {
+        name.trim_end_matches('/')
+            .trim_end_matches(".rs")
+            .to_owned()
+    };
+    for (about, _) in &bullets {
+        for a in about {
+            let m = module(a);
+            assert!(
+                src.join(format!("{m}.rs")).is_file() || src.join(&m).is_dir(),
+                "ARCHITECTURE.md's codemap has a bullet about `{a}`, which is no module of runner/src"
+            );
+        }
+    }
+    for (rel, _) in sources() {
+        let rel = rel.replace('\\', "/");
+        let (folder, file) = match rel.rsplit_once('/') {
+            Some((d, f)) => (Some(d.to_owned()), f.trim_end_matches(".rs").to_owned()),
+            None => (None, rel.trim_end_matches(".rs").to_owned()),
+        };
+        let named = match &folder {
+            // lib.rs and main.rs are the runner/ bullet's own
+            None if file == "lib" || file == "main" => runner.contains(&format!("`{file}.rs`")),
+            None => bullets
+                .iter()
+                .any(|(about, _)| about.iter().any(|a| module(a) == file)),
+            Some(d) if file == "mod" => bullets
+                .iter()
+                .any(|(about, _)| about.iter().any(|a| module(a) == *d)),
+            Some(d) => bullets.iter().any(|(about, names)| {
+                about.iter().any(|a| module(a).split('/').next() == Some(d))
+                    && names.iter().any(|n| {
+                        let n = module(n);
+                        n == file || n == format!("{d}/{file}")
+                    })
+            }),
+        };
+        assert!(
+            named,
+            "runner/src/{rel} is not named in ARCHITECTURE.md's codemap (a top-level module by a \
+             bullet of its own, a folder's module in its folder's bullet)"
+        );
+    }
 }

@@ -1,11 +1,8 @@
 //! The admin HTTP API (API.md): the only code that imports axum.
 //!
-//! Files: `auth` (who asks, their role, Host and Origin, the audit), `keys` (API keys and the
-//! audit's routes), `body` (reading and checking request bodies), `error` (the error reply), `tasks`,
-//! `find` (filters), `owners`, `dead`, `plugins`, `schedules`, `ops`, `stats` (the routes), `ui`
-//! (the dashboard's files), `params`
-//! (ids, owners, filters and pages several routes take), `server` (the listener: connection cap, timeouts, shutdown).
-//! Bodies are read as raw JSON and every field is checked on its own, so every 4xx names the
+//! A handler reads its request, checks who asks and what they may touch, calls the store, and
+//! answers: each route and its OpenAPI annotation sit together, so the document can't drift
+//! from what is served (ARCHITECTURE.md's codemap says which file holds which routes). Bodies are read as raw JSON and every field is checked on its own, so every 4xx names the
 //! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
 //! is a 503; any other failure is a 500 `internal` with the details in the log.
 

@@ -1,9 +1,5 @@
 //! The plugin host: the only code that imports wasmtime.
 //!
-//! Files: `engine` (configuration, linker, compiling, the compiled-code cache), `host` (the host
-//! functions and the per-run budget of effects), `instance` (warm instances and calls),
-//! `output` (a guest's stdout and stderr), `registry` (uploads, storage in Redis, hot reload).
-//!
 //! Each plugin version is compiled and pre-instantiated once; the current version of each name
 //! sits behind a lock and is swapped atomically, so calls in flight finish on the old one. Calls
 //! are async and run on the host's own runtime (one thread per core), so a busy guest never

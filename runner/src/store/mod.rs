@@ -3,10 +3,8 @@
 //! It owns the data model (ARCHITECTURE.md's key table: per shard the task records, due
 //! buckets, claim batches, dead letters and indexes; the namespace's meta, plugins, kv and
 //! events) and every state change of a task, each one Lua script on one shard with all of its
-//! keys passed in KEYS (see `lua/`). Files by concern: `connection` (where Redis is), `layout`
-//! (which data it reads), `types` (what callers pass and get), `tasks` (a task's life),
-//! `inspect` (reads), `effects` (a run's kv and events), `runners` (heartbeats, shard leases),
-//! `plugins` (the registry's data), `access` (API keys, the audit), `pubsub` (subscriptions that reconnect).
+//! keys passed in KEYS (see `lua/`). Its files are cut by concern; ARCHITECTURE.md's codemap says
+//! what each holds.
 //!
 //! Architecture invariant: no other module builds a key name or sends a Redis command; a reply
 //! this runner does not know is an error, never a default answer.

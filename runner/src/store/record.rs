@@ -1,4 +1,4 @@
-//! The task record as the scripts store it (see `lua/prelude.lua`) and the types built from it.
+//! The task record as the scripts store it (see `lua/lib/record.lua`) and the types built from it.
 
 use serde::Serialize;
 
@@ -345,7 +345,7 @@ mod tests {
     use crate::store::extras::Then;
     use proptest::prelude::*;
 
-    /// The record as `prelude.lua`'s `encode` writes it (its ten fields, in order).
+    /// The record as `lib/record.lua`'s `encode` writes it (its ten fields, in order).
     #[allow(clippy::too_many_arguments)]
     fn encode(
         st: char,
