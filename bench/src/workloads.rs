@@ -274,12 +274,14 @@ impl Bench {
             .await??;
         let registry = Registry::new(store.clone(), Arc::clone(&self.plugins), 16 << 20);
         let cursors = Arc::new(eggtimer::api::Cursors::new(store.clone()));
+        let metrics = Arc::new(Metrics::default());
         let state = eggtimer::api::AppState {
             access: Arc::new(eggtimer::api::Access::new(store.clone(), None, None)),
             scrape: Default::default(),
+            tasks: eggtimer::tasks::Tasks::new(store.clone(), Arc::clone(&metrics)),
             store,
             registry,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             max_payload_bytes: 64 << 10,
             max_plugin_bytes: 16 << 20,
             max_plugin_timeout_ms: 60_000,

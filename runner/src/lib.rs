@@ -24,6 +24,7 @@ pub mod serve;
 pub mod shards;
 pub mod store;
 pub mod table;
+pub mod tasks;
 pub mod trace;
 
 pub use executor::{Effects, Handler, Outcome, Run, TaskHost};

@@ -144,7 +144,12 @@ impl Runner {
         }
         work.start(
             "recurring schedules' driver",
-            crate::recurring::driver::run(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+            crate::recurring::driver::run(
+                store.clone(),
+                crate::tasks::Tasks::new(store.clone(), Arc::clone(&metrics)),
+                Arc::clone(&shards),
+                stop_rx.clone(),
+            ),
         );
         work.start(
             "source reader",

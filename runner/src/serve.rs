@@ -348,6 +348,7 @@ fn app_state(
     access.metrics_token = args.metrics_token.clone();
     let cursors = Arc::new(api::Cursors::new(api_store.clone()));
     AppState {
+        tasks: crate::tasks::Tasks::new(api_store.clone(), Arc::clone(&metrics)),
         store: api_store,
         registry,
         metrics,

@@ -1,6 +1,7 @@
 //! ARCHITECTURE.md's "one owner per outside system" invariants, checked rather than hoped: only
 //! `store` names the redis crate, only `plugins` names wasmtime, only `api` names axum, and only
-//! `config` reads the environment; and its codemap, which names every module of `runner/src`.
+//! `config` reads the environment; only the task service admits and writes new tasks; and the
+//! codemap names every module of `runner/src`.
 
 use std::path::{Path, PathBuf};
 
@@ -196,5 +197,34 @@ fn the_codemap_names_every_module_and_each_module_it_names_exists() {
             "runner/src/{rel} is not named in ARCHITECTURE.md's codemap (a top-level module by a \
              bullet of its own, a folder's module in its folder's bullet)"
         );
+    }
+}
+
+/// One door for every task: outside the store, only the task service (`tasks.rs`) admits new
+/// tasks or writes them (a batch, a debounced spec, follow-ups, a firing), so a new way in can't
+/// skip a budget.
+#[test]
+fn only_the_task_service_admits_or_writes_new_tasks() {
+    let writes = [
+        "store.admit(",
+        "store.landed(",
+        "store.schedule(",
+        "store.schedule_all_or_none(",
+        "store.debounce(",
+        "store.fire(",
+        "ScheduleMode::",
+    ];
+    for (rel, text) in sources() {
+        let rel = rel.replace('\\', "/");
+        if rel.starts_with("store/") || rel == "tasks.rs" {
+            continue;
+        }
+        for w in writes {
+            assert!(
+                !text.contains(w),
+                "runner/src/{rel} calls `{w}`: new tasks are admitted and written by the task \
+                 service (runner/src/tasks.rs) only"
+            );
+        }
     }
 }

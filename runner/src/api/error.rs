@@ -116,3 +116,42 @@ impl From<anyhow::Error> for ApiError {
         }
     }
 }
+
+/// A task the service would not schedule: each refusal with its status and code, concerning its
+/// plugin where it has one.
+impl From<crate::tasks::Refusal> for ApiError {
+    fn from(r: crate::tasks::Refusal) -> Self {
+        use crate::tasks::{Refusal, Unchecked};
+        let plugin = r.plugin().map(str::to_owned);
+        let (status, code) = match &r {
+            Refusal::Failed(_) => {
+                let Refusal::Failed(e) = r else {
+                    unreachable!()
+                };
+                return e.into();
+            }
+            Refusal::OutOfScope { .. } | Refusal::Topic { .. } => {
+                (StatusCode::FORBIDDEN, "forbidden")
+            }
+            Refusal::UnknownPlugin { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_plugin"),
+            Refusal::MixedDebounce => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_task"),
+            Refusal::InvalidPayload { .. }
+            | Refusal::Unchecked {
+                why: Unchecked::Failed(_),
+                ..
+            } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_payload"),
+            Refusal::Unchecked {
+                why: Unchecked::Busy(_),
+                ..
+            } => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+            Refusal::NotAdmitted(q) => (StatusCode::TOO_MANY_REQUESTS, q.code()),
+            Refusal::Duplicate { .. } => (StatusCode::CONFLICT, "duplicate"),
+            Refusal::Running { .. } | Refusal::DebouncedRunning { .. } => {
+                (StatusCode::CONFLICT, "conflict")
+            }
+        };
+        let mut e = ApiError::new(status, code, r.to_string());
+        e.concerns = plugin;
+        e
+    }
+}

@@ -12,7 +12,7 @@ use utoipa::openapi::{Ref, RefOr, schema};
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
 use crate::access::Caller;
-use crate::store::{Debounce, Debounced, Event, Listener, NewTask};
+use crate::store::{Debounce, Event, Listener};
 
 /// Most events one request publishes.
 pub const MAX_EVENTS: usize = 1000;
@@ -159,40 +159,6 @@ pub async fn publish(
         matched: done.acted,
     })
     .into_response())
-}
-
-/// Schedules a batch of debounced tasks (the caller checked scope, rights and payloads):
-/// 201 with `{id, debounced: new|merged|queued}` each.
-pub async fn schedule_debounced(
-    st: &AppState,
-    specs: Vec<NewTask>,
-    single: bool,
-) -> ApiResult<Response> {
-    let verdicts = st.store.debounce(&specs).await?;
-    if let Some(i) = verdicts.iter().position(|v| *v == Debounced::Running) {
-        return Err(ApiError::conflict(format!(
-            "task {:?} is running and is not debounced, so it can't be replaced",
-            specs[i].id
-        )));
-    }
-    let mut replies: Vec<doc::DebouncedTask> = specs
-        .iter()
-        .zip(&verdicts)
-        .map(|(t, v)| doc::DebouncedTask {
-            id: t.id.clone(),
-            debounced: match v {
-                Debounced::New => doc::DebounceVerdict::New,
-                Debounced::Merged => doc::DebounceVerdict::Merged,
-                _ => doc::DebounceVerdict::Queued,
-            },
-        })
-        .collect();
-    let body = if single && replies.len() == 1 {
-        doc::ScheduleReply::OneDebounced(replies.remove(0))
-    } else {
-        doc::ScheduleReply::ManyDebounced(replies)
-    };
-    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
 /// An event a task listens for.

@@ -66,6 +66,8 @@ use crate::store::Store;
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
+    /// The one door for new tasks (scope, plugins, payload checks, budgets, the write, counts).
+    pub tasks: crate::tasks::Tasks,
     pub store: Store,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,

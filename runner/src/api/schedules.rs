@@ -242,7 +242,14 @@ pub async fn schedule_put(
             ),
         ));
     }
-    super::checks::payload(&st, &def.plugin, &def.payload, "the schedule was not saved").await?;
+    st.tasks
+        .check_payloads(
+            st.registry.as_ref(),
+            &[(&def.plugin, &def.payload)],
+            true,
+            "the schedule was not saved",
+        )
+        .await?;
     let json = serde_json::to_string(&def).map_err(anyhow::Error::from)?;
     let next = def.next_after(now_ms());
     let put = st.store.schedule_put(&id, &json, next).await?;

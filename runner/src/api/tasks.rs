@@ -1,6 +1,8 @@
 //! Task routes: schedule (one or a batch, all or nothing), read, move, cancel, run now; an owner's
 //! tasks and shift; dead letters.
 
+use std::collections::HashMap;
+
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -9,7 +11,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
@@ -17,15 +18,11 @@ use super::params::{TaskId, check_id};
 use super::task_ref::{OfPlugin, resolve};
 use super::task_spec::{parse_specs, traceparent_header};
 use crate::access::Caller;
-use crate::store::{Move, Refused, Scheduled, TaskRecord};
+use crate::store::{Debounced, Met, Move, NewTask, Refused, TaskRecord};
+use crate::tasks::Written;
 
 /// Largest body of the small JSON routes (PATCH, shift).
 pub(super) const SMALL_BODY: usize = 64 << 10;
-
-/// Whether a plugin of that name exists (loaded here, or in the registry).
-async fn plugin_exists(st: &AppState, name: &str) -> ApiResult<bool> {
-    Ok(st.registry.plugins().get(name).is_some() || st.store.plugin_current(name).await?.is_some())
-}
 
 /// `POST /v1/tasks`: one spec or an array; all or nothing.
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
@@ -45,81 +42,19 @@ pub async fn schedule(
     let v = body::raw(&bytes)?;
     let single = !body::is_array(v);
     let specs = parse_specs(&st, v, traceparent_header(&headers)?.as_deref())?;
-    let at = |i: usize| {
-        if single {
-            String::new()
-        } else {
-            format!("[{i}] ")
-        }
-    };
-    // a plugin out of the key's scope, or unknown, named with the first spec that uses it
-    let mut seen = std::collections::HashSet::new();
-    for (i, t) in specs.iter().enumerate() {
-        if !seen.insert(t.plugin.as_str()) {
-            continue;
-        }
-        plugin_in_scope(&caller, &t.plugin).map_err(|mut e| {
-            e.message = format!("{}{}; nothing was scheduled", at(i), e.message);
-            e
-        })?;
-        if !plugin_exists(&st, &t.plugin).await? {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "unknown_plugin",
-                format!(
-                    "{}no plugin named {:?}; upload it with PUT /v1/plugins/{}; nothing was scheduled",
-                    at(i),
-                    t.plugin,
-                    t.plugin
-                ),
-            ));
-        }
-    }
-    for (i, t) in specs.iter().enumerate() {
-        if let Some(why) =
-            t.on.iter()
-                .find_map(|l| caller.refuses_topic(&l.topic, false))
-        {
-            return Err(ApiError::forbidden(format!(
-                "{}{why}; nothing was scheduled",
-                at(i)
-            )));
-        }
-    }
-    let debounced = specs.iter().filter(|t| t.debounce.is_some()).count();
-    if debounced > 0 && debounced < specs.len() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_task",
-            "a batch is all debounced tasks or none; nothing was scheduled",
-        ));
-    }
-    super::checks::payloads(&st, &specs, single).await?;
-    let admitted = match st.store.admit(&specs).await? {
-        Ok(a) => a,
-        Err(q) => {
-            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, q.code(), q.to_string());
-            e.concerns = Some(q.plugin().to_owned());
-            return Err(e);
-        }
-    };
-    if debounced > 0 {
-        let r = super::events::schedule_debounced(&st, specs, single).await;
-        st.store.landed(admitted).await;
-        return r;
-    }
-    let written = st.store.schedule_all_or_none(&specs).await;
-    st.store.landed(admitted).await;
-    let met = match written? {
-        Err((i, Scheduled::Duplicate)) => return Err(duplicate(&at(i), &specs[i].id)),
-        Err((i, _)) => return Err(running_conflict(&at(i), &specs[i].id)),
-        Ok(met) => met,
-    };
-    for t in &specs {
-        st.metrics.observe_scheduled(&t.plugin, 1);
-    }
-    let mut met: std::collections::HashMap<String, crate::store::Met> =
-        met.into_iter().map(|m| (m.task.clone(), m)).collect();
+    let written = st
+        .tasks
+        .schedule(&caller, st.registry.as_ref(), &specs, single)
+        .await?;
+    Ok(match written {
+        Written::Tasks(met) => scheduled(&specs, met, single),
+        Written::Debounced(verdicts) => debounced(&specs, &verdicts, single),
+    })
+}
+
+/// The answer to a batch scheduled: each task's id and due time, and the event it met.
+fn scheduled(specs: &[NewTask], met: Vec<Met>, single: bool) -> Response {
+    let mut met: HashMap<String, Met> = met.into_iter().map(|m| (m.task.clone(), m)).collect();
     let mut replies: Vec<doc::ScheduledTask> = specs
         .iter()
         .map(|t| doc::ScheduledTask {
@@ -145,23 +80,29 @@ pub async fn schedule(
         res.extensions_mut()
             .insert(Concerns(specs[0].plugin.clone()));
     }
-    Ok(res)
+    res
 }
 
-fn running_conflict(at: &str, id: &str) -> ApiError {
-    ApiError::conflict(format!(
-        "{at}task {id:?} is running, so it can't be replaced; nothing was scheduled"
-    ))
-}
-
-fn duplicate(at: &str, id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "duplicate",
-        format!(
-            "{at}task {id:?} finished within its unique_for_ms window, so scheduling it again is a duplicate; nothing was scheduled"
-        ),
-    )
+/// The answer to a debounced batch: what became of each spec.
+fn debounced(specs: &[NewTask], verdicts: &[Debounced], single: bool) -> Response {
+    let mut replies: Vec<doc::DebouncedTask> = specs
+        .iter()
+        .zip(verdicts)
+        .map(|(t, v)| doc::DebouncedTask {
+            id: t.id.clone(),
+            debounced: match v {
+                Debounced::New => doc::DebounceVerdict::New,
+                Debounced::Merged => doc::DebounceVerdict::Merged,
+                _ => doc::DebounceVerdict::Queued,
+            },
+        })
+        .collect();
+    let body = if single && replies.len() == 1 {
+        doc::ScheduleReply::OneDebounced(replies.remove(0))
+    } else {
+        doc::ScheduleReply::ManyDebounced(replies)
+    };
+    (StatusCode::CREATED, axum::Json(body)).into_response()
 }
 
 pub(super) fn refused(id: &str, r: Refused) -> ApiError {

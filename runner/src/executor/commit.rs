@@ -6,11 +6,9 @@ use std::time::Duration;
 use tracing::{Instrument, Span, debug, info_span};
 
 use super::{Effects, Executor};
-use crate::store::{Claimed, Committed, ScheduleMode};
+use crate::store::{Claimed, Committed};
+use crate::tasks::Refusal;
 use crate::trace;
-
-/// How often follow-ups are tried again while Redis is out of memory.
-const FULL_RETRY: Duration = Duration::from_millis(250);
 
 /// Why a run's effects were not committed.
 pub(super) enum NotCommitted {
@@ -77,20 +75,17 @@ impl Executor {
                 return Err(NotCommitted::Lost);
             }
         }
-        // before anything is written: a run whose follow-ups would pass a quota writes nothing
-        let mut admitted = None;
-        if !fx.schedule.is_empty() {
-            match self.store.admit(&fx.schedule).await {
-                Ok(Ok(a)) => admitted = Some(a),
-                Ok(Err(q)) => return Err(NotCommitted::OverQuota(q.to_string())),
-                Err(e) => return Err(NotCommitted::Failed(e)),
-            }
+        // admitted before anything is written: a run whose follow-ups would pass a budget writes
+        // nothing
+        match self
+            .tasks
+            .admitted(&fx.schedule, self.write_effects(task, fx, marked))
+            .await
+        {
+            Ok(written) => written,
+            Err(Refusal::Failed(e)) => Err(NotCommitted::Failed(e)),
+            Err(refused) => Err(NotCommitted::OverQuota(refused.to_string())),
         }
-        let written = self.write_effects(task, fx, marked).await;
-        if let Some(a) = admitted {
-            self.store.landed(a).await;
-        }
-        written
     }
 
     /// Writes a run's admitted effects: kv writes and events, follow-ups, cancels.
@@ -131,22 +126,12 @@ impl Executor {
         }
         if !fx.schedule.is_empty() {
             // While Redis is out of memory it refuses new tasks: the follow-ups wait for memory
-            // (the claim's lease is kept meanwhile) rather than the run being done again on a
-            // new attempt. Scheduling them again is safe: only those not yet written are.
-            while let Err(e) = self
-                .store
-                .schedule(&fx.schedule, ScheduleMode::IfAbsent)
+            // while the claim is held (its lease is kept meanwhile) rather than the run being
+            // done again on a new attempt.
+            self.tasks
+                .write_follow_ups(&fx.schedule, || self.held.leased_from(task).is_some())
                 .await
-            {
-                if !crate::store::is_full(&e) || self.held.leased_from(task).is_none() {
-                    return Err(NotCommitted::Failed(e));
-                }
-                debug!(id = %task.id, "follow-ups wait for Redis to have memory");
-                tokio::time::sleep(FULL_RETRY).await;
-            }
-            for t in &fx.schedule {
-                self.metrics.observe_scheduled(&t.plugin, 1);
-            }
+                .map_err(NotCommitted::Failed)?;
         }
         let also = fx.cancel_also.as_deref().unwrap_or_default();
         for id in &fx.cancel {

@@ -155,6 +155,8 @@ pub struct Executor {
     /// Moving average of a run's time (µs), for the adaptive prefetch.
     run_us: AtomicU64,
     metrics: Arc<Metrics>,
+    /// The door a run's follow-ups come through (admitted, counted).
+    tasks: crate::tasks::Tasks,
     stopping: watch::Receiver<bool>,
 }
 
@@ -226,6 +228,7 @@ impl Executor {
             stopping: stopping.clone(),
         };
         let exec = Arc::new(Executor {
+            tasks: crate::tasks::Tasks::new(store.clone(), Arc::clone(&metrics)),
             store,
             handler,
             slots,

@@ -72,7 +72,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         "eggtimer_tasks_scheduled_total",
         "counter",
-        "Tasks scheduled through this runner (API and follow-ups), per plugin.",
+        "Tasks scheduled through this runner (API, follow-ups and recurring schedules' firings), per plugin.",
     ),
     (
         "eggtimer_tasks_fired_total",

@@ -427,3 +427,33 @@ impl Registry {
         self.clean_cache().await;
     }
 }
+
+/// The task service asks the registry: a plugin exists when it is loaded here or stored, and its
+/// current version checks payloads in one of the runner's check slots.
+impl crate::tasks::PluginChecks for Registry {
+    fn exists<'a>(&'a self, name: &'a str) -> futures::future::BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            Ok(
+                self.plugins.get(name).is_some()
+                    || self.store.plugin_current(name).await?.is_some(),
+            )
+        })
+    }
+
+    fn check<'a>(
+        &'a self,
+        plugin: &'a str,
+        payloads: Vec<String>,
+    ) -> futures::future::BoxFuture<'a, Result<crate::tasks::Verdicts, crate::tasks::Unchecked>>
+    {
+        Box::pin(async move {
+            self.plugins
+                .check(plugin, payloads)
+                .await
+                .map_err(|e| match e {
+                    super::CheckError::Busy => crate::tasks::Unchecked::Busy(e.to_string()),
+                    super::CheckError::Failed(m) => crate::tasks::Unchecked::Failed(m),
+                })
+        })
+    }
+}

@@ -39,8 +39,7 @@ pub enum CheckError {
     Failed(String),
 }
 
-/// One verdict per payload: `None` fits, `Some(message)` does not.
-pub type Verdicts = Vec<Option<String>>;
+pub use crate::tasks::Verdicts;
 
 /// What a dry run did: the run as it would have been (its effects not applied), the HTTP
 /// requests it asked to send (none sent), and how long it took.

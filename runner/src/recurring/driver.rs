@@ -8,13 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::recurring::{CATCH_UP_MS, Overlap, ScheduleDef};
 use crate::shards::Shards;
 use crate::store::{NewTask, Store, TaskState};
+use crate::tasks::{Refusal, Tasks};
 
 /// Longest sleep: how soon a runner notices shards it took over or schedules made elsewhere
 /// (those also wake it through the wake channel).
@@ -23,7 +24,9 @@ const TICK: Duration = Duration::from_secs(1);
 const BATCH: usize = 100;
 
 /// Drives the schedules of the shards this runner owns until `stop`.
-pub async fn run(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
+/// Drives the schedules of the shards this runner owns until `stop`; firings come through
+/// `tasks`, the door every new task takes.
+pub async fn run(store: Store, tasks: Tasks, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
     loop {
         if *stop.borrow() {
             return;
@@ -31,7 +34,7 @@ pub async fn run(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bo
         // how long until the next firing, in Redis time differences (runners' clocks don't count)
         let mut wait_ms = TICK.as_millis() as i64;
         for shard in shards.owned() {
-            match drive(&store, shard).await {
+            match drive(&store, &tasks, shard).await {
                 Ok(Some(in_ms)) => wait_ms = wait_ms.min(in_ms),
                 Ok(None) => {}
                 Err(e) => warn!(shard, "driving schedules failed (will try again): {e:#}"),
@@ -47,14 +50,14 @@ pub async fn run(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bo
 }
 
 /// Fires what is due in one shard, by Redis's clock; returns how long until its next firing (ms).
-async fn drive(store: &Store, shard: u32) -> Result<Option<i64>> {
+async fn drive(store: &Store, tasks: &Tasks, shard: u32) -> Result<Option<i64>> {
     loop {
         let (now, due, head) = store.schedules_due(shard, BATCH).await?;
         if due.is_empty() {
             return Ok(head.map(|h| h - now));
         }
         for (id, at) in &due {
-            if let Err(e) = fire_one(store, id, *at, now).await {
+            if let Err(e) = fire_one(store, tasks, id, *at, now).await {
                 if crate::store::is_full(&e) {
                     // the pollers say it once; the firing is made when memory is back
                     debug!(schedule = %id, "a firing waits for Redis to have memory: {e:#}");
@@ -69,7 +72,7 @@ async fn drive(store: &Store, shard: u32) -> Result<Option<i64>> {
 
 /// Creates the firing of schedule `id` due at `at` (or, when that is older than the catch-up
 /// window, its most recent one) and moves the schedule to its next firing.
-async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
+async fn fire_one(store: &Store, tasks: &Tasks, id: &str, at: i64, now: i64) -> Result<()> {
     let Some(row) = store.schedule_get(id).await? else {
         return Ok(());
     };
@@ -119,17 +122,13 @@ async fn fire_one(store: &Store, id: &str, at: i64, now: i64) -> Result<()> {
     if skip {
         debug!(schedule = %id, at = fire_at, "skipped: the previous firing has not finished");
     } else {
-        match store.admit(std::slice::from_ref(&task)).await? {
-            Err(q) => {
-                warn!(schedule = %id, at = fire_at, "a firing is skipped: {q}");
+        match tasks.fire(&task).await {
+            Err(Refusal::Failed(e)) => return Err(e.context("creating a firing")),
+            Err(refused) => {
+                warn!(schedule = %id, at = fire_at, "a firing is skipped: {refused}");
                 skip = true;
             }
-            Ok(admitted) => {
-                let created = store.fire(&task).await;
-                store.landed(admitted).await;
-                let created = created.context("creating a firing")?;
-                debug!(schedule = %id, at = fire_at, created, "fired");
-            }
+            Ok(created) => debug!(schedule = %id, at = fire_at, created, "fired"),
         }
     }
     let next = def.next_after(fire_at.max(at));
