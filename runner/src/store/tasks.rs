@@ -12,6 +12,36 @@ use super::{
     ClaimBatch, Claimed, Finish, Finished, Move, Refused, Share, Store, TaskRecord, field_safe,
 };
 
+/// The claim script's answer by slot, named as `lua/claim.lua` names them (its `local NOW, …`
+/// line, 1-based there): a test holds the two alike.
+mod claim_slots {
+    pub const NOW: usize = 0;
+    pub const NEXT_DUE: usize = 1;
+    pub const LEASE_HEAD: usize = 2;
+    pub const TOKEN: usize = 3;
+    pub const RERUNS: usize = 4;
+    pub const SET_ASIDE: usize = 5;
+    pub const WAITING: usize = 6;
+    pub const OTHERS_HERE: usize = 7;
+    pub const OTHERS_DUE: usize = 8;
+    /// Where the claimed tasks begin (id and record each).
+    pub const TASKS: usize = 9;
+
+    /// Each slot's name and place, for the test against the script.
+    #[cfg(test)]
+    pub const ALL: [(&str, usize); 9] = [
+        ("NOW", NOW),
+        ("NEXT_DUE", NEXT_DUE),
+        ("LEASE_HEAD", LEASE_HEAD),
+        ("TOKEN", TOKEN),
+        ("RERUNS", RERUNS),
+        ("SET_ASIDE", SET_ASIDE),
+        ("WAITING", WAITING),
+        ("OTHERS_HERE", OTHERS_HERE),
+        ("OTHERS_DUE", OTHERS_DUE),
+    ];
+}
+
 /// An outcome as the finish script takes it: kind, claim token, value, error.
 type Outcome<'a> = (&'a str, u64, i64, &'a str);
 
@@ -47,19 +77,20 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("claim script")?;
-        if v.len() < 9 || !(v.len() - 9).is_multiple_of(2) {
+        use claim_slots::*;
+        if v.len() < TASKS || !(v.len() - TASKS).is_multiple_of(2) {
             bail!("the claim script answered {} values", v.len());
         }
-        let now = int(&v[0])?;
-        let next = int(&v[1])?;
-        let lease = int(&v[2])?;
-        let token = int(&v[3])? as u64;
+        let now = int(&v[NOW])?;
+        let next = int(&v[NEXT_DUE])?;
+        let lease = int(&v[LEASE_HEAD])?;
+        let token = int(&v[TOKEN])? as u64;
         // the tasks that rerun a lost claim: place among the tasks (1-based) -> first claim
         let mut firsts = HashMap::new();
-        let Value::Array(f) = &v[4] else {
+        let Value::Array(f) = &v[RERUNS] else {
             bail!(
                 "the claim script answered {:?} where its reruns belong",
-                v[4]
+                v[RERUNS]
             );
         };
         for pair in f.chunks_exact(2) {
@@ -70,12 +101,12 @@ impl Store {
             })?;
             firsts.insert(at, first);
         }
-        let set_aside = int(&v[5])? as u64;
-        let waiting = int(&v[6])?;
-        let others_here = int(&v[7])? == 1;
-        let others_due = int(&v[8])?;
-        let mut recs = Vec::with_capacity((v.len() - 9) / 2);
-        for c in v[9..].chunks_exact(2) {
+        let set_aside = int(&v[SET_ASIDE])? as u64;
+        let waiting = int(&v[WAITING])?;
+        let others_here = int(&v[OTHERS_HERE])? == 1;
+        let others_due = int(&v[OTHERS_DUE])?;
+        let mut recs = Vec::with_capacity((v.len() - TASKS) / 2);
+        for c in v[TASKS..].chunks_exact(2) {
             let id = string(&c[0])?;
             let rec = string(&c[1])?;
             recs.push(TaskRecord::decode(&id, &rec).with_context(|| {
@@ -449,5 +480,32 @@ pub(super) fn string(v: &Value) -> Result<String> {
         Value::BulkString(b) => String::from_utf8(b.clone()).context("a reply that is not UTF-8"),
         Value::SimpleString(s) => Ok(s.clone()),
         other => bail!("expected a string reply, got {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_slots;
+
+    /// The script names its answer's slots in one line (`local NOW, NEXT_DUE, … = 1, 2, …`);
+    /// the decoder reads the same names at the same places, and no more or fewer.
+    #[test]
+    fn the_claim_reply_is_read_by_the_names_the_script_gives_its_slots() {
+        let script = include_str!("lua/claim.lua");
+        let line = script
+            .lines()
+            .find(|l| l.starts_with("local NOW,"))
+            .expect("claim.lua names its answer's slots in a `local NOW, ...` line");
+        let (names, places) = line["local ".len()..].split_once('=').unwrap();
+        let names: Vec<&str> = names.split(',').map(str::trim).collect();
+        let places: Vec<usize> = places
+            .split(',')
+            .map(|p| p.trim().parse().unwrap())
+            .collect();
+        let script_slots: Vec<(&str, usize)> = names.into_iter().zip(places).collect();
+        let rust_slots: Vec<(&str, usize)> =
+            claim_slots::ALL.iter().map(|&(n, i)| (n, i + 1)).collect();
+        assert_eq!(script_slots, rust_slots);
+        assert_eq!(claim_slots::TASKS, rust_slots.len());
     }
 }

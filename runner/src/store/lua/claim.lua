@@ -23,13 +23,20 @@
 -- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms, held, extra, headroom, part.
 -- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
--- Returns {now, next_due (-1: none), next_lease_expiry (-1: none), token, {the reruns: per task
--- that has a first claim, its place among the tasks (1-based) and that claim}, how many tasks
--- were set aside, whether due tasks are left waiting (0: none; 1: of plugins holding their part
--- or more; 2: of a plugin under its part too), whether a plugin under its part has tasks
--- scheduled here that may be due (1, or 0: only crowding plugins; always 1 when ARGV[4] is 0),
--- when 0 the earliest a plugin under its part may have a task due here (-1: none), then per
--- task: id, record}.
+-- Output: a flat array of named slots (`local NOW, ...` below; the runner decodes them by the
+-- same names, `claim_slots` in store/tasks.rs), then per task claimed its id and record:
+--   NOW         Redis's time (ms)
+--   NEXT_DUE    when the next scheduled task here is due (-1: none)
+--   LEASE_HEAD  when the next claim lease here ends (-1: none)
+--   TOKEN       the claim's token
+--   RERUNS      {per task that has a first claim: its place among the tasks (1-based), that claim}
+--   SET_ASIDE   how many tasks were set aside for fair share
+--   WAITING     whether due tasks are left waiting (0: none; 1: of plugins holding their part or
+--               more; 2: of a plugin under its part too)
+--   OTHERS_HERE whether a plugin under its part has tasks scheduled here that may be due (1, or
+--               0: only crowding plugins; always 1 when ARGV[4] is 0)
+--   OTHERS_DUE  when OTHERS_HERE is 0, the earliest a plugin under its part may have a task due
+--               here (-1: none)
 -- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
@@ -51,7 +58,8 @@ local lease_head = first_score(K_CLAIM_LEASES)
 local reaped = lease_head and lease_head < now
 if reaped then reap_expired(now, limit) end
 local firsts = {}
-local out = { now, 0, 0, 0, firsts, 0, 0, 1, -1 }
+local NOW, NEXT_DUE, LEASE_HEAD, TOKEN, RERUNS, SET_ASIDE, WAITING, OTHERS_HERE, OTHERS_DUE = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local out = { now, 0, 0, 0, firsts, 0, 0, 1, -1 } -- in the order of the names above
 -- walk past the claim's size only where another plugin's tasks may be found behind a backlog:
 -- when more than one plugin may have tasks due here (a plugin whose tasks all fall due later is
 -- as if it were not here: a burst is not set aside for it). Where one plugin alone may have
@@ -151,7 +159,7 @@ elseif #ids > 0 or #waits > 0 then
       end
     else
       -- left waiting: 2 when a plugin under its part is among them (headroom may take them)
-      if queues[c.plugin].under then out[7] = 2 elseif out[7] == 0 then out[7] = 1 end
+      if queues[c.plugin].under then out[WAITING] = 2 elseif out[WAITING] == 0 then out[WAITING] = 1 end
       if not c.member then
         push(aside, '0', wait_member(c.plugin, c.due, c.id))
         push(aside_ids, string.format('%d', c.due), c.id)
@@ -163,7 +171,7 @@ elseif #ids > 0 or #waits > 0 then
   call_many('ZADD', K_WAITING, aside)
   call_many('ZREM', K_PARKED, taken_ids)
   call_many('ZREM', K_WAITING, taken_waiting)
-  out[6] = #aside_ids / 2
+  out[SET_ASIDE] = #aside_ids / 2
 end
 if #c_ids > 0 then
   -- the shard's claim counter, never below Redis's clock in µs-sized steps of ms: when Redis
@@ -176,7 +184,7 @@ if #c_ids > 0 then
     redis.call('HSET', K_META, 'claim', string.format('%d', token))
   end
   token = string.format('%d', token)
-  out[4] = token
+  out[TOKEN] = token
   local owners = redis.call('EXISTS', K_BYOWNER) == 1
   local reruns = {}
   if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, c_ids) end
@@ -213,17 +221,17 @@ if #c_ids > 0 then
 end
 -- (parking puts nothing back in a bucket: the earliest seen on the way still is; tasks put
 -- back past CLAIM_BYTES are due now, before any left in the buckets)
-out[2] = back_head or head or head_due()
+out[NEXT_DUE] = back_head or head or head_due()
 -- for a runner one plugin crowds: whether a plugin under its part may have tasks due here
 -- (else a claim with headroom could only take the crowding plugin's: the poller then waits for
 -- room instead, or until `later`, when such a plugin's first task may fall due)
-if extra > 0 and out[7] ~= 2 then
-  out[8] = 0
+if extra > 0 and out[WAITING] ~= 2 then
+  out[OTHERS_HERE] = 0
   for _, p in ipairs(due) do
-    if not_crowding(held[p] or 0, part, most) then out[8] = 1 break end
+    if not_crowding(held[p] or 0, part, most) then out[OTHERS_HERE] = 1 break end
   end
-  if out[8] == 0 and later then out[9] = string.format('%d', later) end
+  if out[OTHERS_HERE] == 0 and later then out[OTHERS_DUE] = string.format('%d', later) end
 end
 if reaped then lease_head = first_score(K_CLAIM_LEASES) end
-out[3] = lease_head or -1
+out[LEASE_HEAD] = lease_head or -1
 return out
