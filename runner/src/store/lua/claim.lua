@@ -23,7 +23,7 @@
 -- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms, held, extra, headroom, part.
 -- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
--- Output: a flat array of named slots (`local NOW, ...` below; the runner decodes them by the
+-- Returns: a flat array of named slots (`local NOW, ...` below; the runner decodes them by the
 -- same names, `claim_slots` in store/tasks.rs), then per task claimed its id and record:
 --   NOW         Redis's time (ms)
 --   NEXT_DUE    when the next scheduled task here is due (-1: none)
