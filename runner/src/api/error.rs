@@ -122,14 +122,13 @@ impl From<anyhow::Error> for ApiError {
 impl From<crate::tasks::Refusal> for ApiError {
     fn from(r: crate::tasks::Refusal) -> Self {
         use crate::tasks::{Refusal, Unchecked};
+        let r = match r {
+            Refusal::Failed(e) => return e.into(),
+            r => r,
+        };
         let plugin = r.plugin().map(str::to_owned);
         let (status, code) = match &r {
-            Refusal::Failed(_) => {
-                let Refusal::Failed(e) = r else {
-                    unreachable!()
-                };
-                return e.into();
-            }
+            Refusal::Failed(_) => unreachable!("answered above"),
             Refusal::OutOfScope { .. } | Refusal::Topic { .. } => {
                 (StatusCode::FORBIDDEN, "forbidden")
             }
