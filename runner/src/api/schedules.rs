@@ -230,9 +230,7 @@ pub async fn schedule_put(
             caller.name
         )));
     }
-    if st.registry.plugins().get(&def.plugin).is_none()
-        && st.store.plugin_current(&def.plugin).await?.is_none()
-    {
+    if !st.registry.exists(&def.plugin).await? {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown_plugin",

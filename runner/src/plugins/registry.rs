@@ -69,6 +69,12 @@ impl Registry {
         &self.plugins
     }
 
+    /// Whether a plugin of this name exists: loaded here, or stored (another runner's upload
+    /// this one has not loaded yet).
+    pub async fn exists(&self, name: &str) -> Result<bool> {
+        Ok(self.plugins.get(name).is_some() || self.store.plugin_current(name).await?.is_some())
+    }
+
     /// Checks, stores and installs a plugin uploaded by the key `team` (None: the runner's own
     /// seeding); returns its entry and whether it is a new version.
     pub async fn upload(
@@ -432,12 +438,7 @@ impl Registry {
 /// current version checks payloads in one of the runner's check slots.
 impl crate::tasks::PluginChecks for Registry {
     fn exists<'a>(&'a self, name: &'a str) -> futures::future::BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            Ok(
-                self.plugins.get(name).is_some()
-                    || self.store.plugin_current(name).await?.is_some(),
-            )
-        })
+        Box::pin(Registry::exists(self, name))
     }
 
     fn check<'a>(
@@ -450,10 +451,7 @@ impl crate::tasks::PluginChecks for Registry {
             self.plugins
                 .check(plugin, payloads)
                 .await
-                .map_err(|e| match e {
-                    super::CheckError::Busy => crate::tasks::Unchecked::Busy(e.to_string()),
-                    super::CheckError::Failed(m) => crate::tasks::Unchecked::Failed(m),
-                })
+                .map_err(crate::tasks::Unchecked::from)
         })
     }
 }

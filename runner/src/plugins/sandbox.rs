@@ -41,6 +41,15 @@ pub enum CheckError {
 
 pub use crate::tasks::Verdicts;
 
+impl From<CheckError> for crate::tasks::Unchecked {
+    fn from(e: CheckError) -> Self {
+        match e {
+            CheckError::Busy => crate::tasks::Unchecked::Busy(e.to_string()),
+            CheckError::Failed(m) => crate::tasks::Unchecked::Failed(m),
+        }
+    }
+}
+
 /// What a dry run did: the run as it would have been (its effects not applied), the HTTP
 /// requests it asked to send (none sent), and how long it took.
 pub struct DryRun {
