@@ -54,6 +54,9 @@ impl RunnerProcess {
         Self::launch(&eggtimer_bin(), None, data_dir.to_owned(), args, &[])
     }
 
+    /// Starts a runner on a free port. A port found free can be taken by another process before
+    /// the runner binds it (any outgoing connection may be given it as its local port): a runner
+    /// that says so at start is started again on another port, at most three times.
     fn launch(
         bin: &Path,
         redis_url: Option<&str>,
@@ -61,7 +64,26 @@ impl RunnerProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> RunnerProcess {
-        let port = free_port();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::launch_on(free_port(), bin, redis_url, data_dir.clone(), args, env) {
+                Ok(r) => return r,
+                Err(log) if tries < 3 && log.contains("is in use (another eggtimer") => continue,
+                Err(log) => panic!("eggtimer exited at start:\n{log}"),
+            }
+        }
+    }
+
+    /// Starts a runner listening on `port`; its log when it exited at start.
+    fn launch_on(
+        port: u16,
+        bin: &Path,
+        redis_url: Option<&str>,
+        data_dir: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<RunnerProcess, String> {
         let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -84,12 +106,15 @@ impl RunnerProcess {
         let mut child = cmd.spawn().expect("starting eggtimer");
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
+        // how many of its two streams were read to their end
+        let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
             Box::new(child.stderr.take().unwrap()),
         ] {
             let log = Arc::clone(&log);
             let tx = tx.clone();
+            let ended = Arc::clone(&ended);
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     if line.contains("listening on") {
@@ -100,6 +125,7 @@ impl RunnerProcess {
                     }
                     log.lock().unwrap().push(line);
                 }
+                ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
         let mut me = RunnerProcess {
@@ -112,7 +138,15 @@ impl RunnerProcess {
         let deadline = Instant::now() + Duration::from_secs(60);
         while rx.recv_timeout(Duration::from_millis(50)).is_err() {
             if let Some(status) = me.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("eggtimer exited at start ({status}):\n{}", me.log_text());
+                // all it said, once its streams are read to their end
+                let read = Instant::now() + Duration::from_secs(5);
+                while ended.load(std::sync::atomic::Ordering::SeqCst) < 2 && Instant::now() < read {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let log = format!("({status}) {}", me.log_text());
+                // its data dir stays: a runner started again uses it
+                me.data_dir = PathBuf::new();
+                return Err(log);
             }
             assert!(
                 Instant::now() < deadline,
@@ -120,7 +154,7 @@ impl RunnerProcess {
                 me.log_text()
             );
         }
-        me
+        Ok(me)
     }
 
     pub fn log_text(&self) -> String {
