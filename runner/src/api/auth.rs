@@ -478,29 +478,3 @@ pub fn plugin_in_scope(caller: &Caller, plugin: &str) -> Result<(), ApiError> {
         Some(why) => Err(ApiError::forbidden(why).concerning(plugin)),
     }
 }
-
-/// The plugins a bulk or owner-wide action of this caller may touch: None for every plugin (a
-/// key that sees all, with no filter), else the filter (403 outside the scope) or every current
-/// plugin in the key's scope.
-pub async fn plugins_for(
-    st: &AppState,
-    caller: &Caller,
-    filter: Option<String>,
-) -> Result<Option<Vec<String>>, ApiError> {
-    if let Some(p) = filter {
-        plugin_in_scope(caller, &p)?;
-        return Ok(Some(vec![p]));
-    }
-    if caller.sees_all() {
-        return Ok(None);
-    }
-    Ok(Some(
-        st.store
-            .plugin_list()
-            .await?
-            .into_iter()
-            .map(|e| e.name)
-            .filter(|n| caller.sees(n))
-            .collect(),
-    ))
-}

@@ -7,7 +7,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::auth::plugins_for;
 use super::body::ApiResult;
 use super::cursor::fill;
 use super::doc;
@@ -15,8 +14,7 @@ use super::error::ApiError;
 use super::params::{
     PageQuery, PluginFilter, TaskId, page_cursor, page_limit, page_place, plugin_filter,
 };
-use super::task_ref::{OfPlugin, resolve};
-use super::tasks::refused;
+use super::task_ref::{OfPlugin, TaskPath};
 use crate::access::Caller;
 use crate::store::DeadAction;
 use crate::store::TaskRecord;
@@ -55,13 +53,12 @@ pub async fn dead_retry(
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    let t = TaskPath::new(id, of)?;
     let at = st
-        .store
-        .revive(&t.key)
-        .await?
-        .map_err(|r| refused(&id, r))?;
-    Ok(axum::Json(json!({"id": id, "run_at": at})).into_response())
+        .tasks
+        .retry(&caller, st.registry.as_ref(), t.named())
+        .await?;
+    Ok(axum::Json(json!({"id": t.id(), "run_at": at})).into_response())
 }
 
 /// `DELETE /v1/dead/{id}`.
@@ -74,11 +71,10 @@ pub async fn dead_drop(
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
-    st.store
-        .drop_dead(&t.key)
-        .await?
-        .map_err(|r| refused(&id, r))?;
+    let t = TaskPath::new(id, of)?;
+    st.tasks
+        .drop_dead(&caller, st.registry.as_ref(), t.named())
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -111,7 +107,10 @@ pub async fn dead_retry_all(
     }
     let b: PluginOnly = super::body::typed(super::body::raw(&bytes)?)?;
     let plugin = plugin_filter(b.plugin)?;
-    let n = dead_all(&st, &caller, DeadAction::Retry, plugin).await?;
+    let n = st
+        .tasks
+        .dead_all(&caller, DeadAction::Retry, plugin.as_deref())
+        .await?;
     Ok(axum::Json(json!({"retried": n})).into_response())
 }
 
@@ -125,25 +124,9 @@ pub async fn dead_drop_all(
     Query(f): Query<PluginFilter>,
 ) -> ApiResult<Response> {
     let plugin = plugin_filter(f.plugin)?;
-    let n = dead_all(&st, &caller, DeadAction::Drop, plugin).await?;
+    let n = st
+        .tasks
+        .dead_all(&caller, DeadAction::Drop, plugin.as_deref())
+        .await?;
     Ok(axum::Json(json!({"dropped": n})).into_response())
-}
-
-/// Retries or drops the dead tasks of the plugins the caller may touch.
-async fn dead_all(
-    st: &AppState,
-    caller: &Caller,
-    action: DeadAction,
-    plugin: Option<String>,
-) -> ApiResult<u64> {
-    match plugins_for(st, caller, plugin).await? {
-        None => Ok(st.store.dead_all(action, None).await?),
-        Some(ps) => {
-            let mut n = 0;
-            for p in &ps {
-                n += st.store.dead_all(action, Some(p)).await?;
-            }
-            Ok(n)
-        }
-    }
 }

@@ -23,7 +23,7 @@ use super::checks::failed;
 use super::doc;
 use super::error::ApiError;
 use super::params::TaskId;
-use super::task_ref::{OfPlugin, resolve};
+use super::task_ref::{OfPlugin, TaskPath};
 use crate::access::Caller;
 use crate::executor::{Outcome, StoreHost, TaskHost};
 use crate::plugins::{DryRun, HttpAnswer};
@@ -125,10 +125,12 @@ pub async fn dry_run(
             body: c.body.into_bytes(),
         });
     }
-    let mut t = resolve(&st, &caller, &id, of.plugin).await?;
+    let path = TaskPath::new(id, of)?;
+    let id = path.id();
     // a debounced task runs with its window's payloads
-    st.store
-        .load_windows(st.store.shard_of(&t.key), std::slice::from_mut(&mut t))
+    let t = st
+        .tasks
+        .as_run(&caller, st.registry.as_ref(), path.named())
         .await?;
     let history = st.store.plugin_history(&t.plugin).await?;
     let entry = match b.version {

@@ -117,10 +117,11 @@ impl From<anyhow::Error> for ApiError {
     }
 }
 
-/// A task the service would not schedule: each refusal with its status and code, concerning its
+/// A task the service would not schedule or change: each refusal with its status and code, concerning its
 /// plugin where it has one.
 impl From<crate::tasks::Refusal> for ApiError {
     fn from(r: crate::tasks::Refusal) -> Self {
+        use crate::store::Refused;
         use crate::tasks::{Refusal, Unchecked};
         let r = match r {
             Refusal::Failed(e) => return e.into(),
@@ -129,9 +130,19 @@ impl From<crate::tasks::Refusal> for ApiError {
         let plugin = r.plugin().map(str::to_owned);
         let (status, code) = match &r {
             Refusal::Failed(_) => unreachable!("answered above"),
-            Refusal::OutOfScope { .. } | Refusal::Topic { .. } => {
-                (StatusCode::FORBIDDEN, "forbidden")
+            Refusal::OutOfScope { .. }
+            | Refusal::Topic { .. }
+            | Refusal::Forbidden { .. }
+            | Refusal::NoPublish { .. } => (StatusCode::FORBIDDEN, "forbidden"),
+            Refusal::EventBudget { .. } => (StatusCode::TOO_MANY_REQUESTS, "event_budget"),
+            Refusal::NoTask { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Refusal::AmbiguousId { .. } => (StatusCode::CONFLICT, "ambiguous_id"),
+            Refusal::Unchangeable {
+                why: Refused::OutOfRange,
+                ..
             }
+            | Refusal::ShiftOutOfRange { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+            Refusal::Unchangeable { .. } => (StatusCode::CONFLICT, "conflict"),
             Refusal::UnknownPlugin { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_plugin"),
             Refusal::MixedDebounce => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_task"),
             Refusal::InvalidPayload { .. }

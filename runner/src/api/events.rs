@@ -82,10 +82,6 @@ pub struct PublishReply {
     matched: u64,
 }
 
-/// What an event costs Redis besides its data, topic and key (its entries in the event shard's
-/// hash and index), as a publish is charged to its key's budget.
-const EVENT_OVERHEAD: usize = 64;
-
 /// `POST /v1/events/{topic}`: one event or an array (up to 1,000), for the key's `publish`
 /// topics.
 #[utoipa::path(post, path = "/v1/events/{topic}", tag = "events",
@@ -105,9 +101,6 @@ pub async fn publish(
             "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
         )));
     }
-    if let Some(why) = caller.refuses_topic(&topic, true) {
-        return Err(ApiError::forbidden(why));
-    }
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, st.max_body_bytes).await?;
     let v = body::raw(&bytes)?;
@@ -120,40 +113,20 @@ pub async fn publish(
         return Err(ApiError::bad("the array of events is empty"));
     }
     let mut events = Vec::with_capacity(ins.len());
-    let mut bytes = 0u64;
     for e in ins {
         let data = e.data.map_or("null", |d| d.get());
         crate::limits::payload("data", data, st.max_payload_bytes)
             .map_err(|e| ApiError::too_large(e.0))?;
-        // what Redis keeps of it: the data, its topic and key, and its entries' own cost
-        bytes += (data.len() + topic.len() + e.key.len() + EVENT_OVERHEAD) as u64;
         events.push(Event {
             topic: topic.clone(),
             key: e.key,
             data: data.to_owned(),
         });
     }
-    let budget = caller.limits.event_bytes.unwrap_or(st.events_max_bytes);
-    if let Err(used) = st
-        .store
-        .charge_events(&caller.key_id, bytes, budget)
-        .await?
-    {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "event_budget",
-            format!(
-                "key {:?} published {used} bytes of events in the last {} s, which Redis keeps for \
-                 tasks' lookback; these {bytes} more would pass its budget of {budget} bytes \
-                 (the key's event_bytes, else --events-max-bytes): nothing was published",
-                caller.name,
-                st.store.options().event_retention_ms / 1000,
-            ),
-        ));
-    }
-    let done = st.store.publish(&events).await?;
-    st.metrics
-        .observe_events(&topic, done.stored, done.unmatched, done.acted);
+    let done = st
+        .tasks
+        .publish(&caller, &topic, &events, st.events_max_bytes)
+        .await?;
     Ok(axum::Json(PublishReply {
         published: done.stored,
         matched: done.acted,

@@ -8,7 +8,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::auth::plugins_for;
 use super::body::{self, ApiResult, field};
 use super::cursor::fill;
 use super::doc;
@@ -88,25 +87,10 @@ pub async fn owner_shift(
     let shift = b
         .shift_ms
         .ok_or_else(|| ApiError::bad("shift_ms is required"))?;
-    let plugin = b.plugin;
-    // A key that sees some plugins only shifts each of them in turn: one shift per plugin.
-    let plugins = match plugins_for(&st, &caller, plugin).await? {
-        None => vec![None],
-        Some(ps) => ps.into_iter().map(Some).collect(),
-    };
-    let mut n = 0;
-    for p in &plugins {
-        n += st
-            .store
-            .shift_owner(&owner, shift, p.as_deref())
-            .await?
-            .map_err(|r| {
-                ApiError::bad(format!(
-                    "shift_ms {shift}: a task of owner {owner:?} would leave the time range ({r}); \
-                     {n} tasks of the plugins before it moved, no others"
-                ))
-            })?;
-    }
+    let n = st
+        .tasks
+        .shift_owner(&caller, &owner, shift, b.plugin.as_deref())
+        .await?;
     Ok(axum::Json(json!({"shifted": n})).into_response())
 }
 
@@ -123,15 +107,9 @@ pub async fn owner_cancel(
 ) -> ApiResult<Response> {
     check_owner(&owner)?;
     let plugin = plugin_filter(f.plugin)?;
-    let n = match plugins_for(&st, &caller, plugin).await? {
-        None => st.store.cancel_owner(&owner, None).await?,
-        Some(ps) => {
-            let mut n = 0;
-            for p in &ps {
-                n += st.store.cancel_owner(&owner, Some(p)).await?;
-            }
-            n
-        }
-    };
+    let n = st
+        .tasks
+        .cancel_owner(&caller, &owner, plugin.as_deref())
+        .await?;
     Ok(axum::Json(json!({"cancelled": n})).into_response())
 }

@@ -468,7 +468,7 @@ pub async fn plugin_delete(
     };
     current(&st, &name).await?;
     if cancel {
-        st.store.cancel_plugin(&name).await?;
+        st.tasks.cancel_plugin(&name).await?;
     } else {
         let c = &st.store.plugin_counts(std::slice::from_ref(&name)).await?[0];
         if c.scheduled + c.dead > 0 {
@@ -492,6 +492,6 @@ pub async fn plugin_delete(
     }
     // its done tasks (and, with `?tasks=cancel`, what was scheduled between the first pass and
     // the delete): nothing of its tasks is left for the next owner of the name to read
-    st.store.cancel_plugin(&name).await?;
+    st.tasks.cancel_plugin(&name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -285,7 +285,11 @@ pub async fn events(
         )));
     }
     let limit = super::params::page_limit_of(q.limit.as_deref(), 50)?;
-    let plugins = super::task_ref::plugins_named(&st, &caller, q.plugin).await?;
+    let plugin = super::params::plugin_filter(q.plugin)?;
+    let plugins = st
+        .tasks
+        .visible(&caller, st.registry.as_ref(), plugin.as_deref())
+        .await?;
     let rows = st.store.latest_events(&plugins, &topic, limit).await?;
     Ok(axum::Json(
         rows.into_iter()

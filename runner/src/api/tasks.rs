@@ -15,10 +15,10 @@ use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
 use super::params::{TaskId, check_id};
-use super::task_ref::{OfPlugin, resolve};
+use super::task_ref::{OfPlugin, TaskPath};
 use super::task_spec::{parse_specs, traceparent_header};
 use crate::access::Caller;
-use crate::store::{Debounced, Met, Move, NewTask, Refused, TaskRecord};
+use crate::store::{Debounced, Met, Move, NewTask};
 use crate::tasks::Written;
 
 /// Largest body of the small JSON routes (PATCH, shift).
@@ -105,23 +105,6 @@ fn debounced(specs: &[NewTask], verdicts: &[Debounced], single: bool) -> Respons
     (StatusCode::CREATED, axum::Json(body)).into_response()
 }
 
-pub(super) fn refused(id: &str, r: Refused) -> ApiError {
-    match r {
-        Refused::Missing => ApiError::not_found(format!("no task {id:?}")),
-        Refused::OutOfRange => ApiError::bad(format!("task {id:?}: {r}; nothing moved")),
-        other => ApiError::conflict(format!("task {id:?}: {other}")),
-    }
-}
-
-/// The task stored under `key` with its log, as its route answers it.
-async fn task_reply(st: &AppState, key: &str) -> ApiResult<TaskRecord> {
-    let id = crate::store::public_id(key);
-    st.store
-        .get(key)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no task {id:?}")))
-}
-
 /// `GET /v1/tasks/{id}`.
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId, OfPlugin),
     responses((status = 200, description = "the task", body = crate::store::TaskRecord), doc::Errors),
@@ -132,8 +115,12 @@ pub async fn get_task(
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
-    Ok(axum::Json(task_reply(&st, &t.key).await?).into_response())
+    let t = TaskPath::new(id, of)?;
+    let task = st
+        .tasks
+        .get(&caller, st.registry.as_ref(), t.named())
+        .await?;
+    Ok(axum::Json(task).into_response())
 }
 
 /// The fields of a PATCH body (documented as `doc::MoveBody`): exactly one of them.
@@ -169,12 +156,12 @@ pub async fn move_task(
         (None, Some(d)) => Move::Shift(d),
         _ => return Err(ApiError::bad("give exactly one of run_at or shift_ms")),
     };
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
-    st.store
-        .move_task(&t.key, how)
-        .await?
-        .map_err(|r| refused(&id, r))?;
-    Ok(axum::Json(task_reply(&st, &t.key).await?).into_response())
+    let t = TaskPath::new(id, of)?;
+    let moved = st
+        .tasks
+        .move_task(&caller, st.registry.as_ref(), t.named(), how)
+        .await?;
+    Ok(axum::Json(moved).into_response())
 }
 
 /// `DELETE /v1/tasks/{id}`.
@@ -187,11 +174,10 @@ pub async fn cancel_task(
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
-    st.store
-        .cancel(&t.key)
-        .await?
-        .map_err(|r| refused(&id, r))?;
+    let t = TaskPath::new(id, of)?;
+    st.tasks
+        .cancel(&caller, st.registry.as_ref(), t.named())
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -205,15 +191,14 @@ pub async fn run_now(
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
-    let t = resolve(&st, &caller, &id, of.plugin).await?;
+    let t = TaskPath::new(id, of)?;
     let at = st
-        .store
-        .move_task(&t.key, Move::Now)
-        .await?
-        .map_err(|r| refused(&id, r))?;
+        .tasks
+        .run_now(&caller, st.registry.as_ref(), t.named())
+        .await?;
     Ok((
         StatusCode::ACCEPTED,
-        axum::Json(json!({"id": id, "run_at": at})),
+        axum::Json(json!({"id": t.id(), "run_at": at})),
     )
         .into_response())
 }

@@ -135,7 +135,7 @@ impl Executor {
         }
         let also = fx.cancel_also.as_deref().unwrap_or_default();
         for id in &fx.cancel {
-            match self.store.cancel_for_plugin(id, &task.plugin, also).await {
+            match self.tasks.cancel_for_run(id, &task.plugin, also).await {
                 Ok(Ok(())) => debug!(%id, "cancelled"),
                 Ok(Err(why)) => debug!(%id, "not cancelled: {why}"),
                 Err(e) => return Err(NotCommitted::Failed(e)),

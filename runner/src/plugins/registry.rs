@@ -441,6 +441,10 @@ impl crate::tasks::PluginChecks for Registry {
         Box::pin(Registry::exists(self, name))
     }
 
+    fn loaded(&self) -> Vec<String> {
+        self.plugins.loaded().into_iter().map(|(n, ..)| n).collect()
+    }
+
     fn check<'a>(
         &'a self,
         plugin: &'a str,

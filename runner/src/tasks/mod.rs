@@ -1,4 +1,4 @@
-//! The task service: the one door every new task comes through, whoever brings it.
+//! The task service: the one door every task comes through, whoever brings it.
 //!
 //! A request's batch, a debounced spec, a run's follow-ups and a recurring schedule's firing are
 //! each one function here, and each does the same things in the same order: what the caller may
@@ -7,8 +7,15 @@
 //! admits or writes a new task, so a new way in gets its limits by calling one of these; the
 //! quota bypass a debounce once had (it returned before admission) can't be written again.
 //!
+//! Changes to tasks that exist (move, run now, cancel, retry, drop; an owner's or a plugin's tasks
+//! at once) are here too, in [`changes`]: each finds the task the caller names among the plugins
+//! its key may see and changes it in one script.
+//!
 //! The service speaks in [`Refusal`]s, not HTTP: the API turns them into its error replies, the
 //! executor into a failed attempt, the recurring driver into a skipped firing.
+
+mod changes;
+mod events;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -18,7 +25,9 @@ use futures::future::BoxFuture;
 
 use crate::access::Caller;
 use crate::metrics::Metrics;
-use crate::store::{Debounced, Met, NewTask, NotAdmitted, ScheduleMode, Scheduled, Store};
+use crate::store::{Debounced, Met, NewTask, NotAdmitted, Refused, ScheduleMode, Scheduled, Store};
+
+pub use changes::Named;
 
 /// How long follow-ups wait between tries while Redis is out of memory.
 const FULL_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
@@ -39,6 +48,8 @@ pub enum Unchecked {
 pub trait PluginChecks: Send + Sync {
     /// Whether a plugin of this name exists (loaded here, or stored).
     fn exists<'a>(&'a self, name: &'a str) -> BoxFuture<'a, anyhow::Result<bool>>;
+    /// The plugins loaded here (from `--plugins-dir`), stored or not.
+    fn loaded(&self) -> Vec<String>;
     /// What the current version of `plugin` says of each payload (a plugin without a check
     /// takes any).
     fn check<'a>(
@@ -48,7 +59,7 @@ pub trait PluginChecks: Send + Sync {
     ) -> BoxFuture<'a, Result<Verdicts, Unchecked>>;
 }
 
-/// Why a task was not scheduled; nothing of its batch was written.
+/// Why a task was not scheduled or changed; nothing of its batch was written.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
     /// The caller's key does not cover the plugin.
@@ -97,6 +108,42 @@ pub enum Refusal {
     Running { at: String, id: String },
     #[error("task {id:?} is running and is not debounced, so it can't be replaced")]
     DebouncedRunning { id: String },
+    /// The caller's key does not cover the plugin it named.
+    #[error("{why}")]
+    Forbidden { plugin: String, why: String },
+    /// No plugin the caller may see has a task of this id.
+    #[error("no task {id:?}")]
+    NoTask { id: String },
+    /// Plugins the caller may see each have a task of this id.
+    #[error("plugins {} each have a task {id:?}; name one with ?plugin=", plugins.join(", "))]
+    AmbiguousId { id: String, plugins: Vec<String> },
+    /// The task's state (running, done, dead) or the time asked refuses the change.
+    #[error("task {id:?}: {why}{}", if *why == Refused::OutOfRange { "; nothing moved" } else { "" })]
+    Unchangeable { id: String, why: Refused },
+    /// The caller's key may not publish on the topic.
+    #[error("{why}")]
+    NoPublish { why: String },
+    /// A publish would pass the key's event budget.
+    #[error(
+        "key {key:?} published {used} bytes of events in the last {retention_s} s, which Redis keeps for tasks' lookback; these {bytes} more would pass its budget of {budget} bytes (the key's event_bytes, else --events-max-bytes): nothing was published"
+    )]
+    EventBudget {
+        key: String,
+        used: u64,
+        bytes: u64,
+        budget: u64,
+        retention_s: u64,
+    },
+    /// A task of the owner would leave the time range; the plugins shifted before it stay so.
+    #[error(
+        "shift_ms {shift_ms}: a task of owner {owner:?} would leave the time range ({why}); {moved} tasks of the plugins before it moved, no others"
+    )]
+    ShiftOutOfRange {
+        owner: String,
+        shift_ms: i64,
+        moved: u64,
+        why: Refused,
+    },
     /// Redis could not be asked or answered.
     #[error(transparent)]
     Failed(#[from] anyhow::Error),
@@ -107,6 +154,7 @@ impl Refusal {
     pub fn plugin(&self) -> Option<&str> {
         match self {
             Refusal::OutOfScope { plugin, .. }
+            | Refusal::Forbidden { plugin, .. }
             | Refusal::InvalidPayload { plugin, .. }
             | Refusal::Unchecked { plugin, .. } => Some(plugin),
             Refusal::NotAdmitted(q) => Some(q.plugin()),

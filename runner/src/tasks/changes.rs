@@ -1,0 +1,295 @@
+//! Changes to tasks that exist: which task an id names for a caller, then move, run now, cancel,
+//! retry and drop; an owner's tasks shifted or cancelled; every dead task retried or dropped; a
+//! plugin's tasks cancelled with it.
+//!
+//! A task id belongs to its plugin: two plugins may each have a task `c-1`, and nothing done with
+//! one reaches the other. An action on an id looks among the tasks of that id of the plugins the
+//! caller's key may see (or of the one plugin the caller names): none is [`Refusal::NoTask`], one
+//! is the task, more than one is [`Refusal::AmbiguousId`]. The answer is the same whether or not
+//! a plugin the key can't see has a task of that id. Actions over many tasks (an owner's, every
+//! dead one) touch only the plugins the key may see.
+
+use super::{PluginChecks, Refusal, Tasks};
+use crate::access::Caller;
+use crate::store::{DeadAction, Move, Refused, TaskRecord};
+
+/// A task as a caller names it: its id, and its plugin where the caller says which.
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a> {
+    pub id: &'a str,
+    pub plugin: Option<&'a str>,
+}
+
+impl Tasks {
+    /// The task `named` names for `caller` (its record without its log).
+    pub async fn find(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<TaskRecord, Refusal> {
+        let seen = self.visible(caller, plugins, named.plugin).await?;
+        let mut found = self.store.tasks_of_id(named.id, &seen).await?;
+        match found.len() {
+            0 => Err(Refusal::NoTask {
+                id: named.id.to_owned(),
+            }),
+            1 => Ok(found.remove(0)),
+            _ => {
+                let mut plugins: Vec<String> = found.into_iter().map(|t| t.plugin).collect();
+                plugins.sort_unstable();
+                Err(Refusal::AmbiguousId {
+                    id: named.id.to_owned(),
+                    plugins,
+                })
+            }
+        }
+    }
+
+    /// The one plugin `plugin` names (refused outside the caller's key), or every plugin the
+    /// key may see: those stored and those loaded here (from `--plugins-dir`).
+    pub async fn visible(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        plugin: Option<&str>,
+    ) -> Result<Vec<String>, Refusal> {
+        if let Some(p) = plugin {
+            in_scope(caller, p)?;
+            return Ok(vec![p.to_owned()]);
+        }
+        let mut names: Vec<String> = self.store.plugin_names().await?;
+        names.extend(plugins.loaded());
+        names.retain(|n| caller.sees(n));
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// The task `named` names, with its log.
+    pub async fn get(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<TaskRecord, Refusal> {
+        let t = self.find(caller, plugins, named).await?;
+        self.record(&t.key, named.id).await
+    }
+
+    /// The task `named` names as a run of it would read it: a debounced task with its window's
+    /// payloads (a dry run's task).
+    pub async fn as_run(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<TaskRecord, Refusal> {
+        let mut t = self.find(caller, plugins, named).await?;
+        let shard = self.store.shard_of(&t.key);
+        self.store
+            .load_windows(shard, std::slice::from_mut(&mut t))
+            .await?;
+        Ok(t)
+    }
+
+    /// Moves the task `named` names (to a time, by a shift, or to now): the task with its log
+    /// after the move.
+    pub async fn move_task(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+        how: Move,
+    ) -> Result<TaskRecord, Refusal> {
+        let t = self.find(caller, plugins, named).await?;
+        self.store
+            .move_task(&t.key, how)
+            .await?
+            .map_err(|why| unchangeable(named.id, why))?;
+        self.record(&t.key, named.id).await
+    }
+
+    /// Makes the task `named` names due now: its new due time.
+    pub async fn run_now(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<i64, Refusal> {
+        let t = self.find(caller, plugins, named).await?;
+        self.store
+            .move_task(&t.key, Move::Now)
+            .await?
+            .map_err(|why| unchangeable(named.id, why))
+    }
+
+    /// Cancels the scheduled task `named` names (with its listeners).
+    pub async fn cancel(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<(), Refusal> {
+        let t = self.find(caller, plugins, named).await?;
+        self.store
+            .cancel(&t.key)
+            .await?
+            .map_err(|why| unchangeable(named.id, why))
+    }
+
+    /// Cancels a task of `plugin` for one of its runs (`also`: the other plugins the run may
+    /// cancel the tasks of). Where it was not cancelled, why.
+    pub async fn cancel_for_run(
+        &self,
+        id: &str,
+        plugin: &str,
+        also: &[String],
+    ) -> anyhow::Result<Result<(), Refused>> {
+        self.store.cancel_for_plugin(id, plugin, also).await
+    }
+
+    /// Replays the dead task `named` names, due now with its attempts reset: its due time.
+    pub async fn retry(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<i64, Refusal> {
+        let t = self.find(caller, plugins, named).await?;
+        self.store
+            .revive(&t.key)
+            .await?
+            .map_err(|why| unchangeable(named.id, why))
+    }
+
+    /// Drops the dead task `named` names.
+    pub async fn drop_dead(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+    ) -> Result<(), Refusal> {
+        let t = self.find(caller, plugins, named).await?;
+        self.store
+            .drop_dead(&t.key)
+            .await?
+            .map_err(|why| unchangeable(named.id, why))
+    }
+
+    /// Shifts an owner's scheduled tasks (of one plugin) by `shift_ms`: how many moved. A key
+    /// that sees some plugins only shifts each of them in turn.
+    pub async fn shift_owner(
+        &self,
+        caller: &Caller,
+        owner: &str,
+        shift_ms: i64,
+        plugin: Option<&str>,
+    ) -> Result<u64, Refusal> {
+        let mut moved = 0;
+        for p in self.touched(caller, plugin).await? {
+            moved += self
+                .store
+                .shift_owner(owner, shift_ms, p.as_deref())
+                .await?
+                .map_err(|why| Refusal::ShiftOutOfRange {
+                    owner: owner.to_owned(),
+                    shift_ms,
+                    moved,
+                    why,
+                })?;
+        }
+        Ok(moved)
+    }
+
+    /// Cancels an owner's scheduled tasks (of one plugin); running ones finish. How many.
+    pub async fn cancel_owner(
+        &self,
+        caller: &Caller,
+        owner: &str,
+        plugin: Option<&str>,
+    ) -> Result<u64, Refusal> {
+        let mut n = 0;
+        for p in self.touched(caller, plugin).await? {
+            n += self.store.cancel_owner(owner, p.as_deref()).await?;
+        }
+        Ok(n)
+    }
+
+    /// Retries or drops every dead task (of one plugin) the caller may touch. How many.
+    pub async fn dead_all(
+        &self,
+        caller: &Caller,
+        action: DeadAction,
+        plugin: Option<&str>,
+    ) -> Result<u64, Refusal> {
+        let mut n = 0;
+        for p in self.touched(caller, plugin).await? {
+            n += self.store.dead_all(action, p.as_deref()).await?;
+        }
+        Ok(n)
+    }
+
+    /// Deletes every task of `plugin` (scheduled, dead and done, with their logs and listeners)
+    /// as the plugin is deleted; a run under way finishes. The caller's right to delete the
+    /// plugin is the plugin route's to check.
+    pub async fn cancel_plugin(&self, plugin: &str) -> anyhow::Result<u64> {
+        self.store.cancel_plugin(plugin).await
+    }
+
+    /// The plugins an action over many tasks touches, one store call each: `[None]` for every
+    /// plugin (a key that sees all, with no filter), else the filter (refused outside the key's
+    /// scope) or every current plugin in the key's scope.
+    async fn touched(
+        &self,
+        caller: &Caller,
+        plugin: Option<&str>,
+    ) -> Result<Vec<Option<String>>, Refusal> {
+        if let Some(p) = plugin {
+            in_scope(caller, p)?;
+            return Ok(vec![Some(p.to_owned())]);
+        }
+        if caller.sees_all() {
+            return Ok(vec![None]);
+        }
+        Ok(self
+            .store
+            .plugin_list()
+            .await?
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| caller.sees(n))
+            .map(Some)
+            .collect())
+    }
+
+    /// The task stored under `key`, with its log (`id`: as the caller named it).
+    async fn record(&self, key: &str, id: &str) -> Result<TaskRecord, Refusal> {
+        self.store
+            .get(key)
+            .await?
+            .ok_or_else(|| Refusal::NoTask { id: id.to_owned() })
+    }
+}
+
+/// Refused unless the caller's key covers `plugin`.
+fn in_scope(caller: &Caller, plugin: &str) -> Result<(), Refusal> {
+    match caller.refuses(plugin) {
+        None => Ok(()),
+        Some(why) => Err(Refusal::Forbidden {
+            plugin: plugin.to_owned(),
+            why,
+        }),
+    }
+}
+
+/// Why the task `id` could not be changed (a task gone meanwhile is no task).
+fn unchangeable(id: &str, why: Refused) -> Refusal {
+    match why {
+        Refused::Missing => Refusal::NoTask { id: id.to_owned() },
+        why => Refusal::Unchangeable {
+            id: id.to_owned(),
+            why,
+        },
+    }
+}
