@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use eggtimer::clock::now_ms;
+use eggtimer::clock::system_ms as now_ms;
 use serde_json::Value;
 
 use crate::nodes::until;

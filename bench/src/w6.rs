@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use eggtimer::clock::now_ms;
+use eggtimer::clock::system_ms as now_ms;
 use eggtimer::store::NewTask;
 
 use crate::recorder::{Recorder, count};

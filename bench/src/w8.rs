@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use eggtimer::clock::now_ms;
+use eggtimer::clock::system_ms as now_ms;
 use eggtimer::store::NewTask;
 use serde_json::Value;
 

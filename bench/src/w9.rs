@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use eggtimer::clock::now_ms;
+use eggtimer::clock::system_ms as now_ms;
 use eggtimer::store::{Listener, NewTask, Then};
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use eggtimer::clock::now_ms;
+use eggtimer::clock::system_ms as now_ms;
 use eggtimer::metrics::Metrics;
 use eggtimer::plugins::{Plugins, Registry};
 use eggtimer::runner::{Runner, RunnerOptions};

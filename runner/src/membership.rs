@@ -16,7 +16,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::clock::now_ms;
 use crate::shards::Shards;
 use crate::store::{LeaseOp, RunnerInfo, Store};
 
@@ -69,7 +68,7 @@ pub async fn run(
 ) {
     let lease_ms = opts.lease.as_millis() as u64;
     let tick = (opts.lease / 3).max(Duration::from_millis(50));
-    let started = now_ms();
+    let started = store.clock().now_ms();
     loop {
         if let Err(e) = step(&store, &me, &opts, lease_ms, started).await {
             warn!("membership: {e:#}");
@@ -100,9 +99,9 @@ async fn step(
         id: me.id.clone(),
         address: opts.address.clone(),
         shards: me.owned(),
-        last_seen: now_ms(),
+        last_seen: store.clock().now_ms(),
         started_at: started,
-        clock_ahead_ms: Some(crate::clock::own_ahead_of_redis_ms()),
+        clock_ahead_ms: Some(store.clock().own_ahead_of_redis_ms()),
     };
     let info = serde_json::to_string(&info).expect("serializes");
     let live = store

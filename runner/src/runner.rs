@@ -241,7 +241,7 @@ async fn keep_metrics(metrics: Arc<Metrics>, store: Store, mut stop: watch::Rece
             metrics.upkeep();
         }
         let fields = metrics.take_recent();
-        let bucket = crate::clock::now_ms().div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
+        let bucket = store.clock().now_ms().div_euclid(STATS_BUCKET_MS) * STATS_BUCKET_MS;
         if let Err(e) = store.add_stats(bucket, &fields).await {
             debug!("adding to the dashboard's history failed (those counts are dropped): {e:#}");
         }
@@ -342,7 +342,9 @@ async fn expire_dead(store: Store, keep: Duration, mut stop: watch::Receiver<boo
             _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
         }
-        let before = crate::clock::now_ms()
+        let before = store
+            .clock()
+            .now_ms()
             .saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX));
         match store.expire_dead(before).await {
             Ok(0) => {}

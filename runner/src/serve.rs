@@ -22,7 +22,6 @@ use crate::store::{RedisTarget, Store, StoreOptions};
 
 /// Runs `eggtimer serve` until SIGTERM or ctrl-c.
 pub fn main(args: ServeArgs) -> Result<()> {
-    crate::clock::set_skew_ms(args.test_clock_skew_ms);
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         anyhow::bail!(
             "--token (or EGGTIMER_TOKEN) is empty: give a token, or leave it out to run without auth"
@@ -156,6 +155,7 @@ async fn serve(
         event_retention_ms: args.event_retention.as_millis().max(1) as u64,
         team_task_bytes: args.team_task_bytes as u64,
         emitted_max_bytes: args.emitted_max_bytes as u64,
+        clock: crate::clock::Clock::skewed(args.test_clock_skew_ms),
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {
@@ -163,7 +163,7 @@ async fn serve(
     };
     // this process's clock follows Redis's before anything reads it (membership keeps it so)
     store.follow_redis_clock().await?;
-    let plugins = Plugins::new(plugin_options(&args)?)?;
+    let plugins = Plugins::new(plugin_options(&args, store.clock())?)?;
     let registry = load_plugins(&args, &api_store, &plugins).await?;
     let metrics = Arc::new(Metrics::new());
     metrics.install();
@@ -268,7 +268,7 @@ fn secrets_key(args: &ServeArgs, private: bool) -> Result<Option<crate::store::S
     }
 }
 
-fn plugin_options(args: &ServeArgs) -> Result<PluginOptions> {
+fn plugin_options(args: &ServeArgs, clock: &crate::clock::Clock) -> Result<PluginOptions> {
     Ok(PluginOptions {
         timeout: args.plugin_timeout,
         check_timeout: args.check_timeout,
@@ -295,6 +295,7 @@ fn plugin_options(args: &ServeArgs) -> Result<PluginOptions> {
             ..Budget::default()
         },
         http_ca_file: args.http_ca_file.clone(),
+        clock: clock.clone(),
     })
 }
 

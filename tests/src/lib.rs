@@ -307,7 +307,7 @@ pub fn sorted_ids(tasks: &serde_json::Value) -> Vec<String> {
 
 /// The current time in ms.
 pub fn now_ms() -> i64 {
-    eggtimer::clock::now_ms()
+    eggtimer::clock::system_ms()
 }
 
 /// A runner on `redis` with every plugin of plugins/ and a 50 ms retry base (so retries in a test

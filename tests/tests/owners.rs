@@ -6,7 +6,7 @@ use eggtimer::store::{Move, NewTask, Refused, ScheduleMode};
 use eggtimer_tests::{RedisServer, key, noop_task as task, store_on as store};
 
 fn now() -> i64 {
-    eggtimer::clock::now_ms()
+    eggtimer::clock::system_ms()
 }
 
 #[tokio::test]

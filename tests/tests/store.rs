@@ -12,7 +12,7 @@ use eggtimer_tests::{RedisServer, due_entries, eventually};
 use eggtimer_tests::{claim_when_due, key, noop_task as task, store_on as store};
 
 fn now() -> i64 {
-    eggtimer::clock::now_ms()
+    eggtimer::clock::system_ms()
 }
 
 #[tokio::test]
@@ -353,6 +353,33 @@ async fn done_records_expire_after_the_retention_window() {
         !kept,
         "a finish sweeps done records past the retention window"
     );
+}
+
+/// A store's clock is a handle a test can move: a done record kept a minute is hidden once the
+/// clock is moved past that minute, without waiting for it, and shown again when moved back; a
+/// store with a clock of its own on the same Redis is not moved.
+#[tokio::test]
+async fn a_moved_clock_hides_done_records_past_their_window_without_waiting() {
+    let redis = RedisServer::start();
+    let s = eggtimer_tests::store_keeping_done(&redis, 1, 60_000).await;
+    let other = eggtimer_tests::store_keeping_done(&redis, 1, 60_000).await;
+    s.schedule(&[task("d", 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let b = s.claim(0, 1, 30_000).await.unwrap();
+    s.finish(0, &[(key("d").as_str(), b.tasks[0].token, &Finish::Done)])
+        .await
+        .unwrap();
+    let state = |st: &eggtimer::Store| {
+        let st = st.clone();
+        async move { st.get(&key("d")).await.unwrap().map(|r| r.state) }
+    };
+    assert_eq!(state(&s).await, Some(TaskState::Done));
+    s.clock().advance(61_000);
+    assert_eq!(state(&s).await, None, "past keep_done by the moved clock");
+    assert_eq!(state(&other).await, Some(TaskState::Done), "another store's clock");
+    s.clock().advance(-61_000);
+    assert_eq!(state(&s).await, Some(TaskState::Done));
 }
 
 /// Several schedulers and claimers hammer one shard; a model of the expected state checks that no

@@ -27,7 +27,6 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use super::AppState;
 use super::error::{ApiError, Concerns};
 use crate::access::{Caller, KeyRecord, Role, secret_hash};
-use crate::clock::now_ms;
 use crate::store::{AuditEntry, Store};
 
 /// How long a runner trusts what it read of a key (a revocation reaches every runner within it).
@@ -108,7 +107,7 @@ impl Access {
         }
         let (store, id) = (self.store.clone(), id.to_owned());
         tokio::spawn(async move {
-            if let Err(e) = store.key_used(&id, now_ms()).await {
+            if let Err(e) = store.key_used(&id, store.clock().now_ms()).await {
                 warn!(key = %id, "recording a key's use: {e:#}");
             }
         });
@@ -288,7 +287,7 @@ pub async fn site_guard(State(st): State<AppState>, req: Request, next: Next) ->
         },
     };
     let res = ApiError::forbidden(why).into_response();
-    let e = entry(None, &Said::of(&req, Vec::new()), &res);
+    let e = entry(&st, None, &Said::of(&req, Vec::new()), &res);
     audit(&st, e).await;
     res
 }
@@ -306,7 +305,7 @@ pub async fn guard(
         Ok(c) => c,
         Err(e) => {
             let res = e.into_response();
-            let e = entry(None, &said, &res);
+            let e = entry(&st, None, &said, &res);
             audit(&st, e).await;
             return res;
         }
@@ -339,7 +338,7 @@ pub async fn guard(
     };
     if let Some(why) = refused {
         let res = ApiError::forbidden(why).into_response();
-        let e = entry(Some(&caller), &said, &res);
+        let e = entry(&st, Some(&caller), &said, &res);
         audit(&st, e).await;
         return res;
     }
@@ -350,7 +349,7 @@ pub async fn guard(
         || status == StatusCode::UNAUTHORIZED
         || status == StatusCode::FORBIDDEN
     {
-        let e = entry(Some(&caller), &said, &res);
+        let e = entry(&st, Some(&caller), &said, &res);
         audit(&st, e).await;
     }
     res
@@ -417,7 +416,7 @@ async fn body_fields(req: Request) -> (Request, Vec<String>) {
 }
 
 /// The audit entry of one request (read before any await: a `Response` is not `Sync`).
-fn entry(caller: Option<&Caller>, said: &Said, res: &Response) -> AuditEntry {
+fn entry(st: &AppState, caller: Option<&Caller>, said: &Said, res: &Response) -> AuditEntry {
     let plugin = res
         .extensions()
         .get::<Concerns>()
@@ -437,7 +436,7 @@ fn entry(caller: Option<&Caller>, said: &Said, res: &Response) -> AuditEntry {
         .unwrap_or_default();
     AuditEntry {
         id: String::new(),
-        at: now_ms(),
+        at: st.store.clock().now_ms(),
         key: caller.map_or_else(String::new, |c| c.name.clone()),
         key_id: caller.map_or_else(String::new, |c| c.key_id.clone()),
         method: said.method.to_string(),

@@ -15,7 +15,6 @@ use super::params::page_limit_of;
 use crate::access::{
     Caller, KeyLimits, KeyRecord, MAX_PATTERNS, MAX_TASK_BYTES, Role, new_secret, secret_hash,
 };
-use crate::clock::now_ms;
 use crate::limits;
 use crate::names::valid_pattern;
 use crate::store::{AuditEntry, MAX_MAX_PENDING};
@@ -174,7 +173,7 @@ pub async fn key_create(
         name: k.name,
         role: k.role,
         plugins: k.plugins,
-        created_at: now_ms(),
+        created_at: st.store.clock().now_ms(),
         limits: KeyLimits {
             max_plugins: max_plugins.map(|n| n as u32),
             max_pending,

@@ -15,7 +15,6 @@ use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
 use crate::access::Caller;
-use crate::clock::now_ms;
 use crate::limits;
 use crate::recurring::{Overlap, ScheduleDef};
 use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};
@@ -249,7 +248,7 @@ pub async fn schedule_put(
         )
         .await?;
     let json = serde_json::to_string(&def).map_err(anyhow::Error::from)?;
-    let next = def.next_after(now_ms());
+    let next = def.next_after(st.store.clock().now_ms());
     let put = st.store.schedule_put(&id, &json, next).await?;
     let row = existing(&st, &caller, &id).await?;
     let status = if put == SchedulePut::Created {
@@ -343,7 +342,7 @@ pub async fn schedule_resume(
     let row = existing(&st, &caller, &id).await?;
     let def: ScheduleDef = serde_json::from_str(&row.def)
         .map_err(|e| anyhow::anyhow!("schedule {id:?} can't be read: {e}"))?;
-    let next = def.next_after(now_ms());
+    let next = def.next_after(st.store.clock().now_ms());
     if !st.store.schedule_op(&id, ScheduleOp::Resume(next)).await? {
         return Err(ApiError::not_found(format!("no schedule {id:?}")));
     }

@@ -135,7 +135,7 @@ pub async fn source_add(
         plugin: n.plugin,
         key_field: n.key_field,
         topic: n.topic,
-        created_at: crate::clock::now_ms(),
+        created_at: st.store.clock().now_ms(),
     };
     if let Some(old) = st
         .store

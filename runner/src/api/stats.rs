@@ -14,7 +14,6 @@ use super::body::ApiResult;
 use super::doc;
 use super::error::ApiError;
 use crate::access::Caller;
-use crate::clock::now_ms;
 use crate::metrics::{LATENESS_BUCKETS, lateness_quantile};
 use crate::store::STATS_BUCKET_MS;
 
@@ -65,7 +64,7 @@ pub struct Stats {
     responses((status = 200, description = "counts now", body = Stats), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn stats(State(st): State<AppState>, caller: Caller) -> ApiResult<axum::Json<Stats>> {
-    let now = now_ms();
+    let now = st.store.clock().now_ms();
     let counts = st.store.shard_counts().await?;
     let mut names: Vec<String> = st
         .store
@@ -173,7 +172,7 @@ pub async fn history(
             _ => return Err(ApiError::bad("minutes must be an integer from 1 to 60")),
         },
     };
-    let now = now_ms();
+    let now = st.store.clock().now_ms();
     let buckets = st.store.read_stats(now - minutes * 60_000, now).await?;
     let secs = STATS_BUCKET_MS as f64 / 1000.0;
     let mut plugins: BTreeMap<String, [i64; 5]> = BTreeMap::new();

@@ -10,7 +10,6 @@ use utoipa::openapi::{Ref, RefOr, schema};
 use super::AppState;
 use super::body::{self, ApiResult, field};
 use super::error::ApiError;
-use crate::clock::now_ms;
 use crate::limits;
 use crate::store::NewTask;
 
@@ -220,7 +219,7 @@ pub(super) fn parse_specs(
     v: &RawValue,
     traceparent: Option<&str>,
 ) -> ApiResult<Vec<NewTask>> {
-    let now = now_ms();
+    let now = st.store.clock().now_ms();
     if !body::is_array(v) {
         let spec: TaskSpec = body::typed(v)?;
         return Ok(vec![spec.into_task(

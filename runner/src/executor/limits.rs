@@ -114,7 +114,7 @@ impl Executor {
             return None;
         }
         match self.store.plugin_current(&task.plugin).await {
-            Ok(Some(e)) if crate::clock::now_ms() - e.uploaded_at < LOAD_GRACE_MS => {
+            Ok(Some(e)) if self.store.clock().now_ms() - e.uploaded_at < LOAD_GRACE_MS => {
                 debug!(id = %task.id, plugin = %task.plugin, "plugin not loaded here yet: put back");
                 Some(Finish::Defer { after_ms: 250 })
             }

@@ -52,7 +52,6 @@ pub use run::backoff_ms;
 pub(crate) use share::Slot;
 use share::{Shares, StartQueue};
 
-use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::store::{Claimed, Store};
 use crate::trace;
@@ -357,7 +356,7 @@ impl Executor {
             task.shard = task.shard, claim = task.token);
         trace::set_parent(&traced, task.traceparent.as_deref());
         tracing::info!(target: trace::TARGET, parent: &traced,
-            lateness_ms = now_ms() - task.due, "claimed");
+            lateness_ms = self.store.clock().now_ms() - task.due, "claimed");
         rt.spawn(
             async move {
                 this.metrics.running(1.0);

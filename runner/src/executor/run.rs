@@ -12,7 +12,6 @@ use super::Executor;
 use super::commit::NotCommitted;
 use super::handler::Outcome;
 use super::limits::SlotWait;
-use crate::clock::now_ms;
 use crate::store::{AttemptLog, Claimed, Finish, SlotsOf};
 use crate::trace;
 
@@ -53,7 +52,7 @@ impl Executor {
             return Some(Finish::Release); // not started: back to due
         }
         if let Some(by) = task.start_by
-            && now_ms() > by
+            && self.store.clock().now_ms() > by
         {
             let when = chrono::DateTime::from_timestamp_millis(by).map_or(by.to_string(), |t| {
                 t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
@@ -98,7 +97,7 @@ impl Executor {
         traced: &Span,
         notes: &mut RunNotes,
     ) -> Option<Finish> {
-        let lateness = now_ms() - task.due;
+        let lateness = self.store.clock().now_ms() - task.due;
         for round in 0..MAX_CONFLICT_ROUNDS {
             if round > 0
                 && let Some((holder, limits)) = slots

@@ -21,7 +21,6 @@ use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
 use super::bindings;
 use super::bindings::eggtimer::plugin::types as wit;
 pub use super::run_http::{Asked, DryHttp, HttpCtx, HttpFailure};
-use crate::clock::now_ms;
 use crate::executor::{Effects, TaskHost};
 use crate::limits::{self, MAX_DURATION_MS};
 use crate::names::valid_topic;
@@ -139,6 +138,8 @@ pub struct State {
     pub http: super::wasi_http::WasiHttp,
     /// The guest's wall clock, frozen at the call's start.
     pub started_at: Arc<AtomicI64>,
+    /// The runner's clock (the guest's `now()`, its log lines' times).
+    pub clock: crate::clock::Clock,
     /// When the current call must have ended (checked at every epoch tick).
     pub deadline: Instant,
 }
@@ -210,12 +211,12 @@ impl bindings::eggtimer::plugin::host::Host for State {
                 "error"
             }
         };
-        self.call.log.push(name, now_ms(), &message);
+        self.call.log.push(name, self.clock.now_ms(), &message);
         Ok(())
     }
 
     async fn now(&mut self) -> wasmtime::Result<i64> {
-        Ok(now_ms())
+        Ok(self.clock.now_ms())
     }
 
     async fn schedule(&mut self, t: wit::FollowUp) -> wasmtime::Result<Result<String, String>> {

@@ -28,7 +28,7 @@ use super::http::Outbound;
 use super::limiter::Limiter;
 use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::executor::{Outcome, Run, TaskHost};
 use crate::policy::Policy;
 use crate::store::Claimed;
@@ -151,7 +151,7 @@ pub(super) async fn call(
     dry: Option<Arc<Mutex<DryHttp>>>,
 ) -> Run {
     let timeout = policy.time_limit;
-    let mut warm = match warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await {
+    let mut warm = match warm_instance(&env, loaded, timeout, policy.memory).await {
         Ok(w) => w,
         Err(e) => return Run::failed(e),
     };
@@ -215,7 +215,7 @@ pub(super) async fn check(
     if loaded.check.is_none() {
         return Ok(vec![None; payloads.len()]);
     }
-    let mut warm = warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await?;
+    let mut warm = warm_instance(&env, loaded, timeout, policy.memory).await?;
     let Some(f) = warm.check else {
         return Ok(vec![None; payloads.len()]);
     };
@@ -266,7 +266,7 @@ pub(super) async fn payload_schema(
     policy: &Policy,
 ) -> Result<Option<String>, String> {
     let timeout = policy.check_time_limit;
-    let mut warm = warm_instance(env.engine, env.pool, loaded, timeout, policy.memory).await?;
+    let mut warm = warm_instance(&env, loaded, timeout, policy.memory).await?;
     let Some(f) = warm.schema else {
         return Ok(None);
     };
@@ -287,7 +287,8 @@ pub(super) async fn payload_schema(
 fn begin_question(warm: &mut Warm, env: &CallEnv<'_>, loaded: &Loaded, policy: &Policy) -> Instant {
     let deadline = Instant::now() + policy.check_time_limit;
     let data = warm.store.data_mut();
-    data.started_at.store(now_ms(), Ordering::Relaxed);
+    data.started_at
+        .store(data.clock.now_ms(), Ordering::Relaxed);
     data.deadline = deadline;
     data.call = CallCtx {
         plugin: loaded.name.clone(),
@@ -324,7 +325,8 @@ fn begin(
 ) {
     let may_schedule = policy.may_schedule.clone();
     let data = warm.store.data_mut();
-    data.started_at.store(now_ms(), Ordering::Relaxed);
+    data.started_at
+        .store(data.clock.now_ms(), Ordering::Relaxed);
     data.deadline = deadline;
     data.call = CallCtx {
         task_id: task.task_id().to_owned(),
@@ -378,10 +380,11 @@ pub(super) async fn start_once(
     engine: &wasmtime::Engine,
     pool: &Pool,
     loaded: &Loaded,
-    timeout: Duration,
-    memory: usize,
+    (timeout, memory): (Duration, usize),
+    clock: &Clock,
 ) -> Result<(), String> {
-    match tokio::time::timeout(timeout, instantiate(engine, loaded, timeout, memory)).await {
+    let instantiating = instantiate(engine, loaded, timeout, memory, clock);
+    match tokio::time::timeout(timeout, instantiating).await {
         Ok(w) => {
             pool.put(w?);
             Ok(())
@@ -396,18 +399,18 @@ pub(super) async fn start_once(
 /// start code: bounded like a call). A warm instance takes the plugin's memory cap of now; one
 /// that already holds more is dropped.
 async fn warm_instance(
-    engine: &wasmtime::Engine,
-    pool: &Pool,
+    env: &CallEnv<'_>,
     loaded: &Loaded,
     timeout: Duration,
     memory: usize,
 ) -> Result<Warm, String> {
-    while let Some(mut w) = pool.take(&loaded.name, &loaded.digest) {
+    while let Some(mut w) = env.pool.take(&loaded.name, &loaded.digest) {
         if w.store.data_mut().limits.set_cap(memory) {
             return Ok(w);
         }
     }
-    match tokio::time::timeout(timeout, instantiate(engine, loaded, timeout, memory)).await {
+    let instantiating = instantiate(env.engine, loaded, timeout, memory, &env.opts.clock);
+    match tokio::time::timeout(timeout, instantiating).await {
         Ok(r) => r,
         Err(_) => Err(format!(
             "instantiating the plugin took longer than its time limit of {timeout:?}"
@@ -429,10 +432,11 @@ async fn instantiate(
     loaded: &Loaded,
     timeout: Duration,
     memory: usize,
+    clock: &Clock,
 ) -> Result<Warm, String> {
     let stdout = GuestOutput::new(OUTPUT_CAP);
     let stderr = GuestOutput::new(OUTPUT_CAP);
-    let started_at = Arc::new(AtomicI64::new(now_ms()));
+    let started_at = Arc::new(AtomicI64::new(clock.now_ms()));
     // No preopened directories, no environment, no network, no stdin: a plugin reaches nothing.
     let wasi = WasiCtx::builder()
         .stdout(stdout.clone())
@@ -446,6 +450,7 @@ async fn instantiate(
         call: CallCtx::default(),
         http: super::wasi_http::WasiHttp::default(),
         started_at,
+        clock: clock.clone(),
         deadline: Instant::now() + timeout,
     };
     let mut store = Store::new(engine, state);
@@ -516,7 +521,7 @@ fn drain_output(warm: &mut Warm, task: &Claimed, log: &mut crate::store::Attempt
     }
     let new_out = String::from_utf8_lossy(&out);
     let new_err = String::from_utf8_lossy(&err);
-    let now = now_ms();
+    let now = warm.store.data().clock.now_ms();
     for line in new_out.lines().filter(|l| !l.trim().is_empty()) {
         info!(task = %task.id, plugin = %task.plugin, "plugin stdout: {line}");
         log.push("stdout", now, line);

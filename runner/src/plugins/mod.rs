@@ -90,6 +90,8 @@ pub struct PluginOptions {
     pub budget: Budget,
     /// Extra CA certificates (PEM) for plugins' HTTPS requests.
     pub http_ca_file: Option<PathBuf>,
+    /// The runner's clock: a plugin's `now()`, its wall clock, its log lines' times.
+    pub clock: crate::clock::Clock,
 }
 
 impl Default for PluginOptions {
@@ -107,6 +109,7 @@ impl Default for PluginOptions {
             warm_instances: 64,
             budget: Budget::default(),
             http_ca_file: None,
+            clock: crate::clock::Clock::default(),
         }
     }
 }
@@ -246,8 +249,8 @@ impl Plugins {
                 &this.engine.engine,
                 &this.pool,
                 &loaded,
-                p.time_limit,
-                p.memory,
+                (p.time_limit, p.memory),
+                &this.opts.clock,
             )
             .await
         };

@@ -11,7 +11,6 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{Loaded, Plugins, digest};
-use crate::clock::now_ms;
 use crate::names::valid_plugin_name;
 use crate::plugin_settings::PluginEntry;
 use crate::store::{Heard, Promoted, Store};
@@ -131,7 +130,7 @@ impl Registry {
     ) -> Result<(PluginEntry, bool), UploadError> {
         let Prepared { loaded, wasm } = prepared;
         let name = loaded.name.clone();
-        let at = now_ms();
+        let at = self.store.clock().now_ms();
         let (version, created) = self
             .store
             .plugin_put(&name, &loaded.digest, &wasm, at, team, candidate)

@@ -134,7 +134,7 @@ impl Store {
     pub(super) fn retained(&self, r: &TaskRecord) -> bool {
         r.state != TaskState::Done
             || r.finished_at.unwrap_or(0) + self.inner.opts.keep_done_ms as i64
-                > crate::clock::now_ms()
+                > self.clock().now_ms()
     }
 
     /// The stored records of `ids` (None: no live record), in the order of `ids`: one HMGET per
@@ -173,7 +173,7 @@ impl Store {
     /// nothing runs has no running id to find; reading 1,000 records to learn that cost W0 a
     /// tenth of Redis's time, BENCHMARKS.md.)
     pub async fn conflicts_among(&self, ids: &[&str]) -> Result<Vec<Option<Scheduled>>> {
-        let now = crate::clock::now_ms() as f64;
+        let now = self.clock().now_ms() as f64;
         let calls = self
             .by_shard(ids.iter().copied())
             .into_iter()

@@ -197,6 +197,11 @@ impl Store {
         &self.inner.opts
     }
 
+    /// The runner's clock, following Redis's (see [`crate::clock`]).
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.inner.opts.clock
+    }
+
     /// The shard of a task (its key or its id): FNV-1a of the id, mod the shard count. The
     /// tasks of every plugin that share an id share a shard, so one read finds them all.
     pub fn shard_of(&self, key: &str) -> u32 {

@@ -33,7 +33,7 @@ impl Store {
         window_ms: u64,
     ) -> Result<Vec<String>> {
         let k = self.keys();
-        let sent = crate::clock::own_ms();
+        let sent = self.clock().own_ms();
         let (redis_ms, live): (i64, Vec<String>) = self
             .inner
             .scripts
@@ -48,7 +48,8 @@ impl Store {
             .await
             .context("heartbeat")?;
         // the heartbeat reads Redis's clock anyway: this process's clock follows it
-        crate::clock::observe_redis(redis_ms, sent, crate::clock::own_ms());
+        self.clock()
+            .observe_redis(redis_ms, sent, self.clock().own_ms());
         Ok(live)
     }
 
@@ -176,11 +177,12 @@ impl Store {
         Ok(s * 1000 + us / 1000)
     }
 
-    /// Reads Redis's clock and has this process's clock follow it (`clock::observe_redis`).
+    /// Reads Redis's clock and has this process's clock follow it (`Clock::observe_redis`).
     pub async fn follow_redis_clock(&self) -> Result<()> {
-        let sent = crate::clock::own_ms();
+        let sent = self.clock().own_ms();
         let redis_ms = self.redis_time_ms().await?;
-        crate::clock::observe_redis(redis_ms, sent, crate::clock::own_ms());
+        self.clock()
+            .observe_redis(redis_ms, sent, self.clock().own_ms());
         Ok(())
     }
 

@@ -133,7 +133,7 @@ impl Store {
         let mut blob = nonce.to_vec();
         blob.extend_from_slice(&ct);
         let sealed = Sealed {
-            at: crate::clock::now_ms(),
+            at: self.clock().now_ms(),
             sealed: base64::engine::general_purpose::STANDARD.encode(blob),
         };
         redis::cmd("HSET")

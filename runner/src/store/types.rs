@@ -298,6 +298,8 @@ pub struct StoreOptions {
     /// Most bytes one plugin's emitted streams hold together (their entries' fields and
     /// values); the streams a run writes drop their oldest entries to make room.
     pub emitted_max_bytes: u64,
+    /// The runner's clock (shared by every store opened with these options).
+    pub clock: crate::clock::Clock,
 }
 
 /// `--team-task-bytes` unless set: 64 MiB.
@@ -320,6 +322,7 @@ impl Default for StoreOptions {
             event_retention_ms: 60_000,
             team_task_bytes: DEFAULT_TEAM_TASK_BYTES,
             emitted_max_bytes: 64 << 20,
+            clock: crate::clock::Clock::default(),
         }
     }
 }
