@@ -377,7 +377,11 @@ async fn a_moved_clock_hides_done_records_past_their_window_without_waiting() {
     assert_eq!(state(&s).await, Some(TaskState::Done));
     s.clock().advance(61_000);
     assert_eq!(state(&s).await, None, "past keep_done by the moved clock");
-    assert_eq!(state(&other).await, Some(TaskState::Done), "another store's clock");
+    assert_eq!(
+        state(&other).await,
+        Some(TaskState::Done),
+        "another store's clock"
+    );
     s.clock().advance(-61_000);
     assert_eq!(state(&s).await, Some(TaskState::Done));
 }

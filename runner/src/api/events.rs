@@ -101,6 +101,8 @@ pub async fn publish(
             "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
         )));
     }
+    // a key that may not publish here is refused before its body is read
+    st.tasks.may_publish(&caller, &topic)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, st.max_body_bytes).await?;
     let v = body::raw(&bytes)?;

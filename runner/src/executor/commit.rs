@@ -136,9 +136,9 @@ impl Executor {
         let also = fx.cancel_also.as_deref().unwrap_or_default();
         for id in &fx.cancel {
             match self.tasks.cancel_for_run(id, &task.plugin, also).await {
-                Ok(Ok(())) => debug!(%id, "cancelled"),
-                Ok(Err(why)) => debug!(%id, "not cancelled: {why}"),
-                Err(e) => return Err(NotCommitted::Failed(e)),
+                Ok(()) => debug!(%id, "cancelled"),
+                Err(Refusal::Failed(e)) => return Err(NotCommitted::Failed(e)),
+                Err(why) => debug!(%id, "not cancelled: {why}"),
             }
         }
         Ok(())

@@ -139,14 +139,17 @@ impl Tasks {
     }
 
     /// Cancels a task of `plugin` for one of its runs (`also`: the other plugins the run may
-    /// cancel the tasks of). Where it was not cancelled, why.
+    /// cancel the tasks of).
     pub async fn cancel_for_run(
         &self,
         id: &str,
         plugin: &str,
         also: &[String],
-    ) -> anyhow::Result<Result<(), Refused>> {
-        self.store.cancel_for_plugin(id, plugin, also).await
+    ) -> Result<(), Refusal> {
+        self.store
+            .cancel_for_plugin(id, plugin, also)
+            .await?
+            .map_err(|why| unchangeable(id, why))
     }
 
     /// Replays the dead task `named` names, due now with its attempts reset: its due time.

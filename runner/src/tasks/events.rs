@@ -9,6 +9,15 @@ use crate::store::{Event, Published};
 const EVENT_OVERHEAD: usize = 64;
 
 impl Tasks {
+    /// Refused unless `caller`'s key may publish on `topic` ([`Tasks::publish`] asks again; a
+    /// route asks first, before it reads a body it would refuse).
+    pub fn may_publish(&self, caller: &Caller, topic: &str) -> Result<(), Refusal> {
+        match caller.refuses_topic(topic, true) {
+            None => Ok(()),
+            Some(why) => Err(Refusal::NoPublish { why }),
+        }
+    }
+
     /// Publishes `events` on `topic` for `caller`: its key may publish there, their bytes fit
     /// the key's event budget (its `event_bytes`, else `default_budget`) over the event
     /// retention, then the tasks listening for them act (cancelled or due now), and the publish
@@ -20,9 +29,7 @@ impl Tasks {
         events: &[Event],
         default_budget: u64,
     ) -> Result<Published, Refusal> {
-        if let Some(why) = caller.refuses_topic(topic, true) {
-            return Err(Refusal::NoPublish { why });
-        }
+        self.may_publish(caller, topic)?;
         // what Redis keeps of each: the data, its topic and key, and its entries' own cost
         let bytes: u64 = events
             .iter()
