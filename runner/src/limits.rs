@@ -11,7 +11,7 @@ pub const MAX_DURATION_MS: i64 = 315_360_000_000;
 /// Most attempts a task or a schedule's firing may be given.
 pub const MAX_ATTEMPTS: u32 = 1000;
 /// The longest id or owner, in bytes.
-pub const MAX_ID_BYTES: usize = 200;
+pub use crate::names::MAX_ID_BYTES;
 
 /// Most bytes of an error message kept with a task (a plugin's or the host's); a longer one is
 /// cut, saying how long it was.
@@ -91,10 +91,7 @@ pub fn shifted(field: &str, base: i64, d: i64) -> Result<i64, OutOfBounds> {
     })
 }
 
-/// Ids and owners: 1 to 200 bytes of UTF-8 without control characters.
-pub fn id_like(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_ID_BYTES && !s.chars().any(char::is_control)
-}
+pub use crate::names::id_like;
 
 /// [`id_like`] with a message naming the field.
 pub fn id(field: &str, s: &str) -> Result<(), OutOfBounds> {

@@ -1,7 +1,132 @@
 //! The names every part of the runner shares, each checked by one rule: a plugin's name, a
-//! topic, and the patterns a key or a setting names plugins and topics with (`order-*`, `*`).
-//! The API, the store, the plugin host and the access checks all ask here, so a name one of them
-//! takes is a name every other takes.
+//! topic, a task's id and an owner, and the patterns a key or a setting names plugins and topics
+//! with (`order-*`, `*`). The API, the store, the plugin host and the access checks all ask here,
+//! so a name one of them takes is a name every other takes.
+//!
+//! [`PluginName`], [`Topic`], [`TaskId`] and [`Owner`] are those names as types: each is checked
+//! by its rule when it is made and can't be made otherwise, so a function that takes one (the
+//! task service's actions do) can't be given a name nobody checked.
+
+/// Ids and owners: at most this many bytes.
+pub const MAX_ID_BYTES: usize = 200;
+
+/// A name its rule refuses; the message names the field and the rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadName(pub String);
+
+/// A name type: a `String` made only through its rule, read as a `&str`.
+macro_rules! checked_name {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        /// As its text's: a message's `{id:?}` quotes it.
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(&self.0, f)
+            }
+        }
+    };
+}
+
+checked_name!(
+    /// A plugin's name: `[a-z0-9][a-z0-9-]{0,63}`.
+    PluginName
+);
+checked_name!(
+    /// A topic: 1 to 64 of `a-z 0-9 . _ -`.
+    Topic
+);
+checked_name!(
+    /// A task's id: 1 to [`MAX_ID_BYTES`] bytes without control characters.
+    TaskId
+);
+checked_name!(
+    /// An owner: the rule of a task's id.
+    Owner
+);
+
+impl PluginName {
+    /// `name` if it is a plugin name; `field` says where it was given (`plugin`, `[3].plugin`).
+    pub fn new(field: &str, name: impl Into<String>) -> Result<PluginName, BadName> {
+        let name = name.into();
+        if valid_plugin_name(&name) {
+            Ok(PluginName(name))
+        } else {
+            Err(BadName(format!(
+                "{field} {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+            )))
+        }
+    }
+}
+
+impl Topic {
+    pub fn new(topic: impl Into<String>) -> Result<Topic, BadName> {
+        let topic = topic.into();
+        if valid_topic(&topic) {
+            Ok(Topic(topic))
+        } else {
+            Err(BadName(format!(
+                "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
+            )))
+        }
+    }
+}
+
+impl TaskId {
+    pub fn new(id: impl Into<String>) -> Result<TaskId, BadName> {
+        id_named("the task id", id.into()).map(TaskId)
+    }
+}
+
+impl Owner {
+    pub fn new(owner: impl Into<String>) -> Result<Owner, BadName> {
+        id_named("the owner", owner.into()).map(Owner)
+    }
+}
+
+/// Ids and owners: 1 to [`MAX_ID_BYTES`] bytes of UTF-8 without control characters.
+pub fn id_like(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_ID_BYTES && !s.chars().any(char::is_control)
+}
+
+/// `s` if it is [`id_like`], else a message naming `field`.
+fn id_named(field: &str, s: String) -> Result<String, BadName> {
+    if id_like(&s) {
+        Ok(s)
+    } else {
+        Err(BadName(format!(
+            "{field} must be 1 to {MAX_ID_BYTES} bytes without control characters (got {} bytes)",
+            s.len()
+        )))
+    }
+}
 
 /// Plugin names: `[a-z0-9][a-z0-9-]{0,63}`.
 pub fn valid_plugin_name(name: &str) -> bool {
@@ -80,6 +205,36 @@ mod tests {
         assert!(!valid_plugin_name(""));
         assert!(!valid_plugin_name(&"a".repeat(65)));
         assert!(!valid_plugin_name("a_b"));
+    }
+
+    #[test]
+    fn a_name_type_is_made_only_through_its_rule() {
+        assert_eq!(
+            PluginName::new("plugin", "auto-feed").unwrap().as_str(),
+            "auto-feed"
+        );
+        assert_eq!(
+            PluginName::new("[3].plugin", "Auto").unwrap_err().0,
+            "[3].plugin \"Auto\" is not a plugin name ([a-z0-9][a-z0-9-]{0,63})"
+        );
+        assert!(Topic::new("pet.fed").is_ok());
+        assert!(Topic::new("a b").unwrap_err().0.contains("is not a topic"));
+        assert_eq!(&*TaskId::new("order-1").unwrap(), "order-1");
+        assert_eq!(format!("{:?}", TaskId::new("a\"b").unwrap()), r#""a\"b""#);
+        assert!(
+            TaskId::new("a\nb")
+                .unwrap_err()
+                .0
+                .starts_with("the task id must be")
+        );
+        assert!(TaskId::new("x".repeat(MAX_ID_BYTES + 1)).is_err());
+        assert!(
+            Owner::new("")
+                .unwrap_err()
+                .0
+                .starts_with("the owner must be")
+        );
+        assert!(Owner::new("merchant 7").is_ok());
     }
 
     #[test]

@@ -308,17 +308,22 @@ async fn tasks_survive_a_redis_kill_and_restart_with_aof() {
     assert!(format!("{err:#}").contains("has 4 shards"), "{err:#}");
 }
 
+/// Schedules task `id` due now on a store of one shard, claims it and finishes it done.
+async fn done(s: &Store, id: &str) {
+    s.schedule(&[task(id, 0)], ScheduleMode::Upsert)
+        .await
+        .unwrap();
+    let b = s.claim(0, 1, 30_000).await.unwrap();
+    s.finish(0, &[(key(id).as_str(), b.tasks[0].token, &Finish::Done)])
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn done_records_expire_after_the_retention_window() {
     let redis = RedisServer::start();
     let s = eggtimer_tests::store_keeping_done(&redis, 1, 200).await;
-    s.schedule(&[task("d", 0)], ScheduleMode::Upsert)
-        .await
-        .unwrap();
-    let b = s.claim(0, 1, 30_000).await.unwrap();
-    s.finish(0, &[(key("d").as_str(), b.tasks[0].token, &Finish::Done)])
-        .await
-        .unwrap();
+    done(&s, "d").await;
     assert_eq!(
         s.get(&key("d")).await.unwrap().unwrap().state,
         TaskState::Done
@@ -337,13 +342,7 @@ async fn done_records_expire_after_the_retention_window() {
         .query(&mut redis.conn())
         .unwrap();
     assert!(kept, "past its window but not yet swept");
-    s.schedule(&[task("e", 0)], ScheduleMode::Upsert)
-        .await
-        .unwrap();
-    let b = s.claim(0, 1, 30_000).await.unwrap();
-    s.finish(0, &[(key("e").as_str(), b.tasks[0].token, &Finish::Done)])
-        .await
-        .unwrap();
+    done(&s, "e").await;
     let kept: bool = redis::cmd("HEXISTS")
         .arg(&tasks)
         .arg(key("d"))
@@ -363,13 +362,7 @@ async fn a_moved_clock_hides_done_records_past_their_window_without_waiting() {
     let redis = RedisServer::start();
     let s = eggtimer_tests::store_keeping_done(&redis, 1, 60_000).await;
     let other = eggtimer_tests::store_keeping_done(&redis, 1, 60_000).await;
-    s.schedule(&[task("d", 0)], ScheduleMode::Upsert)
-        .await
-        .unwrap();
-    let b = s.claim(0, 1, 30_000).await.unwrap();
-    s.finish(0, &[(key("d").as_str(), b.tasks[0].token, &Finish::Done)])
-        .await
-        .unwrap();
+    done(&s, "d").await;
     let state = |st: &eggtimer::Store| {
         let st = st.clone();
         async move { st.get(&key("d")).await.unwrap().map(|r| r.state) }

@@ -293,11 +293,6 @@ pub(super) fn integer(text: &str) -> Option<i64> {
     (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0).then_some(f as i64)
 }
 
-/// A plugin name given in a field (`at` prefixes the message, e.g. "[3].").
-pub fn plugin_name(at: &str, name: &str) -> ApiResult<()> {
-    Ok(crate::limits::plugin(&format!("{at}plugin"), name)?)
-}
-
 /// The start of a raw value, for messages.
 pub(super) fn short(s: &str) -> String {
     if s.len() <= 40 {

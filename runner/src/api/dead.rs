@@ -109,7 +109,7 @@ pub async fn dead_retry_all(
     let plugin = plugin_filter(b.plugin)?;
     let n = st
         .tasks
-        .dead_all(&caller, DeadAction::Retry, plugin.as_deref())
+        .dead_all(&caller, DeadAction::Retry, plugin.as_ref())
         .await?;
     Ok(axum::Json(json!({"retried": n})).into_response())
 }
@@ -126,7 +126,7 @@ pub async fn dead_drop_all(
     let plugin = plugin_filter(f.plugin)?;
     let n = st
         .tasks
-        .dead_all(&caller, DeadAction::Drop, plugin.as_deref())
+        .dead_all(&caller, DeadAction::Drop, plugin.as_ref())
         .await?;
     Ok(axum::Json(json!({"dropped": n})).into_response())
 }

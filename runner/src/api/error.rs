@@ -79,6 +79,12 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<crate::names::BadName> for ApiError {
+    fn from(e: crate::names::BadName) -> Self {
+        ApiError::bad(e.0)
+    }
+}
+
 impl From<OutOfBounds> for ApiError {
     fn from(e: OutOfBounds) -> Self {
         ApiError::bad(e.0)

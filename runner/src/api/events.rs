@@ -12,6 +12,7 @@ use utoipa::openapi::{Ref, RefOr, schema};
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
 use crate::access::Caller;
+use crate::names::Topic;
 use crate::store::{Debounce, Event, Listener};
 
 /// Most events one request publishes.
@@ -96,11 +97,7 @@ pub async fn publish(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
-    if !crate::names::valid_topic(&topic) {
-        return Err(ApiError::bad(format!(
-            "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
-        )));
-    }
+    let topic = Topic::new(topic)?;
     // a key that may not publish here is refused before its body is read
     st.tasks.may_publish(&caller, &topic)?;
     body::require_content_type(&headers, "application/json")?;
@@ -120,7 +117,7 @@ pub async fn publish(
         crate::limits::payload("data", data, st.max_payload_bytes)
             .map_err(|e| ApiError::too_large(e.0))?;
         events.push(Event {
-            topic: topic.clone(),
+            topic: topic.to_string(),
             key: e.key,
             data: data.to_owned(),
         });

@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::params::{check_owner, page_limit_of, plugin_filter};
 use crate::access::Caller;
 use crate::limits;
+use crate::names::PluginName;
 use crate::store::{FindCursor, FindQuery, TaskRecord, TaskState};
 
 /// The filters of `GET /v1/tasks` (all optional; they combine).
@@ -87,7 +88,7 @@ pub async fn find_tasks(
         check_owner(o)?;
     }
     let q = FindQuery {
-        plugin: plugin_filter(p.plugin)?,
+        plugin: plugin_filter(p.plugin)?.map(PluginName::into_string),
         state,
         owner,
         due_after: time_param(p.due_after.as_deref(), "due_after")?,

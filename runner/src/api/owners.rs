@@ -13,8 +13,8 @@ use super::cursor::fill;
 use super::doc;
 use super::error::ApiError;
 use super::params::{
-    MAX_PAGE, OwnerName, PageQuery, PluginFilter, check_owner, page_cursor, page_limit, page_place,
-    plugin_filter,
+    MAX_PAGE, OwnerName, PageQuery, PluginFilter, check_owner, owner_named, page_cursor,
+    page_limit, page_place, plugin_filter,
 };
 use super::tasks::SMALL_BODY;
 use crate::access::Caller;
@@ -80,7 +80,7 @@ pub async fn owner_shift(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    check_owner(&owner)?;
+    let owner = owner_named(owner)?;
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, SMALL_BODY).await?;
     let b: ShiftBody = body::typed(body::raw(&bytes)?)?;
@@ -89,7 +89,7 @@ pub async fn owner_shift(
         .ok_or_else(|| ApiError::bad("shift_ms is required"))?;
     let n = st
         .tasks
-        .shift_owner(&caller, &owner, shift, b.plugin.as_deref())
+        .shift_owner(&caller, &owner, shift, plugin_filter(b.plugin)?.as_ref())
         .await?;
     Ok(axum::Json(json!({"shifted": n})).into_response())
 }
@@ -105,11 +105,11 @@ pub async fn owner_cancel(
     Path(owner): Path<String>,
     Query(f): Query<PluginFilter>,
 ) -> ApiResult<Response> {
-    check_owner(&owner)?;
+    let owner = owner_named(owner)?;
     let plugin = plugin_filter(f.plugin)?;
     let n = st
         .tasks
-        .cancel_owner(&caller, &owner, plugin.as_deref())
+        .cancel_owner(&caller, &owner, plugin.as_ref())
         .await?;
     Ok(axum::Json(json!({"cancelled": n})).into_response())
 }

@@ -5,11 +5,12 @@ use serde::Deserialize;
 use super::body::ApiResult;
 use super::error::ApiError;
 use crate::limits;
+use crate::names::{Owner, PluginName};
 
 /// Most tasks of one page of an owner's tasks.
 pub const MAX_PAGE: usize = 1000;
 
-/// A task id (API.md's limits: 1–200 bytes, no control characters).
+/// A task id (1–200 bytes, no control characters).
 pub fn check_id(id: &str) -> ApiResult<()> {
     limits::id("the task id", id).map_err(Into::into)
 }
@@ -17,6 +18,11 @@ pub fn check_id(id: &str) -> ApiResult<()> {
 /// An owner (the same limits as an id).
 pub fn check_owner(owner: &str) -> ApiResult<()> {
     limits::id("the owner", owner).map_err(Into::into)
+}
+
+/// An owner a route's path names, as the task service takes it.
+pub fn owner_named(owner: String) -> ApiResult<Owner> {
+    Ok(Owner::new(owner)?)
 }
 
 /// A page: how many, and where the previous page ended.
@@ -122,9 +128,6 @@ pub async fn page_place(
 }
 
 /// An optional plugin filter, checked.
-pub fn plugin_filter(p: Option<String>) -> ApiResult<Option<String>> {
-    if let Some(p) = &p {
-        super::body::plugin_name("", p)?;
-    }
-    Ok(p)
+pub fn plugin_filter(p: Option<String>) -> ApiResult<Option<PluginName>> {
+    Ok(p.map(|p| PluginName::new("plugin", p)).transpose()?)
 }

@@ -457,6 +457,7 @@ pub async fn plugin_delete(
     Query(q): Query<DeleteQuery>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
+    let plugin = crate::names::PluginName::new("plugin", name.as_str())?;
     let cancel = match q.tasks.as_deref() {
         None => false,
         Some("cancel") => true,
@@ -468,7 +469,7 @@ pub async fn plugin_delete(
     };
     current(&st, &name).await?;
     if cancel {
-        st.tasks.cancel_plugin(&name).await?;
+        st.tasks.cancel_plugin(&plugin).await?;
     } else {
         let c = &st.store.plugin_counts(std::slice::from_ref(&name)).await?[0];
         if c.scheduled + c.dead > 0 {
@@ -492,6 +493,6 @@ pub async fn plugin_delete(
     }
     // its done tasks (and, with `?tasks=cancel`, what was scheduled between the first pass and
     // the delete): nothing of its tasks is left for the next owner of the name to read
-    st.tasks.cancel_plugin(&name).await?;
+    st.tasks.cancel_plugin(&plugin).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

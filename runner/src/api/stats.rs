@@ -278,16 +278,12 @@ pub async fn events(
     Path(topic): Path<String>,
     Query(q): Query<EventParams>,
 ) -> ApiResult<axum::Json<Vec<Event>>> {
-    if !crate::names::valid_topic(&topic) {
-        return Err(ApiError::bad(format!(
-            "{topic:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
-        )));
-    }
+    let topic = crate::names::Topic::new(topic)?;
     let limit = super::params::page_limit_of(q.limit.as_deref(), 50)?;
     let plugin = super::params::plugin_filter(q.plugin)?;
     let plugins = st
         .tasks
-        .visible(&caller, st.registry.as_ref(), plugin.as_deref())
+        .visible(&caller, st.registry.as_ref(), plugin.as_ref())
         .await?;
     let rows = st.store.latest_events(&plugins, &topic, limit).await?;
     Ok(axum::Json(

@@ -5,7 +5,8 @@
 use serde::Deserialize;
 
 use super::body::ApiResult;
-use super::params::{check_id, plugin_filter};
+use super::params::plugin_filter;
+use crate::names::{PluginName, TaskId};
 use crate::tasks::Named;
 
 /// The plugin whose task the path's id names.
@@ -20,15 +21,14 @@ pub struct OfPlugin {
 
 /// A path's task id and its `?plugin=`, each checked (400 when malformed).
 pub struct TaskPath {
-    id: String,
-    plugin: Option<String>,
+    id: TaskId,
+    plugin: Option<PluginName>,
 }
 
 impl TaskPath {
     pub fn new(id: String, of: OfPlugin) -> ApiResult<TaskPath> {
-        check_id(&id)?;
         Ok(TaskPath {
-            id,
+            id: TaskId::new(id)?,
             plugin: plugin_filter(of.plugin)?,
         })
     }
@@ -37,11 +37,11 @@ impl TaskPath {
     pub fn named(&self) -> Named<'_> {
         Named {
             id: &self.id,
-            plugin: self.plugin.as_deref(),
+            plugin: self.plugin.as_ref(),
         }
     }
 
-    pub fn id(&self) -> &str {
+    pub fn id(&self) -> &TaskId {
         &self.id
     }
 }

@@ -11,13 +11,14 @@
 
 use super::{PluginChecks, Refusal, Tasks};
 use crate::access::Caller;
+use crate::names::{Owner, PluginName, TaskId};
 use crate::store::{DeadAction, Move, Refused, TaskRecord};
 
 /// A task as a caller names it: its id, and its plugin where the caller says which.
 #[derive(Clone, Copy, Debug)]
 pub struct Named<'a> {
-    pub id: &'a str,
-    pub plugin: Option<&'a str>,
+    pub id: &'a TaskId,
+    pub plugin: Option<&'a PluginName>,
 }
 
 impl Tasks {
@@ -32,14 +33,14 @@ impl Tasks {
         let mut found = self.store.tasks_of_id(named.id, &seen).await?;
         match found.len() {
             0 => Err(Refusal::NoTask {
-                id: named.id.to_owned(),
+                id: named.id.to_string(),
             }),
             1 => Ok(found.remove(0)),
             _ => {
                 let mut plugins: Vec<String> = found.into_iter().map(|t| t.plugin).collect();
                 plugins.sort_unstable();
                 Err(Refusal::AmbiguousId {
-                    id: named.id.to_owned(),
+                    id: named.id.to_string(),
                     plugins,
                 })
             }
@@ -52,11 +53,11 @@ impl Tasks {
         &self,
         caller: &Caller,
         plugins: &dyn PluginChecks,
-        plugin: Option<&str>,
+        plugin: Option<&PluginName>,
     ) -> Result<Vec<String>, Refusal> {
         if let Some(p) = plugin {
             in_scope(caller, p)?;
-            return Ok(vec![p.to_owned()]);
+            return Ok(vec![p.to_string()]);
         }
         let mut names: Vec<String> = self.store.plugin_names().await?;
         names.extend(plugins.loaded());
@@ -102,12 +103,12 @@ impl Tasks {
         named: Named<'_>,
         how: Move,
     ) -> Result<TaskRecord, Refusal> {
-        let t = self.find(caller, plugins, named).await?;
-        self.store
-            .move_task(&t.key, how)
-            .await?
-            .map_err(|why| unchangeable(named.id, why))?;
-        self.record(&t.key, named.id).await
+        let (key, _) = self
+            .change(caller, plugins, named, async |key| {
+                self.store.move_task(key, how).await
+            })
+            .await?;
+        self.record(&key, named.id).await
     }
 
     /// Makes the task `named` names due now: its new due time.
@@ -117,11 +118,11 @@ impl Tasks {
         plugins: &dyn PluginChecks,
         named: Named<'_>,
     ) -> Result<i64, Refusal> {
-        let t = self.find(caller, plugins, named).await?;
-        self.store
-            .move_task(&t.key, Move::Now)
-            .await?
-            .map_err(|why| unchangeable(named.id, why))
+        self.change(caller, plugins, named, async |key| {
+            self.store.move_task(key, Move::Now).await
+        })
+        .await
+        .map(|(_, at)| at)
     }
 
     /// Cancels the scheduled task `named` names (with its listeners).
@@ -131,11 +132,11 @@ impl Tasks {
         plugins: &dyn PluginChecks,
         named: Named<'_>,
     ) -> Result<(), Refusal> {
-        let t = self.find(caller, plugins, named).await?;
-        self.store
-            .cancel(&t.key)
-            .await?
-            .map_err(|why| unchangeable(named.id, why))
+        self.change(caller, plugins, named, async |key| {
+            self.store.cancel(key).await
+        })
+        .await
+        .map(drop)
     }
 
     /// Cancels a task of `plugin` for one of its runs (`also`: the other plugins the run may
@@ -159,11 +160,11 @@ impl Tasks {
         plugins: &dyn PluginChecks,
         named: Named<'_>,
     ) -> Result<i64, Refusal> {
-        let t = self.find(caller, plugins, named).await?;
-        self.store
-            .revive(&t.key)
-            .await?
-            .map_err(|why| unchangeable(named.id, why))
+        self.change(caller, plugins, named, async |key| {
+            self.store.revive(key).await
+        })
+        .await
+        .map(|(_, at)| at)
     }
 
     /// Drops the dead task `named` names.
@@ -173,11 +174,27 @@ impl Tasks {
         plugins: &dyn PluginChecks,
         named: Named<'_>,
     ) -> Result<(), Refusal> {
+        self.change(caller, plugins, named, async |key| {
+            self.store.drop_dead(key).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Finds the task `named` names, then has `change` change it (one script on its key): its
+    /// key and what the change answered, or why the task could not be changed so.
+    async fn change<T>(
+        &self,
+        caller: &Caller,
+        plugins: &dyn PluginChecks,
+        named: Named<'_>,
+        change: impl AsyncFnOnce(&str) -> anyhow::Result<Result<T, Refused>>,
+    ) -> Result<(String, T), Refusal> {
         let t = self.find(caller, plugins, named).await?;
-        self.store
-            .drop_dead(&t.key)
+        let answer = change(&t.key)
             .await?
-            .map_err(|why| unchangeable(named.id, why))
+            .map_err(|why| unchangeable(named.id, why))?;
+        Ok((t.key, answer))
     }
 
     /// Shifts an owner's scheduled tasks (of one plugin) by `shift_ms`: how many moved. A key
@@ -185,9 +202,9 @@ impl Tasks {
     pub async fn shift_owner(
         &self,
         caller: &Caller,
-        owner: &str,
+        owner: &Owner,
         shift_ms: i64,
-        plugin: Option<&str>,
+        plugin: Option<&PluginName>,
     ) -> Result<u64, Refusal> {
         let mut moved = 0;
         for p in self.touched(caller, plugin).await? {
@@ -196,7 +213,7 @@ impl Tasks {
                 .shift_owner(owner, shift_ms, p.as_deref())
                 .await?
                 .map_err(|why| Refusal::ShiftOutOfRange {
-                    owner: owner.to_owned(),
+                    owner: owner.to_string(),
                     shift_ms,
                     moved,
                     why,
@@ -209,8 +226,8 @@ impl Tasks {
     pub async fn cancel_owner(
         &self,
         caller: &Caller,
-        owner: &str,
-        plugin: Option<&str>,
+        owner: &Owner,
+        plugin: Option<&PluginName>,
     ) -> Result<u64, Refusal> {
         let mut n = 0;
         for p in self.touched(caller, plugin).await? {
@@ -224,7 +241,7 @@ impl Tasks {
         &self,
         caller: &Caller,
         action: DeadAction,
-        plugin: Option<&str>,
+        plugin: Option<&PluginName>,
     ) -> Result<u64, Refusal> {
         let mut n = 0;
         for p in self.touched(caller, plugin).await? {
@@ -236,7 +253,7 @@ impl Tasks {
     /// Deletes every task of `plugin` (scheduled, dead and done, with their logs and listeners)
     /// as the plugin is deleted; a run under way finishes. The caller's right to delete the
     /// plugin is the plugin route's to check.
-    pub async fn cancel_plugin(&self, plugin: &str) -> anyhow::Result<u64> {
+    pub async fn cancel_plugin(&self, plugin: &PluginName) -> anyhow::Result<u64> {
         self.store.cancel_plugin(plugin).await
     }
 
@@ -246,11 +263,11 @@ impl Tasks {
     async fn touched(
         &self,
         caller: &Caller,
-        plugin: Option<&str>,
+        plugin: Option<&PluginName>,
     ) -> Result<Vec<Option<String>>, Refusal> {
         if let Some(p) = plugin {
             in_scope(caller, p)?;
-            return Ok(vec![Some(p.to_owned())]);
+            return Ok(vec![Some(p.to_string())]);
         }
         if caller.sees_all() {
             return Ok(vec![None]);
@@ -276,11 +293,11 @@ impl Tasks {
 }
 
 /// Refused unless the caller's key covers `plugin`.
-fn in_scope(caller: &Caller, plugin: &str) -> Result<(), Refusal> {
+fn in_scope(caller: &Caller, plugin: &PluginName) -> Result<(), Refusal> {
     match caller.refuses(plugin) {
         None => Ok(()),
         Some(why) => Err(Refusal::Forbidden {
-            plugin: plugin.to_owned(),
+            plugin: plugin.to_string(),
             why,
         }),
     }

@@ -2,6 +2,7 @@
 
 use super::{Refusal, Tasks};
 use crate::access::Caller;
+use crate::names::Topic;
 use crate::store::{Event, Published};
 
 /// What an event costs Redis besides its data, topic and key (its entries in the event shard's
@@ -11,7 +12,7 @@ const EVENT_OVERHEAD: usize = 64;
 impl Tasks {
     /// Refused unless `caller`'s key may publish on `topic` ([`Tasks::publish`] asks again; a
     /// route asks first, before it reads a body it would refuse).
-    pub fn may_publish(&self, caller: &Caller, topic: &str) -> Result<(), Refusal> {
+    pub fn may_publish(&self, caller: &Caller, topic: &Topic) -> Result<(), Refusal> {
         match caller.refuses_topic(topic, true) {
             None => Ok(()),
             Some(why) => Err(Refusal::NoPublish { why }),
@@ -25,7 +26,7 @@ impl Tasks {
     pub async fn publish(
         &self,
         caller: &Caller,
-        topic: &str,
+        topic: &Topic,
         events: &[Event],
         default_budget: u64,
     ) -> Result<Published, Refusal> {
