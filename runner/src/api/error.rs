@@ -123,8 +123,8 @@ impl From<anyhow::Error> for ApiError {
     }
 }
 
-/// A task the service would not schedule or change: each refusal with its status and code, concerning its
-/// plugin where it has one.
+/// A task the service would not schedule or change: each refusal with its status and code,
+/// concerning its plugin where it has one.
 impl From<crate::tasks::Refusal> for ApiError {
     fn from(r: crate::tasks::Refusal) -> Self {
         use crate::store::Refused;

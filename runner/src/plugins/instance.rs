@@ -380,7 +380,8 @@ pub(super) async fn start_once(
     engine: &wasmtime::Engine,
     pool: &Pool,
     loaded: &Loaded,
-    (timeout, memory): (Duration, usize),
+    timeout: Duration,
+    memory: usize,
     clock: &Clock,
 ) -> Result<(), String> {
     let instantiating = instantiate(engine, loaded, timeout, memory, clock);

@@ -249,7 +249,8 @@ impl Plugins {
                 &this.engine.engine,
                 &this.pool,
                 &loaded,
-                (p.time_limit, p.memory),
+                p.time_limit,
+                p.memory,
                 &this.opts.clock,
             )
             .await
