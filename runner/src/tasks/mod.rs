@@ -9,7 +9,8 @@
 //!
 //! Changes to tasks that exist (move, run now, cancel, retry, drop; an owner's or a plugin's tasks
 //! at once) are here too, in [`changes`]: each finds the task the caller names among the plugins
-//! its key may see and changes it in one script.
+//! its key may see and changes it in one script. So is a caller's publish, in [`events`]: the
+//! events it may publish, within its key's budget, make the tasks listening for them act.
 //!
 //! The service speaks in [`Refusal`]s, not HTTP: the API turns them into its error replies, the
 //! executor into a failed attempt, the recurring driver into a skipped firing.
