@@ -93,16 +93,9 @@ pub fn shifted(field: &str, base: i64, d: i64) -> Result<i64, OutOfBounds> {
 
 pub use crate::names::id_like;
 
-/// [`id_like`] with a message naming the field.
+/// [`id_like`] with a message naming the field (the rule and its message are `names`').
 pub fn id(field: &str, s: &str) -> Result<(), OutOfBounds> {
-    if id_like(s) {
-        Ok(())
-    } else {
-        Err(OutOfBounds(format!(
-            "{field} must be 1 to {MAX_ID_BYTES} bytes without control characters (got {} bytes)",
-            s.len()
-        )))
-    }
+    crate::names::id_in(field, s).map_err(|e| OutOfBounds(e.0))
 }
 
 /// A number of attempts: 1 to [`MAX_ATTEMPTS`].
@@ -117,13 +110,7 @@ pub fn attempts(field: &str, n: i64) -> Result<u32, OutOfBounds> {
 
 /// A plugin's name (`[a-z0-9][a-z0-9-]{0,63}`), given in `field`.
 pub fn plugin(field: &str, name: &str) -> Result<(), OutOfBounds> {
-    if crate::names::valid_plugin_name(name) {
-        Ok(())
-    } else {
-        Err(OutOfBounds(format!(
-            "{field} {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
-        )))
-    }
+    crate::names::plugin_name_in(field, name).map_err(|e| OutOfBounds(e.0))
 }
 
 /// A task's payload: at most `max` bytes (`--max-payload-bytes`).

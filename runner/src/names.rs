@@ -76,13 +76,8 @@ impl PluginName {
     /// `name` if it is a plugin name; `field` says where it was given (`plugin`, `[3].plugin`).
     pub fn new(field: &str, name: impl Into<String>) -> Result<PluginName, BadName> {
         let name = name.into();
-        if valid_plugin_name(&name) {
-            Ok(PluginName(name))
-        } else {
-            Err(BadName(format!(
-                "{field} {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
-            )))
-        }
+        plugin_name_in(field, &name)?;
+        Ok(PluginName(name))
     }
 }
 
@@ -101,13 +96,28 @@ impl Topic {
 
 impl TaskId {
     pub fn new(id: impl Into<String>) -> Result<TaskId, BadName> {
-        id_named("the task id", id.into()).map(TaskId)
+        let id = id.into();
+        id_in("the task id", &id)?;
+        Ok(TaskId(id))
     }
 }
 
 impl Owner {
     pub fn new(owner: impl Into<String>) -> Result<Owner, BadName> {
-        id_named("the owner", owner.into()).map(Owner)
+        let owner = owner.into();
+        id_in("the owner", &owner)?;
+        Ok(Owner(owner))
+    }
+}
+
+/// Refused, with a message naming `field`, unless `name` is a plugin name.
+pub fn plugin_name_in(field: &str, name: &str) -> Result<(), BadName> {
+    if valid_plugin_name(name) {
+        Ok(())
+    } else {
+        Err(BadName(format!(
+            "{field} {name:?} is not a plugin name ([a-z0-9][a-z0-9-]{{0,63}})"
+        )))
     }
 }
 
@@ -116,10 +126,10 @@ pub fn id_like(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_ID_BYTES && !s.chars().any(char::is_control)
 }
 
-/// `s` if it is [`id_like`], else a message naming `field`.
-fn id_named(field: &str, s: String) -> Result<String, BadName> {
-    if id_like(&s) {
-        Ok(s)
+/// Refused, with a message naming `field`, unless `s` is [`id_like`].
+pub fn id_in(field: &str, s: &str) -> Result<(), BadName> {
+    if id_like(s) {
+        Ok(())
     } else {
         Err(BadName(format!(
             "{field} must be 1 to {MAX_ID_BYTES} bytes without control characters (got {} bytes)",
