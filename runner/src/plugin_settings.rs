@@ -70,6 +70,10 @@ pub struct PluginSettings {
     /// At most `max` starts in any `per_ms` ms across all runners (None: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// At most `max` starts of one owner's tasks in any `per_ms` ms across all runners (None:
+    /// no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_rate_limit: Option<RateLimit>,
     /// At most this many of its tasks scheduled (None: `DEFAULT_MAX_PENDING`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<u64>,
@@ -97,6 +101,8 @@ pub struct Ceilings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_rate_limit: Option<RateLimit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_ms: Option<u64>,
@@ -118,6 +124,15 @@ fn under<T: Ord + Copy>(v: Option<T>, ceiling: Option<T>) -> Option<T> {
         (Some(v), Some(c)) => Some(v.min(c)),
         (v, None) => v,
         (None, c) => c,
+    }
+}
+
+/// A rate held under a ceiling: the ceiling where the rate allows more, or where there is none.
+fn rate_under(v: Option<RateLimit>, ceiling: Option<RateLimit>) -> Option<RateLimit> {
+    match (v, ceiling) {
+        (Some(v), Some(c)) if !v.within(&c) => Some(c),
+        (None, c) => c,
+        (v, _) => v,
     }
 }
 
@@ -155,11 +170,8 @@ impl PluginSettings {
                 self.max_concurrency_per_owner,
                 c.max_concurrency_per_owner,
             ),
-            rate_limit: match (self.rate_limit, c.rate_limit) {
-                (Some(v), Some(c)) if !v.within(&c) => Some(c),
-                (None, c) => c,
-                (v, _) => v,
-            },
+            rate_limit: rate_under(self.rate_limit, c.rate_limit),
+            owner_rate_limit: rate_under(self.owner_rate_limit, c.owner_rate_limit),
             // unset is 1, the least there is: a ceiling can only lower a weight that was set
             weight: self.weight.map(|w| w.min(c.weight.unwrap_or(u32::MAX))),
             time_limit_ms: with_default(self.time_limit_ms, c.time_limit_ms, default_time_limit_ms),

@@ -19,6 +19,8 @@ pub struct Policy {
     pub max_concurrency_per_owner: Option<u32>,
     /// At most `max` starts in any `per_ms` ms across the runners (None: no limit).
     pub rate_limit: Option<RateLimit>,
+    /// At most `max` starts of one owner's tasks in any `per_ms` ms (None: no limit).
+    pub owner_rate_limit: Option<RateLimit>,
     /// Its share of workers when plugins compete (1 unless set).
     pub weight: u32,
     /// Its own max_pending (None: the namespace's default, counted without the ledger).
@@ -75,6 +77,7 @@ impl Policy {
             max_concurrency: s.max_concurrency,
             max_concurrency_per_owner: s.max_concurrency_per_owner,
             rate_limit: s.rate_limit,
+            owner_rate_limit: s.owner_rate_limit,
             weight: s.weight.unwrap_or(1).max(1),
             max_pending: s.max_pending,
             time_limit: s.time_limit_ms.map_or(d.time_limit, Duration::from_millis),

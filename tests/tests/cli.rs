@@ -74,6 +74,8 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "rate-limit", "cli-noop", "600/1m"]);
     assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "owner-rate-limit", "cli-noop", "2/1s"]);
+    assert_eq!(c, Some(0), "{err}");
     let (_, out, _) = cli(&["plugin", "list"]);
     let row = out
         .lines()
@@ -102,6 +104,11 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(
         p["rate_limit"],
         json!({"max": 600, "per_ms": 60000}),
+        "{out}"
+    );
+    assert_eq!(
+        p["owner_rate_limit"],
+        json!({"max": 2, "per_ms": 1000}),
         "{out}"
     );
     let (c, _, err) = cli(&["plugin", "rate-limit", "cli-noop", "--none"]);

@@ -510,3 +510,76 @@ async fn a_backlog_waiting_for_max_concurrency_is_woken_in_due_order_without_cyc
         assert_eq!(t["attempts"], 1, "{t}");
     }
 }
+
+#[tokio::test]
+async fn an_owner_rate_limit_spaces_each_owners_starts_across_two_runners() {
+    let redis = RedisServer::start();
+    let first = start(&redis, &[]);
+    let base = first.url.as_str();
+    let rate = json!({"max": 4, "per_ms": 1000});
+    let (s, p) = call(
+        "PATCH",
+        &format!("{base}/v1/plugins/test-sleep"),
+        Some(json!({"owner_rate_limit": rate})),
+    )
+    .await;
+    assert_eq!(
+        (s, &p["owner_rate_limit"], &p["rate_limit"]),
+        (200, &rate, &Value::Null),
+        "{p}"
+    );
+    let second = start(&redis, &[]);
+    runners_holding_shards(base, 2).await;
+    // 12 quick runs each of owners a and b, and 6 without an owner, due at once: without the
+    // limit all start within a few ms
+    let mut specs = Vec::new();
+    for owner in ["a", "b"] {
+        for i in 0..12 {
+            let tag = format!("{owner}{i}");
+            specs.push(json!({"plugin": "test-sleep", "id": tag, "owner": owner, "payload": {"ms": 5, "tag": tag}}));
+        }
+    }
+    for i in 0..6 {
+        let tag = format!("n{i}");
+        specs.push(json!({"plugin": "test-sleep", "id": tag, "payload": {"ms": 5, "tag": tag}}));
+    }
+    let t0 = now_ms();
+    schedule(base, json!(specs)).await;
+    let started = eventually(T, "30 runs", || async {
+        let s = starts(&mut redis.conn(), "test-sleep");
+        (s.len() >= 30).then_some(s)
+    })
+    .await;
+    assert_eq!(started.len(), 30, "each once");
+    let of = |prefix: char| -> Vec<i64> {
+        let mut at: Vec<i64> = started
+            .iter()
+            .filter(|(tag, _)| tag.starts_with(prefix))
+            .map(|(_, at)| *at)
+            .collect();
+        at.sort();
+        at
+    };
+    let (a, b, none) = (of('a'), of('b'), of('n'));
+    // As the service called sees each owner: 5 starts span at least the limit's second (less
+    // the 100 ms a start may lag its grant on a loaded machine, as for `rate_limit`).
+    for (owner, at) in [("a", &a), ("b", &b)] {
+        let tightest = at.windows(5).map(|w| w[4] - w[0]).min().unwrap();
+        eprintln!("owner {owner}: 5 starts took at least {tightest} ms");
+        assert!(
+            tightest >= 900,
+            "owner {owner}: 5 starts within {tightest} ms: {at:?}"
+        );
+    }
+    // each owner's limit is its own: b's runs don't wait for a's, nor the others for either
+    assert!(b[0] < a[11] && a[0] < b[11], "a {a:?}, b {b:?}");
+    assert!(
+        none[5] - t0 < 2_000,
+        "runs without an owner waited: {none:?}"
+    );
+    for id in ["a11", "b11", "n5"] {
+        let t = wait_state(base, id, "done", T).await;
+        assert_eq!(t["attempts"], 1, "waiting uses no attempt: {t}");
+    }
+    both_ran(base, &second.url, "test-sleep", 30).await;
+}

@@ -31,6 +31,9 @@ pub struct CeilingsBody {
     #[serde(default, deserialize_with = "given")]
     #[schema(value_type = Option<RateLimitBody>)]
     rate_limit: Setting<RateLimitBody>,
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<RateLimitBody>)]
+    owner_rate_limit: Setting<RateLimitBody>,
     #[serde(default, deserialize_with = "ranged::<_, 1, MAX_WEIGHT>")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     weight: Setting<i64>,
@@ -65,6 +68,10 @@ impl CeilingsBody {
             n32(self.max_concurrency_per_owner),
         );
         set(&mut cur.rate_limit, self.rate_limit.map(|r| r.map(rate)));
+        set(
+            &mut cur.owner_rate_limit,
+            self.owner_rate_limit.map(|r| r.map(rate)),
+        );
         set(&mut cur.weight, n32(self.weight));
         set(&mut cur.time_limit_ms, n(self.time_limit_ms));
         set(&mut cur.memory_bytes, n(self.memory_bytes));

@@ -254,6 +254,10 @@ pub struct PluginInfo {
     /// At most `max` starts in any `per_ms` ms across all runners (null: no limit).
     #[schema(value_type = Option<RateLimitBody>)]
     pub rate_limit: Option<crate::plugin_settings::RateLimit>,
+    /// At most `max` starts of one owner's tasks in any `per_ms` ms across all runners (null: no
+    /// limit).
+    #[schema(value_type = Option<RateLimitBody>)]
+    pub owner_rate_limit: Option<crate::plugin_settings::RateLimit>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).

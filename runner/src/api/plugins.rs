@@ -213,6 +213,7 @@ fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> doc::Plu
         max_concurrency: s.max_concurrency,
         max_concurrency_per_owner: s.max_concurrency_per_owner,
         rate_limit: s.rate_limit,
+        owner_rate_limit: s.owner_rate_limit,
         weight: s.weight.unwrap_or(1),
         may_schedule: s.may_schedule.unwrap_or_default(),
         time_limit_ms: s.time_limit_ms,

@@ -39,6 +39,12 @@ pub struct PluginPatch {
     #[serde(default, deserialize_with = "given")]
     #[schema(value_type = Option<RateLimitBody>)]
     rate_limit: Setting<RateLimitBody>,
+    /// At most `max` starts of one owner's tasks in any `per_ms` ms across all runners, as
+    /// `rate_limit` spaces the plugin's (a task without an owner is not limited by it). Null: no
+    /// limit.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<RateLimitBody>)]
+    owner_rate_limit: Setting<RateLimitBody>,
     /// The plugin's share of workers when plugins compete, against the others' weights; null: 1.
     #[serde(default, deserialize_with = "ranged::<_, 1, MAX_WEIGHT>")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
@@ -173,6 +179,7 @@ impl PluginPatch {
             may_schedule_covered(caller, list)?;
         }
         let rate_limit = self.rate_limit.map(|r| r.map(rate));
+        let owner_rate_limit = self.owner_rate_limit.map(|r| r.map(rate));
         // empty lists and maps are the default (cjson would also store an empty list as {})
         let may_schedule = self.may_schedule.map(|l| l.filter(|l| !l.is_empty()));
         let allowed_hosts = self.allowed_hosts.map(|l| l.filter(|l| !l.is_empty()));
@@ -188,6 +195,7 @@ impl PluginPatch {
                 self.max_concurrency_per_owner.map(|v| json(&v)),
             ),
             ("rate_limit", rate_limit.map(|v| json(&v))),
+            ("owner_rate_limit", owner_rate_limit.map(|v| json(&v))),
             ("weight", self.weight.map(|v| json(&v))),
             ("may_schedule", may_schedule.map(|v| json(&v))),
             ("time_limit_ms", self.time_limit_ms.map(|v| json(&v))),
@@ -246,14 +254,24 @@ impl PluginPatch {
                  unless an admin's ceiling allows more"
             )));
         }
-        if let (Some(Some(r)), Some(c)) = (&self.rate_limit, c.rate_limit) {
+        for (name, asked, ceiling) in [
+            ("rate_limit", &self.rate_limit, c.rate_limit),
+            (
+                "owner_rate_limit",
+                &self.owner_rate_limit,
+                c.owner_rate_limit,
+            ),
+        ] {
+            let (Some(Some(r)), Some(c)) = (asked, ceiling) else {
+                continue;
+            };
             let asked = rate(RateLimitBody {
                 max: r.max,
                 per_ms: r.per_ms,
             });
             if !asked.within(&c) {
                 return Err(ApiError::forbidden(format!(
-                    "rate_limit {} per {} ms is above the admin's ceiling of {} per {} ms: a team \
+                    "{name} {} per {} ms is above the admin's ceiling of {} per {} ms: a team \
                      sets it at or below (no more starts per second, no larger burst)",
                     asked.max, asked.per_ms, c.max, c.per_ms
                 )));
@@ -392,6 +410,7 @@ pub(super) mod tests {
         check_time_limit_ms: None,
         max_concurrency_per_owner: None,
         rate_limit: None,
+        owner_rate_limit: None,
         max_pending: None,
         allowed_hosts: None,
         config: None,
@@ -430,6 +449,10 @@ pub(super) mod tests {
         assert_eq!(
             msg(r#"{"rate_limit": {"max": 0, "per_ms": 1}}"#),
             "rate_limit.max must be an integer from 1 to 1000000; got 0"
+        );
+        assert_eq!(
+            msg(r#"{"owner_rate_limit": {"max": 1, "per_ms": 0}}"#),
+            "owner_rate_limit.per_ms must be an integer from 1 to 86400000; got 0"
         );
         assert_eq!(
             msg(r#"{"rate_limit": {"max": 1}}"#),

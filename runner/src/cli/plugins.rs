@@ -67,6 +67,10 @@ pub(super) fn plugin_call(cmd: PluginCmd) -> Result<Call> {
             let rate = rate.map(|(max, per_ms)| json!({"max": max, "per_ms": per_ms}));
             Call::new(Method::PATCH, path(&name, "")).json(json!({"rate_limit": rate}))
         }
+        PluginCmd::OwnerRateLimit { name, rate, .. } => {
+            let rate = rate.map(|(max, per_ms)| json!({"max": max, "per_ms": per_ms}));
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"owner_rate_limit": rate}))
+        }
         PluginCmd::OwnerLimit { name, max, .. } => Call::new(Method::PATCH, path(&name, ""))
             .json(json!({"max_concurrency_per_owner": max})),
         PluginCmd::Limit { name, max, .. } => {

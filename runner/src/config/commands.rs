@@ -276,6 +276,15 @@ pub enum PluginCmd {
         #[arg(long)]
         none: bool,
     },
+    /// Limit the starts of each owner's tasks of a plugin across all runners: `2/1s` (at most 2
+    /// starts of one owner's tasks in any second), or --none for no limit.
+    OwnerRateLimit {
+        name: String,
+        #[arg(value_parser = parse_rate, conflicts_with = "none", required_unless_present = "none")]
+        rate: Option<(u32, u64)>,
+        #[arg(long)]
+        none: bool,
+    },
     /// Limit the runs of one owner's tasks of a plugin at once across all runners (--max N, or
     /// --none for no limit).
     OwnerLimit {

@@ -82,13 +82,23 @@ async fn wake_next(store: &Store, of: SlotsOf<'_>, mut run: SlotWaiter, within_m
 }
 
 impl Executor {
-    /// Over its plugin's rate: back to scheduled at the start reserved for it, the attempt
-    /// given back (asked before the slots: a start it can't take is its rate's, not others').
+    /// Over its plugin's rate or its owner's: back to scheduled at the start reserved for it,
+    /// the attempt given back (asked before the slots: a start it can't take is its rate's, not
+    /// others').
     pub(super) async fn over_rate(&self, task: &Claimed) -> Option<Finish> {
-        let rate = self.store.policy(&task.plugin).rate_limit?;
+        let policy = self.store.policy(&task.plugin);
+        let owner = task.owner.as_deref().zip(policy.owner_rate_limit);
+        if policy.rate_limit.is_none() && owner.is_none() {
+            return None;
+        }
         match self
             .store
-            .rate_take(&task.plugin, (&task.id, task.attempt), rate)
+            .rate_take(
+                &task.plugin,
+                (&task.id, task.attempt),
+                policy.rate_limit,
+                owner,
+            )
             .await
         {
             Ok(0) => None,

@@ -240,6 +240,18 @@ impl Keys {
         format!("{{{}}}:plugin:admits:{}", self.ns, name)
     }
 
+    /// ZSET of the starts of one owner's tasks of a plugin under its `owner_rate_limit` (run ->
+    /// start time), the last window's. (A plugin name holds no `:`: the owner is all after it.)
+    pub fn owner_rate(&self, plugin: &str, owner: &str) -> String {
+        format!("{{{}}}:owner:rate:{plugin}:{owner}", self.ns)
+    }
+
+    /// ZSET of the runs of one owner's tasks of a plugin waiting for a start under its
+    /// `owner_rate_limit` (run -> reserved start).
+    pub fn owner_rate_queue(&self, plugin: &str, owner: &str) -> String {
+        format!("{{{}}}:owner:rate-queue:{plugin}:{owner}", self.ns)
+    }
+
     /// ZSET of a plugin's runs waiting for a start under its rate limit (run -> reserved start).
     pub fn plugin_rate_queue(&self, name: &str) -> String {
         format!("{{{}}}:plugin:rate-queue:{}", self.ns, name)

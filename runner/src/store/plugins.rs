@@ -359,25 +359,33 @@ impl Store {
         inv
     }
 
-    /// Asks to start run `attempt` of task `id` under its plugin's rate limit: 0 when it may
-    /// start now, else the ms until the start reserved for it (see `lua/rate.lua`).
+    /// Asks to start run `attempt` of task `id` under its plugin's rate limit and its owner's
+    /// (`owner`: the owner and the plugin's `owner_rate_limit`), each where there is one: 0 when
+    /// it may start now, else the ms until the start reserved for it (see `lua/rate.lua`).
     pub async fn rate_take(
         &self,
         plugin: &str,
         (id, attempt): (&str, u32),
-        rate: RateLimit,
+        rate: Option<RateLimit>,
+        owner: Option<(&str, RateLimit)>,
     ) -> Result<u64> {
-        self.inner
-            .scripts
-            .rate
-            .key(self.keys().plugin_rate(plugin))
-            .key(self.keys().plugin_rate_queue(plugin))
-            .arg(format!("{id}\t{attempt}"))
-            .arg(rate.max)
-            .arg(rate.per_ms)
-            .invoke_async(&mut self.conn())
+        let mut inv = self.inner.scripts.rate.prepare_invoke();
+        inv.arg(format!("{id}\t{attempt}"));
+        if let Some(rate) = rate {
+            inv.key(self.keys().plugin_rate(plugin))
+                .key(self.keys().plugin_rate_queue(plugin))
+                .arg(rate.max)
+                .arg(rate.per_ms);
+        }
+        if let Some((owner, rate)) = owner {
+            inv.key(self.keys().owner_rate(plugin, owner))
+                .key(self.keys().owner_rate_queue(plugin, owner))
+                .arg(rate.max)
+                .arg(rate.per_ms);
+        }
+        inv.invoke_async(&mut self.conn())
             .await
-            .context("asking the plugin's rate limit")
+            .context("asking the rate limit")
     }
 
     /// Takes (or renews) one of the `max` concurrency slots of `of` for `holder`, for
