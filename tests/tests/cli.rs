@@ -143,6 +143,23 @@ async fn the_cli_speaks_the_api() {
         "owner", "shift", "u1", "--by", "-30m", "--plugin", "cli-noop",
     ]);
     assert_eq!(c, Some(0));
+    // an owner paused: its task waits; resumed: due as it was
+    let (c, out, err) = cli(&["owner", "pause", "u1", "--plugin", "cli-noop"]);
+    assert_eq!(c, Some(0), "{err}");
+    let paused: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        paused["paused"],
+        json!({"all": false, "plugins": ["cli-noop"]}),
+        "{out}"
+    );
+    let (c, out, err) = cli(&["owner", "resume", "u1"]);
+    assert_eq!(c, Some(0), "{err}");
+    let resumed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        resumed["paused"],
+        json!({"all": false, "plugins": []}),
+        "{out}"
+    );
     let (_, out, _) = cli(&["task", "get", "t1"]);
     assert!(out.contains("\nowner          u1\n"), "{out}");
     assert!(out.contains("\npayload        {\"a\":1}\n"), "{out}");

@@ -223,6 +223,7 @@ fn only_the_task_service_admits_writes_or_changes_tasks() {
         "store.drop_dead(",
         "store.shift_owner(",
         "store.cancel_owner(",
+        "store.set_owner_paused(",
         "store.dead_all(",
         "store.cancel_plugin(",
         // events that make listening tasks act

@@ -262,3 +262,72 @@ async fn a_claim_takes_about_a_mebibyte_of_records() {
     let b = claim_when_due(&s, 0, 256, "the huge task").await;
     assert_eq!(b.tasks.len(), 1);
 }
+
+/// Owners take turns: one owner's backlog of due tasks does not hold another owner's due tasks
+/// behind it, a paused owner's tasks are not taken by a turn, and every task is claimed once.
+#[tokio::test]
+async fn owners_take_turns_so_one_owners_backlog_does_not_hold_up_anothers() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let base = eggtimer::clock::system_ms() - 60_000;
+    // 3,000 tasks of "big" due at one instant, then 20 of "small" due 1 ms later (behind all of
+    // big's in due order), 10 of "paused" and 10 without an owner, due 2 ms later
+    let mut tasks = Vec::new();
+    let mut add = |id: String, due: i64, owner: Option<&str>| {
+        let mut t = task(&id, due);
+        t.owner = owner.map(Into::into);
+        tasks.push(t);
+    };
+    for i in 0..3_000 {
+        add(format!("big-{i}"), base, Some("big"));
+    }
+    for i in 0..20 {
+        add(format!("small-{i}"), base + 1, Some("small"));
+    }
+    for i in 0..10 {
+        add(format!("paused-{i}"), base + 2, Some("paused"));
+        add(format!("none-{i}"), base + 2, None);
+    }
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    assert_eq!(s.set_owner_paused("paused", None, true).await.unwrap(), 0);
+    // claims of 16, as a busy runner makes them: small's come in the first claims
+    let mut order: Vec<String> = Vec::new();
+    loop {
+        let batch = s.claim(0, 16, 30_000).await.unwrap();
+        if batch.tasks.is_empty() {
+            break;
+        }
+        order.extend(batch.tasks.iter().map(|t| t.task_id().to_owned()));
+    }
+    let last_small = order
+        .iter()
+        .rposition(|id| id.starts_with("small-"))
+        .expect("small's tasks claimed");
+    eprintln!(
+        "small's last task was claimed {}th of {}",
+        last_small + 1,
+        order.len()
+    );
+    // in due order it would be 3,020th; in turns (big, small, the due order) small takes up to
+    // 5 of each claim of 16
+    assert!(
+        last_small < 16 * 6,
+        "small waited for big's backlog: {last_small}"
+    );
+    let mut unique = order.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!((order.len(), unique.len()), (3_030, 3_030), "each once");
+    assert!(
+        !order.iter().any(|id| id.starts_with("paused-")),
+        "a paused owner's task was taken"
+    );
+    // resumed, the paused owner's tasks are claimed, once
+    assert_eq!(s.set_owner_paused("paused", None, false).await.unwrap(), 10);
+    let batch = s.claim(0, 16, 30_000).await.unwrap();
+    let mut ids: Vec<String> = batch.tasks.iter().map(|t| t.task_id().to_owned()).collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..10).map(|i| format!("paused-{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want);
+}

@@ -155,6 +155,8 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Reader, routes!(owners::owner_tasks));
     let r = roles.add(r, Operator, routes!(owners::owner_cancel));
     let r = roles.add(r, Operator, routes!(owners::owner_shift));
+    let r = roles.add(r, Operator, routes!(owners::owner_pause));
+    let r = roles.add(r, Operator, routes!(owners::owner_resume));
     // dead letters
     let r = roles.add(r, Reader, routes!(dead::dead_list));
     let r = roles.add(r, Operator, routes!(dead::dead_drop_all));

@@ -1,4 +1,4 @@
-//! An owner's tasks: a page of them, shift them all, cancel them all.
+//! An owner's tasks: a page of them, shift them all, cancel them all, pause and resume them.
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -112,4 +112,94 @@ pub async fn owner_cancel(
         .cancel_owner(&caller, &owner, plugin.as_ref())
         .await?;
     Ok(axum::Json(json!({"cancelled": n})).into_response())
+}
+
+/// Pause or resume an owner's tasks of one plugin (without it: of every plugin the key sees).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OwnerPauseBody {
+    #[serde(default, deserialize_with = "field::plugin")]
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
+    plugin: Option<String>,
+}
+
+/// An owner's pauses after a pause or resume (and, for a resume, how many tasks it put back).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct OwnerPaused {
+    owner: String,
+    paused: crate::tasks::OwnerPauses,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumed: Option<u64>,
+}
+
+/// The plugin an owner's pause or resume names: an empty body, `null`, `{}` or `{"plugin"}`.
+fn pause_plugin(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Option<crate::names::PluginName>> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    body::require_content_type(headers, "application/json")?;
+    let raw = body::raw(bytes)?;
+    if raw.get().trim() == "null" {
+        return Ok(None);
+    }
+    let b: OwnerPauseBody = body::typed(raw)?;
+    plugin_filter(b.plugin)
+}
+
+/// `POST /v1/owners/{owner}/pause` (body empty, `{}` or `{"plugin"}`): no runner starts the
+/// owner's tasks (of that plugin) until they are resumed; they stay scheduled without using
+/// attempts, and scheduling, moving and cancelling them still work. Running ones finish.
+#[utoipa::path(post, path = "/v1/owners/{owner}/pause", tag = "owners", params(OwnerName),
+    request_body(content = Option<OwnerPauseBody>, content_type = "application/json"),
+    responses((status = 200, description = "the owner's pauses", body = OwnerPaused), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_pause(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(owner): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let owner = owner_named(owner)?;
+    let bytes = body::read(body, SMALL_BODY).await?;
+    let plugin = pause_plugin(&headers, &bytes)?;
+    let paused = st
+        .tasks
+        .pause_owner(&caller, &owner, plugin.as_ref())
+        .await?;
+    Ok(axum::Json(OwnerPaused {
+        owner: owner.into_string(),
+        paused,
+        resumed: None,
+    })
+    .into_response())
+}
+
+/// `POST /v1/owners/{owner}/resume` (body empty, `{}` or `{"plugin"}`): the owner's parked tasks
+/// (of that plugin) are due again as they were, overdue ones at once; without a plugin, every
+/// pause of the owner the key may end.
+#[utoipa::path(post, path = "/v1/owners/{owner}/resume", tag = "owners", params(OwnerName),
+    request_body(content = Option<OwnerPauseBody>, content_type = "application/json"),
+    responses((status = 200, description = "the owner's pauses left, and how many tasks were put back", body = OwnerPaused), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_resume(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(owner): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let owner = owner_named(owner)?;
+    let bytes = body::read(body, SMALL_BODY).await?;
+    let plugin = pause_plugin(&headers, &bytes)?;
+    let (n, paused) = st
+        .tasks
+        .resume_owner(&caller, &owner, plugin.as_ref())
+        .await?;
+    Ok(axum::Json(OwnerPaused {
+        owner: owner.into_string(),
+        paused,
+        resumed: Some(n),
+    })
+    .into_response())
 }

@@ -526,6 +526,18 @@ pub enum OwnerCmd {
         #[arg(long)]
         plugin: Option<String>,
     },
+    /// Pause an owner's tasks (of one plugin): they wait, scheduled, until resumed.
+    Pause {
+        owner: String,
+        #[arg(long)]
+        plugin: Option<String>,
+    },
+    /// Resume an owner's tasks (of one plugin; without --plugin, every pause of the owner).
+    Resume {
+        owner: String,
+        #[arg(long)]
+        plugin: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -151,6 +151,9 @@ pub struct Executor {
     finisher: mpsc::UnboundedSender<Pending>,
     /// Signalled whenever slots are freed (reserve waits on it when the prefetch is full).
     freed: Arc<Notify>,
+    /// The pollers' turns at the room (one permit): they wait for it in the order they came, so
+    /// no shard's poller is passed over while others claim again and again.
+    turns: Arc<Semaphore>,
     /// Moving average of a run's time (µs), for the adaptive prefetch.
     run_us: AtomicU64,
     metrics: Arc<Metrics>,
@@ -239,6 +242,7 @@ impl Executor {
             host,
             finisher: tx,
             freed,
+            turns: Arc::new(Semaphore::new(1)),
             run_us: AtomicU64::new(1_000),
             metrics,
             stopping,
@@ -274,6 +278,11 @@ impl Executor {
     /// [`Self::target_held`]. Under load it waits for a useful amount (an eighth of the target)
     /// so claims stay batched; when idle that much is free at once. None once closed.
     ///
+    /// The pollers of the shards take turns at the room, in the order they asked (`turns`):
+    /// woken all at once when room frees, the one that claimed last would otherwise run first
+    /// and claim again (the runtime starts the task it woke last first), and a shard whose
+    /// poller keeps losing waits with its due tasks while others claim.
+    ///
     /// With `headroom` (the shard has due tasks that were not set aside) while one plugin is
     /// crowding the runner, it takes a few slots more at once when there is no other room
     /// (beyond the target, within the capacity): a claim gives those places only to plugins
@@ -281,10 +290,14 @@ impl Executor {
     /// due, and starts on a worker of its plugin's share (see `share`).
     pub async fn reserve(&self, max: usize, headroom: bool) -> Option<Reservation> {
         let max = max.max(1);
+        let mut turn = None;
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
+            if turn.is_none() {
+                turn = Arc::clone(&self.turns).try_acquire_owned().ok();
+            }
             let held = self.capacity() - self.slots.available_permits();
             let target = self.target_held();
             let room = target.saturating_sub(held).min(max);
@@ -293,7 +306,8 @@ impl Executor {
                 freed: Arc::clone(&self.freed),
                 headroom: spare,
             };
-            if room >= (target / 8).clamp(1, max)
+            if turn.is_some()
+                && room >= (target / 8).clamp(1, max)
                 && let Ok(p) = Arc::clone(&self.slots).try_acquire_many_owned(room as u32)
             {
                 return Some(reservation(p, 0));
@@ -311,7 +325,16 @@ impl Executor {
             if self.slots.is_closed() {
                 return None;
             }
-            freed.await;
+            // (headroom needs no turn: it is for other plugins' tasks, whose shards should not
+            // wait behind the pollers of the plugin crowding the runner)
+            if turn.is_some() {
+                freed.await;
+            } else {
+                tokio::select! {
+                    () = &mut freed => {}
+                    t = Arc::clone(&self.turns).acquire_owned() => turn = Some(t.ok()?),
+                }
+            }
         }
     }
 

@@ -5,7 +5,10 @@
 //! The workers are shared by weight among the active plugins: those with tasks claimed here or
 //! runs going, or whose last run ended within [`ACTIVE`]. A plugin alone uses every worker; a
 //! plugin whose tasks come one at a time keeps its share between them. So one plugin's backlog
-//! of slow runs waits behind its own runs only.
+//! of slow runs waits behind its own runs only. Among a plugin's claimed tasks, owners take
+//! turns as they do in a claim: the next started is the earliest claimed of an owner other than
+//! the last one started (looking among the first [`OWNER_LOOK`]), so one owner's tasks claimed
+//! ahead don't hold another owner's behind them.
 //!
 //! [`Share`]: crate::store::Share
 
@@ -134,6 +137,9 @@ impl Drop for Slot {
     }
 }
 
+/// How many of a plugin's claimed tasks a free worker looks among for another owner's.
+const OWNER_LOOK: usize = 64;
+
 /// How long a plugin stays active, for its share of the workers, after its last run ended.
 pub(super) const ACTIVE: Duration = Duration::from_secs(1);
 
@@ -145,6 +151,9 @@ pub(super) struct Queues {
     workers: usize,
     /// Per plugin: (claim order, whether it has waited for its plugin's share, task, slot).
     waiting: HashMap<String, VecDeque<(u64, bool, Claimed, Slot)>>,
+    /// Per plugin with tasks of more than one owner waiting: how many each owner has waiting
+    /// (no owner: `None`), and the owner of the last task started.
+    owners: HashMap<String, Owners>,
     /// Tasks that waited for their plugin's share of the workers while a worker was free, not
     /// yet reported to the metrics.
     pub(super) share_waits: u64,
@@ -160,6 +169,7 @@ impl StartQueue {
         StartQueue(Mutex::new(Queues {
             workers: workers.max(1),
             waiting: HashMap::new(),
+            owners: HashMap::new(),
             going: HashMap::new(),
             ended: HashMap::new(),
             share_waits: 0,
@@ -175,10 +185,22 @@ impl StartQueue {
 impl Queues {
     pub(super) fn push(&mut self, task: Claimed, slot: Slot) {
         self.seq += 1;
-        self.waiting
-            .entry(task.plugin.clone())
-            .or_default()
-            .push_back((self.seq, false, task, slot));
+        let queue = self.waiting.entry(task.plugin.clone()).or_default();
+        // owners are counted once a second one waits (one owner, or none: no cost)
+        let owners = self.owners.get_mut(&task.plugin);
+        match owners {
+            Some(o) => o.add(&task.owner),
+            None if queue.front().is_some_and(|f| f.2.owner != task.owner) => {
+                let mut o = Owners::default();
+                for e in queue.iter() {
+                    o.add(&e.2.owner);
+                }
+                o.add(&task.owner);
+                self.owners.insert(task.plugin.clone(), o);
+            }
+            None => {}
+        }
+        queue.push_back((self.seq, false, task, slot));
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -241,12 +263,28 @@ impl Queues {
         self.take(plugin)
     }
 
-    /// Takes `plugin`'s first waiting task, counted as going from now.
+    /// Takes `plugin`'s next waiting task (its first, or, where owners take turns, the first
+    /// of another owner than the last started), counted as going from now.
     fn take(&mut self, plugin: String) -> Option<(Claimed, Slot)> {
         let queue = self.waiting.get_mut(&plugin)?;
-        let (_, _, task, slot) = queue.pop_front()?;
+        let at = match self.owners.get(&plugin) {
+            Some(o) => queue
+                .iter()
+                .take(OWNER_LOOK)
+                .position(|e| o.last.as_ref() != Some(&e.2.owner))
+                .unwrap_or(0),
+            None => 0,
+        };
+        let (_, _, task, slot) = queue.remove(at)?;
         if queue.is_empty() {
             self.waiting.remove(&plugin);
+        }
+        if let Some(o) = self.owners.get_mut(&plugin) {
+            if o.remove(&task.owner) {
+                self.owners.remove(&plugin);
+            } else {
+                o.last = Some(task.owner.clone());
+            }
         }
         self.ended.remove(&plugin);
         *self.going.entry(plugin).or_default() += 1;
@@ -262,5 +300,30 @@ impl Queues {
                 self.ended.insert(plugin.to_owned(), Instant::now());
             }
         }
+    }
+}
+
+/// The owners of one plugin's waiting tasks, while more than one has some.
+#[derive(Default)]
+pub(super) struct Owners {
+    waiting: HashMap<Option<String>, usize>,
+    last: Option<Option<String>>,
+}
+
+impl Owners {
+    fn add(&mut self, owner: &Option<String>) {
+        *self.waiting.entry(owner.clone()).or_default() += 1;
+    }
+
+    /// One of `owner`'s tasks was taken; true when one owner (or none) is left waiting, and
+    /// the plugin needs no turns.
+    fn remove(&mut self, owner: &Option<String>) -> bool {
+        if let Some(n) = self.waiting.get_mut(owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.waiting.remove(owner);
+            }
+        }
+        self.waiting.len() <= 1
     }
 }

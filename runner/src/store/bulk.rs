@@ -74,6 +74,53 @@ impl Store {
         .await
     }
 
+    /// Pauses (`true`) or resumes an owner's tasks (of one plugin; all of them when `plugin` is
+    /// None) on every shard: while paused, claims park its due tasks instead of starting them;
+    /// resuming puts back the parked ones nothing else holds (a paused plugin, another pause of
+    /// the owner), due as they were. Resuming without a plugin ends every pause of the owner.
+    /// Returns how many parked tasks were put back.
+    pub async fn set_owner_paused(
+        &self,
+        owner: &str,
+        plugin: Option<&str>,
+        paused: bool,
+    ) -> Result<u64> {
+        let channel = self.keys().wake_channel();
+        self.chunked(
+            "owner_pause",
+            &self.inner.scripts.owner_pause,
+            |shard, cursor| {
+                vec![
+                    channel.clone(),
+                    shard.to_string(),
+                    if paused { "pause" } else { "resume" }.into(),
+                    owner.into(),
+                    plugin.unwrap_or("").into(),
+                    cursor.into(),
+                    BULK_CHUNK.to_string(),
+                ]
+            },
+        )
+        .await
+    }
+
+    /// The pauses of an owner: the plugins whose tasks of the owner are paused, `None` among
+    /// them when all its tasks are (as every shard holds them once a pause has answered).
+    pub async fn owner_pauses(&self, owner: &str) -> Result<Vec<Option<String>>> {
+        let list: Option<String> = redis::cmd("HGET")
+            .arg(&self.keys().shard(0).meta)
+            .arg(format!("op:{owner}"))
+            .query_async(&mut self.conn())
+            .await
+            .context("reading an owner's pauses")?;
+        Ok(list
+            .unwrap_or_default()
+            .split('\0')
+            .filter(|p| !p.is_empty())
+            .map(|p| (p != "*").then(|| p.to_owned()))
+            .collect())
+    }
+
     /// Cancels every scheduled task of an owner (of one plugin); returns how many.
     pub async fn cancel_owner(&self, owner: &str, plugin: Option<&str>) -> Result<u64> {
         self.bulk("cancel_owner", owner, plugin).await

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 11] = [
+const PARTS: [(&str, &str); 12] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
@@ -32,6 +32,7 @@ const PARTS: [(&str, &str); 11] = [
     ("indexes", include_str!("lua/lib/indexes.lua")),
     ("claims", include_str!("lua/lib/claims.lua")),
     ("share", include_str!("lua/lib/share.lua")),
+    ("owners", include_str!("lua/lib/owners.lua")),
     ("finished", include_str!("lua/lib/finished.lua")),
     ("walk", include_str!("lua/lib/walk.lua")),
     ("blobs", include_str!("lua/lib/blobs.lua")),
@@ -99,6 +100,7 @@ scripts! {
     revive: "revive",
     shift_owner: "shift_owner",
     pause: "pause",
+    owner_pause: "owner_pause",
     bulk: "bulk",
     fire: "fire",
     range: "range",

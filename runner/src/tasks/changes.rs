@@ -1,5 +1,5 @@
 //! Changes to tasks that exist: which task an id names for a caller, then move, run now, cancel,
-//! retry and drop; an owner's tasks shifted or cancelled; every dead task retried or dropped; a
+//! retry and drop; an owner's tasks shifted, cancelled, paused or resumed; every dead task retried or dropped; a
 //! plugin's tasks cancelled with it.
 //!
 //! A task id belongs to its plugin: two plugins may each have a task `c-1`, and nothing done with
@@ -236,6 +236,55 @@ impl Tasks {
         Ok(n)
     }
 
+    /// Pauses an owner's tasks (of one plugin): no runner starts them until they are resumed;
+    /// they stay scheduled without using attempts, and scheduling, moving and cancelling them
+    /// still work. A key that sees some plugins only pauses each of them.
+    pub async fn pause_owner(
+        &self,
+        caller: &Caller,
+        owner: &Owner,
+        plugin: Option<&PluginName>,
+    ) -> Result<OwnerPauses, Refusal> {
+        for p in self.touched(caller, plugin).await? {
+            self.store
+                .set_owner_paused(owner, p.as_deref(), true)
+                .await?;
+        }
+        self.owner_pauses(owner).await
+    }
+
+    /// Resumes an owner's tasks (of one plugin): its parked tasks nothing else holds are due
+    /// again as they were (overdue ones start at once). Without a plugin, a key that sees every
+    /// plugin ends every pause of the owner; a key that sees some, its pause of each of them.
+    /// How many tasks were put back, and the pauses left.
+    pub async fn resume_owner(
+        &self,
+        caller: &Caller,
+        owner: &Owner,
+        plugin: Option<&PluginName>,
+    ) -> Result<(u64, OwnerPauses), Refusal> {
+        let mut n = 0;
+        for p in self.touched(caller, plugin).await? {
+            n += self
+                .store
+                .set_owner_paused(owner, p.as_deref(), false)
+                .await?;
+        }
+        Ok((n, self.owner_pauses(owner).await?))
+    }
+
+    /// What of an owner is paused.
+    pub async fn owner_pauses(&self, owner: &Owner) -> Result<OwnerPauses, Refusal> {
+        let mut pauses = OwnerPauses::default();
+        for p in self.store.owner_pauses(owner).await? {
+            match p {
+                None => pauses.all = true,
+                Some(p) => pauses.plugins.push(p),
+            }
+        }
+        Ok(pauses)
+    }
+
     /// Retries or drops every dead task (of one plugin) the caller may touch. How many.
     pub async fn dead_all(
         &self,
@@ -312,4 +361,13 @@ fn unchangeable(id: &str, why: Refused) -> Refusal {
             why,
         },
     }
+}
+
+/// What of an owner is paused: all its tasks, or those of some plugins.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct OwnerPauses {
+    /// Every task of the owner is paused.
+    pub all: bool,
+    /// The plugins whose tasks of the owner are paused (beside `all`).
+    pub plugins: Vec<String>,
 }

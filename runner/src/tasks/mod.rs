@@ -28,7 +28,7 @@ use crate::access::Caller;
 use crate::metrics::Metrics;
 use crate::store::{Debounced, Met, NewTask, NotAdmitted, Refused, ScheduleMode, Scheduled, Store};
 
-pub use changes::Named;
+pub use changes::{Named, OwnerPauses};
 
 /// How long follow-ups wait between tries while Redis is out of memory.
 const FULL_RETRY: std::time::Duration = std::time::Duration::from_millis(250);

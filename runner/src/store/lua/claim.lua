@@ -1,12 +1,12 @@
 #!lua
---! needs claims share
+--! needs claims share owners
 -- Claims up to ARGV[1] due tasks of one shard: due -> running, under one lease of ARGV[2] ms,
 -- attempts + 1, and a fresh claim token (the shard's claim counter, kept at or above Redis's
 -- clock in ms × 1000) in the record's `fin` field.
 -- Nothing is deleted: the record stays until the outcome is recorded.
 -- Expired leases are reaped first, so a claim also recovers the tasks of a dead runner.
--- A due task of a paused plugin is parked instead (out of `due`, still scheduled, no attempt
--- used), so pollers never spin on it; resuming the plugin puts it back.
+-- A due task of a paused plugin or owner is parked instead (out of `due`, still scheduled, no
+-- attempt used), so pollers never spin on it; resuming the plugin or owner puts it back.
 -- Fair share (see `share`): ARGV[3] is how many tasks the claiming runner holds of each plugin,
 -- and its weight ('p1\tn1\tw1\t...'); each place goes to the plugin holding the fewest for its
 -- weight. When ARGV[4] > 0 (one plugin holds much of the runner) and more than one plugin may
@@ -14,6 +14,8 @@
 -- due tasks beyond its size to find others, and sets aside what it walked and did not take.
 -- The last ARGV[5] places go only to plugins not crowding the runner: holding at most ARGV[6],
 -- or under half of what the plugin holding the most holds.
+-- Owners' fair share (see `owners`): where two or more owners have tasks due here, the due tasks
+-- walked come in owners' turns instead of in due order alone.
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
@@ -74,7 +76,9 @@ if extra > 0 or headroom > 0 then
     headroom = 0
   end
 end
-local ids, head = due_take(now, walk)
+-- (the owner index exists where some scheduled task has an owner: then owners take turns)
+local has_owners = redis.call('EXISTS', K_BYOWNER) == 1
+local ids, head = fair_take(now, walk, has_owners)
 local waits = waiting_due(now, limit)
 -- the tasks to claim, in due order (parallel lists: no table per task on the hot path)
 local c_ids, c_recs, c_dues, c_atts, c_mcs, c_rests, c_plugins = {}, {}, {}, {}, {}, {}, {}
@@ -95,7 +99,7 @@ if #waits == 0 and #ids <= limit - headroom then
   -- every task walked is taken (the common case: one claim's worth, no one set aside), up to
   -- CLAIM_BYTES of records: the rest go back to their buckets, in due order, for the next claim
   local recs = records_of(ids)
-  local n, bytes, back = 0, 0, {}
+  local n, bytes, back, back_heads = 0, 0, {}, {}
   for i, id in ipairs(ids) do
     local rec = recs[i]
     local due, att, mc, rest, plugin
@@ -103,10 +107,12 @@ if #waits == 0 and #ids <= limit - headroom then
       due, att, mc, rest, plugin = string.match(rec, '^s\t(%-?%d+)\t(%d+)\t(%d+\t%d+\t)%d*\t(([^\t]*).*)$')
     end
     if due then -- (else an index entry without a scheduled record: repaired by its removal)
-      if is_paused(plugin) then
+      if is_paused(plugin) or (owners_marked() and owner_paused(owner_of(rest), plugin)) then
         push(parked, due, id)
       elseif #back > 0 or (n > 0 and bytes + #rec > CLAIM_BYTES) then
         push(back, due, id)
+        local owner = owner_of(rest)
+        if owner ~= '' then push(back_heads, due, plugin .. '\0' .. owner) end
       else
         n = n + 1
         bytes = bytes + #rec
@@ -118,6 +124,7 @@ if #waits == 0 and #ids <= limit - headroom then
   call_many('ZADD', K_PARKED, parked)
   if #back > 0 then
     due_add(back)
+    lower_owner_heads(back_heads)
     back_head = tonumber(back[1])
   end
 elseif #ids > 0 or #waits > 0 then
@@ -129,6 +136,10 @@ elseif #ids > 0 or #waits > 0 then
       if member then stale[#stale + 1] = member end
     elseif member == nil and is_paused(plugin) then
       push(parked, due, id)
+    elseif owners_marked() and owner_paused(owner_of(rest), plugin) then
+      -- (one set aside for its plugin's share before its owner was paused stays parked; it
+      -- leaves `waiting` so its share passes to the others)
+      if member then stale[#stale + 1] = member else push(parked, due, id) end
     else
       cands[#cands + 1] = { due = tonumber(due), k = #cands, id = id, plugin = plugin, rec = rec,
         att = att, mc = mc, rest = rest, member = member }
@@ -185,7 +196,7 @@ if #c_ids > 0 then
   end
   token = string.format('%d', token)
   out[TOKEN] = token
-  local owners = redis.call('EXISTS', K_BYOWNER) == 1
+  local owners = has_owners
   local reruns = {}
   if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, c_ids) end
   -- every write of the batch goes in one variadic call per key

@@ -89,16 +89,19 @@ end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
 local pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
-local bytes = {}
+local bytes, heads = {}, {}
 local function flush()
   call_many('HSET', K_TASKS, records)
   due_add(dues)
   call_many('ZADD', K_PARKED, parked)
   call_many('ZADD', K_BYOWNER, byowner)
+  local lows = {}
+  for who, due in pairs(heads) do push(lows, string.format('%d', due), who) end
+  lower_owner_heads(lows)
   for plugin, k in pairs(counts) do count_scheduled(plugin, k, firsts[plugin]) end
   for plugin, k in pairs(bytes) do charge(plugin, k) end
   pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
-  bytes = {}
+  bytes, heads = {}, {}
 end
 for i = 1, n do
   local b, h = at[i], run_of[i]
@@ -154,7 +157,15 @@ for i = 1, n do
     push(records, id, 's\t' .. due_s .. '\t0\t' .. ARGV[h + 1] .. '\t' .. created .. '\t\t' .. plugin
       .. '\t' .. owner .. '\t\t' .. last)
     -- the indexes of index_scheduled, gathered
-    if is_paused(plugin) then push(parked, due_s, id) else push(dues, due_s, id) end
+    if is_held(plugin, owner) then
+      push(parked, due_s, id)
+    else
+      push(dues, due_s, id)
+      if owner ~= '' then
+        local who = plugin .. '\0' .. owner
+        if not heads[who] or due < heads[who] then heads[who] = due end
+      end
+    end
     if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
     counts[plugin] = (counts[plugin] or 0) + 1
     bytes[plugin] = (bytes[plugin] or 0) + weight(last)

@@ -1,7 +1,7 @@
 --! part indexes
 --! needs shard record buckets
 -- Where a task is listed in each state, kept in step with its record by every script: scheduled
--- in a due bucket (or `parked` while its plugin is paused or it waits for its plugin's share, see
+-- in a due bucket (or `parked` while its plugin or owner is paused or it waits for its plugin's share, see
 -- `share`), the owner index and the plugin's
 -- count; dead in `dead` and `byplugin`; a dedup window in `unique`.
 
@@ -24,9 +24,16 @@ local function count_scheduled(plugin, n, due)
   end
 end
 
--- The plugins paused in this shard (read once per script run; the answer kept per plugin).
+-- The plugins paused in this shard (meta's 'paused': \0p1\0p2\0, read once per script run; the
+-- answer kept per plugin).
 local paused_list, paused_of
-on_start[#on_start + 1] = function() paused_list, paused_of = nil, {} end
+-- The owners paused in this shard: meta's 'op:' .. owner is \0p1\0p2\0, the plugins whose tasks
+-- of the owner are paused (`*`: all of them), and 'owners-paused' how many owners have such a
+-- field (read once per script run; each owner's field once per run, where any owner is paused).
+local owners_paused, owner_pauses
+on_start[#on_start + 1] = function()
+  paused_list, paused_of, owners_paused, owner_pauses = nil, {}, nil, {}
+end
 local function is_paused(plugin)
   local p = paused_of[plugin]
   if p == nil then
@@ -37,14 +44,56 @@ local function is_paused(plugin)
   return p
 end
 
--- Puts a scheduled task into its due bucket (or `parked` while its plugin is paused) and the
--- owner index, and counts it for its plugin (the record is written by the caller).
+-- Whether any owner is paused here.
+local function owners_marked()
+  if owners_paused == nil then
+    owners_paused = (tonumber(redis.call('HGET', K_META, 'owners-paused')) or 0) > 0
+  end
+  return owners_paused
+end
+
+-- Whether an owner is paused here, for all its tasks or for `plugin`'s.
+local function owner_paused(owner, plugin)
+  if owner == '' or not owners_marked() then return false end
+  local list = owner_pauses[owner]
+  if list == nil then
+    list = redis.call('HGET', K_META, 'op:' .. owner) or ''
+    owner_pauses[owner] = list
+  end
+  return list ~= '' and (string.find(list, '\0*\0', 1, true) ~= nil
+    or string.find(list, '\0' .. plugin .. '\0', 1, true) ~= nil)
+end
+
+-- Whether a scheduled task of `plugin` and `owner` waits in `parked` instead of its due bucket:
+-- its plugin or its owner is paused.
+local function is_held(plugin, owner)
+  return is_paused(plugin) or owner_paused(owner, plugin)
+end
+
+-- The owners' heads: ZSET plugin \0 owner -> a lower bound of the due times of that owner's
+-- tasks of that plugin in the due buckets (lowered as tasks go in; raised or dropped only by a
+-- claim that looked, see `fair_take`). Beside the owner index, under the shard's hash tag.
+local function owner_heads()
+  return K_BYOWNER .. ':due'
+end
+
+-- The owners' heads of tasks put into the due buckets: `list` pairs (due, plugin \0 owner) for
+-- one ZADD LT (the lowest of each pair kept).
+local function lower_owner_heads(list)
+  call_many('ZADD', owner_heads(), list, 'LT')
+end
+
+-- Puts a scheduled task into its due bucket (or `parked` while its plugin or owner is paused)
+-- and the owner index, and counts it for its plugin (the record is written by the caller).
 local function index_scheduled(id, t)
   local added
-  if is_paused(t.plugin) then
+  if is_held(t.plugin, t.owner) then
     added = redis.call('ZADD', K_PARKED, t.due, id)
   else
     added = due_add({ string.format('%d', t.due), id })
+    if t.owner ~= '' then
+      redis.call('ZADD', owner_heads(), 'LT', string.format('%d', t.due), t.plugin .. '\0' .. t.owner)
+    end
   end
   if t.owner ~= '' then redis.call('ZADD', K_BYOWNER, 0, owner_member(t.owner, t.due, id)) end
   if added > 0 then count_scheduled(t.plugin, 1, t.due) end

@@ -65,6 +65,11 @@ local function holds(rec, token)
   return st == 'r' and fin == token
 end
 
+-- The owner in the part of a record from its plugin on (`plugin \t owner \t ...`).
+local function owner_of(rest)
+  return string.match(rest, '^[^\t]*\t([^\t]*)') or ''
+end
+
 local function owner_member(owner, due, id)
   return owner .. '\0' .. string.format('%015d', due) .. '\0' .. id
 end

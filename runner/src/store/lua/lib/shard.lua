@@ -8,9 +8,11 @@
 --           plugins paused; 'layout' -> the data layout of the shard; 'bucket' -> the due
 --           buckets' name counter; 'hd:' plugin -> a lower bound of the due times of the
 --           plugin's scheduled tasks here, see `count_scheduled`; 'by:' plugin -> the bytes the
---           plugin's records here hold, see `weight`)
+--           plugin's records here hold, see `weight`; 'op:' owner -> \0p1\0p2\0, the plugins
+--           whose tasks of the owner are paused (`*`: all), and 'owners-paused' -> how many
+--           owners are, see `owner_paused`)
 --   KEYS[5] parked (ZSET id -> due: scheduled tasks out of the buckets: those of a paused
---           plugin, and those set aside for their plugin's fair share, also in `waiting`)
+--           plugin or owner, and those set aside for their plugin's fair share, also in `waiting`)
 --   KEYS[6] byplugin (ZSET, score 0, member plugin \0 x \0 died-at(15) \0 id: each plugin's dead
 --           tasks)
 --   KEYS[7] unique (ZSET id -> -D while a task with unique_for_ms D is unfinished, the end of its

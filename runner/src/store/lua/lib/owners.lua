@@ -1,0 +1,112 @@
+--! part owners
+--! needs shard record buckets indexes
+-- Fair share between owners. A claim takes due tasks in due order, so one owner's backlog (a
+-- merchant's 200,000 timeouts due at one instant) would hold every other owner's due tasks
+-- behind it. Where two or more owners (of any plugins) have tasks due in this shard, by their
+-- heads (`owner_heads`), a claim instead gives its places in turns: each owner in turn (round
+-- robin over the claims of the shard, from meta's 'owner-turn' counter) takes up to its share
+-- of its own earliest due tasks, found through the owner index, not the buckets; one turn of
+-- each round is the due order's (tasks without an owner, and owners past the turns of this
+-- claim). Places left after the turns go in due order as well.
+-- A task is taken only if it is in its due bucket (a parked one, paused or set aside for its
+-- plugin's share, is not), so nothing is taken twice, and the rest of the claim (plugins' fair
+-- share, pauses, the claim's byte bound) sees the tasks taken here as if the due order had
+-- brought them.
+
+-- Most owners given a turn by one claim.
+local MAX_OWNER_TURNS = 64
+
+-- The entries of `owner`'s index due from `from` up to `now` (numbers), at most `limit`.
+local function owner_due_entries(owner, from, now, limit)
+  return redis.call('ZRANGEBYLEX', K_BYOWNER,
+    '[' .. owner .. '\0' .. string.format('%015d', math.max(from, 0)),
+    '(' .. owner .. '\0' .. string.format('%015d', now + 1), 'LIMIT', '0', string.format('%d', limit))
+end
+
+-- Takes up to `share` of the due tasks of `plugin` and `owner` (head `head`) out of their
+-- buckets into `ids`; then sets the head to what is left: the due time where it stopped, that
+-- of the owner's next task after `now`, or none. Returns how many it took.
+local function owner_turn(who, head, now, share, ids)
+  local plugin, owner = string.match(who, '^([^%z]*)%z(.*)$')
+  local walk = share * 2 + 8
+  local entries = owner_due_entries(owner, head, now, walk)
+  local eids, edues = {}, {}
+  for i, m in ipairs(entries) do
+    local due, id = string.match(m, '%z(%d+)%z(.*)$')
+    eids[i], edues[i] = id, tonumber(due)
+  end
+  local recs = records_of(eids)
+  local took, stopped = 0, nil
+  for i, id in ipairs(eids) do
+    if took == share then stopped = edues[i] break end
+    local rec = recs[i]
+    local p = rec and string.match(rec, '^s\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*)\t')
+    if p == plugin and due_remove(id, edues[i]) == 1 then
+      ids[#ids + 1] = id
+      took = took + 1
+    end
+  end
+  if not stopped and #entries == walk then stopped = edues[walk] end
+  if stopped then
+    redis.call('ZADD', owner_heads(), 'XX', string.format('%d', stopped), who)
+  else
+    local next = redis.call('ZRANGEBYLEX', K_BYOWNER,
+      '[' .. owner .. '\0' .. string.format('%015d', now + 1), '(' .. owner .. '\1', 'LIMIT', '0', '1')[1]
+    if next then
+      redis.call('ZADD', owner_heads(), 'XX', string.match(next, '%z0*(%d+)%z'), who)
+    else
+      redis.call('ZREM', owner_heads(), who)
+    end
+  end
+  return took
+end
+
+-- Takes up to `limit` due tasks at `now` out of the buckets, as `due_take` does, but in owners'
+-- turns where two or more owners have tasks due here (`has_owners`: the owner index exists).
+-- Returns their ids, and the shard's earliest due time after them when it was seen on the way
+-- (nil when not).
+local function fair_take(now, limit, has_owners)
+  if not has_owners or limit == 0 then return due_take(now, limit) end
+  local key, now_s = owner_heads(), string.format('%d', now)
+  local n = redis.call('ZCOUNT', key, '-inf', now_s)
+  if n < 2 then return due_take(now, limit) end
+  -- a round is the n owners due here (by their heads' order) and the due order's turn (place
+  -- n); this claim serves up to `turns` places of it from where the shard's last claim stopped
+  local turns = math.min(n, MAX_OWNER_TURNS) + 1
+  local share = math.max(1, math.floor(limit / turns))
+  local first = (tonumber(redis.call('HGET', K_META, 'owner-turn')) or 0) % (n + 1)
+  -- the owners of those places, read before any turn moves a head
+  local window = {}
+  local function read(from, count)
+    if count <= 0 then return end
+    local got = redis.call('ZRANGEBYSCORE', key, '-inf', now_s, 'WITHSCORES', 'LIMIT',
+      string.format('%d', from), string.format('%d', count))
+    for i = 1, #got, 2 do window[#window + 1] = { got[i], tonumber(got[i + 1]) } end
+  end
+  -- the places first .. first + turns - 1, past n from 0 again: owners of ranks `first` on,
+  -- then (after the due order's turn) of ranks 0 on
+  read(first, math.min(first + turns - 1, n - 1) - first + 1)
+  read(0, first + turns - n - 1)
+  local ids, head, served, w = {}, nil, 0, 1
+  local place = first
+  while served < turns and #ids < limit do
+    local want = math.min(share, limit - #ids)
+    if place == n then
+      local got, h = due_take(now, want)
+      for _, id in ipairs(got) do ids[#ids + 1] = id end
+      head = h
+    elseif window[w] then
+      owner_turn(window[w][1], window[w][2], now, want, ids)
+      w = w + 1
+    end
+    served = served + 1
+    place = (place + 1) % (n + 1)
+  end
+  redis.call('HSET', K_META, 'owner-turn', string.format('%d', (first + served) % (n + 1)))
+  if #ids < limit then
+    local got, h = due_take(now, limit - #ids)
+    for _, id in ipairs(got) do ids[#ids + 1] = id end
+    head = h
+  end
+  return ids, head
+end
