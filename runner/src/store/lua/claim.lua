@@ -200,12 +200,16 @@ if #c_ids > 0 then
   local reruns = {}
   if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, c_ids) end
   -- every write of the batch goes in one variadic call per key
-  local unowner, records, counts = {}, {}, {}
+  local unowner, records, counts, taken_owners = {}, {}, {}, {}
   local expires = string.format('%d', now + lease)
   for i, id in ipairs(c_ids) do
     if owners then
       local t = parse(c_recs[i])
-      if t.owner ~= '' then unowner[#unowner + 1] = owner_member(t.owner, t.due, id) end
+      if t.owner ~= '' then
+        unowner[#unowner + 1] = owner_member(t.owner, t.due, id)
+        taken_owners[t.owner] = taken_owners[t.owner] or {}
+        taken_owners[t.owner][t.plugin] = true
+      end
     end
     local plugin = c_plugins[i]
     counts[plugin] = (counts[plugin] or 0) + 1
@@ -220,6 +224,7 @@ if #c_ids > 0 then
     if first then push(firsts, i, first) end
   end
   call_many('ZREM', K_BYOWNER, unowner)
+  drop_owner_heads(taken_owners)
   for p, k in pairs(counts) do
     count_scheduled(p, -k)
     count_running(p, k)

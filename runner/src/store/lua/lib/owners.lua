@@ -3,7 +3,8 @@
 -- Fair share between owners. A claim takes due tasks in due order, so one owner's backlog (a
 -- merchant's 200,000 timeouts due at one instant) would hold every other owner's due tasks
 -- behind it. Where two or more owners (of any plugins) have tasks due in this shard, by their
--- heads (`owner_heads`), a claim instead gives its places in turns: each owner in turn (round
+-- heads (`owner_heads`), and the shard's earliest due task is late (a backlog: more falls due
+-- than its runners take), a claim instead gives its places in turns: each owner in turn (round
 -- robin over the claims of the shard, from meta's 'owner-turn' counter) takes up to its share
 -- of its own earliest due tasks, found through the owner index, not the buckets; one turn of
 -- each round is the due order's (tasks without an owner, and owners past the turns of this
@@ -15,6 +16,10 @@
 
 -- Most owners given a turn by one claim.
 local MAX_OWNER_TURNS = 64
+-- How late the shard's earliest due task must be for owners to take turns: claims that keep up
+-- with what falls due (its earliest is not late) hold no one back, and take in due order at the
+-- due order's cost; a backlog makes it late at once.
+local TURNS_AFTER_MS = 50
 
 -- The entries of `owner`'s index due from `from` up to `now` (numbers), at most `limit`.
 local function owner_due_entries(owner, from, now, limit)
@@ -61,6 +66,19 @@ local function owner_turn(who, head, now, share, ids)
   return took
 end
 
+-- The heads of owners whose tasks a claim took (`taken`: owner -> {plugin -> true}) that have
+-- no task left here go: an owner whose every task was claimed leaves no head behind.
+local function drop_owner_heads(taken)
+  local gone = {}
+  for owner, plugins in pairs(taken) do
+    if not redis.call('ZRANGEBYLEX', K_BYOWNER, '[' .. owner .. '\0', '(' .. owner .. '\1',
+        'LIMIT', '0', '1')[1] then
+      for plugin in pairs(plugins) do gone[#gone + 1] = plugin .. '\0' .. owner end
+    end
+  end
+  call_many('ZREM', owner_heads(), gone)
+end
+
 -- Takes up to `limit` due tasks at `now` out of the buckets, as `due_take` does, but in owners'
 -- turns where two or more owners have tasks due here (`has_owners`: the owner index exists).
 -- Returns their ids, and the shard's earliest due time after them when it was seen on the way
@@ -70,6 +88,8 @@ local function fair_take(now, limit, has_owners)
   local key, now_s = owner_heads(), string.format('%d', now)
   local n = redis.call('ZCOUNT', key, '-inf', now_s)
   if n < 2 then return due_take(now, limit) end
+  local earliest = head_due()
+  if earliest < 0 or earliest > now - TURNS_AFTER_MS then return due_take(now, limit) end
   -- a round is the n owners due here (by their heads' order) and the due order's turn (place
   -- n); this claim serves up to `turns` places of it from where the shard's last claim stopped
   local turns = math.min(n, MAX_OWNER_TURNS) + 1
