@@ -152,6 +152,20 @@ pub struct W6 {
     pub outcomes: Outcomes,
 }
 
+/// W13: one owner's burst, another owner's tasks of the plugin falling due behind it.
+#[derive(Debug, Serialize)]
+pub struct W13 {
+    pub workload: &'static str,
+    pub big_n: usize,
+    pub small_n: usize,
+    /// How late the other owner's tasks started.
+    pub small_lateness_ms: Lateness,
+    /// The burst's runs started per second (its first start to its last).
+    pub big_per_s: f64,
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
+}
+
 /// W2: every task due at the same instant.
 #[derive(Debug, Serialize)]
 pub struct W2 {

@@ -84,7 +84,7 @@ impl Bench {
 }
 
 /// The sorted lateness (ms) of tasks `from..` of `dues`.
-fn count_from(rec: &Recorder, dues: &[i64], from: usize) -> Vec<f64> {
+pub(crate) fn count_from(rec: &Recorder, dues: &[i64], from: usize) -> Vec<f64> {
     let mut late: Vec<f64> = (from..dues.len())
         .filter_map(|i| rec.start_us(i).map(|s| s as f64 / 1000.0 - dues[i] as f64))
         .collect();
