@@ -76,6 +76,14 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "owner-rate-limit", "cli-noop", "2/1s"]);
     assert_eq!(c, Some(0), "{err}");
+    let (c, out, err) = cli(&["plugin", "owner-weight", "cli-noop", "merchant 7", "3"]);
+    assert_eq!(c, Some(0), "{err}");
+    let w: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&w["owner"], &w["weight"]),
+        (&json!("merchant 7"), &json!(3)),
+        "{out}"
+    );
     let (_, out, _) = cli(&["plugin", "list"]);
     let row = out
         .lines()

@@ -557,6 +557,25 @@ async fn a_paused_owner_waits_while_the_others_run_and_resumes_each_task_once_af
         (200, &json!({"all": false, "plugins": ["test-sleep"]})),
         "{p}"
     );
+    // a merchant's weight among the plugin's owners
+    let url = format!("{base}/v1/plugins/test-sleep/owners/m3");
+    let (s, w) = call("PUT", &url, Some(json!({"weight": 3}))).await;
+    assert_eq!((s, &w["weight"]), (200, &json!(3)), "{w}");
+    let (s, w) = call("GET", &url, None).await;
+    assert_eq!(
+        (s, &w["weight"], &w["owner"]),
+        (200, &json!(3), &json!("m3")),
+        "{w}"
+    );
+    let (s, e) = call("PUT", &url, Some(json!({"weight": 0}))).await;
+    assert_eq!(s, 400, "{e}");
+    let (s, e) = call(
+        "PUT",
+        &format!("{base}/v1/plugins/nosuch/owners/m3"),
+        Some(json!({"weight": 2})),
+    )
+    .await;
+    assert_eq!(s, 404, "{e}");
     // an owner that is not a name, and a plugin that is not one, are refused by name
     let (s, e) = call(
         "POST",

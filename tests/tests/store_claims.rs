@@ -331,3 +331,39 @@ async fn owners_take_turns_so_one_owners_backlog_does_not_hold_up_anothers() {
     want.sort();
     assert_eq!(ids, want);
 }
+
+/// An owner's weight is its share of a claim's places against the other owners taking turns.
+#[tokio::test]
+async fn an_owners_weight_is_its_share_of_a_claims_places() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let base = eggtimer::clock::system_ms() - 60_000;
+    let mut tasks = Vec::new();
+    for owner in ["a", "b"] {
+        for i in 0..200 {
+            let mut t = task(&format!("{owner}-{i}"), base);
+            t.owner = Some(owner.into());
+            tasks.push(t);
+        }
+    }
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let count = |batch: &eggtimer::store::ClaimBatch, owner: &str| {
+        batch
+            .tasks
+            .iter()
+            .filter(|t| t.task_id().starts_with(&format!("{owner}-")))
+            .count()
+    };
+    // equal: each owner's turn is a third of the places (the due order's turn the rest)
+    let batch = s.claim(0, 30, 30_000).await.unwrap();
+    let (a, b) = (count(&batch, "a"), count(&batch, "b"));
+    assert!(a >= 10 && b >= 10 && a + b == 30, "a {a}, b {b}");
+    // a at 4: four places of a's for each of b's turn's and the due order's
+    s.set_owner_weight("noop", "a", Some(4)).await.unwrap();
+    assert_eq!(s.owner_weight("noop", "a").await.unwrap(), Some(4));
+    let batch = s.claim(0, 30, 30_000).await.unwrap();
+    let (a, b) = (count(&batch, "a"), count(&batch, "b"));
+    assert!(a >= 20 && a + b == 30, "a {a}, b {b}");
+    s.set_owner_weight("noop", "a", None).await.unwrap();
+    assert_eq!(s.owner_weight("noop", "a").await.unwrap(), None);
+}

@@ -157,6 +157,11 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Operator, routes!(owners::owner_shift));
     let r = roles.add(r, Operator, routes!(owners::owner_pause));
     let r = roles.add(r, Operator, routes!(owners::owner_resume));
+    let r = roles.add(
+        r,
+        Developer,
+        routes!(owners::owner_weight_put, owners::owner_weight_get),
+    );
     // dead letters
     let r = roles.add(r, Reader, routes!(dead::dead_list));
     let r = roles.add(r, Operator, routes!(dead::dead_drop_all));

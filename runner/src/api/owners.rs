@@ -203,3 +203,96 @@ pub async fn owner_resume(
     })
     .into_response())
 }
+
+/// One owner's weight among a plugin's owners.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OwnerWeightBody {
+    /// The owner's share of a claim's places against the other owners taking turns (1 to 1000;
+    /// null or absent: 1). Past 10 only an admin, or under an admin's weight ceiling on the plugin.
+    #[serde(
+        default,
+        deserialize_with = "super::fields::ranged::<_, 1, { super::fields::MAX_WEIGHT }>"
+    )]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    weight: super::fields::Setting<i64>,
+}
+
+/// An owner's weight among a plugin's owners (1 unless set).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct OwnerWeight {
+    plugin: String,
+    owner: String,
+    weight: u32,
+}
+
+/// `PUT /v1/plugins/{name}/owners/{owner}` `{"weight": n | null}`: the owner's share of the
+/// places when the plugin's owners take turns (a paying merchant's larger share).
+#[utoipa::path(put, path = "/v1/plugins/{name}/owners/{owner}", tag = "owners",
+    params(super::plugins::PluginName, OwnerName),
+    request_body(content = OwnerWeightBody, content_type = "application/json"),
+    responses((status = 200, description = "the owner's weight", body = OwnerWeight), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_weight_put(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path((name, owner)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    super::plugins::check_name(&caller, &name)?;
+    let owner = owner_named(owner)?;
+    body::require_content_type(&headers, "application/json")?;
+    let bytes = body::read(body, SMALL_BODY).await?;
+    let b: OwnerWeightBody = body::typed(body::raw(&bytes)?)?;
+    // (absent or null: back to 1)
+    let weight = b.weight.flatten().map(|w| w as u32);
+    super::plugins::current(&st, &name).await?;
+    if let Some(w) = weight
+        && caller.role < crate::access::Role::Admin
+    {
+        let ceiling = st
+            .store
+            .plugin_settings(&name)
+            .await?
+            .ceilings
+            .and_then(|c| c.weight);
+        let most = ceiling.unwrap_or(super::settings::DEVELOPER_MAX_WEIGHT as u32);
+        if w > most {
+            return Err(ApiError::forbidden(format!(
+                "weight {w} is above {most}, the most a team may give an owner of {name:?} \
+                 (an admin's weight ceiling on the plugin, else {})",
+                super::settings::DEVELOPER_MAX_WEIGHT
+            )));
+        }
+    }
+    st.store.set_owner_weight(&name, &owner, weight).await?;
+    Ok(axum::Json(OwnerWeight {
+        plugin: name,
+        owner: owner.into_string(),
+        weight: weight.unwrap_or(1),
+    })
+    .into_response())
+}
+
+/// `GET /v1/plugins/{name}/owners/{owner}`: the owner's weight among the plugin's owners.
+#[utoipa::path(get, path = "/v1/plugins/{name}/owners/{owner}", tag = "owners",
+    params(super::plugins::PluginName, OwnerName),
+    responses((status = 200, description = "the owner's weight", body = OwnerWeight), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_weight_get(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path((name, owner)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    super::plugins::check_name(&caller, &name)?;
+    let owner = owner_named(owner)?;
+    super::plugins::current(&st, &name).await?;
+    let weight = st.store.owner_weight(&name, &owner).await?.unwrap_or(1);
+    Ok(axum::Json(OwnerWeight {
+        plugin: name,
+        owner: owner.into_string(),
+        weight,
+    })
+    .into_response())
+}

@@ -226,7 +226,7 @@ fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> doc::Plu
     }
 }
 
-async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
+pub(super) async fn current(st: &AppState, name: &str) -> ApiResult<PluginEntry> {
     st.store
         .plugin_current(name)
         .await?

@@ -49,6 +49,16 @@ pub(super) fn plugin_call(cmd: PluginCmd) -> Result<Call> {
         PluginCmd::Weight { name, weight } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"weight": weight}))
         }
+        PluginCmd::OwnerWeight {
+            name,
+            owner,
+            weight,
+            ..
+        } => Call::new(
+            Method::PUT,
+            path(&name, &format!("/owners/{}", enc(&owner))),
+        )
+        .json(json!({"weight": weight})),
         PluginCmd::TimeLimit { name, limit, .. } => {
             let ms = limit.map(|d| d.as_millis() as u64);
             Call::new(Method::PATCH, path(&name, "")).json(json!({"time_limit_ms": ms}))

@@ -231,6 +231,16 @@ pub enum PluginCmd {
     /// Set a plugin's weight in the fair share between plugins (1 to 1000; every plugin's is 1
     /// unless set): its share of workers when plugins compete, against the others' weights.
     Weight { name: String, weight: u32 },
+    /// Set one owner's weight among a plugin's owners when they take turns (1 to 1000; 1 unless
+    /// set): its share of a claim's places against the other owners', or --default for 1.
+    OwnerWeight {
+        name: String,
+        owner: String,
+        #[arg(conflicts_with = "default", required_unless_present = "default")]
+        weight: Option<u32>,
+        #[arg(long)]
+        default: bool,
+    },
     /// Set a plugin's own time limit per run (`30s`, `5m`), or --default for the runner's
     /// `--plugin-timeout`.
     TimeLimit {

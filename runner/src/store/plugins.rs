@@ -135,8 +135,87 @@ impl Store {
             .context("deleting a plugin")?;
         if n == 1 {
             self.plugin_purge(name).await?;
+            self.drop_owner_weights(name).await?;
         }
         Ok(n == 1)
+    }
+
+    /// Sets one owner's weight among a plugin's owners taking turns in claims (None: back to 1),
+    /// on every shard, where claims read it (meta's `ow:<plugin>\0<owner>`).
+    pub async fn set_owner_weight(
+        &self,
+        plugin: &str,
+        owner: &str,
+        weight: Option<u32>,
+    ) -> Result<()> {
+        let field = owner_weight_field(plugin, owner);
+        let calls = (0..self.shards()).map(|shard| {
+            let cmd = match weight {
+                Some(w) => {
+                    let mut c = redis::cmd("HSET");
+                    c.arg(self.keys().shard(shard).meta).arg(&field).arg(w);
+                    c
+                }
+                None => {
+                    let mut c = redis::cmd("HDEL");
+                    c.arg(self.keys().shard(shard).meta).arg(&field);
+                    c
+                }
+            };
+            let mut conn = self.conn();
+            async move { cmd.query_async::<i64>(&mut conn).await }
+        });
+        futures::future::try_join_all(calls)
+            .await
+            .context("setting an owner's weight")?;
+        Ok(())
+    }
+
+    /// One owner's weight among a plugin's owners (None: unset, 1).
+    pub async fn owner_weight(&self, plugin: &str, owner: &str) -> Result<Option<u32>> {
+        redis::cmd("HGET")
+            .arg(self.keys().shard(0).meta)
+            .arg(owner_weight_field(plugin, owner))
+            .query_async(&mut self.conn())
+            .await
+            .context("reading an owner's weight")
+    }
+
+    /// Drops every owner weight of a deleted plugin, so the next owner of the name starts
+    /// without them.
+    async fn drop_owner_weights(&self, plugin: &str) -> Result<()> {
+        let pattern = format!("{}*", owner_weight_field(plugin, ""));
+        for shard in 0..self.shards() {
+            let meta = self.keys().shard(shard).meta;
+            let mut cursor = 0u64;
+            loop {
+                let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                    .arg(&meta)
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut self.conn())
+                    .await
+                    .context("reading a deleted plugin's owner weights")?;
+                if !fields.is_empty() {
+                    let mut del = redis::cmd("HDEL");
+                    del.arg(&meta);
+                    for (f, _) in &fields {
+                        del.arg(f);
+                    }
+                    del.query_async::<i64>(&mut self.conn())
+                        .await
+                        .context("dropping a deleted plugin's owner weights")?;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(())
     }
 
     /// Deletes the keys of a deleted plugin that only a pattern names (kv, per-owner slots),
@@ -458,4 +537,9 @@ impl Store {
             .context("waking a run waiting for a slot")?;
         Ok(matches!(v.first(), Some(redis::Value::BulkString(s)) if s == b"ok"))
     }
+}
+
+/// The shard meta field of an owner's weight among a plugin's owners.
+fn owner_weight_field(plugin: &str, owner: &str) -> String {
+    format!("ow:{plugin}\0{owner}")
 }

@@ -8,7 +8,9 @@
 -- robin over the claims of the shard, from meta's 'owner-turn' counter) takes up to its share
 -- of its own earliest due tasks, found through the owner index, not the buckets; one turn of
 -- each round is the due order's (tasks without an owner, and owners past the turns of this
--- claim). Places left after the turns go in due order as well.
+-- claim). Places left after the turns go in due order as well. An owner's weight among a
+-- plugin's owners (meta's 'ow:' plugin \0 owner, set on every shard) is its share of a claim's
+-- places against the others' of the claim's turns.
 -- A task is taken only if it is in its due bucket (a parked one, paused or set aside for its
 -- plugin's share, is not), so nothing is taken twice, and the rest of the claim (plugins' fair
 -- share, pauses, the claim's byte bound) sees the tasks taken here as if the due order had
@@ -93,7 +95,6 @@ local function fair_take(now, limit, has_owners)
   -- a round is the n owners due here (by their heads' order) and the due order's turn (place
   -- n); this claim serves up to `turns` places of it from where the shard's last claim stopped
   local turns = math.min(n, MAX_OWNER_TURNS) + 1
-  local share = math.max(1, math.floor(limit / turns))
   local first = (tonumber(redis.call('HGET', K_META, 'owner-turn')) or 0) % (n + 1)
   -- the owners of those places, read before any turn moves a head
   local window = {}
@@ -107,16 +108,28 @@ local function fair_take(now, limit, has_owners)
   -- then (after the due order's turn) of ranks 0 on
   read(first, math.min(first + turns - 1, n - 1) - first + 1)
   read(0, first + turns - n - 1)
+  -- each owner's share of the places by its weight among those of this claim's turns (meta's
+  -- 'ow:' plugin \0 owner; 1 unset), the due order's turn weighing 1
+  local weights, total = {}, 1
+  if #window > 0 then
+    local fields = {}
+    for i, w in ipairs(window) do fields[i] = 'ow:' .. w[1] end
+    weights = redis.call('HMGET', K_META, unpack(fields))
+    for i = 1, #window do
+      weights[i] = math.max(tonumber(weights[i]) or 1, 1)
+      total = total + weights[i]
+    end
+  end
+  local function share(weight) return math.max(1, math.floor(limit * weight / total)) end
   local ids, head, served, w = {}, nil, 0, 1
   local place = first
   while served < turns and #ids < limit do
-    local want = math.min(share, limit - #ids)
     if place == n then
-      local got, h = due_take(now, want)
+      local got, h = due_take(now, math.min(share(1), limit - #ids))
       for _, id in ipairs(got) do ids[#ids + 1] = id end
       head = h
     elseif window[w] then
-      owner_turn(window[w][1], window[w][2], now, want, ids)
+      owner_turn(window[w][1], window[w][2], now, math.min(share(weights[w]), limit - #ids), ids)
       w = w + 1
     end
     served = served + 1
