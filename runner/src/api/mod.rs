@@ -157,11 +157,8 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Operator, routes!(owners::owner_shift));
     let r = roles.add(r, Operator, routes!(owners::owner_pause));
     let r = roles.add(r, Operator, routes!(owners::owner_resume));
-    let r = roles.add(
-        r,
-        Developer,
-        routes!(owners::owner_weight_put, owners::owner_weight_get),
-    );
+    let r = roles.add(r, Reader, routes!(owners::owner_weight_get));
+    let r = roles.add(r, Developer, routes!(owners::owner_weight_put));
     // dead letters
     let r = roles.add(r, Reader, routes!(dead::dead_list));
     let r = roles.add(r, Operator, routes!(dead::dead_drop_all));
