@@ -160,19 +160,7 @@ pub async fn owner_pause(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let owner = owner_named(owner)?;
-    let bytes = body::read(body, SMALL_BODY).await?;
-    let plugin = pause_plugin(&headers, &bytes)?;
-    let paused = st
-        .tasks
-        .pause_owner(&caller, &owner, plugin.as_ref())
-        .await?;
-    Ok(axum::Json(OwnerPaused {
-        owner: owner.into_string(),
-        paused,
-        resumed: None,
-    })
-    .into_response())
+    set_owner_paused(&st, &caller, owner, &headers, body, true).await
 }
 
 /// `POST /v1/owners/{owner}/resume` (body empty, `{}` or `{"plugin"}`): the owner's parked tasks
@@ -189,17 +177,30 @@ pub async fn owner_resume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    set_owner_paused(&st, &caller, owner, &headers, body, false).await
+}
+
+/// A pause (`paused`) or resume of an owner's tasks, of the plugin the body names; a resume's
+/// answer says how many tasks it put back.
+async fn set_owner_paused(
+    st: &AppState,
+    caller: &Caller,
+    owner: String,
+    headers: &HeaderMap,
+    body: Body,
+    paused: bool,
+) -> ApiResult<Response> {
     let owner = owner_named(owner)?;
     let bytes = body::read(body, SMALL_BODY).await?;
-    let plugin = pause_plugin(&headers, &bytes)?;
-    let (n, paused) = st
+    let plugin = pause_plugin(headers, &bytes)?;
+    let (resumed, pauses) = st
         .tasks
-        .resume_owner(&caller, &owner, plugin.as_ref())
+        .set_owner_paused(caller, &owner, plugin.as_ref(), paused)
         .await?;
     Ok(axum::Json(OwnerPaused {
         owner: owner.into_string(),
-        paused,
-        resumed: Some(n),
+        paused: pauses,
+        resumed: (!paused).then_some(resumed),
     })
     .into_response())
 }

@@ -236,45 +236,31 @@ impl Tasks {
         Ok(n)
     }
 
-    /// Pauses an owner's tasks (of one plugin): no runner starts them until they are resumed;
-    /// they stay scheduled without using attempts, and scheduling, moving and cancelling them
-    /// still work. A key that sees some plugins only pauses each of them.
-    pub async fn pause_owner(
+    /// Pauses (`paused`) or resumes an owner's tasks (of one plugin). Paused, no runner starts
+    /// them; they stay scheduled without using attempts, and scheduling, moving and cancelling
+    /// them still work. Resumed, its parked tasks nothing else holds are due again as they were
+    /// (overdue ones start at once); without a plugin, a key that sees every plugin ends every
+    /// pause of the owner. A key that sees some plugins pauses or resumes each of them. How many
+    /// tasks were put back, and the pauses after.
+    pub async fn set_owner_paused(
         &self,
         caller: &Caller,
         owner: &Owner,
         plugin: Option<&PluginName>,
-    ) -> Result<OwnerPauses, Refusal> {
-        for p in self.touched(caller, plugin).await? {
-            self.store
-                .set_owner_paused(owner, p.as_deref(), true)
-                .await?;
-        }
-        self.owner_pauses(owner).await
-    }
-
-    /// Resumes an owner's tasks (of one plugin): its parked tasks nothing else holds are due
-    /// again as they were (overdue ones start at once). Without a plugin, a key that sees every
-    /// plugin ends every pause of the owner; a key that sees some, its pause of each of them.
-    /// How many tasks were put back, and the pauses left.
-    pub async fn resume_owner(
-        &self,
-        caller: &Caller,
-        owner: &Owner,
-        plugin: Option<&PluginName>,
+        paused: bool,
     ) -> Result<(u64, OwnerPauses), Refusal> {
         let mut n = 0;
         for p in self.touched(caller, plugin).await? {
             n += self
                 .store
-                .set_owner_paused(owner, p.as_deref(), false)
+                .set_owner_paused(owner, p.as_deref(), paused)
                 .await?;
         }
         Ok((n, self.owner_pauses(owner).await?))
     }
 
     /// What of an owner is paused.
-    pub async fn owner_pauses(&self, owner: &Owner) -> Result<OwnerPauses, Refusal> {
+    async fn owner_pauses(&self, owner: &Owner) -> Result<OwnerPauses, Refusal> {
         let mut pauses = OwnerPauses::default();
         for p in self.store.owner_pauses(owner).await? {
             match p {

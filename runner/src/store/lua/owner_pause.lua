@@ -55,23 +55,8 @@ if cursor ~= '' then bottom = '(' .. cursor end
 local members = redis.call('ZRANGEBYLEX', K_BYOWNER, bottom, '(' .. owner .. '\1', 'LIMIT', 0, limit)
 local ids = {}
 for i, m in ipairs(members) do ids[i] = string.match(m, '^[^%z]*%z%d+%z(.*)$') end
-local recs = records_of(ids)
-local resumed, back, waited, heads, earliest = {}, {}, {}, {}, nil
-for i, id in ipairs(ids) do
-  local t = parse(recs[i])
-  if t and t.st == 's' and (plugin == '' or t.plugin == plugin) and not is_held(t.plugin, t.owner)
-      and redis.call('ZSCORE', K_PARKED, id) then
-    resumed[#resumed + 1] = id
-    push(heads, string.format('%d', t.due), t.plugin .. '\0' .. t.owner)
-    -- (a task set aside for its plugin's share before the pause goes back to a bucket too)
-    waited[#waited + 1] = wait_member(t.plugin, t.due, id)
-    push(back, t.due, id)
-    if not earliest or t.due < earliest then earliest = t.due end
-  end
-end
-call_many('ZREM', K_PARKED, resumed)
-call_many('ZREM', K_WAITING, waited)
-due_add(back)
-lower_owner_heads(heads)
-if earliest then wake_if_head(channel, shard, earliest) end
-return chunk_done(#resumed, members, limit)
+local moved = unpark(channel, shard, ids, records_of(ids), function(id, t)
+  return (plugin == '' or t.plugin == plugin) and not is_held(t.plugin, t.owner)
+    and redis.call('ZSCORE', K_PARKED, id) ~= false
+end)
+return chunk_done(moved, members, limit)

@@ -47,25 +47,9 @@ end
 local page = redis.call('ZRANGE', K_PARKED, first, first + limit - 1, 'WITHSCORES')
 local ids = {}
 for i = 1, #page, 2 do ids[#ids + 1] = page[i] end
-local recs = records_of(ids)
-local resumed, back, waited, heads, earliest = {}, {}, {}, {}, nil
-for i, id in ipairs(ids) do
-  local t = parse(recs[i])
-  -- (a task whose owner is paused stays parked: resuming the owner puts it back)
-  if t and t.st == 's' and t.plugin == plugin and not owner_paused(t.owner, plugin) then
-    resumed[#resumed + 1] = id
-    if t.owner ~= '' then push(heads, string.format('%d', t.due), t.plugin .. '\0' .. t.owner) end
-    -- (a task set aside for its plugin's share before the pause is back in a bucket too)
-    waited[#waited + 1] = wait_member(t.plugin, t.due, id)
-    push(back, t.due, id)
-    if not earliest or t.due < earliest then earliest = t.due end
-  end
-end
-call_many('ZREM', K_PARKED, resumed)
-call_many('ZREM', K_WAITING, waited)
-due_add(back)
-lower_owner_heads(heads)
-local moved = #resumed
-if earliest then wake_if_head(channel, shard, earliest) end
+-- (a task whose owner is paused stays parked: resuming the owner puts it back)
+local moved = unpark(channel, shard, ids, records_of(ids), function(_, t)
+  return t.plugin == plugin and not owner_paused(t.owner, plugin)
+end)
 if #ids < limit then return { moved, '' } end
 return { moved, page[#page] .. '\t' .. page[#page - 1] } -- the last place: due, id

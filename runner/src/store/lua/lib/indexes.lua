@@ -83,6 +83,30 @@ local function lower_owner_heads(list)
   call_many('ZADD', owner_heads(), list, 'LT')
 end
 
+-- Puts parked tasks back into their due buckets, due as they were: those of `ids` (records
+-- `recs`) still scheduled for which `resumes(id, t)` says so. A task set aside for its plugin's
+-- share before a pause leaves `waiting` too. Wakes the shard's pollers (`channel`, `shard`) when
+-- one of them became its earliest. Returns how many it put back.
+local function unpark(channel, shard, ids, recs, resumes)
+  local resumed, back, waited, heads, earliest = {}, {}, {}, {}, nil
+  for i, id in ipairs(ids) do
+    local t = parse(recs[i])
+    if t and t.st == 's' and resumes(id, t) then
+      resumed[#resumed + 1] = id
+      if t.owner ~= '' then push(heads, string.format('%d', t.due), t.plugin .. '\0' .. t.owner) end
+      waited[#waited + 1] = wait_member(t.plugin, t.due, id)
+      push(back, t.due, id)
+      if not earliest or t.due < earliest then earliest = t.due end
+    end
+  end
+  call_many('ZREM', K_PARKED, resumed)
+  call_many('ZREM', K_WAITING, waited)
+  due_add(back)
+  lower_owner_heads(heads)
+  if earliest then wake_if_head(channel, shard, earliest) end
+  return #resumed
+end
+
 -- Puts a scheduled task into its due bucket (or `parked` while its plugin or owner is paused)
 -- and the owner index, and counts it for its plugin (the record is written by the caller).
 local function index_scheduled(id, t)
