@@ -35,6 +35,7 @@ enum View {
     Keys,
     Audit,
     History,
+    OwnerStats,
 }
 
 /// What a command sends.
@@ -211,6 +212,7 @@ fn show(out: &Value, view: View) -> Result<()> {
         View::Keys => Some(crate::table::keys(out)),
         View::Audit => Some(crate::table::audit(out)),
         View::History => Some(crate::table::history(out)),
+        View::OwnerStats => Some(crate::table::owner_stats(out)),
     };
     let text = match text {
         Some(t) => t,

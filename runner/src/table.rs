@@ -346,6 +346,35 @@ pub fn history(p: &Value) -> String {
     )
 }
 
+/// `owner stats`: the owner's tasks per plugin, a line of sums under them, and whether each
+/// plugin's tasks of the owner are paused.
+pub fn owner_stats(s: &Value) -> String {
+    let all = s["paused"]["all"] == true;
+    let paused = |p: &str| all || items(&s["paused"]["plugins"]).iter().any(|q| q == p);
+    let mut rows: Vec<Vec<String>> = items(&s["plugins"])
+        .iter()
+        .map(|p| {
+            let name = f(p, "plugin");
+            let state = if paused(&name) { "paused" } else { "active" };
+            vec![
+                name,
+                f(p, "scheduled"),
+                f(p, "running"),
+                f(p, "dead"),
+                state.into(),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        "(all)".into(),
+        f(s, "scheduled"),
+        f(s, "running"),
+        f(s, "dead"),
+        if all { "paused" } else { "" }.into(),
+    ]);
+    render(&["PLUGIN", "SCHEDULED", "RUNNING", "DEAD", "STATE"], &rows)
+}
+
 /// `runners`.
 pub fn runners(v: &Value) -> String {
     let rows: Vec<Vec<String>> = items(v)

@@ -289,12 +289,36 @@ pages.tasks = (params) => {
     ownerBar.hidden = !owner;
     if (owner) renderOwnerBar(owner, rest.plugin);
   }
+  // The owner's counts per plugin (GET /v1/owners/{owner}/stats) and whether each is paused.
+  async function ownerStats(owner) {
+    const s = await get(`/v1/owners/${enc(owner)}/stats`);
+    const paused = (p) => s.paused.all || s.paused.plugins.includes(p);
+    const rows = s.plugins.concat([{ plugin: "(all)", scheduled: s.scheduled, running: s.running, dead: s.dead, all: true }]);
+    replace($("#owner-stats"), table([
+      { label: "plugin", get: (c) => c.plugin },
+      { label: "scheduled", num: true, get: (c) => fmtNum(c.scheduled) },
+      { label: "running", num: true, get: (c) => fmtNum(c.running) },
+      { label: "dead", num: true, get: (c) => fmtNum(c.dead) },
+      { label: "state", get: (c) => (c.all ? s.paused.all : paused(c.plugin)) ? pill("paused") : "" },
+    ], rows, { id: "owner-counts" }));
+  }
   function renderOwnerBar(owner, plugin) {
-    if (ownerBar.dataset.owner === owner + "/" + plugin) return;
+    if (ownerBar.dataset.owner === owner + "/" + plugin) { ownerStats(owner).catch(() => {}); return; }
     ownerBar.dataset.owner = owner + "/" + plugin;
     const e = h("p", { class: "error", hidden: true });
+    const body = plugin ? { plugin } : {};
     ownerBar.replaceChildren(
       h("h2", {}, `Owner ${owner}` + (plugin ? ` (plugin ${plugin})` : "")),
+      h("div", { id: "owner-stats" }),
+      h("div", { class: "actions" },
+        action(plugin ? "Pause the owner's tasks of this plugin" : "Pause all of the owner's tasks", async () => {
+          await api("POST", `/v1/owners/${enc(owner)}/pause`, body);
+          flash("Paused"); await ownerStats(owner);
+        }, { id: "owner-pause", errorEl: e }),
+        action("Resume", async () => {
+          const r = await api("POST", `/v1/owners/${enc(owner)}/resume`, body);
+          flash(`Resumed: ${r.data.resumed} task(s) due again`); await ownerStats(owner);
+        }, { id: "owner-resume", errorEl: e, ghost: true })),
       h("div", { class: "actions" },
         h("label", {}, "shift by (ms, ±)", h("input", { id: "shift-ms", type: "number", value: "-7200000" })),
         action("Shift all", async () => {
@@ -306,6 +330,7 @@ pages.tasks = (params) => {
           flash(`Cancelled ${r.data.cancelled} task(s)`); await load();
         }, { danger: true, id: "owner-cancel", errorEl: e })),
       e);
+    ownerStats(owner).catch((x) => showError(e, x));
   }
   async function detail() {
     const box = $("#task-detail");

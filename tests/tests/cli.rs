@@ -160,6 +160,19 @@ async fn the_cli_speaks_the_api() {
         json!({"all": false, "plugins": ["cli-noop"]}),
         "{out}"
     );
+    // its counts per plugin, as a table and as JSON
+    let (c, out, err) = cli(&["owner", "stats", "u1"]);
+    assert_eq!(c, Some(0), "{err}");
+    let row = out.lines().find(|l| l.starts_with("cli-noop"));
+    let row: Vec<&str> = row.unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row, ["cli-noop", "1", "0", "0", "paused"], "{out}");
+    let (_, out, _) = cli(&["owner", "stats", "u1", "--json"]);
+    let stats: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&stats["scheduled"], &stats["plugins"][0]["plugin"]),
+        (&json!(1), &json!("cli-noop")),
+        "{out}"
+    );
     let (c, out, err) = cli(&["owner", "resume", "u1"]);
     assert_eq!(c, Some(0), "{err}");
     let resumed: Value = serde_json::from_str(&out).unwrap();

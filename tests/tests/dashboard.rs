@@ -108,6 +108,21 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     b.type_into("#find-owner", "bob").await;
     b.click("#find-go").await;
     b.count_until("#task-rows tbody tr", 3).await;
+    // the owner's panel: its counts per plugin; pause it and resume it
+    let noop_row = "#owner-counts tr[data-id='noop']";
+    let cells = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    b.text_until(noop_row, "bob's counts", |t| cells(t) == "noop 3 0 0")
+        .await;
+    b.click("#owner-pause").await;
+    b.text_until(noop_row, "bob paused", |t| cells(t) == "noop 3 0 0 paused")
+        .await;
+    let (_, stats) = call("GET", &format!("{base}/v1/owners/bob/stats"), None).await;
+    assert_eq!(stats["paused"]["all"], true, "{stats}");
+    b.click("#owner-resume").await;
+    b.text_until(noop_row, "bob resumed", |t| cells(t) == "noop 3 0 0")
+        .await;
+    let (_, stats) = call("GET", &format!("{base}/v1/owners/bob/stats"), None).await;
+    assert_eq!(stats["paused"]["all"], false, "{stats}");
     b.click("#task-rows tr[data-id='bob-0']").await;
     b.text_until("#task-detail", "the task's detail", |t| {
         t.contains("bob-0") && t.contains("noop")

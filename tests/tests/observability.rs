@@ -136,6 +136,11 @@ async fn metrics_count_what_ran_and_the_dashboards_name_only_real_metrics() {
     assert_eq!(value(&s, "eggtimer_dead", &[]), 3.0, "{text}");
     assert_eq!(value(&s, "eggtimer_pending", &[]), 0.0, "{text}");
     assert_eq!(value(&s, "eggtimer_due_backlog", &[]), 0.0, "{text}");
+    assert_eq!(
+        value(&s, "eggtimer_owner_due_backlog_rest", &[]),
+        0.0,
+        "{text}"
+    );
     assert_eq!(value(&s, "eggtimer_runner_inflight", &[]), 0.0, "{text}");
     assert_eq!(value(&s, "eggtimer_runners", &[]), 1.0, "{text}");
     let shards = s

@@ -159,3 +159,116 @@ async fn concurrent_shifts_of_one_owner_each_move_every_task_once() {
         assert_eq!(got, base + i as i64 + 4999, "{}", t.id);
     }
 }
+
+/// `Store::owner_counts`: an owner's scheduled (paused ones too), running and dead tasks per
+/// plugin, every shard walked in pieces (more scheduled and dead tasks per shard than one script
+/// call walks), nothing of another owner counted (a prefix of the name either).
+#[tokio::test]
+async fn an_owners_counts_per_plugin_and_state_walk_every_shard_in_pieces() {
+    use eggtimer::store::{Finish, PluginCounts};
+    let redis = RedisServer::start();
+    let s = store(&redis, 4).await;
+    let (far, past) = (now() + 10_000_000, now() - 1_000);
+    let owned = |id: String, plugin: &str, owner: &str, at: i64| {
+        let mut t = task(&id, at);
+        t.plugin = plugin.into();
+        t.owner = Some(owner.into());
+        t
+    };
+    // alice's auto-feed tasks are paused: parked, still scheduled
+    s.set_owner_paused("alice", Some("auto-feed"), true)
+        .await
+        .unwrap();
+    let mut tasks: Vec<_> = (0..9_000)
+        .map(|i| owned(format!("s{i}"), "noop", "alice", far + i))
+        .collect();
+    tasks.extend((0..3).map(|i| owned(format!("a{i}"), "auto-feed", "alice", far)));
+    tasks.extend((0..1_000).map(|i| owned(format!("d{i}"), "noop", "alice", past)));
+    tasks.extend((0..4).map(|i| owned(format!("r{i}"), "noop", "alice", past)));
+    tasks.extend((0..5).map(|i| owned(format!("b{i}"), "noop", "bob", past)));
+    tasks.push(owned("p".into(), "noop", "ali", far));
+    for chunk in tasks.chunks(1_000) {
+        s.schedule(chunk, ScheduleMode::Upsert).await.unwrap();
+    }
+    // every due task claimed; alice's d* die, the others keep running
+    let mut running = Vec::new();
+    for shard in 0..4 {
+        loop {
+            let b = s.claim(shard, 256, 600_000).await.unwrap();
+            if b.tasks.is_empty() {
+                break;
+            }
+            let dead = Finish::Dead { error: "x".into() };
+            let die: Vec<_> = b
+                .tasks
+                .iter()
+                .filter(|t| t.task_id().starts_with('d'))
+                .map(|t| (t.id.as_str(), t.token, &dead))
+                .collect();
+            s.finish(shard, &die).await.unwrap();
+            running.extend(
+                b.tasks
+                    .into_iter()
+                    .filter(|t| !t.task_id().starts_with('d')),
+            );
+        }
+    }
+    assert_eq!(running.len(), 9);
+    let counts = |plugin: &str, scheduled, running, dead| PluginCounts {
+        plugin: plugin.into(),
+        scheduled,
+        running,
+        dead,
+    };
+    assert_eq!(
+        s.owner_counts("alice").await.unwrap(),
+        vec![
+            counts("auto-feed", 3, 0, 0),
+            counts("noop", 9_000, 4, 1_000)
+        ]
+    );
+    assert_eq!(
+        s.owner_counts("bob").await.unwrap(),
+        vec![counts("noop", 0, 5, 0)]
+    );
+    assert_eq!(
+        s.owner_counts("ali").await.unwrap(),
+        vec![counts("noop", 1, 0, 0)]
+    );
+    assert_eq!(s.owner_counts("nobody").await.unwrap(), vec![]);
+    // a finished run counts no more
+    let done = Finish::Done;
+    for t in &running {
+        s.finish(t.shard, &[(t.id.as_str(), t.token, &done)])
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.owner_counts("bob").await.unwrap(), vec![]);
+}
+
+/// `Store::owner_backlog` (the metrics per owner): the owners with tasks due and not started,
+/// most first, counted over every shard; tasks not yet due and tasks claimed are not.
+#[tokio::test]
+async fn the_owners_due_backlog_counts_due_tasks_not_started_most_first() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 4).await;
+    let (far, past) = (now() + 10_000_000, now() - 1_000);
+    let owned = |id: String, owner: &str, at: i64| {
+        let mut t = task(&id, at);
+        t.owner = Some(owner.into());
+        t
+    };
+    let mut tasks: Vec<_> = (0..50).map(|i| owned(format!("a{i}"), "a", past)).collect();
+    tasks.extend((0..5).map(|i| owned(format!("b{i}"), "b", past - i)));
+    tasks.extend((0..7).map(|i| owned(format!("c{i}"), "c", far)));
+    tasks.extend((0..3).map(|i| task(&format!("n{i}"), past)));
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    assert_eq!(
+        s.owner_backlog().await.unwrap(),
+        vec![("a".to_owned(), 50), ("b".to_owned(), 5)]
+    );
+    for shard in 0..4 {
+        while !s.claim(shard, 256, 600_000).await.unwrap().tasks.is_empty() {}
+    }
+    assert_eq!(s.owner_backlog().await.unwrap(), vec![]);
+}

@@ -110,6 +110,23 @@ async fn two_teams_deploy_schedule_and_read_only_their_own() {
     .await;
     let ids = strings(&page, "id");
     assert_eq!(ids, ["c-1"]);
+    // an owner's counts: the team's own plugins only (the admin sees both)
+    for (key, want) in [
+        (coupons.as_str(), vec!["coupon-expiry"]),
+        (reader.as_str(), vec!["order-cancel"]),
+        (ADMIN, vec!["coupon-expiry", "order-cancel"]),
+    ] {
+        let (s, st) = req(
+            "GET",
+            &format!("{base}/v1/owners/u1/stats"),
+            Some(key),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{st}");
+        assert_eq!(strings(&st["plugins"], "plugin"), want, "{st}");
+        assert_eq!(st["scheduled"], want.len(), "{st}");
+    }
     let (_, found) = req(
         "GET",
         &format!("{base}/v1/tasks?state=scheduled"),

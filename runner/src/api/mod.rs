@@ -153,6 +153,7 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     let r = roles.add(r, Developer, routes!(dry_run::dry_run));
     // an owner's tasks
     let r = roles.add(r, Reader, routes!(owners::owner_tasks));
+    let r = roles.add(r, Reader, routes!(owners::owner_stats));
     let r = roles.add(r, Operator, routes!(owners::owner_cancel));
     let r = roles.add(r, Operator, routes!(owners::owner_shift));
     let r = roles.add(r, Operator, routes!(owners::owner_pause));

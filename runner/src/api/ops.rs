@@ -47,12 +47,13 @@ pub async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap)
     if let Some(why) = st.access.metrics_refused(&headers) {
         return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response();
     }
-    let (shards, runners) = st.scrape.read(&st).await;
+    let scraped = st.scrape.read(&st).await;
     let g = Gauges {
-        shards,
+        shards: scraped.shards,
+        owners: scraped.owners,
         plugins: st.registry.plugins().loaded(),
         owned_shards: (st.owned_shards)(),
-        runners,
+        runners: scraped.runners,
         idle_instances: st.registry.plugins().idle_instances(),
         compiles: st.registry.plugins().compiles(),
     };
@@ -63,28 +64,40 @@ pub async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap)
         .into_response()
 }
 
-/// What a scrape reads of Redis (every shard's counts, the live runners), kept for a second:
-/// scrapes, however many, cost Redis at most one read a second.
+/// What a scrape reads of Redis (every shard's counts, the owners with due tasks, the live
+/// runners), kept for a second: scrapes, however many, cost Redis at most one read a second.
 #[derive(Default)]
-pub struct ScrapeCache(tokio::sync::Mutex<Option<(Instant, Vec<ShardCounts>, usize)>>);
+pub struct ScrapeCache(tokio::sync::Mutex<Option<(Instant, Scraped)>>);
+
+/// One read of Redis for the metrics.
+#[derive(Clone, Default)]
+struct Scraped {
+    shards: Vec<ShardCounts>,
+    /// Owners with tasks due and not started, most first.
+    owners: Vec<(String, u64)>,
+    runners: usize,
+}
 
 impl ScrapeCache {
     const FRESH: Duration = Duration::from_secs(1);
 
-    async fn read(&self, st: &AppState) -> (Vec<ShardCounts>, usize) {
+    async fn read(&self, st: &AppState) -> Scraped {
         let mut cached = self.0.lock().await;
-        if let Some((at, shards, runners)) = cached.as_ref()
+        if let Some((at, scraped)) = cached.as_ref()
             && at.elapsed() < Self::FRESH
         {
-            return (shards.clone(), *runners);
+            return scraped.clone();
         }
-        let shards = st.store.shard_counts().await.unwrap_or_default();
-        let runners = match (st.runners)().await {
-            Ok(Value::Array(a)) => a.len(),
-            _ => 0,
+        let scraped = Scraped {
+            shards: st.store.shard_counts().await.unwrap_or_default(),
+            owners: st.store.owner_backlog().await.unwrap_or_default(),
+            runners: match (st.runners)().await {
+                Ok(Value::Array(a)) => a.len(),
+                _ => 0,
+            },
         };
-        *cached = Some((Instant::now(), shards.clone(), runners));
-        (shards, runners)
+        *cached = Some((Instant::now(), scraped.clone()));
+        scraped
     }
 }
 

@@ -297,3 +297,67 @@ pub async fn owner_weight_get(
     })
     .into_response())
 }
+
+/// One plugin's tasks of an owner.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct OwnerPluginCounts {
+    plugin: String,
+    /// Scheduled, including those waiting while the owner or the plugin is paused.
+    scheduled: u64,
+    /// Claimed by a runner and not finished.
+    running: u64,
+    dead: u64,
+}
+
+/// `GET /v1/owners/{owner}/stats`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct OwnerStats {
+    owner: String,
+    /// The plugins the key sees that hold tasks of the owner, by name.
+    plugins: Vec<OwnerPluginCounts>,
+    /// Sums over `plugins`.
+    scheduled: u64,
+    running: u64,
+    dead: u64,
+    /// What of the owner is paused (of the plugins the key sees).
+    paused: crate::tasks::OwnerPauses,
+}
+
+/// `GET /v1/owners/{owner}/stats`: the owner's scheduled, running and dead tasks per plugin (of
+/// the plugins the key sees), and its pauses. Counted on every shard at the time of the call: a
+/// task that changes state meanwhile may be counted in two states or none.
+#[utoipa::path(get, path = "/v1/owners/{owner}/stats", tag = "owners", params(OwnerName),
+    responses((status = 200, description = "the owner's tasks per plugin", body = OwnerStats), doc::Errors),
+    security((), ("bearer" = [])))]
+pub async fn owner_stats(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(owner): Path<String>,
+) -> ApiResult<Response> {
+    let owner = owner_named(owner)?;
+    let plugins: Vec<OwnerPluginCounts> = st
+        .store
+        .owner_counts(&owner)
+        .await?
+        .into_iter()
+        .filter(|c| caller.sees(&c.plugin))
+        .map(|c| OwnerPluginCounts {
+            plugin: c.plugin,
+            scheduled: c.scheduled,
+            running: c.running,
+            dead: c.dead,
+        })
+        .collect();
+    let mut paused = st.tasks.owner_pauses(&owner).await?;
+    paused.plugins.retain(|p| caller.sees(p));
+    let sum = |f: fn(&OwnerPluginCounts) -> u64| plugins.iter().map(f).sum();
+    Ok(axum::Json(OwnerStats {
+        owner: owner.into_string(),
+        scheduled: sum(|c| c.scheduled),
+        running: sum(|c| c.running),
+        dead: sum(|c| c.dead),
+        plugins,
+        paused,
+    })
+    .into_response())
+}

@@ -148,6 +148,7 @@ pub(super) fn owner_call(cmd: OwnerCmd) -> Result<Call> {
             path(&owner, &format!("/tasks{}", plugin_query(plugin))),
         ),
         OwnerCmd::List { owner } => Call::get(path(&owner, "/tasks")).view(View::Tasks),
+        OwnerCmd::Stats { owner } => Call::get(path(&owner, "/stats")).view(View::OwnerStats),
         OwnerCmd::Pause { owner, plugin } => Call::new(Method::POST, path(&owner, "/pause"))
             .json(fields(vec![("plugin", plugin.map(|p| json!(p)))])),
         OwnerCmd::Resume { owner, plugin } => Call::new(Method::POST, path(&owner, "/resume"))

@@ -530,6 +530,8 @@ pub enum OwnerCmd {
     },
     /// List an owner's scheduled tasks.
     List { owner: String },
+    /// An owner's scheduled, running and dead tasks per plugin, and its pauses.
+    Stats { owner: String },
     /// Cancel all of an owner's scheduled tasks (of one plugin).
     Cancel {
         owner: String,

@@ -135,6 +135,16 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "gauge",
         "Tasks due now or earlier and not yet claimed, per shard.",
     ),
+    (
+        "eggtimer_owner_due_backlog",
+        "gauge",
+        "Tasks due now or earlier and not started, per owner: the owners with the most, at most 10.",
+    ),
+    (
+        "eggtimer_owner_due_backlog_rest",
+        "gauge",
+        "Tasks due now or earlier and not claimed of every other owner and of none: the due backlog less the owners'.",
+    ),
     ("eggtimer_inflight", "gauge", "Tasks running (all runners)."),
     ("eggtimer_dead", "gauge", "Tasks in the dead-letter set."),
     (
@@ -169,6 +179,9 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Owners given a series of their own in `eggtimer_owner_due_backlog`.
+const TOP_OWNERS: usize = 10;
+
 /// Counts since the last [`Metrics::take_recent`], for the dashboard's history in Redis.
 #[derive(Default)]
 struct Recent {
@@ -197,6 +210,8 @@ struct PluginHandles {
 pub struct Gauges {
     /// Per shard: (scheduled, in flight, dead, due now).
     pub shards: Vec<ShardCounts>,
+    /// Owners with tasks due and not started, most first.
+    pub owners: Vec<(String, u64)>,
     /// (plugin, version, digest) loaded on this runner.
     pub plugins: Vec<(String, u64, String)>,
     /// Shards this runner polls.
@@ -478,6 +493,21 @@ impl Metrics {
             self.gauge("eggtimer_pending", shard(i), s.scheduled as f64);
             self.gauge("eggtimer_due_backlog", shard(i), s.due_now as f64);
         }
+        // the owners with the largest due backlog each a series, the rest one: a bounded number
+        // of series whatever the number of owners (one that leaves the top leaves the exposition
+        // after the gauges' idle timeout)
+        let top = &g.owners[..g.owners.len().min(TOP_OWNERS)];
+        for (owner, n) in top {
+            let owner = vec![Label::new("owner", owner.clone())];
+            self.gauge("eggtimer_owner_due_backlog", owner, *n as f64);
+        }
+        let due: u64 = g.shards.iter().map(|s| s.due_now).sum();
+        let tops: u64 = top.iter().map(|(_, n)| n).sum();
+        self.gauge(
+            "eggtimer_owner_due_backlog_rest",
+            vec![],
+            due.saturating_sub(tops) as f64,
+        );
         let inflight: u64 = g.shards.iter().map(|s| s.inflight).sum();
         let dead: u64 = g.shards.iter().map(|s| s.dead).sum();
         self.gauge("eggtimer_inflight", vec![], inflight as f64);
@@ -543,8 +573,10 @@ mod tests {
         let g = Gauges {
             shards: vec![ShardCounts {
                 scheduled: 1,
+                due_now: 100,
                 ..ShardCounts::default()
             }],
+            owners: (0..12).map(|i| (format!("o{i}"), 12 - i)).collect(),
             plugins: vec![],
             owned_shards: 1,
             runners: 1,
@@ -570,6 +602,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("eggtimer_pending{shard=\"0\"} 1"), "{text}");
+        // ten owners' series (12 down to 3 tasks due), the other two and the unowned as one
+        assert!(
+            text.contains("eggtimer_owner_due_backlog{owner=\"o0\"} 12")
+                && text.contains("eggtimer_owner_due_backlog{owner=\"o9\"} 3")
+                && !text.contains("owner=\"o10\"")
+                && text.contains("eggtimer_owner_due_backlog_rest 25"),
+            "{text}"
+        );
         let mut recent = m.take_recent();
         recent.sort();
         let want: Vec<(String, i64)> = vec![

@@ -101,6 +101,8 @@ scripts! {
     shift_owner: "shift_owner",
     pause: "pause",
     owner_pause: "owner_pause",
+    owner_stats: "owner_stats",
+    owner_backlog: "owner_backlog",
     bulk: "bulk",
     fire: "fire",
     range: "range",

@@ -2,12 +2,15 @@
 //! and the namespace's recent history (every runner adds what it did in each 5 s bucket to one
 //! hash per bucket, `{ns}:stats:<bucket start>`, kept an hour).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
 use super::Store;
+
+/// Most owners' heads [`Store::owner_backlog`] reads per shard.
+pub const OWNER_HEADS_READ: usize = 256;
 
 /// The width of one history bucket (ms).
 pub const STATS_BUCKET_MS: i64 = 5_000;
@@ -115,6 +118,88 @@ impl Store {
                 running: per_shard.iter().map(|c| c[3 * i + 2].unwrap_or(0)).sum(),
             })
             .collect())
+    }
+
+    /// One owner's scheduled, dead and running tasks per plugin (all shards; plugins with none
+    /// left out), by plugin name. Each shard is walked a bounded piece per script call
+    /// (`owner_stats.lua`): the owner's index for its scheduled tasks (cheap: no record is
+    /// read), the claim batches for its running ones, and every dead task of the shard for its
+    /// dead ones (a record read each). Each call counts one moment, so a task changing state
+    /// during the walk may be counted twice or not at all.
+    pub async fn owner_counts(&self, owner: &str) -> Result<Vec<PluginCounts>> {
+        /// Index entries one call walks; records one call reads.
+        const WALK: usize = 2_000;
+        const READ: usize = 200;
+        let script = &self.inner.scripts.owner_stats;
+        let calls = (0..self.shards()).map(|shard| async move {
+            let mut counts: BTreeMap<String, PluginCounts> = BTreeMap::new();
+            let mut cursor = String::new();
+            loop {
+                let mut inv = self.shard_script(script, shard);
+                inv.arg(owner).arg(&cursor).arg(WALK).arg(READ);
+                let reply: Vec<String> = inv.invoke_async(&mut self.conn()).await?;
+                let [state, next, pairs @ ..] = &reply[..] else {
+                    anyhow::bail!("owner_stats answered {reply:?}");
+                };
+                for pair in pairs.chunks_exact(2) {
+                    let n: u64 = pair[1].parse().context("a count")?;
+                    let c = counts
+                        .entry(pair[0].clone())
+                        .or_insert_with(|| PluginCounts {
+                            plugin: pair[0].clone(),
+                            ..PluginCounts::default()
+                        });
+                    match state.as_str() {
+                        "s" => c.scheduled += n,
+                        "r" => c.running += n,
+                        _ => c.dead += n,
+                    }
+                }
+                if next.is_empty() {
+                    return Ok::<_, anyhow::Error>(counts);
+                }
+                cursor = next.clone();
+            }
+        });
+        let per_shard = try_join_all(calls)
+            .await
+            .context("counting an owner's tasks")?;
+        let mut all: BTreeMap<String, PluginCounts> = BTreeMap::new();
+        for (plugin, c) in per_shard.into_iter().flatten() {
+            let t = all.entry(plugin).or_insert_with(|| PluginCounts {
+                plugin: c.plugin.clone(),
+                ..PluginCounts::default()
+            });
+            t.scheduled += c.scheduled;
+            t.running += c.running;
+            t.dead += c.dead;
+        }
+        Ok(all.into_values().collect())
+    }
+
+    /// The owners with tasks due now or earlier and not started, with
+    /// how many each has over every shard, most first (ties by name). On each shard the owners
+    /// are found from their heads due by now, at most [`OWNER_HEADS_READ`] of them, earliest
+    /// first (`owner_backlog.lua`): an owner due later than that many others on every shard is
+    /// left out.
+    pub async fn owner_backlog(&self) -> Result<Vec<(String, u64)>> {
+        let script = &self.inner.scripts.owner_backlog;
+        let calls = (0..self.shards()).map(|shard| async move {
+            let mut inv = self.shard_script(script, shard);
+            inv.arg(OWNER_HEADS_READ);
+            inv.invoke_async::<Vec<(String, u64)>>(&mut self.conn())
+                .await
+        });
+        let per_shard = try_join_all(calls)
+            .await
+            .context("reading the owners' due tasks")?;
+        let mut all: HashMap<String, u64> = HashMap::new();
+        for (owner, n) in per_shard.into_iter().flatten() {
+            *all.entry(owner).or_default() += n;
+        }
+        let mut all: Vec<(String, u64)> = all.into_iter().collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(all)
     }
 
     /// How many scheduled tasks fall due in each of `n` buckets of `bucket_ms` from `from`

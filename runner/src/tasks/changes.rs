@@ -260,7 +260,7 @@ impl Tasks {
     }
 
     /// What of an owner is paused.
-    async fn owner_pauses(&self, owner: &Owner) -> Result<OwnerPauses, Refusal> {
+    pub async fn owner_pauses(&self, owner: &Owner) -> Result<OwnerPauses, Refusal> {
         let mut pauses = OwnerPauses::default();
         for p in self.store.owner_pauses(owner).await? {
             match p {
