@@ -11,6 +11,7 @@ mod nodes;
 mod recorder;
 mod report;
 mod w10;
+mod w11;
 mod w13;
 mod w4;
 mod w5;
@@ -42,8 +43,8 @@ pub struct Args {
     /// times order-cancel-ts, order-cancel-py and test-flood when they are there).
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
-    /// Workloads to run, comma-separated (W0..W10).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W13")]
+    /// Workloads to run, comma-separated (W0..W13).
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W13")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -109,7 +110,7 @@ fn main() -> Result<()> {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
             if m == 0
-                || ["W3", "W5", "W6", "W7", "W8", "W9", "W10", "W13"]
+                || ["W3", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W13"]
                     .iter()
                     .any(|w| want(w))
             {
@@ -218,6 +219,9 @@ fn main() -> Result<()> {
         }
         if want("W13") {
             print(&b.w13().await?)?;
+        }
+        if want("W11") {
+            print(&b.w11().await?)?;
         }
         if want("W7") {
             let Servers::Single(master) = &servers else {

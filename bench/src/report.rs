@@ -152,6 +152,31 @@ pub struct W6 {
     pub outcomes: Outcomes,
 }
 
+/// W11: the highest rate of tasks due evenly that runs on time, and each rate tried.
+#[derive(Debug, Serialize)]
+pub struct W11 {
+    pub workload: &'static str,
+    pub spread_s: u32,
+    /// The highest rate (tasks/s) whose tasks all ran once, none early, p99 ≤ 10 ms (0: none).
+    pub max_steady_per_s: usize,
+    pub steps: Vec<W11Step>,
+}
+
+/// One rate of W11.
+#[derive(Debug, Serialize)]
+pub struct W11Step {
+    pub per_s: usize,
+    pub ok: bool,
+    pub lateness_ms: Lateness,
+    pub missing: usize,
+    pub duplicates: usize,
+    pub early: usize,
+    /// Redis's CPU seconds per second from the first due time to the end (1.0: never idle).
+    pub redis_cpu_share: f64,
+    pub runner_cpu_share: f64,
+    pub scripts_per_task: f64,
+}
+
 /// W13: one owner's burst, another owner's tasks of the plugin falling due behind it.
 #[derive(Debug, Serialize)]
 pub struct W13 {

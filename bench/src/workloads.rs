@@ -322,10 +322,23 @@ impl Bench {
         plugin: &str,
         rec: Arc<Recorder>,
     ) -> Result<report::W1> {
-        let n = self.args.n;
+        self.steady(name, plugin, rec, self.args.n, 10).await
+    }
+
+    /// `n` tasks of `plugin` due evenly over `spread_s` seconds, starting after all are
+    /// scheduled, run by a runner in front of `rec` (W1, and each step of W11).
+    pub async fn steady(
+        &self,
+        name: &'static str,
+        plugin: &str,
+        rec: Arc<Recorder>,
+        n: usize,
+        spread_s: u32,
+    ) -> Result<report::W1> {
+        let spread_ms = i64::from(spread_s) * 1000;
         let start = now_ms() + 3000 + (n as i64 / 50); // leave time to schedule (~100k/s)
         let dues: Vec<i64> = (0..n)
-            .map(|i| start + (i as i64 * 10_000) / n as i64)
+            .map(|i| start + (i as i64 * spread_ms) / n as i64)
             .collect();
         let runner = self.runner(Arc::clone(&rec));
         let forks0 = self.nodes.forks().await?;
@@ -353,7 +366,7 @@ impl Bench {
         Ok(report::W1 {
             workload: name,
             n,
-            spread_s: 10,
+            spread_s,
             lateness_ms: lateness(&c.lateness_ms),
             processed_per_s: (c.outcomes.executed as f64 / span.max(1e-9)).round(),
             outcomes: c.outcomes,
