@@ -102,6 +102,22 @@ export interface Schedule extends ScheduleSpec {
   upcoming?: number[];
 }
 
+/** What of an owner is paused: all its tasks, or those of some plugins. */
+export interface OwnerPauses {
+  all: boolean;
+  plugins: string[];
+}
+
+/** An owner's tasks per plugin (of the plugins the key sees), and its pauses. */
+export interface OwnerStats {
+  owner: string;
+  plugins: { plugin: string; scheduled: number; running: number; dead: number }[];
+  scheduled: number;
+  running: number;
+  dead: number;
+  paused: OwnerPauses;
+}
+
 export interface ClientOptions {
   /** Default `http://127.0.0.1:8080`; any runner of a namespace serves all of it. */
   url?: string;
@@ -135,6 +151,12 @@ export class Client {
   ownerTasks(owner: string): AsyncGenerator<Task, void, undefined>;
   shiftOwner(owner: string, shiftMs: number, plugin?: string): Promise<number>;
   cancelOwner(owner: string, plugin?: string): Promise<number>;
+  /** Pauses the owner's tasks (of one plugin, if given): they wait, scheduled, until resumed. */
+  pauseOwner(owner: string, plugin?: string): Promise<OwnerPauses>;
+  /** Resumes the owner's tasks (of one plugin; without one, every pause); how many were put back. */
+  resumeOwner(owner: string, plugin?: string): Promise<number>;
+  /** The owner's scheduled, running and dead tasks per plugin, and its pauses. */
+  ownerStats(owner: string): Promise<OwnerStats>;
   /** Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now; how many it reached. */
   publish(topic: string, key: string, data?: unknown): Promise<number>;
   putSchedule(id: string, plugin: string, payload?: unknown, spec?: ScheduleSpec): Promise<{ id: string; next_run_at: number | null }>;

@@ -99,6 +99,21 @@ export class Client {
     return (await this.#call('DELETE', `/v1/owners/${seg(owner)}/tasks${query}`)).cancelled;
   }
 
+  /** Pauses the owner's tasks (of one plugin, if given); the owner's pauses. */
+  async pauseOwner(owner, plugin) {
+    return (await this.#call('POST', `/v1/owners/${seg(owner)}/pause`, defined({ plugin }))).paused;
+  }
+
+  /** Resumes the owner's tasks (of one plugin; without one, every pause); how many were put back. */
+  async resumeOwner(owner, plugin) {
+    return (await this.#call('POST', `/v1/owners/${seg(owner)}/resume`, defined({ plugin }))).resumed;
+  }
+
+  /** The owner's scheduled, running and dead tasks per plugin, and its pauses. */
+  async ownerStats(owner) {
+    return this.#call('GET', `/v1/owners/${seg(owner)}/stats`);
+  }
+
   // --- events ---
 
   /** Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now; how many it reached. */

@@ -117,6 +117,24 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
         3
     );
     assert_eq!(et.owner_tasks("u-rs").await.unwrap()[0].run_at, at - 1000);
+    // paused (its counts say so), resumed
+    let noop_paused = eggtimer_client::OwnerPauses {
+        all: false,
+        plugins: vec!["noop".into()],
+    };
+    assert_eq!(
+        et.pause_owner("u-rs", Some("noop")).await.unwrap(),
+        noop_paused
+    );
+    let stats = et.owner_stats("u-rs").await.unwrap();
+    assert_eq!(
+        (stats.scheduled, &stats.plugins[0].plugin, &stats.paused),
+        (3, &"noop".to_owned(), &noop_paused)
+    );
+    // (none was due, so none was parked: none to put back)
+    assert_eq!(et.resume_owner("u-rs", None).await.unwrap(), 0);
+    let stats = et.owner_stats("u-rs").await.unwrap();
+    assert_eq!(stats.paused, eggtimer_client::OwnerPauses::default());
     assert_eq!(et.cancel_owner("u-rs", None).await.unwrap(), 3);
     assert!(et.owner_tasks("u-rs").await.unwrap().is_empty());
 

@@ -260,6 +260,23 @@ class Client:
         query = {"plugin": plugin} if plugin is not None else None
         return self._request("DELETE", f"/v1/owners/{_segment(owner)}/tasks", None, query)[0]["cancelled"]
 
+    def pause_owner(self, owner: str, plugin: Optional[str] = None) -> dict[str, Any]:
+        """Pauses the owner's tasks (of one plugin, if given): they wait, scheduled, until resumed.
+        Returns the owner's pauses: {"all", "plugins"}."""
+        body = {"plugin": plugin} if plugin is not None else {}
+        return self._call("POST", f"/v1/owners/{_segment(owner)}/pause", body)["paused"]
+
+    def resume_owner(self, owner: str, plugin: Optional[str] = None) -> int:
+        """Resumes the owner's tasks (of one plugin; without one, every pause): how many were put back."""
+        body = {"plugin": plugin} if plugin is not None else {}
+        return self._call("POST", f"/v1/owners/{_segment(owner)}/resume", body)["resumed"]
+
+    def owner_stats(self, owner: str) -> dict[str, Any]:
+        """The owner's scheduled, running and dead tasks per plugin, and its pauses:
+        {"owner", "plugins": [{"plugin", "scheduled", "running", "dead"}], "scheduled", "running", "dead",
+        "paused": {"all", "plugins"}}."""
+        return self._call("GET", f"/v1/owners/{_segment(owner)}/stats")
+
     # --- events ----------------------------------------------------------------------------
 
     def publish(self, topic: str, key: str, data: Any = None) -> int:

@@ -113,6 +113,12 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([t["id"] for t in self.et.owner_tasks(owner)], [f"{owner}-{i}" for i in range(3)])
         self.assertEqual(self.et.shift_owner(owner, -1000, plugin=PLUGIN), 3)
         self.assertEqual([t["run_at"] for t in self.et.owner_tasks(owner)], [at - 1000 + i for i in range(3)])
+        self.assertEqual(self.et.pause_owner(owner, plugin=PLUGIN), {"all": False, "plugins": [PLUGIN]})
+        stats = self.et.owner_stats(owner)
+        self.assertEqual(stats["plugins"], [{"plugin": PLUGIN, "scheduled": 3, "running": 0, "dead": 0}])
+        self.assertEqual(stats["paused"], {"all": False, "plugins": [PLUGIN]})
+        self.assertEqual(self.et.resume_owner(owner), 0)  # none was due: none was parked
+        self.assertEqual(self.et.owner_stats(owner)["paused"], {"all": False, "plugins": []})
         self.assertEqual(self.et.cancel_owner(owner), 3)
         self.assertEqual(list(self.et.owner_tasks(owner)), [])
 

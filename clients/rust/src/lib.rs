@@ -120,6 +120,34 @@ pub struct Scheduled {
     pub met: Option<Met>,
 }
 
+/// An owner's tasks per plugin ([`Client::owner_stats`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerStats {
+    pub owner: String,
+    /// The plugins the key sees that hold tasks of the owner, by name.
+    pub plugins: Vec<OwnerPluginStats>,
+    pub scheduled: u64,
+    pub running: u64,
+    pub dead: u64,
+    pub paused: OwnerPauses,
+}
+
+/// One plugin's tasks of an owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerPluginStats {
+    pub plugin: String,
+    pub scheduled: u64,
+    pub running: u64,
+    pub dead: u64,
+}
+
+/// What of an owner is paused: all its tasks, or those of some plugins.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerPauses {
+    pub all: bool,
+    pub plugins: Vec<String>,
+}
+
 /// An event a task met when it was scheduled (`then`: `cancel` or `run`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Met {
@@ -436,6 +464,35 @@ impl Client {
         }
         let v = self.call(Method::DELETE, &path, Body::None).await?;
         count(&v, "cancelled")
+    }
+
+    /// Pauses `owner`'s tasks (of one plugin, if given): no runner starts them until they are
+    /// resumed; they stay scheduled. Returns the owner's pauses.
+    pub async fn pause_owner(&self, owner: &str, plugin: Option<&str>) -> Result<OwnerPauses> {
+        let v = self.owner_pause(owner, plugin, "pause").await?;
+        from_value(v["paused"].clone())
+    }
+
+    /// Resumes `owner`'s tasks (of one plugin; without one, every pause of the owner): they are
+    /// due as they were. Returns how many were put back.
+    pub async fn resume_owner(&self, owner: &str, plugin: Option<&str>) -> Result<u64> {
+        let v = self.owner_pause(owner, plugin, "resume").await?;
+        count(&v, "resumed")
+    }
+
+    async fn owner_pause(&self, owner: &str, plugin: Option<&str>, op: &str) -> Result<Value> {
+        let mut body = serde_json::json!({});
+        if let Some(p) = plugin {
+            body["plugin"] = p.into();
+        }
+        let path = format!("/v1/owners/{}/{op}", segment(owner));
+        self.call(Method::POST, &path, Body::Json(body)).await
+    }
+
+    /// `owner`'s scheduled, running and dead tasks per plugin, and its pauses.
+    pub async fn owner_stats(&self, owner: &str) -> Result<OwnerStats> {
+        let path = format!("/v1/owners/{}/stats", segment(owner));
+        from_value(self.call(Method::GET, &path, Body::None).await?)
     }
 
     /// Publishes an event: the tasks listening on `topic` with `key` are cancelled or run now.
