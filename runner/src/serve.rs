@@ -188,6 +188,17 @@ async fn serve(
     );
     let listening = Arc::clone(&registry);
     runner.start_loop("plugin registry", |stop| listening.listen(stop));
+    let heads = store.clone();
+    runner.start_loop("owner heads", |mut stop| async move {
+        tokio::select! {
+            r = heads.backfill_owner_heads() => match r {
+                Ok(0) => {}
+                Ok(n) => info!("owners' heads given to {n} owners' tasks of an earlier build"),
+                Err(e) => warn!("giving earlier owned tasks their owners' heads failed (they come in due order): {e:#}"),
+            },
+            _ = stop.changed() => {}
+        }
+    });
     let state = app_state(&args, api_store, registry, metrics, &runner);
     info!(
         "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",

@@ -272,3 +272,79 @@ async fn the_owners_due_backlog_counts_due_tasks_not_started_most_first() {
     }
     assert_eq!(s.owner_backlog().await.unwrap(), vec![]);
 }
+
+/// Owned tasks of a build before the owners' heads (0.2.0) get them from the backfill a runner
+/// starts with: each owner's earliest task per plugin in a due bucket (a paused owner's parked
+/// tasks not), once per shard (a second backfill finds every shard done).
+#[tokio::test]
+async fn the_backfill_gives_an_earlier_builds_owned_tasks_their_heads_once() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 2).await;
+    let at = now() + 10_000_000;
+    s.set_owner_paused("carol", None, true).await.unwrap();
+    let mut tasks = Vec::new();
+    for (owner, plugin, n) in [
+        ("a", "noop", 700),
+        ("a", "auto-feed", 3),
+        ("b", "noop", 2),
+        ("carol", "noop", 4),
+    ] {
+        for i in 0..n {
+            let mut t = task(&format!("{owner}-{plugin}-{i}"), at + 10 * i as i64);
+            t.plugin = plugin.into();
+            t.owner = Some(owner.into());
+            tasks.push(t);
+        }
+    }
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let mut c = redis.conn();
+    let heads = |c: &mut redis::Connection| -> Vec<(String, i64)> {
+        let mut all: Vec<(String, i64)> = (0..2)
+            .flat_map(|shard| {
+                let key = format!("{}:due", s.keys().shard(shard).byowner);
+                redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query::<Vec<(String, i64)>>(c)
+                    .unwrap()
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    let written = heads(&mut c);
+    assert!(written.iter().any(|(w, _)| w == "noop\0a"), "{written:?}");
+    // as 0.2.0 left them: no heads, no mark
+    for shard in 0..2 {
+        let k = s.keys().shard(shard);
+        let _: () = redis::cmd("DEL")
+            .arg(format!("{}:due", k.byowner))
+            .query(&mut c)
+            .unwrap();
+        let _: () = redis::cmd("HDEL")
+            .arg(&k.meta)
+            .arg("owner-heads")
+            .query(&mut c)
+            .unwrap();
+    }
+    assert_eq!(heads(&mut c), vec![]);
+    let lowered = s.backfill_owner_heads().await.unwrap();
+    assert_eq!(
+        heads(&mut c),
+        written,
+        "the heads a schedule writes, carol's parked ones none"
+    );
+    assert!(
+        written.iter().all(|(w, _)| !w.ends_with("carol")),
+        "{written:?}"
+    );
+    // a and auto-feed, a and noop, b and noop: once per shard holding some of them
+    assert!((3..=6).contains(&lowered), "{lowered}");
+    assert_eq!(
+        s.backfill_owner_heads().await.unwrap(),
+        0,
+        "every shard marked done"
+    );
+}

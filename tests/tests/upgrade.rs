@@ -179,6 +179,43 @@ async fn what_the_last_release_wrote_keeps_working() {
         .map(|t| t["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["later", "meal"]);
+    // the owner's counts per plugin, the release's task among them
+    let (s, b) = call("GET", &format!("{base}/v1/owners/u1/stats"), None).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        b["plugins"],
+        json!([
+            {"plugin": "auto-feed", "scheduled": 1, "running": 0, "dead": 0},
+            {"plugin": "coupon-expiry", "scheduled": 1, "running": 0, "dead": 0}
+        ]),
+        "{release}: {b}"
+    );
+    // the release's owned task that nothing rescheduled gets its owner's head, in the
+    // background, so owners take turns over it as over new ones
+    eventually(
+        MINUTE,
+        "the release's owned task has its owner's head",
+        || async {
+            let mut c = redis.conn();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*:byowner:due")
+                .query(&mut c)
+                .unwrap();
+            let mut heads: Vec<String> = Vec::new();
+            for k in keys {
+                heads.extend(
+                    redis::cmd("ZRANGE")
+                        .arg(&k)
+                        .arg(0)
+                        .arg(-1)
+                        .query::<Vec<String>>(&mut c)
+                        .unwrap(),
+                );
+            }
+            heads.iter().any(|h| h == "auto-feed\0u1").then_some(())
+        },
+    )
+    .await;
     assert_eq!(
         found(base, "state=scheduled&plugin=coupon-expiry").await,
         ["later"]

@@ -121,6 +121,18 @@ impl Store {
             .collect())
     }
 
+    /// Gives the owned tasks a build before the owners' heads wrote (0.2.0) their heads, so
+    /// owners take turns over them (`owner_heads.lua`): every shard's owner index walked once,
+    /// in chunks, then marked done in the shard. Returns how many heads it lowered.
+    pub async fn backfill_owner_heads(&self) -> Result<u64> {
+        self.chunked(
+            "owner_heads",
+            &self.inner.scripts.owner_heads,
+            |_, cursor| vec![cursor.into(), BULK_CHUNK.to_string()],
+        )
+        .await
+    }
+
     /// Cancels every scheduled task of an owner (of one plugin); returns how many.
     pub async fn cancel_owner(&self, owner: &str, plugin: Option<&str>) -> Result<u64> {
         self.bulk("cancel_owner", owner, plugin).await

@@ -103,6 +103,7 @@ scripts! {
     owner_pause: "owner_pause",
     owner_stats: "owner_stats",
     owner_backlog: "owner_backlog",
+    owner_heads: "owner_heads",
     bulk: "bulk",
     fire: "fire",
     range: "range",
