@@ -132,7 +132,8 @@ impl Store {
         const READ: usize = 200;
         let script = &self.inner.scripts.owner_stats;
         let calls = (0..self.shards()).map(|shard| async move {
-            let mut counts: BTreeMap<String, PluginCounts> = BTreeMap::new();
+            // (state letter, plugin, count) as each call answers them
+            let mut counted: Vec<(String, String, u64)> = Vec::new();
             let mut cursor = String::new();
             loop {
                 let mut inv = self.shard_script(script, shard);
@@ -143,20 +144,10 @@ impl Store {
                 };
                 for pair in pairs.chunks_exact(2) {
                     let n: u64 = pair[1].parse().context("a count")?;
-                    let c = counts
-                        .entry(pair[0].clone())
-                        .or_insert_with(|| PluginCounts {
-                            plugin: pair[0].clone(),
-                            ..PluginCounts::default()
-                        });
-                    match state.as_str() {
-                        "s" => c.scheduled += n,
-                        "r" => c.running += n,
-                        _ => c.dead += n,
-                    }
+                    counted.push((state.clone(), pair[0].clone(), n));
                 }
                 if next.is_empty() {
-                    return Ok::<_, anyhow::Error>(counts);
+                    return Ok::<_, anyhow::Error>(counted);
                 }
                 cursor = next.clone();
             }
@@ -165,14 +156,16 @@ impl Store {
             .await
             .context("counting an owner's tasks")?;
         let mut all: BTreeMap<String, PluginCounts> = BTreeMap::new();
-        for (plugin, c) in per_shard.into_iter().flatten() {
-            let t = all.entry(plugin).or_insert_with(|| PluginCounts {
-                plugin: c.plugin.clone(),
+        for (state, plugin, n) in per_shard.into_iter().flatten() {
+            let c = all.entry(plugin).or_insert_with_key(|p| PluginCounts {
+                plugin: p.clone(),
                 ..PluginCounts::default()
             });
-            t.scheduled += c.scheduled;
-            t.running += c.running;
-            t.dead += c.dead;
+            match state.as_str() {
+                "s" => c.scheduled += n,
+                "r" => c.running += n,
+                _ => c.dead += n,
+            }
         }
         Ok(all.into_values().collect())
     }
