@@ -111,7 +111,8 @@ export interface OwnerPauses {
 /** An owner's tasks per plugin (of the plugins the key sees), and its pauses. */
 export interface OwnerStats {
   owner: string;
-  plugins: { plugin: string; scheduled: number; running: number; dead: number }[];
+  /** `pending`: what the plugin's max_pending_per_owner counts of the owner. */
+  plugins: { plugin: string; scheduled: number; running: number; dead: number; pending: number }[];
   scheduled: number;
   running: number;
   dead: number;

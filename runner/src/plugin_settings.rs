@@ -77,6 +77,10 @@ pub struct PluginSettings {
     /// At most this many of its tasks scheduled (None: `DEFAULT_MAX_PENDING`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<u64>,
+    /// At most this many of one owner's tasks of it scheduled, running or dead (None: no limit
+    /// but `max_pending`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_per_owner: Option<u64>,
     /// Origins the plugin may send HTTP requests to (None: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_hosts: Option<Vec<String>>,
@@ -94,6 +98,8 @@ pub struct PluginSettings {
 pub struct Ceilings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pending: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_per_owner: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,6 +171,7 @@ impl PluginSettings {
         };
         PluginSettings {
             max_pending: with_default(self.max_pending, c.max_pending, DEFAULT_MAX_PENDING),
+            max_pending_per_owner: under(self.max_pending_per_owner, c.max_pending_per_owner),
             max_concurrency: under(self.max_concurrency, c.max_concurrency),
             max_concurrency_per_owner: under(
                 self.max_concurrency_per_owner,

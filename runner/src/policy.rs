@@ -25,6 +25,8 @@ pub struct Policy {
     pub weight: u32,
     /// Its own max_pending (None: the namespace's default, counted without the ledger).
     pub max_pending: Option<u64>,
+    /// At most this many of one owner's tasks scheduled, running or dead (None: no limit).
+    pub max_pending_per_owner: Option<u64>,
     /// The time limit of one run.
     pub time_limit: Duration,
     /// The time limit of one call of its `check` or `payload-schema`.
@@ -80,6 +82,7 @@ impl Policy {
             owner_rate_limit: s.owner_rate_limit,
             weight: s.weight.unwrap_or(1).max(1),
             max_pending: s.max_pending,
+            max_pending_per_owner: s.max_pending_per_owner,
             time_limit: s.time_limit_ms.map_or(d.time_limit, Duration::from_millis),
             check_time_limit: s
                 .check_time_limit_ms

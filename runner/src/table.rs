@@ -361,6 +361,7 @@ pub fn owner_stats(s: &Value) -> String {
                 f(p, "scheduled"),
                 f(p, "running"),
                 f(p, "dead"),
+                f(p, "pending"),
                 state.into(),
             ]
         })
@@ -370,9 +371,13 @@ pub fn owner_stats(s: &Value) -> String {
         f(s, "scheduled"),
         f(s, "running"),
         f(s, "dead"),
+        String::new(),
         if all { "paused" } else { "" }.into(),
     ]);
-    render(&["PLUGIN", "SCHEDULED", "RUNNING", "DEAD", "STATE"], &rows)
+    render(
+        &["PLUGIN", "SCHEDULED", "RUNNING", "DEAD", "PENDING", "STATE"],
+        &rows,
+    )
 }
 
 /// `runners`.

@@ -76,6 +76,8 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "owner-rate-limit", "cli-noop", "2/1s"]);
     assert_eq!(c, Some(0), "{err}");
+    let (c, _, err) = cli(&["plugin", "owner-max-pending", "cli-noop", "500"]);
+    assert_eq!(c, Some(0), "{err}");
     let (c, out, err) = cli(&["plugin", "owner-weight", "cli-noop", "merchant 7", "3"]);
     assert_eq!(c, Some(0), "{err}");
     let w: Value = serde_json::from_str(&out).unwrap();
@@ -119,6 +121,7 @@ async fn the_cli_speaks_the_api() {
         json!({"max": 2, "per_ms": 1000}),
         "{out}"
     );
+    assert_eq!(p["max_pending_per_owner"], json!(500), "{out}");
     let (c, _, err) = cli(&["plugin", "rate-limit", "cli-noop", "--none"]);
     assert_eq!(c, Some(0), "{err}");
     let (c, _, err) = cli(&["plugin", "owner-limit", "cli-noop", "--none"]);
@@ -165,7 +168,7 @@ async fn the_cli_speaks_the_api() {
     assert_eq!(c, Some(0), "{err}");
     let row = out.lines().find(|l| l.starts_with("cli-noop"));
     let row: Vec<&str> = row.unwrap_or_default().split_whitespace().collect();
-    assert_eq!(row, ["cli-noop", "1", "0", "0", "paused"], "{out}");
+    assert_eq!(row, ["cli-noop", "1", "0", "0", "1", "paused"], "{out}");
     let (_, out, _) = cli(&["owner", "stats", "u1", "--json"]);
     let stats: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(

@@ -179,14 +179,15 @@ async fn what_the_last_release_wrote_keeps_working() {
         .map(|t| t["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["later", "meal"]);
-    // the owner's counts per plugin, the release's task among them
+    // the owner's counts per plugin, the release's task among them (tasks the release wrote are
+    // not in max_pending_per_owner's count, `pending`: it counts records as they are created)
     let (s, b) = call("GET", &format!("{base}/v1/owners/u1/stats"), None).await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(
         b["plugins"],
         json!([
-            {"plugin": "auto-feed", "scheduled": 1, "running": 0, "dead": 0},
-            {"plugin": "coupon-expiry", "scheduled": 1, "running": 0, "dead": 0}
+            {"plugin": "auto-feed", "scheduled": 1, "running": 0, "dead": 0, "pending": 0},
+            {"plugin": "coupon-expiry", "scheduled": 1, "running": 0, "dead": 0, "pending": 0}
         ]),
         "{release}: {b}"
     );

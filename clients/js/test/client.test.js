@@ -117,7 +117,7 @@ test("an owner's tasks", async () => {
   assert.deepEqual((await list()).map((t) => t.run_at), [0, 1, 2].map((i) => at - 1000 + i));
   assert.deepEqual(await et.pauseOwner(owner, PLUGIN), { all: false, plugins: [PLUGIN] });
   const stats = await et.ownerStats(owner);
-  assert.deepEqual(stats.plugins, [{ plugin: PLUGIN, scheduled: 3, running: 0, dead: 0 }]);
+  assert.deepEqual(stats.plugins, [{ plugin: PLUGIN, scheduled: 3, running: 0, dead: 0, pending: 3 }]);
   assert.deepEqual(stats.paused, { all: false, plugins: [PLUGIN] });
   assert.equal(await et.resumeOwner(owner), 0); // none was due: none was parked
   assert.deepEqual((await et.ownerStats(owner)).paused, { all: false, plugins: [] });

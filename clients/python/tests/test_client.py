@@ -115,7 +115,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([t["run_at"] for t in self.et.owner_tasks(owner)], [at - 1000 + i for i in range(3)])
         self.assertEqual(self.et.pause_owner(owner, plugin=PLUGIN), {"all": False, "plugins": [PLUGIN]})
         stats = self.et.owner_stats(owner)
-        self.assertEqual(stats["plugins"], [{"plugin": PLUGIN, "scheduled": 3, "running": 0, "dead": 0}])
+        self.assertEqual(stats["plugins"], [{"plugin": PLUGIN, "scheduled": 3, "running": 0, "dead": 0, "pending": 3}])
         self.assertEqual(stats["paused"], {"all": False, "plugins": [PLUGIN]})
         self.assertEqual(self.et.resume_owner(owner), 0)  # none was due: none was parked
         self.assertEqual(self.et.owner_stats(owner)["paused"], {"all": False, "plugins": []})

@@ -73,6 +73,10 @@ pub struct OwnerPluginStats {
     pub scheduled: u64,
     pub running: u64,
     pub dead: u64,
+    /// What the plugin's `max_pending_per_owner` counts of the owner (0 from a runner before
+    /// 0.3.0).
+    #[serde(default)]
+    pub pending: u64,
 }
 
 /// What of an owner is paused: all its tasks, or those of some plugins.

@@ -1,6 +1,6 @@
 //! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `kv-reads`
 //! (one key read again and again), `events`, `logs`, `follow-ups`, `cancels`), or forks (`fork`:
-//! 50 follow-ups that fork again, due at once), or, with `what: "one-of-each"`, asks for one of each and
+//! 50 follow-ups that fork again, due at once, of the task's owner), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
 //! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin, or of one its
 //! `may_schedule` covers), or,
@@ -61,7 +61,11 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
         "fork" => {
             for _ in 0..50 {
                 let again = serde_json::json!({"what": "fork"});
-                eggtimer_sdk::schedule(FollowUp::new("test-flood", &again)?)?;
+                let mut next = FollowUp::new("test-flood", &again)?;
+                if let Some(owner) = &task.owner {
+                    next = next.owner(owner);
+                }
+                eggtimer_sdk::schedule(next)?;
             }
         }
         "cancels" => {

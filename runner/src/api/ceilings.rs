@@ -22,6 +22,9 @@ pub struct CeilingsBody {
     #[serde(default, deserialize_with = "ranged::<_, 1, MAX_PENDING>")]
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000000)]
     max_pending: Setting<i64>,
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_PENDING>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000000)]
+    max_pending_per_owner: Setting<i64>,
     #[serde(default, deserialize_with = "ranged::<_, 1, MAX_CONCURRENCY>")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
     max_concurrency: Setting<i64>,
@@ -62,6 +65,10 @@ impl CeilingsBody {
         let n = |v: Setting<i64>| v.map(|v| v.map(|n| n as u64));
         let n32 = |v: Setting<i64>| v.map(|v| v.map(|n| n as u32));
         set(&mut cur.max_pending, n(self.max_pending));
+        set(
+            &mut cur.max_pending_per_owner,
+            n(self.max_pending_per_owner),
+        );
         set(&mut cur.max_concurrency, n32(self.max_concurrency));
         set(
             &mut cur.max_concurrency_per_owner,

@@ -51,7 +51,7 @@ impl IntoResponses for Errors {
             ("422", "well-formed but impossible, e.g. an unknown plugin"),
             (
                 "429",
-                "the tasks would pass their plugin's max_pending (`quota_exceeded`) or their team's bytes of tasks (`task_budget`, `--team-task-bytes`): nothing was scheduled; or the events would pass their key's budget within the event retention (`event_budget`): nothing was published",
+                "the tasks would pass their plugin's max_pending (`quota_exceeded`), an owner's max_pending_per_owner (`owner_quota_exceeded`) or their team's bytes of tasks (`task_budget`, `--team-task-bytes`): nothing was scheduled; or the events would pass their key's budget within the event retention (`event_budget`): nothing was published",
             ),
             ("500", "an internal error (details in the runner's log)"),
             (
@@ -273,6 +273,9 @@ pub struct PluginInfo {
     pub check_time_limit_ms: Option<u64>,
     /// At most this many of its tasks scheduled, running or dead (default 1,000,000).
     pub max_pending: u64,
+    /// At most this many of one owner's tasks of it scheduled, running or dead (null: no limit
+    /// but `max_pending`).
+    pub max_pending_per_owner: Option<u64>,
     /// Origins it may send HTTP requests to (default none).
     pub allowed_hosts: Vec<String>,
     /// Strings it reads with `config(name)`.

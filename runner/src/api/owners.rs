@@ -307,6 +307,11 @@ pub struct OwnerPluginCounts {
     /// Claimed by a runner and not finished.
     running: u64,
     dead: u64,
+    /// What the plugin's `max_pending_per_owner` counts: the owner's tasks scheduled, running or
+    /// dead as the shards keep count of them as they change (the three above, counted by a walk,
+    /// may differ from it by tasks that changed state meanwhile; tasks an earlier release wrote
+    /// are not in it).
+    pending: u64,
 }
 
 /// `GET /v1/owners/{owner}/stats`.
@@ -335,19 +340,20 @@ pub async fn owner_stats(
     Path(owner): Path<String>,
 ) -> ApiResult<Response> {
     let owner = owner_named(owner)?;
-    let plugins: Vec<OwnerPluginCounts> = st
-        .store
-        .owner_counts(&owner)
-        .await?
-        .into_iter()
-        .filter(|c| caller.sees(&c.plugin))
-        .map(|c| OwnerPluginCounts {
+    let mut plugins = Vec::new();
+    for c in st.store.owner_counts(&owner).await? {
+        if !caller.sees(&c.plugin) {
+            continue;
+        }
+        let pending = st.store.owner_pending(&c.plugin, &owner).await?;
+        plugins.push(OwnerPluginCounts {
             plugin: c.plugin,
             scheduled: c.scheduled,
             running: c.running,
             dead: c.dead,
-        })
-        .collect();
+            pending,
+        });
+    }
     let mut paused = st.tasks.owner_pauses(&owner).await?;
     paused.plugins.retain(|p| caller.sees(p));
     let sum = |f: fn(&OwnerPluginCounts) -> u64| plugins.iter().map(f).sum();

@@ -220,6 +220,7 @@ fn with_settings(st: &AppState, e: &PluginEntry, s: &PluginSettings) -> doc::Plu
         memory_bytes: s.memory_bytes,
         check_time_limit_ms: s.check_time_limit_ms,
         max_pending: s.max_pending.unwrap_or(DEFAULT_MAX_PENDING),
+        max_pending_per_owner: s.max_pending_per_owner,
         allowed_hosts: s.allowed_hosts.unwrap_or_default(),
         config: s.config.unwrap_or_default(),
         ceilings,

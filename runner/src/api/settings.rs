@@ -81,6 +81,13 @@ pub struct PluginPatch {
     #[serde(default, deserialize_with = "ranged::<_, 1, MAX_PENDING>")]
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000000)]
     max_pending: Setting<i64>,
+    /// At most this many of one owner's tasks scheduled, running or dead, across all runners (a
+    /// task without an owner is not limited by it; a retry of dead letters needs no room); past
+    /// it, scheduling that owner's tasks is 429 `owner_quota_exceeded`, a run whose follow-ups
+    /// would pass it fails its attempt, a firing is skipped. Null: no limit but `max_pending`.
+    #[serde(default, deserialize_with = "ranged::<_, 1, MAX_PENDING>")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000000)]
+    max_pending_per_owner: Setting<i64>,
     /// Origins it may send HTTP requests to, `scheme://host[:port]` with a leading `*.` for
     /// subdomains (`https://api.example.com`, `https://*.pay.example.com`,
     /// `http://127.0.0.1:9000`); null or []: none. A loopback, private or link-local address is
@@ -205,6 +212,10 @@ impl PluginPatch {
                 self.check_time_limit_ms.map(|v| json(&v)),
             ),
             ("max_pending", self.max_pending.map(|v| json(&v))),
+            (
+                "max_pending_per_owner",
+                self.max_pending_per_owner.map(|v| json(&v)),
+            ),
             ("allowed_hosts", allowed_hosts.map(|v| json(&v))),
             ("config", config.map(|v| json(&v))),
             ("ceilings", ceilings.map(|v| json(&v))),
@@ -228,6 +239,11 @@ impl PluginPatch {
             }
         };
         above("max_pending", &self.max_pending, c.max_pending)?;
+        above(
+            "max_pending_per_owner",
+            &self.max_pending_per_owner,
+            c.max_pending_per_owner,
+        )?;
         above(
             "max_concurrency",
             &self.max_concurrency,
@@ -412,6 +428,7 @@ pub(super) mod tests {
         rate_limit: None,
         owner_rate_limit: None,
         max_pending: None,
+        max_pending_per_owner: None,
         allowed_hosts: None,
         config: None,
         ceilings: None,

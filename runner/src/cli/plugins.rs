@@ -73,6 +73,9 @@ pub(super) fn plugin_call(cmd: PluginCmd) -> Result<Call> {
         PluginCmd::MaxPending { name, max, .. } => {
             Call::new(Method::PATCH, path(&name, "")).json(json!({"max_pending": max}))
         }
+        PluginCmd::OwnerMaxPending { name, max, .. } => {
+            Call::new(Method::PATCH, path(&name, "")).json(json!({"max_pending_per_owner": max}))
+        }
         PluginCmd::RateLimit { name, rate, .. } => {
             let rate = rate.map(|(max, per_ms)| json!({"max": max, "per_ms": per_ms}));
             Call::new(Method::PATCH, path(&name, "")).json(json!({"rate_limit": rate}))

@@ -277,6 +277,15 @@ pub enum PluginCmd {
         #[arg(long)]
         default: bool,
     },
+    /// Set how many of one owner's tasks of a plugin may be scheduled, running or dead at once
+    /// (past it scheduling that owner's tasks is refused), or --none for no limit.
+    OwnerMaxPending {
+        name: String,
+        #[arg(conflicts_with = "none", required_unless_present = "none")]
+        max: Option<u64>,
+        #[arg(long)]
+        none: bool,
+    },
     /// Limit a plugin's starts across all runners: `10/1s` (at most 10 starts in any second), or
     /// --none for no limit. Runs over it wait, using no attempt.
     RateLimit {

@@ -240,6 +240,12 @@ impl Keys {
         format!("{{{}}}:plugin:admits:{}", self.ns, name)
     }
 
+    /// The ledger of one owner's tasks of a plugin under its `max_pending_per_owner`, as
+    /// `plugin_admits` (a plugin name holds no `:`: the owner is all after it).
+    pub fn owner_admits(&self, plugin: &str, owner: &str) -> String {
+        format!("{{{}}}:owner:admits:{plugin}:{owner}", self.ns)
+    }
+
     /// ZSET of the starts of one owner's tasks of a plugin under its `owner_rate_limit` (run ->
     /// start time), the last window's. (A plugin name holds no `:`: the owner is all after it.)
     pub fn owner_rate(&self, plugin: &str, owner: &str) -> String {

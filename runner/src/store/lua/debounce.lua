@@ -77,6 +77,7 @@ for a = 3, #ARGV - 7, 8 do
       redis.call('HDEL', K_LOGS, id)
       redis.call('HDEL', K_RERUN, id)
       charge(t.plugin, -was)
+      count_owned_record(t, -1)
     end
     hold(id, window, 'w', 'm', payload)
     table.insert(window, 1, 'q' .. string.format('%d', quiet) .. '\30' .. string.format('%d', max_wait)
@@ -85,6 +86,7 @@ for a = 3, #ARGV - 7, 8 do
       created = string.format('%d', now), fin = '', plugin = plugin, owner = owner, err = '',
       payload = join_last(marks, window, payload) }
     redis.call('HSET', K_TASKS, id, encode(nt))
+    count_owned_record(nt, 1)
     charge(plugin, weight(nt.payload))
     index_scheduled(id, nt)
     if not earliest or nt.due < earliest then earliest = nt.due end

@@ -46,6 +46,7 @@ for n, m in ipairs(parsed) do
       unindex_scheduled(id, t)
       if th == 'c' then
         redis.call('HDEL', K_TASKS, id)
+        count_owned_record(t, -1)
         charge(t.plugin, -weight(t.payload))
         redis.call('HDEL', K_LOGS, id)
         redis.call('HDEL', K_RERUN, id)

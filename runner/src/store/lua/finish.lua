@@ -55,6 +55,7 @@ local letter = { done = 'd', retry = 'r', dead = 'x', again = 'a', release = 'l'
 local recs = records_of(ids)
 -- the done ones (the hot path) are written together, one variadic call per key
 local released, records, dones, seen, ran, ended = {}, {}, {}, {}, {}, {}
+local owned_ended = {}
 -- the ended tasks whose records carry extras (an FS byte: only the extras mark is one)
 local with_extras = {}
 for i = 1, n do
@@ -90,6 +91,9 @@ for i = 1, n do
     if kind == 'done' then
       push(records, id, done)
       dones[#dones + 1] = id
+      -- its owner's pending count (`count_owned`): plugin \t owner, where it has an owner
+      local who = string.match(rec, '^r\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*\t[^\t]+)\t')
+      if who then owned_ended[who] = (owned_ended[who] or 0) + 1 end
       if uniques then start_unique_window(id, now) end
     else
       local t = parse(rec)
@@ -122,6 +126,7 @@ for j = 5, logs_end, 2 do
 end
 release_batches(released)
 for plugin, k in pairs(ended) do count_running(plugin, -k) end
+for who, k in pairs(owned_ended) do count_owned((string.gsub(who, '\t', '\0', 1)), -k) end
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
 for _, e in ipairs(with_extras) do record_ended(e[1], parse(e[2]), now, e[3]) end

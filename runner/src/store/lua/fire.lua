@@ -24,6 +24,7 @@ local t = { st = 's', due = tonumber(ARGV[4]), att = 0, max = tonumber(ARGV[5]),
   created = string.format('%d', now), fin = '', plugin = ARGV[6], owner = ARGV[7], err = '',
   payload = ARGV[8] }
 redis.call('HSET', K_TASKS, id, encode(t))
+count_owned_record(t, 1)
 charge(t.plugin, weight(t.payload))
 index_scheduled(id, t)
 redis.call('ZADD', fired, now, id)

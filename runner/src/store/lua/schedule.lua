@@ -89,7 +89,8 @@ end
 -- The writes are gathered and made with one variadic call per key; an id named again in the
 -- batch first flushes them, so it sees the record written for it before.
 local pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
-local bytes, heads = {}, {}
+-- owned: plugin \0 owner -> records added less records ended (`count_owned`)
+local bytes, heads, owned = {}, {}, {}
 local function flush()
   call_many('HSET', K_TASKS, records)
   due_add(dues)
@@ -100,8 +101,9 @@ local function flush()
   lower_owner_heads(lows)
   for plugin, k in pairs(counts) do count_scheduled(plugin, k, firsts[plugin]) end
   for plugin, k in pairs(bytes) do charge(plugin, k) end
+  for who, k in pairs(owned) do if k ~= 0 then count_owned(who, k) end end
   pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
-  bytes, heads = {}, {}
+  bytes, heads, owned = {}, {}, {}
 end
 for i = 1, n do
   local b, h = at[i], run_of[i]
@@ -122,6 +124,7 @@ for i = 1, n do
     else
       if t.st == 's' then unindex_scheduled(bare, t) elseif t.st == 'x' then unindex_dead(bare, t) end
       redis.call('HDEL', K_TASKS, bare)
+      count_owned_record(t, -1)
       charge(t.plugin, -weight(t.payload))
       redis.call('HDEL', K_LOGS, bare)
       redis.call('HDEL', K_RERUN, bare)
@@ -142,6 +145,10 @@ for i = 1, n do
     -- a new occurrence: the log (and a debounced one's payloads) of the one it replaces go
     if old then
       charge(old.plugin, -weight(old.payload))
+      if old.owner ~= '' and old.st ~= 'd' then
+        local who = old.plugin .. '\0' .. old.owner
+        owned[who] = (owned[who] or 0) - 1
+      end
       redis.call('HDEL', K_LOGS, id)
       if string.find(old.payload, '\28', 1, true) then redis.call('UNLINK', window_key(id), next_key(id)) end
     end
@@ -166,7 +173,11 @@ for i = 1, n do
         if not heads[who] or due < heads[who] then heads[who] = due end
       end
     end
-    if owner ~= '' then push(byowner, 0, owner_member(owner, due, id)) end
+    if owner ~= '' then
+      push(byowner, 0, owner_member(owner, due, id))
+      local who = plugin .. '\0' .. owner
+      owned[who] = (owned[who] or 0) + 1
+    end
     counts[plugin] = (counts[plugin] or 0) + 1
     bytes[plugin] = (bytes[plugin] or 0) + weight(last)
     if not firsts[plugin] or due < firsts[plugin] then firsts[plugin] = due end

@@ -220,6 +220,7 @@ local function record_ended(id, t, now, done)
     att = 0, max = t.max, created = string.format('%d', now), fin = '', plugin = t.plugin,
     owner = t.owner, err = '', payload = join_last(head, n, last) }
   redis.call('HSET', K_TASKS, id, encode(nt))
+  count_owned_record(nt, 1)
   charge(t.plugin, weight(nt.payload) - weight(t.payload))
   index_scheduled(id, nt)
   return #msgs
@@ -242,6 +243,7 @@ local function forget(id, t, now)
     unindex_dead(id, t)
   end
   redis.call('HDEL', K_TASKS, id)
+  count_owned_record(t, -1)
   charge(t.plugin, -weight(t.payload))
   redis.call('HDEL', K_LOGS, id)
   redis.call('HDEL', K_RERUN, id)

@@ -24,6 +24,24 @@ local function count_scheduled(plugin, n, due)
   end
 end
 
+-- An owner's pending tasks of a plugin here: its records scheduled, running or dead, meta's
+-- 'po:' plugin \0 owner (`max_pending_per_owner` sums it over the shards). A record counts from
+-- its creation to its end (done, deleted, replaced); moving between those three states leaves
+-- the count alone. `n` more (fewer, n < 0) of `who` (plugin \0 owner); at zero the field goes.
+-- (Records an earlier build wrote were never counted: their end takes one off another's count,
+-- never below zero, so an owner's count may be short by what 0.2.0 left it.)
+local function count_owned(who, n)
+  local f = 'po:' .. who
+  if redis.call('HINCRBY', K_META, f, string.format('%d', n)) <= 0 then redis.call('HDEL', K_META, f) end
+end
+
+-- `count_owned` for record `t` (parsed) when it has an owner and a pending state.
+local function count_owned_record(t, n)
+  if t.owner ~= '' and (t.st == 's' or t.st == 'r' or t.st == 'x') then
+    count_owned(t.plugin .. '\0' .. t.owner, n)
+  end
+end
+
 -- The plugins paused in this shard (meta's 'paused': \0p1\0p2\0, read once per script run; the
 -- answer kept per plugin).
 local paused_list, paused_of

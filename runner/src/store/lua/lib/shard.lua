@@ -11,7 +11,9 @@
 --           plugin's records here hold, see `weight`; 'op:' owner -> \0p1\0p2\0, the plugins
 --           whose tasks of the owner are paused (`*`: all), and 'owners-paused' -> how many
 --           owners are, see `owner_paused`; 'owner-heads' -> 1 once the owned tasks an
---           earlier build wrote have their owners' heads, see `owner_heads.lua`)
+--           earlier build wrote have their owners' heads, see `owner_heads.lua`; 'po:' plugin
+--           \0 owner -> how many of that owner's tasks of that plugin are scheduled, running or
+--           dead here, see `count_owned`)
 --   KEYS[5] parked (ZSET id -> due: scheduled tasks out of the buckets: those of a paused
 --           plugin or owner, and those set aside for their plugin's fair share, also in `waiting`)
 --   KEYS[6] byplugin (ZSET, score 0, member plugin \0 x \0 died-at(15) \0 id: each plugin's dead
