@@ -34,9 +34,9 @@ local now = now_ms()
 local out = {}
 local earliest = nil
 local uniques = redis.call('EXISTS', K_UNIQUE) == 1
-local done_with = 'd%1' .. string.format('%d', now) .. '\t'
--- per claim token, a pattern matching a record running under it (its prefix before `fin`
--- captured): for a done outcome the fence and the rewrite are one match
+local now_s = string.format('%d', now)
+-- per claim token, a pattern matching a record running under it (its prefix before `fin` and
+-- where its plugin starts captured): for a done outcome the fence and the rewrite are one match
 local fence = {}
 -- the ids, and for each the ARGV index of its run's first field
 local ids, run_of = {}, {}
@@ -66,19 +66,23 @@ for i = 1, n do
   local verdict = 's'
   -- the fence: still running under this claim (a reaped or re-claimed task has moved on); an id
   -- named twice in one batch is recorded once, as if the second came after the first
-  local held, done = false, nil
+  -- `at`: where the record's plugin field starts (a done one's, on the hot path)
+  local held, done, at = false, nil, nil
   if not seen[id] and rec then
     local p = fence[token]
     if p == nil then
       -- (a token is digits; anything else can't be running, and is left to `holds`)
-      p = string.match(token, '^%d+$') and '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)' .. token .. '\t' or false
+      p = string.match(token, '^%d+$') and '^r(\t%-?%d+\t%d+\t%d+\t%d+\t)' .. token .. '\t()' or false
       fence[token] = p
     end
     if kind == 'done' and p then
       -- hot path: flip the state and set the finish time without decoding the record
-      local k
-      done, k = string.gsub(rec, p, done_with, 1)
-      held = k == 1
+      local pre
+      pre, at = string.match(rec, p)
+      if pre then
+        held = true
+        done = 'd' .. pre .. now_s .. '\t' .. string.sub(rec, at)
+      end
     else
       held = holds(rec, token)
     end
@@ -91,8 +95,16 @@ for i = 1, n do
     if kind == 'done' then
       push(records, id, done)
       dones[#dones + 1] = id
-      -- its owner's pending count (`count_owned`): plugin \t owner, where it has an owner
-      local who = string.match(rec, '^r\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*\t[^\t]+)\t')
+      -- its owner's pending count (`count_owned`), where it has an owner: on the hot path one
+      -- byte tells (the owner field follows the plugin's), else the record is matched
+      local who
+      if at then
+        local o = at + #plugin + 1
+        if string.byte(rec, o) ~= 9 then who = plugin .. '\0' .. string.match(rec, '^[^\t]*', o) end
+      else
+        who = string.match(rec, '^r\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*\t[^\t]+)\t')
+        if who then who = string.gsub(who, '\t', '\0', 1) end
+      end
       if who then owned_ended[who] = (owned_ended[who] or 0) + 1 end
       if uniques then start_unique_window(id, now) end
     else
@@ -126,7 +138,7 @@ for j = 5, logs_end, 2 do
 end
 release_batches(released)
 for plugin, k in pairs(ended) do count_running(plugin, -k) end
-for who, k in pairs(owned_ended) do count_owned((string.gsub(who, '\t', '\0', 1)), -k) end
+for who, k in pairs(owned_ended) do count_owned(who, -k) end
 if #ran > 0 and redis.call('EXISTS', K_RERUN) == 1 then call_many('HDEL', K_RERUN, ran) end
 call_many('HSET', K_TASKS, records)
 for _, e in ipairs(with_extras) do record_ended(e[1], parse(e[2]), now, e[3]) end
