@@ -49,6 +49,7 @@ fn probe_task(plugin: &str, payload: &str) -> Claimed {
         start_by: None,
         event: None,
         batch: Vec::new(),
+        priority: 0,
     }
 }
 

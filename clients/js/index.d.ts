@@ -29,6 +29,8 @@ export interface Task<P = unknown> {
   event?: { id: string; topic: string; key: string; at: number; data?: unknown };
   /** A debounced task's payloads, oldest first. */
   batch?: unknown[];
+  /** 1 to 9 (absent: 0). */
+  priority?: number;
 }
 
 /** What scheduling answers: the task's id (generated when you gave none) and its due time. */
@@ -68,6 +70,8 @@ export interface ScheduleOptions {
   lookback_ms?: number;
   /** One task per key: scheduling again within quiet_ms moves it and keeps every payload. */
   debounce?: DebounceWindow;
+  /** 0 (default) to 9: among its plugin's due tasks, the higher starts first. Not with debounce. */
+  priority?: number;
 }
 
 export interface TaskSpec extends ScheduleOptions {

@@ -393,6 +393,7 @@ fn schedule_call(cmd: ScheduleCmd) -> Result<Call> {
             owner,
             overlap,
             max_attempts,
+            priority,
         } => Call::new(Method::PUT, path(&id, "")).json(fields(vec![
             ("plugin", Some(json!(plugin))),
             ("payload", Some(payload(&p)?)),
@@ -405,6 +406,7 @@ fn schedule_call(cmd: ScheduleCmd) -> Result<Call> {
             ("owner", owner.map(|v| json!(v))),
             ("overlap", overlap.map(|v| json!(v))),
             ("max_attempts", max_attempts.map(|v| json!(v))),
+            ("priority", priority.map(|v| json!(v))),
         ])),
         ScheduleCmd::List => Call::get("/v1/schedules").view(View::Schedules),
         ScheduleCmd::Get { id } => Call::get(path(&id, "")).view(View::Schedule),

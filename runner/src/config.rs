@@ -247,6 +247,10 @@ pub struct ServeArgs {
     /// Most tasks one claim takes.
     #[arg(long, env = "EGGTIMER_CLAIM_BATCH", default_value_t = 256)]
     pub claim_batch: usize,
+    /// A task due for this long (ms) and not started counts as the highest priority (9), so a
+    /// stream of higher-priority tasks never starves it.
+    #[arg(long, env = "EGGTIMER_PRIORITY_AGING_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=31_536_000_000))]
+    pub priority_aging_ms: u64,
     /// First retry delay of a failed task (doubles per attempt, with jitter).
     #[arg(long, env = "EGGTIMER_RETRY_BASE", default_value = "1s", value_parser = parse_duration)]
     pub retry_base: Duration,

@@ -68,6 +68,7 @@ pub async fn run(remote: &Client, id: &str, plugin: Option<&str>, wasm: &Path) -
         start_by: None,
         event: t.event.as_ref().map(|e| e.to_string()),
         batch: t.batch.iter().map(|p| p.to_string()).collect(),
+        priority: t.priority,
     };
     let plugins = Plugins::new(PluginOptions {
         workers: 1,

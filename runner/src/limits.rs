@@ -108,6 +108,19 @@ pub fn attempts(field: &str, n: i64) -> Result<u32, OutOfBounds> {
     }
 }
 
+/// The highest priority a task may have (0, the default, the lowest).
+pub const MAX_PRIORITY: u8 = 9;
+
+/// A task's priority: 0 to MAX_PRIORITY.
+pub fn priority(field: &str, n: i64) -> Result<u8, OutOfBounds> {
+    match u8::try_from(n) {
+        Ok(n) if n <= MAX_PRIORITY => Ok(n),
+        _ => Err(OutOfBounds(format!(
+            "{field} must be an integer from 0 to {MAX_PRIORITY}"
+        ))),
+    }
+}
+
 /// A plugin's name (`[a-z0-9][a-z0-9-]{0,63}`), given in `field`.
 pub fn plugin(field: &str, name: &str) -> Result<(), OutOfBounds> {
     crate::names::plugin_name_in(field, name).map_err(|e| OutOfBounds(e.0))

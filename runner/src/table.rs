@@ -269,6 +269,9 @@ pub fn task(t: &Value) -> String {
     if !t["start_by"].is_null() {
         rows.push(vec!["start by (UTC)".into(), time(t, "start_by")]);
     }
+    if !t["priority"].is_null() {
+        rows.push(vec!["priority".into(), f(t, "priority")]);
+    }
     // what it listens for and the event that reached it: `topic:key -> cancel|run`
     for l in items(&t["on"]) {
         let on = format!("{}:{} -> {}", f(l, "topic"), f(l, "key"), f(l, "then"));
@@ -458,6 +461,9 @@ pub fn schedule(s: &Value) -> String {
     }
     rows.push(vec!["owner".into(), f(s, "owner")]);
     rows.push(vec!["overlap".into(), f(s, "overlap")]);
+    if !s["priority"].is_null() {
+        rows.push(vec!["priority".into(), f(s, "priority")]);
+    }
     let state = if s["paused"] == true {
         "paused"
     } else {

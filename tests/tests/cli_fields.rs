@@ -171,6 +171,27 @@ async fn task_add_takes_every_field_of_a_spec_and_key_list_shows_every_field() {
     assert_eq!(c, Some(0), "{err}");
     assert_eq!(get("t1")["traceparent"], tp);
 
+    // a priority, and one out of range refused by the API with what is wrong
+    let (c, _, err) = cli(&[
+        "task",
+        "add",
+        "noop",
+        "--id",
+        "pr1",
+        "--in",
+        "1h",
+        "--priority",
+        "7",
+    ]);
+    assert_eq!(c, Some(0), "{err}");
+    assert_eq!(get("pr1")["priority"], 7);
+    let (c, _, err) = cli(&["task", "add", "noop", "--in", "1h", "--priority", "12"]);
+    assert_ne!(c, Some(0));
+    assert!(
+        err.contains("priority must be an integer from 0 to 9"),
+        "{err}"
+    );
+
     // every field of a key in its list
     let (c, _, err) = cli(&[
         "key",

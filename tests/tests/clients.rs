@@ -41,6 +41,7 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
         .payload(json!({"order_id": "o-17"}))
         .id("rs order/1")
         .owner("u-rs")
+        .priority(4)
         .run_at(at);
     let got = et.schedule(&spec).await.unwrap();
     assert_eq!((got.id.as_str(), got.run_at), ("rs order/1", at));
@@ -48,6 +49,7 @@ async fn the_rust_client_schedules_moves_cancels_and_reads() {
     assert_eq!(task.state, TaskState::Scheduled);
     assert_eq!(task.payload, json!({"order_id": "o-17"}));
     assert_eq!(task.owner.as_deref(), Some("u-rs"));
+    assert_eq!(task.priority, 4);
 
     assert_eq!(
         et.move_by("rs order/1", -HOUR / 2).await.unwrap().run_at,

@@ -33,7 +33,7 @@ async function waitForState(id, state) {
 test('schedule, move, cancel', async () => {
   const id = fresh('order');
   const at = Date.now() + HOUR;
-  assert.deepEqual(await et.schedule(PLUGIN, { order_id: 'o-17', n: 1 }, { id, run_at: at, owner: 'u-js' }), {
+  assert.deepEqual(await et.schedule(PLUGIN, { order_id: 'o-17', n: 1 }, { id, run_at: at, owner: 'u-js', priority: 4 }), {
     id,
     run_at: at,
   });
@@ -41,6 +41,7 @@ test('schedule, move, cancel', async () => {
   assert.equal(task.state, 'scheduled');
   assert.deepEqual(task.payload, { order_id: 'o-17', n: 1 });
   assert.equal(task.owner, 'u-js');
+  assert.equal(task.priority, 4);
 
   assert.equal((await et.move(id, { shiftMs: -HOUR / 2 })).run_at, at - HOUR / 2);
   assert.equal((await et.get(id)).run_at, at - HOUR / 2);

@@ -79,6 +79,7 @@ class Task(TypedDict, total=False):
     on: list[dict[str, str]]
     event: dict[str, Any]
     batch: list[Any]
+    priority: int
 
 
 class TaskSpec(TypedDict, total=False):
@@ -96,6 +97,7 @@ class TaskSpec(TypedDict, total=False):
     on: list[dict[str, str]]
     lookback_ms: int
     debounce: dict[str, Any]
+    priority: int
 
 
 class Schedule(TypedDict, total=False):
@@ -149,7 +151,8 @@ class Client:
                  delay_ms: Optional[int] = None, id: Optional[str] = None, owner: Optional[str] = None,
                  max_attempts: Optional[int] = None, unique_for_ms: Optional[int] = None,
                  traceparent: Optional[str] = None, on: Optional[list[dict[str, str]]] = None,
-                 lookback_ms: Optional[int] = None, debounce: None = None) -> Scheduled: ...
+                 lookback_ms: Optional[int] = None, debounce: None = None,
+                 priority: Optional[int] = None) -> Scheduled: ...
 
     @overload
     def schedule(self, plugin: str, payload: Any = None, *, run_at: Optional[int] = None,
@@ -173,13 +176,15 @@ class Client:
         on: Optional[list[dict[str, str]]] = None,
         lookback_ms: Optional[int] = None,
         debounce: Optional[dict[str, Any]] = None,
+        priority: Optional[int] = None,
     ) -> Union[Scheduled, Debounced]:
         """Schedules one task of `plugin` at `run_at` (ms) or after `delay_ms` (now without either).
 
         The same `id` again replaces a task that has not started (409 `conflict` while it runs).
         `on` lists events it listens for (`{"topic", "key", "then": "cancel" | "run"}`); `debounce`
         (`{"key", "quiet_ms", "max_wait_ms"}`) makes it one task per key that gathers payloads,
-        answered with a `Debounced` (no due time) instead of a `Scheduled`."""
+        answered with a `Debounced` (no due time) instead of a `Scheduled`. `priority` 0 (default)
+        to 9: among the plugin's due tasks the higher starts first (not with `debounce`)."""
         spec: dict[str, Any] = {"plugin": plugin}
         for name, value in (
             ("payload", payload),
@@ -193,6 +198,7 @@ class Client:
             ("on", on),
             ("lookback_ms", lookback_ms),
             ("debounce", debounce),
+            ("priority", priority),
         ):
             if value is not None:
                 spec[name] = value

@@ -33,12 +33,13 @@ class ClientTest(unittest.TestCase):
     def test_schedule_move_cancel(self):
         id = self.fresh("order")
         at = now_ms() + HOUR
-        got = self.et.schedule(PLUGIN, {"order_id": "o-17", "n": 1}, id=id, run_at=at, owner="u-py")
+        got = self.et.schedule(PLUGIN, {"order_id": "o-17", "n": 1}, id=id, run_at=at, owner="u-py", priority=4)
         self.assertEqual(got, {"id": id, "run_at": at})
         task = self.et.get(id)
         self.assertEqual(task["state"], "scheduled")
         self.assertEqual(task["payload"], {"order_id": "o-17", "n": 1})
         self.assertEqual(task["owner"], "u-py")
+        self.assertEqual(task["priority"], 4)
 
         self.assertEqual(self.et.move(id, shift_ms=-HOUR // 2)["run_at"], at - HOUR // 2)
         self.assertEqual(self.et.get(id)["run_at"], at - HOUR // 2)

@@ -107,6 +107,9 @@ pub struct TaskSpec {
     /// One task per key: scheduling again within `quiet_ms` moves it and keeps every payload.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub debounce: Option<Value>,
+    /// 0 (default) to 9: among its plugin's due tasks, the higher starts first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 /// An event a task listens for.
@@ -151,6 +154,10 @@ impl TaskSpec {
     }
     pub fn unique_for_ms(mut self, ms: i64) -> Self {
         self.unique_for_ms = Some(ms);
+        self
+    }
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = Some(priority);
         self
     }
     /// Cancels the task when an event of `topic` with `key` arrives.

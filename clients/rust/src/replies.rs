@@ -41,6 +41,9 @@ pub struct Task {
     /// A debounced task's payloads.
     #[serde(default)]
     pub batch: Vec<Value>,
+    /// 0 to 9 (absent in the reply: 0).
+    #[serde(default)]
+    pub priority: u8,
 }
 
 /// What scheduling or moving answers: the task's id and its due time.

@@ -228,6 +228,14 @@ pub mod field {
             .transpose()
     }
 
+    /// A priority: 0 to MAX_PRIORITY.
+    pub fn priority<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
+        // not an integer at all reads as one out of range: one message for both
+        let n = int(d).unwrap_or(Some(-1));
+        n.map(|n| limits::priority("", n).map_err(|e| D::Error::custom(e.0.trim_start())))
+            .transpose()
+    }
+
     /// A shift, negative or not: within ±MAX_DURATION_MS.
     pub fn shift<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
         int(d)?

@@ -425,6 +425,10 @@ pub struct ScheduleInfo {
     pub end_at: Option<i64>,
     pub max_attempts: u32,
     pub overlap: crate::recurring::Overlap,
+    /// Its firings' priority (absent: 0).
+    #[serde(skip_serializing_if = "is_zero_priority")]
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: u8,
     pub paused: bool,
     pub next_run_at: Option<i64>,
     /// The task id of its latest firing.
@@ -454,3 +458,7 @@ const _: () = assert!(
     super::fields::MIN_MEMORY_BYTES == 1048576
         && crate::plugins::MAX_MEMORY_BYTES == 4294967296_usize
 );
+
+fn is_zero_priority(p: &u8) -> bool {
+    *p == 0
+}

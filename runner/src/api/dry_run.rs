@@ -244,5 +244,6 @@ fn claimed(st: &AppState, t: &TaskRecord) -> Claimed {
         start_by: t.start_by,
         event: t.event.clone(),
         batch: t.batch.clone(),
+        priority: t.priority,
     }
 }

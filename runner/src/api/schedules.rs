@@ -85,6 +85,10 @@ pub struct ScheduleSpec<'a> {
     #[serde(default, deserialize_with = "overlap")]
     #[schema(value_type = Option<Overlap>)]
     overlap: Option<Overlap>,
+    /// 0 (the default) to 9: each firing's priority (see the task spec's `priority`).
+    #[serde(default, deserialize_with = "field::priority")]
+    #[schema(minimum = 0, maximum = 9)]
+    priority: Option<u8>,
 }
 
 /// `overlap`: skip or allow.
@@ -117,6 +121,7 @@ fn parse_schedule(bytes: &[u8], max_payload: usize) -> ApiResult<ScheduleDef> {
         end_at: s.end_at,
         max_attempts: s.max_attempts.unwrap_or(5),
         overlap: s.overlap.unwrap_or_default(),
+        priority: s.priority.unwrap_or(0),
     };
     if def.cron.is_some() == def.every_ms.is_some() {
         return Err(ApiError::bad("give exactly one of cron and every_ms"));
@@ -165,6 +170,7 @@ fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<doc::ScheduleInfo> {
         end_at: def.end_at,
         max_attempts: def.max_attempts,
         overlap: def.overlap,
+        priority: def.priority,
         paused: row.paused,
         next_run_at: row.next,
         last_task_id: row

@@ -84,6 +84,12 @@ pub struct TaskSpec<'a> {
     /// past its first payload + `max_wait_ms`) and keeps every payload (`task.batch`).
     #[serde(default)]
     debounce: Option<super::events::DebounceSpec>,
+    /// 0 (the default) to 9: among its plugin's due tasks, the higher starts first (inside its
+    /// owner's turn). A task due for longer than the runner's `--priority-aging-ms` counts as
+    /// 9. Never starts a task before its due time. Not with `debounce`.
+    #[serde(default, deserialize_with = "field::priority")]
+    #[schema(minimum = 0, maximum = 9)]
+    priority: Option<u8>,
 }
 
 /// Most specs in one POST /v1/tasks.
@@ -166,6 +172,17 @@ impl TaskSpec<'_> {
                 ),
             ));
         }
+        let priority = self.priority.unwrap_or(0);
+        if priority > 0 && self.debounce.is_some() {
+            // well-formed but impossible, as `on` with debounce
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_task",
+                format!(
+                    "{at}priority can't be given with debounce: a debounced task runs at priority 0"
+                ),
+            ));
+        }
         let payload = self.payload.map_or("null", |p| p.get());
         limits::payload(&format!("{at}payload"), payload, max_payload)
             .map_err(|e| ApiError::too_large(e.0))?;
@@ -195,6 +212,7 @@ impl TaskSpec<'_> {
                 None => traceparent.map(str::to_owned),
             },
             start_by: self.start_by,
+            priority,
         })
     }
 }

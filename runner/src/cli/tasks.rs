@@ -41,6 +41,7 @@ pub(super) fn task_call(cmd: TaskCmd) -> Result<Call> {
             quiet,
             max_wait,
             traceparent,
+            priority,
         } => {
             let on = on
                 .iter()
@@ -74,6 +75,7 @@ pub(super) fn task_call(cmd: TaskCmd) -> Result<Call> {
                 ),
                 ("debounce", debounce),
                 ("traceparent", traceparent.map(|t| json!(t))),
+                ("priority", priority.map(|v| json!(v))),
             ]))
         }
         TaskCmd::Find {

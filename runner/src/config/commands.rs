@@ -397,6 +397,9 @@ pub enum ScheduleCmd {
         overlap: Option<String>,
         #[arg(long)]
         max_attempts: Option<u32>,
+        /// Each firing's priority, 0 (default) to 9.
+        #[arg(long)]
+        priority: Option<u8>,
     },
     /// List the schedules.
     List,
@@ -458,6 +461,9 @@ pub enum TaskCmd {
         /// A W3C trace context the run joins (00-<trace>-<span>-<flags>).
         #[arg(long)]
         traceparent: Option<String>,
+        /// 0 (default) to 9: among its plugin's due tasks, the higher starts first.
+        #[arg(long, conflicts_with = "debounce")]
+        priority: Option<u8>,
     },
     /// Show a task (and the log lines of its last attempts).
     Get {

@@ -25,8 +25,10 @@ pub(super) struct SlotWait {
     owner: Option<String>,
     max: u32,
     run: SlotWaiter,
-    /// Its due time at the claim: the waiting runs are woken in this order.
+    /// Its due time at the claim and its priority: the waiting runs are woken the highest
+    /// priority first, each in due order (one waiting past the aging first of all).
     due: i64,
+    priority: u8,
     /// How long it is put back for: if no slot's return wakes it, it comes back by itself then.
     pub(super) within_ms: u64,
 }
@@ -46,7 +48,7 @@ impl SlotWait {
     /// should it no longer wait, the next one that does).
     pub(super) async fn enter(&self, store: &Store) {
         match store
-            .slot_wait(self.of(), &self.run, self.max, self.due)
+            .slot_wait(self.of(), &self.run, self.max, self.due, self.priority)
             .await
         {
             Ok(false) => {}
@@ -210,6 +212,7 @@ impl Executor {
                 attempts: task.attempt.saturating_sub(1),
             },
             due: task.due,
+            priority: task.priority,
             within_ms: self.store.policy(&task.plugin).slot_lease_ms(),
         }
     }

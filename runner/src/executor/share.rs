@@ -1,7 +1,7 @@
 //! Fair share between plugins inside a runner: how many claimed tasks it holds of each plugin
 //! (each place of a claim goes to the plugin holding the fewest, see [`Share`]), and which
 //! claimed task a free worker starts: one of the plugin with the fewest runs going, the earliest
-//! claimed of it, and only while that plugin has fewer runs going than its share of the workers.
+//! claimed of it of the highest priority, and only while that plugin has fewer runs going than its share of the workers.
 //! The workers are shared by weight among the active plugins: those with tasks claimed here or
 //! runs going, or whose last run ended within [`ACTIVE`]. A plugin alone uses every worker; a
 //! plugin whose tasks come one at a time keeps its share between them. So one plugin's backlog
@@ -149,7 +149,8 @@ pub(super) struct StartQueue(Mutex<Queues>);
 
 pub(super) struct Queues {
     workers: usize,
-    /// Per plugin: (claim order, whether it has waited for its plugin's share, task, slot).
+    /// Per plugin: (claim order, whether it has waited for its plugin's share, task, slot), the
+    /// highest priority first, then in claim order.
     waiting: HashMap<String, VecDeque<(u64, bool, Claimed, Slot)>>,
     /// Per plugin with tasks of more than one owner waiting: how many each owner has waiting
     /// (no owner: `None`), and the owner of the last task started.
@@ -200,7 +201,16 @@ impl Queues {
             }
             None => {}
         }
-        queue.push_back((self.seq, false, task, slot));
+        // each plugin's queue is in priority order, claim order among equals (priority 0, the
+        // default, goes at the back without a look)
+        let at = match task.priority {
+            0 => queue.len(),
+            p => queue
+                .iter()
+                .position(|e| e.2.priority < p)
+                .unwrap_or(queue.len()),
+        };
+        queue.insert(at, (self.seq, false, task, slot));
     }
 
     pub(super) fn is_empty(&self) -> bool {

@@ -72,6 +72,8 @@ pub struct CallCtx {
     /// The occurrence of the task (its `created`): follow-up ids derive from it.
     pub occurrence: i64,
     pub plugin: String,
+    /// The task's priority: its follow-ups are scheduled with it.
+    pub priority: u8,
     /// The event that made the task run (JSON text), if one did.
     pub event: Option<String>,
     /// A debounced task's payloads (JSON texts).
@@ -286,6 +288,8 @@ impl bindings::eggtimer::plugin::host::Host for State {
             unique_for_ms: 0,
             traceparent: None, // the executor sets the run's context
             start_by: None,
+            // a follow-up starts as urgently as the task that asked for it
+            priority: c.priority,
             ..Default::default()
         });
         Ok(Ok(id))

@@ -332,6 +332,7 @@ fn begin(
         task_id: task.task_id().to_owned(),
         occurrence: task.created,
         plugin: task.plugin.clone(),
+        priority: task.priority,
         event: task.event.clone(),
         batch: task.batch.clone(),
         effects: crate::executor::Effects {

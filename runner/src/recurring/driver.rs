@@ -117,6 +117,7 @@ async fn fire_one(store: &Store, tasks: &Tasks, id: &str, at: i64, now: i64) -> 
         unique_for_ms: 0,
         traceparent: None,
         start_by: None,
+        priority: def.priority,
         ..Default::default()
     };
     if skip {

@@ -179,6 +179,13 @@ pub struct ScheduleDef {
     pub max_attempts: u32,
     #[serde(default)]
     pub overlap: Overlap,
+    /// Its firings' priority (0 is not stored: a definition 0.2.0 wrote reads as 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u8,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 /// When a schedule fires, checked.
@@ -400,6 +407,7 @@ mod tests {
             end_at: None,
             max_attempts: 5,
             overlap: Overlap::Skip,
+            priority: 0,
         }
     }
 

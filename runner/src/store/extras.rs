@@ -19,6 +19,8 @@ pub struct Extras {
     pub window: u64,
     pub batch_dropped: u64,
     pub next_batch: u64,
+    /// 0 to 9 (0 is not stored).
+    pub priority: u8,
 }
 
 /// How long before a task was scheduled an event still matches, when its spec does not say.
@@ -105,26 +107,28 @@ impl Extras {
                 'm' => x.batch_dropped = v.parse().unwrap_or(0),
                 'n' => x.next_batch += 1,
                 'M' => x.next_batch += v.parse().unwrap_or(0),
+                'P' => x.priority = v.parse().unwrap_or(0),
                 _ => {}
             }
         }
         x
     }
 
-    /// The entries a new listening task is scheduled with (the scripts add its stamp).
-    pub fn listening(on: &[Listener], lookback_ms: u64) -> Option<String> {
-        if on.is_empty() {
-            return None;
-        }
+    /// The entries a new task is scheduled with: its priority, and what it listens for (the
+    /// scripts add a listening task's stamp). None when it has none.
+    pub fn of_new(on: &[Listener], lookback_ms: u64, priority: u8) -> Option<String> {
         let mut parts: Vec<String> = on
             .iter()
             .map(|l| format!("o{}{}\x1e{}", l.then.letter(), l.topic, l.key))
             .collect();
         // (the default is not stored: a listener costs Redis what it must, see W9)
-        if lookback_ms != DEFAULT_LOOKBACK_MS {
+        if !on.is_empty() && lookback_ms != DEFAULT_LOOKBACK_MS {
             parts.push(format!("l{lookback_ms}"));
         }
-        Some(parts.join("\x1f"))
+        if priority > 0 {
+            parts.push(format!("P{priority}"));
+        }
+        (!parts.is_empty()).then(|| parts.join("\x1f"))
     }
 }
 

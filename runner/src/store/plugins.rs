@@ -493,26 +493,29 @@ impl Store {
         let next: Option<String> = self
             .slots_script(of, "give")
             .arg(holder)
+            .arg(self.inner.opts.priority_aging_ms)
             .invoke_async(&mut self.conn())
             .await
             .context("giving a concurrency slot back")?;
         Ok(next.as_deref().and_then(SlotWaiter::parse))
     }
 
-    /// Puts a run that found every slot of `of` taken (and was put back, due `due`) among those
-    /// waiting for one; true when a slot is free by now (the caller wakes it itself).
+    /// Puts a run that found every slot of `of` taken (and was put back, due `due`, of
+    /// `priority`) among those waiting for one; true when a slot is free by now (the caller wakes
+    /// it itself).
     pub async fn slot_wait(
         &self,
         of: SlotsOf<'_>,
         run: &SlotWaiter,
         max: u32,
         due: i64,
+        priority: u8,
     ) -> Result<bool> {
         let free: i64 = self
             .slots_script(of, "wait")
             .arg(run.member())
             .arg(max)
-            .arg(due)
+            .arg(super::slots::waiting_score(due, priority))
             .invoke_async(&mut self.conn())
             .await
             .context("waiting for a concurrency slot")?;

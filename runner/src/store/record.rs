@@ -80,6 +80,10 @@ pub struct TaskRecord {
     /// Payloads that came while it ran: its next window's.
     #[serde(skip_serializing_if = "is_zero")]
     pub next_batch: u64,
+    /// 1 to 9: among its plugin's due tasks, the higher starts first (absent: 0).
+    #[serde(skip_serializing_if = "is_zero_u8")]
+    #[schema(minimum = 0, maximum = 9)]
+    pub priority: u8,
     /// The plugin's log lines of the task's last three attempts, oldest first, at most 8 KiB in
     /// all (only `GET /v1/tasks/{id}` reads them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -298,12 +302,17 @@ impl TaskRecord {
             window: x.window,
             batch_dropped: x.batch_dropped,
             next_batch: x.next_batch,
+            priority: x.priority,
             log: Vec::new(),
         })
     }
 }
 
 fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u8(n: &u8) -> bool {
     *n == 0
 }
 
@@ -416,7 +425,7 @@ mod tests {
         // as the scripts store it: a stamp first, an event that reached it last
         let ex = format!(
             "s7\x1f{}\x1fe{{\"id\":\"1-1\"}}",
-            Extras::listening(&on, 500).unwrap()
+            Extras::of_new(&on, 500, 0).unwrap()
         );
         let last = LastField {
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),

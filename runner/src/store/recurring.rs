@@ -259,7 +259,7 @@ impl Store {
             .arg(task.owner.as_deref().unwrap_or(""))
             .arg(
                 super::record::LastField {
-                    extras: None,
+                    extras: super::extras::Extras::of_new(&[], 0, task.priority).as_deref(),
                     traceparent: task.traceparent.as_deref(),
                     start_by: task.start_by,
                     payload: &task.payload,

@@ -153,7 +153,7 @@ impl Store {
                         super::record::LastField {
                             traceparent: t.traceparent.as_deref(),
                             start_by: t.start_by,
-                            extras: super::extras::Extras::listening(&t.on, t.lookback_ms)
+                            extras: super::extras::Extras::of_new(&t.on, t.lookback_ms, t.priority)
                                 .as_deref(),
                             payload: &t.payload,
                         }

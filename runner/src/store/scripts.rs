@@ -24,10 +24,11 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 12] = [
+const PARTS: [(&str, &str); 13] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
+    ("priority", include_str!("lua/lib/priority.lua")),
     ("logs", include_str!("lua/lib/logs.lua")),
     ("indexes", include_str!("lua/lib/indexes.lua")),
     ("claims", include_str!("lua/lib/claims.lua")),

@@ -29,6 +29,17 @@ impl SlotWaiter {
     }
 }
 
+/// The bands of the waiting runs' scores (`lua/slots.lua`): a run due at `due` of priority `p`
+/// waits with the score `due - p * PRIORITY_BAND` (due times stay below 2^44 ms, the year
+/// 2527), so the highest priority comes first, each in due order, and a priority-0 run's score
+/// is its due time, as runs waited before priorities.
+pub const PRIORITY_BAND: i64 = 1 << 44;
+
+/// The score a run waits for a slot with.
+pub(super) fn waiting_score(due: i64, priority: u8) -> i64 {
+    due.clamp(0, PRIORITY_BAND - 1) - i64::from(priority) * PRIORITY_BAND
+}
+
 /// Whose concurrency slots: a plugin's (`max_concurrency`), or those of one owner's runs of a
 /// plugin (`max_concurrency_per_owner`).
 #[derive(Debug, Clone, Copy)]

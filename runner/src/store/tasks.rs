@@ -72,7 +72,9 @@ impl Store {
             let _ = write!(held, "{plugin}\t{n}\t{weight}\t");
         }
         inv.arg(limit).arg(lease_ms).arg(held).arg(share.extra);
-        inv.arg(share.headroom).arg(share.part);
+        inv.arg(share.headroom)
+            .arg(share.part)
+            .arg(self.inner.opts.priority_aging_ms);
         let v: Vec<Value> = inv
             .invoke_async(&mut self.conn())
             .await
@@ -135,6 +137,7 @@ impl Store {
                 start_by: r.start_by,
                 event: r.event,
                 batch: r.batch,
+                priority: r.priority,
             });
         }
         Ok(ClaimBatch {

@@ -22,6 +22,8 @@ pub struct NewTask {
     pub lookback_ms: u64,
     /// Debounced: one task per id, each payload kept (see `lua/debounce.lua`).
     pub debounce: Option<Debounce>,
+    /// 0 to 9: among its plugin's due tasks, the higher starts first (see `lua/lib/priority.lua`).
+    pub priority: u8,
 }
 
 /// A debounced task's window (`lua/debounce.lua`).
@@ -86,6 +88,8 @@ pub struct Claimed {
     pub event: Option<String>,
     /// A debounced task's payloads (JSON texts), oldest first; empty for other tasks.
     pub batch: Vec<String>,
+    /// 0 to 9 (see [`NewTask::priority`]): its follow-ups are scheduled with it.
+    pub priority: u8,
 }
 
 impl Claimed {
@@ -298,6 +302,8 @@ pub struct StoreOptions {
     /// Most bytes one plugin's emitted streams hold together (their entries' fields and
     /// values); the streams a run writes drop their oldest entries to make room.
     pub emitted_max_bytes: u64,
+    /// How long (ms) a task is due and not started before it counts as the highest priority.
+    pub priority_aging_ms: u64,
     /// The runner's clock (shared by every store opened with these options).
     pub clock: crate::clock::Clock,
 }
@@ -322,6 +328,7 @@ impl Default for StoreOptions {
             event_retention_ms: 60_000,
             team_task_bytes: DEFAULT_TEAM_TASK_BYTES,
             emitted_max_bytes: 64 << 20,
+            priority_aging_ms: 60_000,
             clock: crate::clock::Clock::default(),
         }
     }

@@ -16,13 +16,17 @@
 -- or under half of what the plugin holding the most holds.
 -- Owners' fair share (see `owners`): where two or more owners have tasks due here, the due tasks
 -- walked come in owners' turns instead of in due order alone.
+-- Priority (see `priority`): where the shard has tasks of priority > 0, those due ARGV[7] ms ago
+-- or earlier come first, then the higher priority's, each in due order (and inside an owner's
+-- turn, the higher first).
 -- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
 -- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
 -- under whose marker its effects are committed (listed apart: most tasks have none, and every
 -- value of the reply costs Redis and the runner a little).
--- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms, held, extra, headroom, part.
+-- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms, held, extra, headroom, part,
+-- aging_ms.
 -- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
 -- Returns: a flat array of named slots (`local NOW, ...` below; the runner decodes them by the
@@ -53,6 +57,7 @@ local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local held, weights, most = parse_held(ARGV[3] or '')
 local extra = tonumber(ARGV[4]) or 0
 local headroom, part = math.min(tonumber(ARGV[5]) or 0, limit), tonumber(ARGV[6]) or 0
+local aging = tonumber(ARGV[7]) or 60000
 local now = now_ms()
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
 -- (the next lease end) from them unless it reaped
@@ -78,7 +83,7 @@ if extra > 0 or headroom > 0 then
 end
 -- (the owner index exists where some scheduled task has an owner: then owners take turns)
 local has_owners = redis.call('EXISTS', K_BYOWNER) == 1
-local ids, head = fair_take(now, walk, has_owners)
+local ids, head = fair_take(now, walk, has_owners, aging)
 local waits = waiting_due(now, limit)
 -- the tasks to claim, in due order (parallel lists: no table per task on the hot path)
 local c_ids, c_recs, c_dues, c_atts, c_mcs, c_rests, c_plugins = {}, {}, {}, {}, {}, {}, {}
@@ -99,7 +104,7 @@ if #waits == 0 and #ids <= limit - headroom then
   -- every task walked is taken (the common case: one claim's worth, no one set aside), up to
   -- CLAIM_BYTES of records: the rest go back to their buckets, in due order, for the next claim
   local recs = records_of(ids)
-  local n, bytes, back, back_heads = 0, 0, {}, {}
+  local n, bytes, back, back_heads, back_prios = 0, 0, {}, {}, {}
   for i, id in ipairs(ids) do
     local rec = recs[i]
     local due, att, mc, rest, plugin
@@ -111,6 +116,7 @@ if #waits == 0 and #ids <= limit - headroom then
         push(parked, due, id)
       elseif #back > 0 or (n > 0 and bytes + #rec > CLAIM_BYTES) then
         push(back, due, id)
+        prio_push(back_prios, record_priority(rec), tonumber(due), id)
         local owner = owner_of(rest)
         if owner ~= '' then push(back_heads, due, plugin .. '\0' .. owner) end
       else
@@ -124,6 +130,7 @@ if #waits == 0 and #ids <= limit - headroom then
   call_many('ZADD', K_PARKED, parked)
   if #back > 0 then
     due_add(back)
+    prio_add(back_prios)
     lower_owner_heads(back_heads)
     back_head = tonumber(back[1])
   end
@@ -201,6 +208,8 @@ if #c_ids > 0 then
   if redis.call('EXISTS', K_RERUN) == 1 then reruns = hmget(K_RERUN, c_ids) end
   -- every write of the batch goes in one variadic call per key
   local unowner, records, counts, taken_owners = {}, {}, {}, {}
+  -- the priority index's entries of the tasks taken (those `prio_take` took already left it)
+  local prios = has_priorities() and {} or nil
   local expires = string.format('%d', now + lease)
   for i, id in ipairs(c_ids) do
     if owners then
@@ -213,6 +222,10 @@ if #c_ids > 0 then
     end
     local plugin = c_plugins[i]
     counts[plugin] = (counts[plugin] or 0) + 1
+    if prios then
+      local p = record_priority(c_recs[i])
+      if p > 0 then prios[#prios + 1] = prio_member(p, tonumber(c_dues[i]), id) end
+    end
     local rec = 'r\t' .. c_dues[i] .. '\t' .. string.format('%d', tonumber(c_atts[i]) + 1) .. '\t'
       .. c_mcs[i] .. token .. '\t' .. c_rests[i]
     push(records, id, rec)
@@ -224,6 +237,7 @@ if #c_ids > 0 then
     if first then push(firsts, i, first) end
   end
   call_many('ZREM', K_BYOWNER, unowner)
+  if prios then call_many('ZREM', prio_key(), prios) end
   drop_owner_heads(taken_owners)
   for p, k in pairs(counts) do
     count_scheduled(p, -k)

@@ -90,10 +90,11 @@ end
 -- batch first flushes them, so it sees the record written for it before.
 local pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
 -- owned: plugin \0 owner -> records added less records ended (`count_owned`)
-local bytes, heads, owned = {}, {}, {}
+local bytes, heads, owned, prios = {}, {}, {}, {}
 local function flush()
   call_many('HSET', K_TASKS, records)
   due_add(dues)
+  prio_add(prios)
   call_many('ZADD', K_PARKED, parked)
   call_many('ZADD', K_BYOWNER, byowner)
   local lows = {}
@@ -103,7 +104,7 @@ local function flush()
   for plugin, k in pairs(bytes) do charge(plugin, k) end
   for who, k in pairs(owned) do if k ~= 0 then count_owned(who, k) end end
   pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, {}, {}, {}
-  bytes, heads, owned = {}, {}, {}
+  bytes, heads, owned, prios = {}, {}, {}, {}
 end
 for i = 1, n do
   local b, h = at[i], run_of[i]
@@ -160,7 +161,11 @@ for i = 1, n do
     local due = tonumber(due_s)
     pending[id] = true
     local mark = string.byte(last, 1)
-    if mark == 28 or mark == 29 or mark == 30 then last = listen_from(id, last, now) end
+    local p = 0
+    if mark == 28 or mark == 29 or mark == 30 then
+      last = listen_from(id, last, now)
+      p = priority_of(last)
+    end
     push(records, id, 's\t' .. due_s .. '\t0\t' .. ARGV[h + 1] .. '\t' .. created .. '\t\t' .. plugin
       .. '\t' .. owner .. '\t\t' .. last)
     -- the indexes of index_scheduled, gathered
@@ -168,6 +173,7 @@ for i = 1, n do
       push(parked, due_s, id)
     else
       push(dues, due_s, id)
+      prio_push(prios, p, due, id)
       if owner ~= '' then
         local who = plugin .. '\0' .. owner
         if not heads[who] or due < heads[who] then heads[who] = due end

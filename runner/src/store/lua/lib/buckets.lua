@@ -181,14 +181,22 @@ local function due_remove(id, due)
   return 1
 end
 
+-- The first bucket whose bound is at or before `now` (a number): {name, bound}, or {} when
+-- nothing is due.
+local function first_due_bucket(now)
+  return redis.call('ZRANGEBYSCORE', K_DUEX, '-inf', string.format('%d', now), 'WITHSCORES',
+    'LIMIT', '0', '1')
+end
+
 -- Takes up to `limit` tasks due at `now` (a number) or before out of the buckets, the earliest
 -- first. Returns their ids, and the shard's earliest due time after them when it was seen on
--- the way (nil when not).
-local function due_take(now, limit)
+-- the way (nil when not). `first`: what `first_due_bucket(now)` answered just before, if the
+-- caller asked it.
+local function due_take(now, limit, first)
   local ids = {}
   while #ids < limit do
-    local b = redis.call('ZRANGEBYSCORE', K_DUEX, '-inf', string.format('%d', now), 'WITHSCORES',
-      'LIMIT', '0', '1')
+    local b = first or first_due_bucket(now)
+    first = nil
     if not b[1] then return ids, nil end
     local key, bound = bucket_key(b[1]), tonumber(b[2])
     local got = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', now - bound),

@@ -15,6 +15,7 @@
 --                   (WINDOW_MAX payloads, WINDOW_BYTES bytes)
 --   N<count>\30<bytes>, M<n>, p<first>   payloads that came while it ran, for the next window,
 --                   held in the list `next_key(id)`
+--   P<digit>        its priority, 1-9 (see `priority`; 0 is not stored)
 --   b<payload>, n<payload>   (0.2.0) payloads held in the record itself; the first script that
 --                   adds to such a window moves them into the lists (`lift`)
 -- A debounced task's payloads live in lists beside its record, not in it, so that adding one

@@ -1,5 +1,5 @@
 --! part indexes
---! needs shard record buckets
+--! needs shard record buckets priority
 -- Where a task is listed in each state, kept in step with its record by every script: scheduled
 -- in a due bucket (or `parked` while its plugin or owner is paused or it waits for its plugin's share, see
 -- `share`), the owner index and the plugin's
@@ -106,11 +106,12 @@ end
 -- share before a pause leaves `waiting` too. Wakes the shard's pollers (`channel`, `shard`) when
 -- one of them became its earliest. Returns how many it put back.
 local function unpark(channel, shard, ids, recs, resumes)
-  local resumed, back, waited, heads, earliest = {}, {}, {}, {}, nil
+  local resumed, back, waited, heads, prios, earliest = {}, {}, {}, {}, {}, nil
   for i, id in ipairs(ids) do
     local t = parse(recs[i])
     if t and t.st == 's' and resumes(id, t) then
       resumed[#resumed + 1] = id
+      prio_push(prios, priority_of(t.payload), t.due, id)
       if t.owner ~= '' then push(heads, string.format('%d', t.due), t.plugin .. '\0' .. t.owner) end
       waited[#waited + 1] = wait_member(t.plugin, t.due, id)
       push(back, t.due, id)
@@ -120,6 +121,7 @@ local function unpark(channel, shard, ids, recs, resumes)
   call_many('ZREM', K_PARKED, resumed)
   call_many('ZREM', K_WAITING, waited)
   due_add(back)
+  prio_add(prios)
   lower_owner_heads(heads)
   if earliest then wake_if_head(channel, shard, earliest) end
   return #resumed
@@ -133,6 +135,8 @@ local function index_scheduled(id, t)
     added = redis.call('ZADD', K_PARKED, t.due, id)
   else
     added = due_add({ string.format('%d', t.due), id })
+    local p = priority_of(t.payload)
+    if p > 0 then prio_add({ '0', prio_member(p, t.due, id) }) end
     if t.owner ~= '' then
       redis.call('ZADD', owner_heads(), 'LT', string.format('%d', t.due), t.plugin .. '\0' .. t.owner)
     end
@@ -143,6 +147,8 @@ end
 
 local function unindex_scheduled(id, t)
   local removed = due_remove(id, t.due)
+  -- (a parked task's entry may be left from before it was parked: it goes too)
+  prio_remove(priority_of(t.payload), t.due, id)
   if removed == 0 and redis.call('ZREM', K_PARKED, id) == 1 then
     removed = 1
     redis.call('ZREM', K_WAITING, wait_member(t.plugin, t.due, id))

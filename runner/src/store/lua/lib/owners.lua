@@ -1,5 +1,5 @@
 --! part owners
---! needs shard record buckets indexes
+--! needs shard record buckets priority indexes
 -- Fair share between owners. A claim takes due tasks in due order, so one owner's backlog (a
 -- merchant's 200,000 timeouts due at one instant) would hold every other owner's due tasks
 -- behind it. Where two or more owners (of any plugins) have tasks due in this shard, by their
@@ -11,6 +11,9 @@
 -- claim). Places left after the turns go in due order as well. An owner's weight among a
 -- plugin's owners (meta's 'ow:' plugin \0 owner, set on every shard) is its share of a claim's
 -- places against the others' of the claim's turns.
+-- Priority (see `priority`) orders the due order's turns and what an owner's turn walks (its
+-- earliest due tasks, up to twice its share and 8 more): inside an owner's turn, the higher
+-- first.
 -- A task is taken only if it is in its due bucket (a parked one, paused or set aside for its
 -- plugin's share, is not), so nothing is taken twice, and the rest of the claim (plugins' fair
 -- share, pauses, the claim's byte bound) sees the tasks taken here as if the due order had
@@ -43,17 +46,34 @@ local function owner_turn(who, head, now, share, ids)
     eids[i], edues[i] = id, tonumber(due)
   end
   local recs = records_of(eids)
+  -- the order the walked tasks are taken in: due order, or the higher priority first where the
+  -- shard has priorities (the due order kept among equals)
+  local order = {}
+  for i = 1, #eids do order[i] = i end
+  if has_priorities() then
+    local prio = {}
+    for i = 1, #eids do prio[i] = recs[i] and record_priority(recs[i]) or 0 end
+    table.sort(order, function(a, b)
+      if prio[a] ~= prio[b] then return prio[a] > prio[b] end
+      return a < b
+    end)
+  end
   local took, stopped = 0, nil
-  for i, id in ipairs(eids) do
-    if took == share then stopped = edues[i] break end
-    local rec = recs[i]
-    local p = rec and string.match(rec, '^s\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*)\t')
-    if p == plugin and due_remove(id, edues[i]) == 1 then
-      ids[#ids + 1] = id
-      took = took + 1
+  for _, i in ipairs(order) do
+    local id = eids[i]
+    if took == share then
+      -- the earliest walked and not taken is where the owner's head goes
+      if not stopped or edues[i] < stopped then stopped = edues[i] end
+    else
+      local rec = recs[i]
+      local p = rec and string.match(rec, '^s\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*)\t')
+      if p == plugin and due_remove(id, edues[i]) == 1 then
+        ids[#ids + 1] = id
+        took = took + 1
+      end
     end
   end
-  if not stopped and #entries == walk then stopped = edues[walk] end
+  if #entries == walk and (not stopped or edues[walk] < stopped) then stopped = edues[walk] end
   if stopped then
     redis.call('ZADD', owner_heads(), 'XX', string.format('%d', stopped), who)
   else
@@ -81,17 +101,18 @@ local function drop_owner_heads(taken)
   call_many('ZREM', owner_heads(), gone)
 end
 
--- Takes up to `limit` due tasks at `now` out of the buckets, as `due_take` does, but in owners'
--- turns where two or more owners have tasks due here (`has_owners`: the owner index exists).
+-- Takes up to `limit` due tasks at `now` out of the buckets, as `ordered_take` does (by
+-- priority, those due `aging` ms ago first), but in owners' turns where two or more owners have
+-- tasks due here (`has_owners`: the owner index exists).
 -- Returns their ids, and the shard's earliest due time after them when it was seen on the way
 -- (nil when not).
-local function fair_take(now, limit, has_owners)
-  if not has_owners or limit == 0 then return due_take(now, limit) end
+local function fair_take(now, limit, has_owners, aging)
+  if not has_owners or limit == 0 then return ordered_take(now, limit, aging) end
   local key, now_s = owner_heads(), string.format('%d', now)
   local n = redis.call('ZCOUNT', key, '-inf', now_s)
-  if n < 2 then return due_take(now, limit) end
+  if n < 2 then return ordered_take(now, limit, aging) end
   local earliest = head_due()
-  if earliest < 0 or earliest > now - TURNS_AFTER_MS then return due_take(now, limit) end
+  if earliest < 0 or earliest > now - TURNS_AFTER_MS then return ordered_take(now, limit, aging) end
   -- a round is the n owners due here (by their heads' order) and the due order's turn (place
   -- n); this claim serves up to `turns` places of it from where the shard's last claim stopped
   local turns = math.min(n, MAX_OWNER_TURNS) + 1
@@ -125,7 +146,7 @@ local function fair_take(now, limit, has_owners)
   local place = first
   while served < turns and #ids < limit do
     if place == n then
-      local got, h = due_take(now, math.min(share(1), limit - #ids))
+      local got, h = ordered_take(now, math.min(share(1), limit - #ids), aging)
       for _, id in ipairs(got) do ids[#ids + 1] = id end
       head = h
     elseif window[w] then
@@ -137,7 +158,7 @@ local function fair_take(now, limit, has_owners)
   end
   redis.call('HSET', K_META, 'owner-turn', string.format('%d', (first + served) % (n + 1)))
   if #ids < limit then
-    local got, h = due_take(now, limit - #ids)
+    local got, h = ordered_take(now, limit - #ids, aging)
     for _, id in ipairs(got) do ids[#ids + 1] = id end
     head = h
   end
