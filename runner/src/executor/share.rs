@@ -1,11 +1,11 @@
 //! Fair share between plugins inside a runner: how many claimed tasks it holds of each plugin
 //! (each place of a claim goes to the plugin holding the fewest, see [`Share`]), and which
 //! claimed task a free worker starts: one of the plugin with the fewest runs going, the earliest
-//! claimed of it of the highest priority, and only while that plugin has fewer runs going than its share of the workers.
-//! The workers are shared by weight among the active plugins: those with tasks claimed here or
-//! runs going, or whose last run ended within [`ACTIVE`]. A plugin alone uses every worker; a
-//! plugin whose tasks come one at a time keeps its share between them. So one plugin's backlog
-//! of slow runs waits behind its own runs only. Among a plugin's claimed tasks, owners take
+//! claimed of its highest priority, and only while that plugin has fewer runs going than its
+//! share of the workers. The workers are shared by weight among the active plugins: those with
+//! tasks claimed here or runs going, or whose last run ended within [`ACTIVE`]. A plugin alone
+//! uses every worker; a plugin whose tasks come one at a time keeps its share between them. So
+//! one plugin's backlog of slow runs waits behind its own runs only. Among a plugin's claimed tasks, owners take
 //! turns as they do in a claim: the next started is the earliest claimed of an owner other than
 //! the last one started (looking among the first [`OWNER_LOOK`]), so one owner's tasks claimed
 //! ahead don't hold another owner's behind them.
