@@ -7,10 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 mod commands;
-pub use commands::{
-    DeadCmd, EventCmd, KeyCmd, OwnerCmd, PluginCmd, RemoteArgs, ScheduleCmd, SecretCmd, SourceCmd,
-    TaskCmd,
-};
+mod task_commands;
+pub use commands::{EventCmd, KeyCmd, PluginCmd, RemoteArgs, SecretCmd, SourceCmd};
+pub use task_commands::{DeadCmd, OwnerCmd, ScheduleCmd, TaskCmd};
 
 /// eggtimer: a durable, millisecond-precise delayed-task runner with WebAssembly plugins.
 #[derive(Parser, Debug)]
