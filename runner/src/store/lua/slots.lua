@@ -29,19 +29,18 @@ if op == 'give' then
   if aging and tonumber(first[2]) < 0 then
     -- priorities wait here: the earliest due of each band's first (its earliest) that waited
     -- past the aging goes before them
-    local best, best_due = nil, nil
-    local score = tonumber(first[2])
-    while score do
+    local best_due = nil
+    local entry = first
+    while entry[1] do
+      local score = tonumber(entry[2])
       local p = -math.floor(score / BAND)
       local due = score + p * BAND
-      if due <= now - aging and (not best or due < best_due) then best, best_due = score, due end
+      if due <= now - aging and (not best_due or due < best_due) then
+        pick, best_due = entry[1], due
+      end
       if p <= 0 then break end
-      score = tonumber(redis.call('ZRANGEBYSCORE', waiting, string.format('%d', -(p - 1) * BAND),
-        '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
-    end
-    if best then
-      local s = string.format('%d', best)
-      pick = redis.call('ZRANGEBYSCORE', waiting, s, s, 'LIMIT', '0', '1')[1]
+      entry = redis.call('ZRANGEBYSCORE', waiting, string.format('%d', -(p - 1) * BAND), '+inf',
+        'WITHSCORES', 'LIMIT', '0', '1')
     end
   end
   redis.call('ZREM', waiting, pick)

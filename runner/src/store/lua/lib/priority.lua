@@ -58,9 +58,13 @@ local function prio_remove(p, due, id)
 end
 
 -- Whether the shard has tasks of priority > 0 in its buckets (a claim pays nothing else where
--- none has).
+-- none has), read once per run: a claim asks when it takes tasks, in each owner's turn, and
+-- when it writes what it took.
+local prio_known
+on_start[#on_start + 1] = function() prio_known = nil end
 local function has_priorities()
-  return redis.call('EXISTS', prio_key()) == 1
+  if prio_known == nil then prio_known = redis.call('EXISTS', prio_key()) == 1 end
+  return prio_known
 end
 
 -- Takes up to `limit` due tasks at `now` out of the buckets into `ids` by priority, the highest
