@@ -88,6 +88,8 @@ export interface FollowUp {
   at?: number;
   owner?: string;
   maxAttempts?: number;
+  /** 0 (lowest) to 9 (highest); default: the priority of the task that schedules it. */
+  priority?: number;
 }
 
 export declare function schedule(task: FollowUp): string;

@@ -165,16 +165,22 @@ export const now = () => Number(host.now());
 
 /**
  * Schedules a follow-up task (`at` defaults to now); returns its id, derived from this run's
- * task so a re-run never schedules it twice.
+ * task so a re-run never schedules it twice. `priority`, 0 (lowest) to 9 (highest), defaults to
+ * the priority of the task that schedules it.
  */
-export function schedule({ plugin, payload = null, at, owner, maxAttempts }) {
-  return host.schedule({
+export function schedule({ plugin, payload = null, at, owner, maxAttempts, priority }) {
+  const t = {
     plugin,
     payload: canonicalJson(payload),
     runAt: Number(at ?? now()),
     owner,
     maxAttempts,
-  });
+  };
+  if (priority === undefined) return host.schedule(t);
+  if (!Number.isInteger(priority) || priority < 0 || priority > 9) {
+    throw new Error('priority must be an integer from 0 to 9');
+  }
+  return host.scheduleWithPriority(t, priority);
 }
 
 /** Cancels a scheduled task of this plugin. */

@@ -9,6 +9,7 @@ const current = () => {
 export const log = (level, message) => current().logs.push([level, message]);
 export const now = () => current().now;
 export const schedule = (t) => current().hostSchedule(t);
+export const scheduleWithPriority = (t, priority) => current().hostSchedule(t, priority);
 export const cancel = (id) => current().cancelled.push(id);
 export const emit = (topic, data) => current().hostEmit(topic, data);
 // an absent entry is `null`, as the QuickJS-built component gets it

@@ -11,7 +11,7 @@ export declare class TestHost {
   httpResponses: ({ status: number; headers?: [string, string][]; body?: string } | Error)[];
   httpRequests: { method: string; url: string; headers: [string, string][]; body: string }[];
   events: [string, unknown][];
-  scheduled: [string, { plugin: string; payload: unknown; runAt: number; owner?: string; maxAttempts?: number }][];
+  scheduled: [string, { plugin: string; payload: unknown; runAt: number; owner?: string; maxAttempts?: number; priority?: number }][];
   cancelled: string[];
   logs: [string, string][];
   run(

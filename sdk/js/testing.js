@@ -25,7 +25,7 @@ export class TestHost {
     this.kvTtls = new Map();
     /** [topic, parsed data] */
     this.events = [];
-    /** [id, {plugin, payload (parsed), runAt, owner, maxAttempts}] */
+    /** [id, {plugin, payload (parsed), runAt, owner, maxAttempts, priority}] */
     this.scheduled = [];
     this.cancelled = [];
     /** [level, message] */
@@ -87,7 +87,8 @@ export class TestHost {
     return { status: r.status, headers: r.headers ?? [], body: [...Buffer.from(r.body ?? '')] };
   }
 
-  hostSchedule(t) {
+  hostSchedule(t, priority) {
+    if (priority !== undefined && priority > 9) throw new Error('priority must be an integer from 0 to 9');
     const id = deriveId(this.taskId, this.occurrence, this.scheduled.length);
     this.scheduled.push([id, {
       plugin: t.plugin,
@@ -95,6 +96,7 @@ export class TestHost {
       runAt: Number(t.runAt),
       owner: t.owner,
       maxAttempts: t.maxAttempts,
+      priority,
     }]);
     return id;
   }

@@ -200,7 +200,8 @@ pub fn now() -> i64 {
 /// let next = FollowUp::new("auto-feed", &serde_json::json!({"pet_id": "p1"}))
 ///     .unwrap()
 ///     .at(1_800_000_000_000)
-///     .owner("user-42");
+///     .owner("user-42")
+///     .priority(7);
 /// # let _ = next;
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -212,6 +213,8 @@ pub struct FollowUp {
     pub run_at: i64,
     pub owner: Option<String>,
     pub max_attempts: Option<u32>,
+    /// 0 (lowest) to 9 (highest); none: the priority of the task that schedules it.
+    pub priority: Option<u8>,
 }
 
 impl FollowUp {
@@ -223,6 +226,7 @@ impl FollowUp {
             run_at: now(),
             owner: None,
             max_attempts: None,
+            priority: None,
         })
     }
 
@@ -241,6 +245,14 @@ impl FollowUp {
     /// At most this many attempts.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
+        self
+    }
+
+    /// Of this priority, 0 (lowest) to 9 (highest): among tasks due, a claim takes the higher
+    /// first. Without it a follow-up has the priority of the task that schedules it; above 9,
+    /// [`schedule`] answers an error.
+    pub fn priority(mut self, p: u8) -> Self {
+        self.priority = Some(p);
         self
     }
 }

@@ -22,13 +22,19 @@ mod imp {
     }
 
     pub fn schedule(t: FollowUp) -> Result<String> {
-        Ok(host::schedule(&types::FollowUp {
+        let f = types::FollowUp {
             plugin: t.plugin,
             payload: t.payload,
             run_at: t.run_at,
             owner: t.owner,
             max_attempts: t.max_attempts,
-        })?)
+        };
+        // without a priority the plain import, so such a plugin asks nothing a runner without
+        // `schedule-with-priority` lacks
+        Ok(match t.priority {
+            None => host::schedule(&f)?,
+            Some(p) => host::schedule_with_priority(&f, p)?,
+        })
     }
 
     pub fn cancel(id: &str) {

@@ -59,6 +59,9 @@ pub const BUDGET_BYTES: usize = 1 << 20;
 pub const BUDGET_FOLLOW_UPS: usize = 100;
 /// The runner's default budget of one run: cancels.
 pub const BUDGET_CANCELS: usize = 100;
+/// The highest priority a task may have (0, the default, the lowest).
+pub const MAX_PRIORITY: u8 = 9;
+
 /// The latest time a follow-up may be due (9999-12-31T23:59:59.999Z).
 pub const MAX_TIME_MS: i64 = 253_402_300_799_999;
 /// The longest kv TTL (10 years), in ms.
@@ -184,6 +187,13 @@ impl TestHost {
 
     #[cfg_attr(target_family = "wasm", allow(dead_code))]
     pub(crate) fn schedule(&mut self, t: FollowUp) -> Result<String> {
+        if let Some(p) = t.priority
+            && p > MAX_PRIORITY
+        {
+            return Err(Error(format!(
+                "priority must be an integer from 0 to {MAX_PRIORITY}"
+            )));
+        }
         if self.scheduled.len() >= BUDGET_FOLLOW_UPS {
             self.over(format!(
                 "more than {BUDGET_FOLLOW_UPS} follow-up tasks in one run"
@@ -470,6 +480,21 @@ mod tests {
         let out = TestHost::new().run(flood, task(()));
         let err = out.unwrap_err().0;
         assert!(err.contains("more than 100 follow-up tasks"), "{err}");
+    }
+
+    #[test]
+    fn a_follow_ups_priority_is_kept_and_above_nine_refused() {
+        fn urgent(_: Task<()>) -> Result {
+            crate::schedule(FollowUp::new("noop", &1)?.priority(9))?;
+            crate::schedule(FollowUp::new("noop", &2)?)?;
+            let err = crate::schedule(FollowUp::new("noop", &3)?.priority(10)).unwrap_err();
+            assert_eq!(err.0, "priority must be an integer from 0 to 9");
+            Ok(Outcome::Done)
+        }
+        let mut host = TestHost::new();
+        assert_eq!(host.run(urgent, task(())), Ok(Outcome::Done));
+        let priorities: Vec<_> = host.scheduled.iter().map(|(_, f)| f.priority).collect();
+        assert_eq!(priorities, [Some(9), None]);
     }
 
     #[test]

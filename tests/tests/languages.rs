@@ -14,7 +14,7 @@ use eggtimer_tests::{
     RedisServer, built_plugins, call, plugin_wasm, post_tasks, read_events, temp_dir, upload,
     wait_state, workspace,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -184,6 +184,61 @@ async fn an_exception_in_typescript_or_python_is_a_failed_attempt_with_its_messa
     wait_state(base, "after", "done", T).await;
 }
 
+/// A follow-up's priority given through the TypeScript and Python SDKs reaches the task (the
+/// components import the contract's `schedule-with-priority`); above 9 the runner refuses it and
+/// the run fails with the rule.
+#[tokio::test]
+async fn typescript_and_python_plugins_give_their_follow_ups_a_priority() {
+    let redis = RedisServer::start();
+    let r = runner(&redis);
+    let base = r.url.as_str();
+    upload_all(base, &["test-throw-ts", "test-throw-py"]).await;
+    post_tasks(
+        base,
+        json!([
+            {"id": "ts", "plugin": "test-throw-ts", "owner": "lang", "payload": {"priority": 7}},
+            {"id": "py", "plugin": "test-throw-py", "owner": "lang", "payload": {"priority": 3}},
+            {"id": "ts-bad", "plugin": "test-throw-ts", "max_attempts": 1, "payload": {"priority": 10}},
+            {"id": "py-bad", "plugin": "test-throw-py", "max_attempts": 1, "payload": {"priority": 10}},
+        ]),
+    )
+    .await;
+    wait_state(base, "ts", "done", T).await;
+    wait_state(base, "py", "done", T).await;
+    let (s, list) = call("GET", &format!("{base}/v1/owners/lang/tasks"), None).await;
+    assert_eq!(s, 200, "{list}");
+    let mut got: Vec<(String, Value)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["plugin"].as_str().unwrap().to_owned(),
+                t["priority"].clone(),
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got,
+        [
+            ("test-throw-py".to_owned(), json!(3)),
+            ("test-throw-ts".to_owned(), json!(7)),
+        ],
+        "{list}"
+    );
+    for id in ["ts-bad", "py-bad"] {
+        let t = wait_state(base, id, "dead", T).await;
+        assert!(
+            t["last_error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("priority must be an integer from 0 to 9"),
+            "{t}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_large_python_upload_compiles_while_other_tasks_run() {
     let redis = RedisServer::start();
@@ -286,7 +341,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
         "node --test (sdk/js)",
     );
     assert!(
-        out.contains("# pass 8") && out.contains("# fail 0"),
+        out.contains("# pass 9") && out.contains("# fail 0"),
         "{out}"
     );
 
@@ -337,7 +392,7 @@ fn the_sdks_native_test_hosts_pass_and_the_js_types_come_from_the_wit() {
             .arg(py.join("tests")),
         "pytest (sdk/python)",
     );
-    assert!(out.contains("10 passed"), "{out}");
+    assert!(out.contains("11 passed"), "{out}");
     assert!(
         !Path::new(&py.join("tests/__pycache__")).exists(),
         "pytest wrote into the source tree"

@@ -304,3 +304,50 @@ async fn a_priority_out_of_range_is_refused_and_a_schedule_carries_one() {
         "a firing has its schedule's priority: {first}"
     );
 }
+
+/// A follow-up has the priority of the task that scheduled it unless the plugin gives its own
+/// (`FollowUp::priority`); above 9 the host answers the plugin an error naming the rule.
+#[tokio::test]
+async fn a_follow_up_inherits_its_tasks_priority_or_has_its_own() {
+    let redis = RedisServer::start();
+    let r = start(&redis, &[]);
+    post_tasks(
+        &r.url,
+        json!([{"id": "parent", "plugin": "test-flood", "owner": "prio-owner", "priority": 4,
+                "payload": {"what": "priorities"}}]),
+    )
+    .await;
+    wait_state(&r.url, "parent", "done", T).await;
+    let (s, list) = call(
+        "GET",
+        &format!("{}/v1/owners/prio-owner/tasks", r.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{list}");
+    let mut got: Vec<(String, Value)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["payload"]["id"].as_str().unwrap().to_owned(),
+                t["priority"].clone(),
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got,
+        [
+            ("inherits".to_owned(), json!(4)),
+            ("nine".to_owned(), json!(9)),
+            // the refusal's text, scheduled without a priority: the parent's
+            (
+                "priority must be an integer from 0 to 9".to_owned(),
+                json!(4)
+            ),
+        ],
+        "{list}"
+    );
+}

@@ -4,6 +4,9 @@
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
 //! with `what: "cancel"`, cancels the task `id` (the host cancels only tasks of this plugin, or of one its
 //! `may_schedule` covers), or,
+//! with `what: "priorities"`, schedules three follow-ups of the task's owner an hour ahead: one
+//! without a priority, one of priority 9, and one of priority 10, whose refusal's text is the
+//! `id` of a fourth (without a priority), or,
 //! with `what: "schedule"`, schedules a task of the plugin `id` (the host refuses one of another
 //! plugin unless this one's `may_schedule` covers it), or
 //! returns an outcome out of bounds (`retry-never`, `run-again-never`) or a 32 MiB error
@@ -87,6 +90,22 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
             };
         }
         "cancel" => eggtimer_sdk::cancel(&task.payload.id),
+        "priorities" => {
+            let later = |id: &str| -> eggtimer_sdk::Result<FollowUp> {
+                let next = serde_json::json!({"what": "none", "id": id});
+                let f = FollowUp::new("test-flood", &next)?.at(eggtimer_sdk::now() + 3_600_000);
+                Ok(match &task.owner {
+                    Some(owner) => f.owner(owner),
+                    None => f,
+                })
+            };
+            eggtimer_sdk::schedule(later("inherits")?)?;
+            eggtimer_sdk::schedule(later("nine")?.priority(9))?;
+            match eggtimer_sdk::schedule(later("ten")?.priority(10)) {
+                Ok(_) => return Ok(Outcome::Fail("priority 10 was taken".into())),
+                Err(e) => eggtimer_sdk::schedule(later(&e.to_string())?)?,
+            };
+        }
         "print" => {
             println!("printed by {}", task.id);
             eprintln!("warned by {}", task.id);

@@ -222,77 +222,20 @@ impl bindings::eggtimer::plugin::host::Host for State {
     }
 
     async fn schedule(&mut self, t: wit::FollowUp) -> wasmtime::Result<Result<String, String>> {
-        let c = &mut self.call;
-        if c.effects.schedule.len() >= c.budget.follow_ups {
-            return Err(OverBudget(format!(
-                "more than {} follow-up tasks in one run (raise it with --max-follow-ups)",
-                c.budget.follow_ups
-            ))
-            .into());
+        // a follow-up starts as urgently as the task that asked for it
+        let priority = self.call.priority;
+        self.follow_up(t, priority).await
+    }
+
+    async fn schedule_with_priority(
+        &mut self,
+        t: wit::FollowUp,
+        priority: u8,
+    ) -> wasmtime::Result<Result<String, String>> {
+        match limits::priority("priority", priority.into()) {
+            Ok(p) => self.follow_up(t, p).await,
+            Err(e) => Ok(Err(e.0)),
         }
-        c.spend(t.payload.len() + t.plugin.len(), "follow-up")?;
-        // the rules of a task scheduled over HTTP, with the same messages
-        if let Err(e) = limits::plugin("plugin", &t.plugin) {
-            return Ok(Err(e.0));
-        }
-        if !c.may_touch(&t.plugin) {
-            return Ok(Err(format!(
-                "plugin {:?} may not schedule tasks of plugin {:?}: a plugin schedules its own \
-                 tasks only, unless its may_schedule setting covers the other",
-                c.plugin, t.plugin
-            )));
-        }
-        let checked = limits::payload("payload", &t.payload, c.max_payload_bytes)
-            .and_then(|()| limits::time("run_at", t.run_at))
-            .and_then(|_| {
-                t.owner
-                    .as_deref()
-                    .map_or(Ok(()), |o| limits::id("owner", o))
-            })
-            .and_then(|()| {
-                let n = t.max_attempts.unwrap_or(c.default_max_attempts);
-                limits::attempts("max_attempts", n.into())
-            });
-        let max_attempts = match checked {
-            Ok(n) => n,
-            Err(e) => return Ok(Err(e.0)),
-        };
-        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&t.payload) {
-            return Ok(Err(format!("payload is not JSON: {e}")));
-        }
-        // the follow-up's plugin says whether it can read the payload (as a task scheduled over
-        // HTTP is checked)
-        if let Some(checks) = c.checks.clone() {
-            let payload = vec![t.payload.clone()];
-            match checks.check(&t.plugin, payload).await {
-                Ok(v) => {
-                    if let Some(Some(m)) = v.into_iter().next() {
-                        return Ok(Err(format!(
-                            "payload: {m} (plugin {:?} refused it)",
-                            t.plugin
-                        )));
-                    }
-                }
-                Err(e) => return Ok(Err(format!("payload: {e}"))),
-            }
-        }
-        let c = &mut self.call;
-        let id = derive_id(&c.task_id, c.occurrence, c.effects.schedule.len());
-        c.effects.schedule.push(NewTask {
-            id: id.clone(),
-            plugin: t.plugin,
-            payload: t.payload,
-            run_at: t.run_at,
-            owner: t.owner,
-            max_attempts,
-            unique_for_ms: 0,
-            traceparent: None, // the executor sets the run's context
-            start_by: None,
-            // a follow-up starts as urgently as the task that asked for it
-            priority: c.priority,
-            ..Default::default()
-        });
-        Ok(Ok(id))
     }
 
     async fn cancel(&mut self, id: String) -> wasmtime::Result<()> {
@@ -438,6 +381,85 @@ impl bindings::eggtimer::plugin::host::Host for State {
 }
 
 impl State {
+    /// Schedules follow-up `t` with `priority` (already checked) under the rules of a task
+    /// scheduled over HTTP, with the same messages.
+    async fn follow_up(
+        &mut self,
+        t: wit::FollowUp,
+        priority: u8,
+    ) -> wasmtime::Result<Result<String, String>> {
+        let c = &mut self.call;
+        if c.effects.schedule.len() >= c.budget.follow_ups {
+            return Err(OverBudget(format!(
+                "more than {} follow-up tasks in one run (raise it with --max-follow-ups)",
+                c.budget.follow_ups
+            ))
+            .into());
+        }
+        c.spend(t.payload.len() + t.plugin.len(), "follow-up")?;
+        // the rules of a task scheduled over HTTP, with the same messages
+        if let Err(e) = limits::plugin("plugin", &t.plugin) {
+            return Ok(Err(e.0));
+        }
+        if !c.may_touch(&t.plugin) {
+            return Ok(Err(format!(
+                "plugin {:?} may not schedule tasks of plugin {:?}: a plugin schedules its own \
+                 tasks only, unless its may_schedule setting covers the other",
+                c.plugin, t.plugin
+            )));
+        }
+        let checked = limits::payload("payload", &t.payload, c.max_payload_bytes)
+            .and_then(|()| limits::time("run_at", t.run_at))
+            .and_then(|_| {
+                t.owner
+                    .as_deref()
+                    .map_or(Ok(()), |o| limits::id("owner", o))
+            })
+            .and_then(|()| {
+                let n = t.max_attempts.unwrap_or(c.default_max_attempts);
+                limits::attempts("max_attempts", n.into())
+            });
+        let max_attempts = match checked {
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e.0)),
+        };
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&t.payload) {
+            return Ok(Err(format!("payload is not JSON: {e}")));
+        }
+        // the follow-up's plugin says whether it can read the payload (as a task scheduled over
+        // HTTP is checked)
+        if let Some(checks) = c.checks.clone() {
+            let payload = vec![t.payload.clone()];
+            match checks.check(&t.plugin, payload).await {
+                Ok(v) => {
+                    if let Some(Some(m)) = v.into_iter().next() {
+                        return Ok(Err(format!(
+                            "payload: {m} (plugin {:?} refused it)",
+                            t.plugin
+                        )));
+                    }
+                }
+                Err(e) => return Ok(Err(format!("payload: {e}"))),
+            }
+        }
+        let c = &mut self.call;
+        let id = derive_id(&c.task_id, c.occurrence, c.effects.schedule.len());
+        c.effects.schedule.push(NewTask {
+            id: id.clone(),
+            plugin: t.plugin,
+            payload: t.payload,
+            run_at: t.run_at,
+            owner: t.owner,
+            max_attempts,
+            unique_for_ms: 0,
+            traceparent: None, // the executor sets the run's context
+            start_by: None,
+            priority,
+            ..Default::default()
+        });
+        Ok(Ok(id))
+    }
+
     /// Sends one HTTP request of the guest (see [`HttpCtx::send`]); its bodies count in the run's
     /// effects budget.
     async fn send(

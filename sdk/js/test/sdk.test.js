@@ -19,7 +19,20 @@ test('a handler gets the parsed payload and its effects are recorded', () => {
   assert.equal(host.scheduled.length, 1);
   const [id, t] = host.scheduled[0];
   assert.equal(id, deriveId('test-task', 0, 0));
-  assert.deepEqual(t, { plugin: 'next', payload: { after: 'test-task' }, runAt: host.now + 5, owner: undefined, maxAttempts: undefined });
+  assert.deepEqual(t, { plugin: 'next', payload: { after: 'test-task' }, runAt: host.now + 5, owner: undefined, maxAttempts: undefined, priority: undefined });
+});
+
+test("a follow-up's priority is passed on; outside 0 to 9 it is refused", () => {
+  const host = new TestHost();
+  const handle = handler(() => {
+    schedule({ plugin: 'next', priority: 9 });
+    schedule({ plugin: 'next' });
+    for (const p of [10, -1, 1.5, '9']) {
+      assert.throws(() => schedule({ plugin: 'next', priority: p }), /priority must be an integer from 0 to 9/);
+    }
+  });
+  assert.deepEqual(host.run(handle, {}), { tag: 'done' });
+  assert.deepEqual(host.scheduled.map(([, t]) => t.priority), [9, undefined]);
 });
 
 test('outcomes are the WIT variants, times as numbers (the QuickJS convention)', () => {

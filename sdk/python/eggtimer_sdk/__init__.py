@@ -282,16 +282,22 @@ def now() -> int:
 
 
 def schedule(plugin: str, payload: Any = None, at: Optional[int] = None, owner: Optional[str] = None,
-             max_attempts: Optional[int] = None) -> str:
+             max_attempts: Optional[int] = None, priority: Optional[int] = None) -> str:
     """Schedules a follow-up task (``at`` defaults to now); returns its id, derived from this run's
-    task so a re-run never schedules it twice."""
-    return host.schedule(types.FollowUp(
+    task so a re-run never schedules it twice. ``priority``, 0 (lowest) to 9 (highest), defaults
+    to the priority of the task that schedules it."""
+    t = types.FollowUp(
         plugin=plugin,
         payload=canonical_json(payload),
         run_at=now() if at is None else int(at),
         owner=owner,
         max_attempts=max_attempts,
-    ))
+    )
+    if priority is None:
+        return host.schedule(t)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise Err("priority must be an integer from 0 to 9")
+    return host.schedule_with_priority(t, priority)
 
 
 def cancel(id: str) -> None:

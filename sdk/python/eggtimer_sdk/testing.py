@@ -65,6 +65,7 @@ class TestHost:
             "log": lambda level, message: self.logs.append((level.name.lower(), message)),
             "now": lambda: self.now,
             "schedule": self._schedule,
+            "schedule_with_priority": self._schedule,
             "cancel": self.cancelled.append,
             "emit": self._emit,
             "kv_get": self.kv_store.get,
@@ -104,8 +105,10 @@ class TestHost:
             raise Err(f"{topic!r} is not a topic: use 1 to 64 of a-z 0-9 . _ -")
         self.events.append((topic, json.loads(data)))
 
-    def _schedule(self, t: types.FollowUp) -> str:
+    def _schedule(self, t: types.FollowUp, priority: Optional[int] = None) -> str:
+        if priority is not None and priority > 9:
+            raise Err("priority must be an integer from 0 to 9")
         id = derive_id(self._task_id, self.occurrence, len(self.scheduled))
         self.scheduled.append((id, {"plugin": t.plugin, "payload": json.loads(t.payload), "run_at": t.run_at,
-                                    "owner": t.owner, "max_attempts": t.max_attempts}))
+                                    "owner": t.owner, "max_attempts": t.max_attempts, "priority": priority}))
         return id

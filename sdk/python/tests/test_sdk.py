@@ -32,7 +32,24 @@ def test_a_handler_gets_a_typed_payload_and_its_effects_are_recorded():
     [(id, t)] = host.scheduled
     assert id == derive_id("test-task", 0, 0)
     assert t == {"plugin": "next", "payload": {"after": "test-task"}, "run_at": host.now + 5,
-                 "owner": None, "max_attempts": None}
+                 "owner": None, "max_attempts": None, "priority": None}
+
+
+def test_a_follow_ups_priority_is_passed_on_and_outside_0_to_9_refused():
+    def urgent(task):
+        schedule("next", priority=9)
+        schedule("next")
+        for p in (10, -1, 1.5, "9", True):
+            try:
+                schedule("next", priority=p)
+            except Err as e:
+                assert e.value == "priority must be an integer from 0 to 9"
+            else:
+                raise AssertionError(f"priority {p!r} was taken")
+
+    host = TestHost()
+    assert host.run(plugin(urgent), {}) == types.Outcome_Done()
+    assert [t["priority"] for _, t in host.scheduled] == [9, None]
 
 
 def test_outcomes_are_the_wit_variants():

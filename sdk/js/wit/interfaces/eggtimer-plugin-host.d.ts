@@ -12,6 +12,12 @@ declare module 'eggtimer:plugin/host@0.1.0' {
    */
   export function schedule(task: FollowUp): string;
   /**
+   * `schedule` with a priority of its own, 0 (lowest) to 9 (highest): among tasks due, a
+   * claim takes the higher first. A follow-up scheduled with `schedule` has its task's
+   * priority. Above 9 is an error.
+   */
+  export function scheduleWithPriority(task: FollowUp, priority: number): string;
+  /**
    * Cancels a scheduled task of this plugin (no error if it does not exist or is another
    * plugin's: that one is left alone).
    */
