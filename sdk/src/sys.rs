@@ -29,8 +29,7 @@ mod imp {
             owner: t.owner,
             max_attempts: t.max_attempts,
         };
-        // without a priority the plain import, so such a plugin asks nothing a runner without
-        // `schedule-with-priority` lacks
+        // without a priority the plain import: the follow-up has its task's priority
         Ok(match t.priority {
             None => host::schedule(&f)?,
             Some(p) => host::schedule_with_priority(&f, p)?,
