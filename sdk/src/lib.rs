@@ -200,8 +200,7 @@ pub fn now() -> i64 {
 /// let next = FollowUp::new("auto-feed", &serde_json::json!({"pet_id": "p1"}))
 ///     .unwrap()
 ///     .at(1_800_000_000_000)
-///     .owner("user-42")
-///     .priority(7);
+///     .owner("user-42");
 /// # let _ = next;
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -213,8 +212,6 @@ pub struct FollowUp {
     pub run_at: i64,
     pub owner: Option<String>,
     pub max_attempts: Option<u32>,
-    /// 0 (lowest) to 9 (highest); none: the priority of the task that schedules it.
-    pub priority: Option<u8>,
 }
 
 impl FollowUp {
@@ -226,7 +223,6 @@ impl FollowUp {
             run_at: now(),
             owner: None,
             max_attempts: None,
-            priority: None,
         })
     }
 
@@ -251,9 +247,47 @@ impl FollowUp {
     /// Of this priority, 0 (lowest) to 9 (highest): among tasks due, a claim takes the higher
     /// first. Without it a follow-up has the priority of the task that schedules it; above 9,
     /// [`schedule`] answers an error.
-    pub fn priority(mut self, p: u8) -> Self {
-        self.priority = Some(p);
-        self
+    ///
+    /// A plugin that gives a follow-up a priority imports the contract's
+    /// `schedule-with-priority`, and loads only on runners that offer it; one that never does
+    /// imports `schedule` alone, as before.
+    pub fn priority(self, priority: u8) -> WithPriority {
+        WithPriority {
+            task: self,
+            priority,
+        }
+    }
+}
+
+/// A follow-up with a priority of its own ([`FollowUp::priority`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WithPriority {
+    pub task: FollowUp,
+    pub priority: u8,
+}
+
+/// What [`schedule`] takes: a [`FollowUp`], or one [`WithPriority`]. Each calls its own host
+/// function, so a plugin imports only those it uses.
+pub trait Schedulable: sealed::Sealed {
+    #[doc(hidden)]
+    fn schedule(self) -> Result<String>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::FollowUp {}
+    impl Sealed for super::WithPriority {}
+}
+
+impl Schedulable for FollowUp {
+    fn schedule(self) -> Result<String> {
+        sys::schedule(self, None)
+    }
+}
+
+impl Schedulable for WithPriority {
+    fn schedule(self) -> Result<String> {
+        sys::schedule(self.task, Some(self.priority))
     }
 }
 
@@ -267,8 +301,8 @@ impl FollowUp {
 /// let id = schedule(FollowUp::new("noop", &()).unwrap()).unwrap();
 /// assert!(!id.is_empty());
 /// ```
-pub fn schedule(task: FollowUp) -> Result<String> {
-    sys::schedule(task)
+pub fn schedule(task: impl Schedulable) -> Result<String> {
+    task.schedule()
 }
 
 /// Cancels a scheduled task of this plugin (nothing happens if it does not exist, already ran, or

@@ -21,7 +21,10 @@ mod imp {
         host::now()
     }
 
-    pub fn schedule(t: FollowUp) -> Result<String> {
+    /// (`priority` is a constant at each call site: only the `Some` arm's import is linked
+    /// where a plugin gives priorities)
+    #[inline(always)]
+    pub fn schedule(t: FollowUp, priority: Option<u8>) -> Result<String> {
         let f = types::FollowUp {
             plugin: t.plugin,
             payload: t.payload,
@@ -30,7 +33,7 @@ mod imp {
             max_attempts: t.max_attempts,
         };
         // without a priority the plain import: the follow-up has its task's priority
-        Ok(match t.priority {
+        Ok(match priority {
             None => host::schedule(&f)?,
             Some(p) => host::schedule_with_priority(&f, p)?,
         })
@@ -104,8 +107,8 @@ mod imp {
         with_host(|h| h.now)
     }
 
-    pub fn schedule(t: FollowUp) -> Result<String> {
-        with_host(|h| h.schedule(t))
+    pub fn schedule(t: FollowUp, priority: Option<u8>) -> Result<String> {
+        with_host(|h| h.schedule(t, priority))
     }
 
     pub fn cancel(id: &str) {
