@@ -333,6 +333,25 @@ pub async fn metric(base: &str, series: &str) -> Option<f64> {
 }
 
 /// Schedules one spec or an array through the API, expecting 201.
+/// An owner's scheduled tasks as (what `name` reads off each, its `priority`), sorted by the
+/// first: `name` picks the field that tells them apart.
+pub async fn owner_priorities(
+    base: &str,
+    owner: &str,
+    name: fn(&serde_json::Value) -> &serde_json::Value,
+) -> Vec<(String, serde_json::Value)> {
+    let (s, list) = call("GET", &format!("{base}/v1/owners/{owner}/tasks"), None).await;
+    assert_eq!(s, 200, "{list}");
+    let mut got: Vec<(String, serde_json::Value)> = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|t| (name(t).as_str().unwrap().to_owned(), t["priority"].clone()))
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    got
+}
+
 pub async fn post_tasks(base: &str, specs: serde_json::Value) {
     let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;
     assert_eq!(s, 201, "{b}");

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use eggtimer_tests::guests::{events_by_task, guest_runner as runner, program, run_ok, upload_all};
 use eggtimer_tests::{
-    RedisServer, built_plugins, call, plugin_wasm, post_tasks, read_events, temp_dir, upload,
-    wait_state, workspace,
+    RedisServer, built_plugins, call, owner_priorities, plugin_wasm, post_tasks, read_events,
+    temp_dir, upload, wait_state, workspace,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -205,27 +205,14 @@ async fn typescript_and_python_plugins_give_their_follow_ups_a_priority() {
     .await;
     wait_state(base, "ts", "done", T).await;
     wait_state(base, "py", "done", T).await;
-    let (s, list) = call("GET", &format!("{base}/v1/owners/lang/tasks"), None).await;
-    assert_eq!(s, 200, "{list}");
-    let mut got: Vec<(String, Value)> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            (
-                t["plugin"].as_str().unwrap().to_owned(),
-                t["priority"].clone(),
-            )
-        })
-        .collect();
-    got.sort_by(|a, b| a.0.cmp(&b.0));
+    let got = owner_priorities(base, "lang", |t| &t["plugin"]).await;
     assert_eq!(
         got,
         [
             ("test-throw-py".to_owned(), json!(3)),
             ("test-throw-ts".to_owned(), json!(7)),
         ],
-        "{list}"
+        "{got:?}"
     );
     for id in ["ts-bad", "py-bad"] {
         let t = wait_state(base, id, "dead", T).await;

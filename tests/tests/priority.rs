@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use eggtimer::store::{NewTask, ScheduleMode, StoreOptions};
 use eggtimer_tests::{
-    RedisServer, call, eventually, key, noop_task, now_ms, post_tasks, read_events_timed,
-    runner_fast_retry as start, wait_state,
+    RedisServer, call, eventually, key, noop_task, now_ms, owner_priorities, post_tasks,
+    read_events_timed, runner_fast_retry as start, wait_state,
 };
 use serde_json::{Value, json};
 
@@ -318,25 +318,7 @@ async fn a_follow_up_inherits_its_tasks_priority_or_has_its_own() {
     )
     .await;
     wait_state(&r.url, "parent", "done", T).await;
-    let (s, list) = call(
-        "GET",
-        &format!("{}/v1/owners/prio-owner/tasks", r.url),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200, "{list}");
-    let mut got: Vec<(String, Value)> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            (
-                t["payload"]["id"].as_str().unwrap().to_owned(),
-                t["priority"].clone(),
-            )
-        })
-        .collect();
-    got.sort_by(|a, b| a.0.cmp(&b.0));
+    let got = owner_priorities(&r.url, "prio-owner", |t| &t["payload"]["id"]).await;
     assert_eq!(
         got,
         [
@@ -348,6 +330,6 @@ async fn a_follow_up_inherits_its_tasks_priority_or_has_its_own() {
                 json!(4)
             ),
         ],
-        "{list}"
+        "{got:?}"
     );
 }
