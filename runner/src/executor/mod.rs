@@ -34,7 +34,7 @@ mod run;
 mod share;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -105,6 +105,23 @@ impl Default for ExecutorOptions {
     }
 }
 
+/// Counts a poller in [`Executor::reserve`] for as long as it waits there (the wait may be
+/// dropped unfinished, when the poller's next due time comes first).
+struct Reserving<'a>(&'a AtomicUsize);
+
+impl<'a> Reserving<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Reserving(count)
+    }
+}
+
+impl Drop for Reserving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Room for claimed tasks, taken by a poller before it claims; what it does not use goes back
 /// when it is dropped, and pollers waiting for room are woken.
 pub struct Reservation {
@@ -154,6 +171,8 @@ pub struct Executor {
     /// The pollers' turns at the room (one permit): they wait for it in the order they came, so
     /// no shard's poller is passed over while others claim again and again.
     turns: Arc<Semaphore>,
+    /// How many pollers are waiting for room (in [`Executor::reserve`]).
+    reserving: AtomicUsize,
     /// Moving average of a run's time (µs), for the adaptive prefetch.
     run_us: AtomicU64,
     metrics: Arc<Metrics>,
@@ -243,6 +262,7 @@ impl Executor {
             finisher: tx,
             freed,
             turns: Arc::new(Semaphore::new(1)),
+            reserving: AtomicUsize::new(0),
             run_us: AtomicU64::new(1_000),
             metrics,
             stopping,
@@ -281,26 +301,45 @@ impl Executor {
     /// The pollers of the shards take turns at the room, in the order they asked (`turns`):
     /// woken all at once when room frees, the one that claimed last would otherwise run first
     /// and claim again (the runtime starts the task it woke last first), and a shard whose
-    /// poller keeps losing waits with its due tasks while others claim.
+    /// poller keeps losing waits with its due tasks while others claim. A poller keeps its place
+    /// in the line for as long as it waits, so the shards of a backlog claim in rotation and
+    /// another owner's task due in one of them waits a round of claims, not several; and while
+    /// others wait, a claim takes an eighth of the target at most, so a round is short.
     ///
     /// With `headroom` (the shard has due tasks that were not set aside) while one plugin is
     /// crowding the runner, it takes a few slots more at once when there is no other room
-    /// (beyond the target, within the capacity): a claim gives those places only to plugins
-    /// under their part. So another plugin's task due behind a slow backlog is claimed when
-    /// due, and starts on a worker of its plugin's share (see `share`).
+    /// (beyond the target, within the capacity), out of turn: a claim gives those places only
+    /// to plugins under their part. So another plugin's task due behind a slow backlog is
+    /// claimed when due, and starts on a worker of its plugin's share (see `share`). Out of
+    /// turn it takes the headroom alone, never the room the line is waiting for.
     pub async fn reserve(&self, max: usize, headroom: bool) -> Option<Reservation> {
         let max = max.max(1);
+        let _counted = Reserving::new(&self.reserving);
         let mut turn = None;
+        // this poller's place in the line: asked once and kept while it waits for room (asked
+        // again at each wake-up, it went to the back of the line each time room freed)
+        let in_line = Arc::clone(&self.turns).acquire_owned();
+        tokio::pin!(in_line);
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if turn.is_none() {
-                turn = Arc::clone(&self.turns).try_acquire_owned().ok();
+            if turn.is_none()
+                && let Some(t) = futures::FutureExt::now_or_never(in_line.as_mut())
+            {
+                turn = Some(t.ok()?);
             }
             let held = self.capacity() - self.slots.available_permits();
             let target = self.target_held();
-            let room = target.saturating_sub(held).min(max);
+            // while other shards' pollers wait in line, a claim takes an eighth of the target,
+            // so the line goes round within about two prefetch horizons and a task due in any
+            // of those shards waits about that long, not sixteen claims of a whole batch
+            let per_claim = if self.reserving.load(Ordering::Relaxed) > 1 {
+                (target / 8).max(1)
+            } else {
+                max
+            };
+            let room = target.saturating_sub(held).min(max).min(per_claim);
             let reservation = |permits, spare| Reservation {
                 permits,
                 freed: Arc::clone(&self.freed),
@@ -312,15 +351,17 @@ impl Executor {
             {
                 return Some(reservation(p, 0));
             }
-            let with_headroom = (room + self::headroom(self.opts.workers.max(1)))
+            // out of turn, the headroom alone: the room is the turn's
+            let with_room = if turn.is_some() { room } else { 0 };
+            let with_headroom = (with_room + self::headroom(self.opts.workers.max(1)))
                 .min(max)
                 .min(self.slots.available_permits());
             if headroom
-                && with_headroom > room
+                && with_headroom > with_room
                 && self.crowded()
                 && let Ok(p) = Arc::clone(&self.slots).try_acquire_many_owned(with_headroom as u32)
             {
-                return Some(reservation(p, with_headroom - room));
+                return Some(reservation(p, with_headroom - with_room));
             }
             if self.slots.is_closed() {
                 return None;
@@ -332,7 +373,7 @@ impl Executor {
             } else {
                 tokio::select! {
                     () = &mut freed => {}
-                    t = Arc::clone(&self.turns).acquire_owned() => turn = Some(t.ok()?),
+                    t = in_line.as_mut() => turn = Some(t.ok()?),
                 }
             }
         }
