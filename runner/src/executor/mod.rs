@@ -325,7 +325,7 @@ impl Executor {
             tokio::pin!(freed);
             freed.as_mut().enable();
             if turn.is_none()
-                && let Some(t) = futures::FutureExt::now_or_never(in_line.as_mut())
+                && let Some(t) = in_line.as_mut().now_or_never()
             {
                 turn = Some(t.ok()?);
             }
