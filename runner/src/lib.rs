@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;
+mod counted;
 pub mod dry_local;
 pub mod executor;
 pub mod failpoint;

@@ -332,7 +332,6 @@ pub async fn metric(base: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Schedules one spec or an array through the API, expecting 201.
 /// An owner's scheduled tasks as (what `name` reads off each, its `priority`), sorted by the
 /// first: `name` picks the field that tells them apart.
 pub async fn owner_priorities(
@@ -352,6 +351,7 @@ pub async fn owner_priorities(
     got
 }
 
+/// Schedules one spec or an array through the API, expecting 201.
 pub async fn post_tasks(base: &str, specs: serde_json::Value) {
     let (s, b) = call("POST", &format!("{base}/v1/tasks"), Some(specs)).await;
     assert_eq!(s, 201, "{b}");

@@ -52,6 +52,7 @@ pub use run::backoff_ms;
 pub(crate) use share::Slot;
 use share::{Shares, StartQueue};
 
+use crate::counted::Counted;
 use crate::metrics::Metrics;
 use crate::store::{Claimed, Store};
 use crate::trace;
@@ -102,23 +103,6 @@ impl Default for ExecutorOptions {
             retry_base_ms: 1000,
             retry_cap_ms: 3_600_000,
         }
-    }
-}
-
-/// Counts a poller in [`Executor::reserve`] for as long as it waits there (the wait may be
-/// dropped unfinished, when the poller's next due time comes first).
-struct Reserving<'a>(&'a AtomicUsize);
-
-impl<'a> Reserving<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Reserving(count)
-    }
-}
-
-impl Drop for Reserving<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -314,7 +298,8 @@ impl Executor {
     /// turn it takes the headroom alone, never the room the line is waiting for.
     pub async fn reserve(&self, max: usize, headroom: bool) -> Option<Reservation> {
         let max = max.max(1);
-        let _counted = Reserving::new(&self.reserving);
+        // (counted while it waits here, also when the wait is dropped for the next due time)
+        let _counted = Counted::new(&self.reserving);
         let mut turn = None;
         // this poller's place in the line: asked once and kept while it waits for room (asked
         // again at each wake-up, it went to the back of the line each time room freed)

@@ -23,6 +23,7 @@ use super::compiler::{self, CompileLimits};
 use super::host::State;
 use super::limiter;
 use super::{Loaded, PluginOptions, digest};
+use crate::counted::Counted;
 
 /// How long one epoch tick is: a running guest yields (and its time limit is checked) this often.
 pub(super) const TICK: Duration = Duration::from_millis(10);
@@ -42,22 +43,6 @@ pub(super) struct WasmEngine {
     compiles: AtomicUsize,
     /// When the cache was last cleaned (at most hourly).
     cleaned: Mutex<Option<Instant>>,
-}
-
-/// Counts a compile in `compiles` while it lives.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        Counted(n)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The compiled-code cache: a private directory, the key its files are signed with, and how long
