@@ -58,6 +58,10 @@ pub struct Args {
     /// Most tasks one claim takes (the runner's --claim-batch).
     #[arg(long, default_value_t = 256)]
     pub claim_batch: usize,
+    /// Furthest ahead of their due time tasks are claimed under a steady stream, ms (the
+    /// runner's --claim-ahead; 0: only what is due).
+    #[arg(long, default_value_t = 20)]
+    pub claim_ahead_ms: u64,
     /// Most tasks claimed beyond the free workers (the runner's --prefetch).
     #[arg(long, default_value_t = 1024)]
     pub prefetch: usize,

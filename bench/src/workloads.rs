@@ -159,6 +159,7 @@ impl Bench {
     pub(crate) fn runner(&self, rec: Arc<Recorder>) -> Runner {
         let mut opts = RunnerOptions::default();
         opts.poller.batch = self.args.claim_batch;
+        opts.poller.ahead = std::time::Duration::from_millis(self.args.claim_ahead_ms);
         opts.exec.prefetch = self.args.prefetch;
         opts.exec.workers = self.args.workers;
         Runner::start(self.store.clone(), rec, opts, Arc::new(Metrics::default()))

@@ -323,6 +323,7 @@ fn runner_options(args: &ServeArgs, addr: SocketAddr) -> RunnerOptions {
         poller: PollerOptions {
             batch: args.claim_batch,
             fallback: args.fallback_poll,
+            ahead: args.claim_ahead,
         },
         membership: MembershipOptions {
             lease: args.shard_lease,

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use eggtimer::store::{Finish, Finished, ScheduleMode};
-use eggtimer_tests::{RedisServer, claim_when_due, key, noop_task as task, store_on as store};
+use eggtimer::store::{Finish, Finished, ScheduleMode, Share};
+use eggtimer_tests::{
+    RedisServer, claim_when_due, key, noop_task as task, now_ms, store_on as store,
+};
 
 #[tokio::test]
 async fn a_claim_is_fenced_by_its_token_even_when_attempts_repeat() {
@@ -152,7 +154,6 @@ async fn renewing_keeps_a_slow_task_from_being_reaped() {
 /// were written without a head (the data of a build that kept none) counts as due.
 #[tokio::test]
 async fn a_crowded_claim_sets_aside_nothing_for_another_plugins_later_tasks() {
-    use eggtimer::store::Share;
     let redis = RedisServer::start();
     let s = store(&redis, 1).await;
     let k = s.keys().shard(0);
@@ -180,6 +181,7 @@ async fn a_crowded_claim_sets_aside_nothing_for_another_plugins_later_tasks() {
         headroom,
         part: 10,
         extra: 512,
+        ..Default::default()
     };
     let b = s.claim_shared(0, 50, 30_000, &crowded(0)).await.unwrap();
     assert_eq!((b.tasks.len(), b.set_aside), (50, 0));
@@ -366,4 +368,59 @@ async fn an_owners_weight_is_its_share_of_a_claims_places() {
     assert!(a >= 20 && a + b == 30, "a {a}, b {b}");
     s.set_owner_weight("noop", "a", None).await.unwrap();
     assert_eq!(s.owner_weight("noop", "a").await.unwrap(), None);
+}
+
+/// A claim ahead takes the tasks falling due within its window (by Redis's clock, which its
+/// answer carries), none later, and leaves none of the window behind; the window is at most a
+/// second whatever the runner asks.
+#[tokio::test]
+async fn a_claim_ahead_takes_what_falls_due_within_its_window_and_nothing_later() {
+    let redis = RedisServer::start();
+    let s = store(&redis, 1).await;
+    let t = now_ms();
+    let tasks = [
+        task("a", t + 1500),
+        task("b", t + 1800),
+        task("c", t + 600_000),
+    ];
+    s.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let ahead = |ahead_ms| Share {
+        ahead_ms,
+        ..Default::default()
+    };
+    let now = s.claim_shared(0, 10, 30_000, &ahead(0)).await.unwrap();
+    assert!(now.tasks.is_empty(), "nothing is due yet: {:?}", now.tasks);
+    let mut claimed = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while claimed.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a and b claimed ahead within 10 s: {claimed:?}"
+        );
+        // asking for a minute ahead gets a second at most
+        let b = s.claim_shared(0, 10, 30_000, &ahead(60_000)).await.unwrap();
+        for task in &b.tasks {
+            assert!(
+                task.due <= b.now + 1000,
+                "{} claimed {} ms ahead",
+                task.id,
+                task.due - b.now
+            );
+        }
+        if let Some(next) = b.next_due {
+            assert!(
+                next > b.now + 1000,
+                "a task due within the window was left: {next} at {}",
+                b.now
+            );
+        }
+        claimed.extend(b.tasks.into_iter().map(|task| (task.id, task.due > b.now)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ids: Vec<&str> = claimed.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, [key("a"), key("b")]);
+    assert!(
+        claimed.iter().all(|&(_, ahead)| ahead),
+        "each was claimed before its due time: {claimed:?}"
+    );
 }

@@ -14,7 +14,8 @@
 //! outcomes wait until there are 256 or the oldest has waited 2 ms).
 //!
 //! Files: `handler` (the seam and what a run returns), `run` (one run, from a claimed task to
-//! its outcome), `commit` (a run's effects), `held` (the
+//! its outcome), `ahead` (tasks claimed ahead, waiting for their due time), `commit` (a run's
+//! effects), `held` (the
 //! claims held, and the [`LeaseKeeper`] that renews their leases), `finisher` (the
 //! [`Finisher`], recording outcomes). The runner starts the lease keeper and the finisher beside
 //! the executor.
@@ -25,6 +26,7 @@
 //!
 //! [`reserve`]: Executor::reserve
 
+mod ahead;
 mod commit;
 mod finisher;
 mod handler;
@@ -366,12 +368,21 @@ impl Executor {
 
     /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
     /// A free worker starts a task of the plugin with the fewest runs going, the earliest
-    /// claimed of it (claims return a plugin's tasks in due order).
+    /// claimed of it (claims return a plugin's tasks in due order); a task claimed ahead (due
+    /// after `now`, the claim's Redis time) waits for its due time first (see `ahead`).
     /// `sent`: when the claim's request was sent (its leases run at least a lease from then).
-    pub fn submit(self: &Arc<Self>, tasks: Vec<Claimed>, mut res: Reservation, sent: Instant) {
+    pub fn submit(
+        self: &Arc<Self>,
+        tasks: Vec<Claimed>,
+        mut res: Reservation,
+        sent: Instant,
+        now: i64,
+    ) {
+        let answered = Instant::now();
         if let Some(first) = tasks.first() {
             self.metrics.observe_claims(first.shard, tasks.len() as u64);
         }
+        let mut later = Vec::new();
         let mut queue = self.queue.lock();
         for task in tasks {
             let Some(permit) = res.permits.split(1) else {
@@ -381,9 +392,14 @@ impl Executor {
             };
             self.held.insert(&task, sent);
             let slot = Slot::new(permit, &task.plugin, &self.shares);
-            queue.push(task, slot);
+            if task.due > now {
+                later.push((task, slot));
+            } else {
+                queue.push(task, slot);
+            }
         }
         drop(queue);
+        self.start_when_due(later, now, answered);
         self.start_waiting();
     }
 

@@ -50,6 +50,7 @@ impl Executor {
             headroom: res.headroom,
             // headroom goes to plugins not crowding the runner
             part,
+            ahead_ms: 0,
         }
     }
 

@@ -70,6 +70,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Tasks that waited for their plugin's fair share of this runner while other plugins' tasks ran: due tasks its claims set aside, and claimed tasks held back from a free worker.",
     ),
     (
+        "eggtimer_claimed_ahead_total",
+        "counter",
+        "Tasks this runner claimed before their due time (under a steady stream, `--claim-ahead`) and started at it.",
+    ),
+    (
         "eggtimer_effect_bytes_total",
         "counter",
         "Bytes of kv writes, events and follow-ups committed by runs, per plugin.",

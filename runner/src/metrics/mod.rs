@@ -89,6 +89,7 @@ pub struct Metrics {
     running: Gauge,
     redis_full: Gauge,
     share_waits: Counter,
+    claimed_ahead: Counter,
     /// Lateness bucket counts since the last [`Metrics::take_recent`] (all plugins).
     recent_lateness: [AtomicU64; LATENESS_BUCKETS],
     /// The sum of those tasks' lateness (ms) per bucket.
@@ -140,6 +141,10 @@ impl Metrics {
             &Key::from_static_name("eggtimer_fair_share_waits_total"),
             &meta(),
         );
+        let claimed_ahead = recorder.register_counter(
+            &Key::from_static_name("eggtimer_claimed_ahead_total"),
+            &meta(),
+        );
         Metrics {
             recorder: Arc::new(recorder),
             handle,
@@ -148,6 +153,7 @@ impl Metrics {
             running,
             redis_full,
             share_waits,
+            claimed_ahead,
             recent_lateness: Default::default(),
             recent_lateness_sum: Default::default(),
         }
@@ -280,6 +286,11 @@ impl Metrics {
     /// Tasks that waited for their plugin's fair share.
     pub fn observe_share_waits(&self, n: u64) {
         self.share_waits.increment(n);
+    }
+
+    /// Tasks claimed before their due time, to start at it.
+    pub fn observe_claimed_ahead(&self, n: u64) {
+        self.claimed_ahead.increment(n);
     }
 
     /// A shard's claims were refused because Redis is out of memory (`full`), or are taken again.

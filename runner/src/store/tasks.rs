@@ -74,7 +74,8 @@ impl Store {
         inv.arg(limit).arg(lease_ms).arg(held).arg(share.extra);
         inv.arg(share.headroom)
             .arg(share.part)
-            .arg(self.inner.opts.priority_aging_ms);
+            .arg(self.inner.opts.priority_aging_ms)
+            .arg(share.ahead_ms);
         let v: Vec<Value> = inv
             .invoke_async(&mut self.conn())
             .await

@@ -138,6 +138,9 @@ pub struct Share {
     pub headroom: usize,
     pub part: usize,
     pub extra: usize,
+    /// Apart from the share: tasks due up to this many ms from Redis's now are claimed too (claim
+    /// ahead; the runner starts each at its due time). 0: only what is due now.
+    pub ahead_ms: u64,
 }
 
 /// The outcome to record for a claimed task.

@@ -19,14 +19,18 @@
 -- Priority (see `priority`): where the shard has tasks of priority > 0, those due ARGV[7] ms ago
 -- or earlier come first, then the higher priority's, each in due order (and inside an owner's
 -- turn, the higher first).
--- The clock is Redis TIME, one clock for all runners; a task is never claimed before its due time.
+-- Claim ahead: ARGV[8] ms (0 when absent) is how far past Redis's clock a task may fall due and be
+-- claimed; the runner starts such a task at its due time (a timer of its own). 0: only tasks due
+-- now, as a runner that is not under a steady load asks.
+-- The clock is Redis TIME, one clock for all runners; a task is never claimed earlier than its due
+-- time less ARGV[8].
 -- Hot path: only the record's prefix up to `fin` is rewritten (no full decode) unless the shard
 -- has owners to unindex, and each key is written once per claim (variadic calls), not per task.
 -- A task put back by lease expiry (in `rerun`) is returned with the first claim of that chain,
 -- under whose marker its effects are committed (listed apart: most tasks have none, and every
 -- value of the reply costs Redis and the runner a little).
 -- KEYS: the shard's keys (the `shard` part). ARGV: limit, lease_ms, held, extra, headroom, part,
--- aging_ms.
+-- aging_ms, ahead_ms.
 -- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
 -- Returns: a flat array of named slots (`local NOW, ...` below; the runner decodes them by the
@@ -59,6 +63,8 @@ local extra = tonumber(ARGV[4]) or 0
 local headroom, part = math.min(tonumber(ARGV[5]) or 0, limit), tonumber(ARGV[6]) or 0
 local aging = tonumber(ARGV[7]) or 60000
 local now = now_ms()
+-- what counts as due: up to `ahead` ms past now (the tasks a runner claims ahead)
+local due_by = now + math.max(0, math.min(tonumber(ARGV[8]) or 0, 1000))
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
 -- (the next lease end) from them unless it reaped
 local lease_head = first_score(K_CLAIM_LEASES)
@@ -73,7 +79,7 @@ local out = { now, 0, 0, 0, firsts, 0, 0, 1, -1 } -- in the order of the names a
 -- tasks due, headroom places go to it only while it holds less than `part`.
 local walk, due, later = limit, nil, nil
 if extra > 0 or headroom > 0 then
-  due, later = due_plugins(now, held, part, most)
+  due, later = due_plugins(due_by, held, part, most)
   if #due > 1 then
     walk = limit + extra
   elseif headroom > 0 then
@@ -83,8 +89,8 @@ if extra > 0 or headroom > 0 then
 end
 -- (the owner index exists where some scheduled task has an owner: then owners take turns)
 local has_owners = redis.call('EXISTS', K_BYOWNER) == 1
-local ids, head = fair_take(now, walk, has_owners, aging)
-local waits = waiting_due(now, limit)
+local ids, head = fair_take(due_by, walk, has_owners, aging)
+local waits = waiting_due(due_by, limit)
 -- the tasks to claim, in due order (parallel lists: no table per task on the hot path)
 local c_ids, c_recs, c_dues, c_atts, c_mcs, c_rests, c_plugins = {}, {}, {}, {}, {}, {}, {}
 local parked = {}

@@ -1,0 +1,161 @@
+//! Claim ahead: under a steady stream a runner claims what falls due within a few ms in one
+//! script and starts each task at its due time. Never early (by Redis's clock, which decides what
+//! is due), each task once, a cancel answered 204 means the task never runs, one answered 409
+//! means it runs once, and a runner killed -9 with tasks claimed ahead loses and doubles none.
+//! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, metric, now_ms, post_tasks, read_events_timed,
+    runners_holding_shards,
+};
+use serde_json::{Value, json};
+
+/// `n` tasks of `bench-record` due one a ms from `first` (ids `k0`…): a steady stream of
+/// 1,000 a second on the runner's one shard.
+async fn stream(base: &str, first: i64, n: usize) -> HashMap<String, i64> {
+    let mut due = HashMap::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let specs: Vec<Value> = chunk
+            .iter()
+            .map(|&i| {
+                let id = format!("k{i}");
+                let at = first + i as i64;
+                due.insert(id.clone(), at);
+                json!({"plugin": "bench-record", "id": id, "run_at": at, "payload": {}})
+            })
+            .collect();
+        post_tasks(base, json!(specs)).await;
+    }
+    due
+}
+
+/// Every `bench` event so far: task id → the Redis times (ms) of its events' XADDs (each after
+/// its handler started).
+fn runs(redis: &RedisServer) -> HashMap<String, Vec<i64>> {
+    let mut runs: HashMap<String, Vec<i64>> = HashMap::new();
+    for (at, _, data) in read_events_timed(&mut redis.conn(), &["bench-record"], "bench") {
+        let id = data["id"]
+            .as_str()
+            .expect("the event names its task")
+            .to_owned();
+        runs.entry(id).or_default().push(at);
+    }
+    runs
+}
+
+/// Waits until `want` tasks have run.
+async fn wait_runs(redis: &RedisServer, want: usize, limit: Duration) -> HashMap<String, Vec<i64>> {
+    eventually(limit, &format!("{want} tasks to run"), || async {
+        let r = runs(redis);
+        (r.len() >= want).then_some(r)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_streams_tasks_claimed_ahead_start_at_their_due_time_and_a_204_cancel_never_runs()
+{
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "50ms"]);
+    let n = 2000;
+    let first = now_ms() + 2000;
+    let due = stream(&runner.url, first, n).await;
+    // cancels sent 12 ms before their task's due time, one every 25 tasks: a claim ahead
+    // under this stream takes about the next 16 ms, so some find their task claimed (409)
+    // and the others still scheduled (204)
+    let mut cancelled = HashSet::new();
+    let mut refused = HashSet::new();
+    for i in (100..n).step_by(25) {
+        let id = format!("k{i}");
+        let send_at = due[&id] - 12;
+        let wait = send_at - now_ms();
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        }
+        let (s, b) = call("DELETE", &format!("{}/v1/tasks/{id}", runner.url), None).await;
+        let answered = now_ms();
+        let why = b["error"]["message"].as_str().unwrap_or_default();
+        match s {
+            204 => assert!(cancelled.insert(id)),
+            // (a cancel that came late, on a loaded machine, may find its task done)
+            409 if why.contains("running") || (why.contains("done") && answered >= due[&id]) => {
+                assert!(refused.insert(id));
+            }
+            _ => panic!(
+                "cancel of {id} answered at {answered}, due {}: {s} {b}",
+                due[&id]
+            ),
+        }
+    }
+    let runs = wait_runs(&redis, n - cancelled.len(), Duration::from_secs(30)).await;
+    let ahead = metric(&runner.url, "eggtimer_claimed_ahead_total")
+        .await
+        .unwrap_or(0.0);
+    eprintln!(
+        "claimed ahead: {ahead} of {n}; cancels 12 ms ahead: {} answered 204, {} 409",
+        cancelled.len(),
+        refused.len()
+    );
+    assert!(
+        ahead >= (n / 4) as f64,
+        "the stream was claimed ahead: {ahead} of {n} tasks"
+    );
+    assert!(
+        !refused.is_empty() && !cancelled.is_empty(),
+        "cancels 12 ms ahead found some tasks claimed ahead (409: {}) and some scheduled (204: {})",
+        refused.len(),
+        cancelled.len()
+    );
+    for id in &cancelled {
+        assert!(
+            !runs.contains_key(id),
+            "{id} ran after its cancel was answered 204"
+        );
+    }
+    for (id, at) in &due {
+        if cancelled.contains(id) {
+            continue;
+        }
+        let ats = runs.get(id).unwrap_or_else(|| panic!("{id} never ran"));
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        assert!(ats[0] >= *at, "{id} started {} ms early", at - ats[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_with_tasks_claimed_ahead_loses_none_and_doubles_none() {
+    let redis = RedisServer::start();
+    let args = [
+        "--shards",
+        "1",
+        "--claim-ahead",
+        "50ms",
+        "--shard-lease",
+        "1s",
+        "--lease",
+        "1s",
+    ];
+    let mut a = RunnerProcess::with_plugins(&redis, &args);
+    runners_holding_shards(&a.url, 1).await;
+    let b = RunnerProcess::with_plugins(&redis, &args);
+    let n = 3000;
+    let first = now_ms() + 1500;
+    let due = stream(&a.url, first, n).await;
+    // killed in the middle of the stream, while it holds tasks claimed ahead
+    eventually(Duration::from_secs(20), "tasks claimed ahead", || async {
+        let ahead = metric(&a.url, "eggtimer_claimed_ahead_total").await;
+        (ahead.unwrap_or(0.0) >= 200.0).then_some(())
+    })
+    .await;
+    a.kill();
+    let runs = wait_runs(&redis, n, Duration::from_secs(40)).await;
+    for (id, at) in &due {
+        let ats = runs.get(id).unwrap_or_else(|| panic!("{id} never ran"));
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        assert!(ats[0] >= *at, "{id} started {} ms early", at - ats[0]);
+    }
+    drop(b);
+}
