@@ -15,6 +15,7 @@ pub mod local_redis;
 pub mod membership;
 pub mod metrics;
 pub mod names;
+mod pace;
 pub mod plugin_settings;
 pub mod plugins;
 pub mod policy;

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::executor::{Executor, Reservation};
+use crate::pace::Pace;
 use crate::shards::{ShardSlot, Shards};
 use crate::store::{ClaimBatch, Heard, Store};
 
@@ -30,8 +31,8 @@ pub struct PollerOptions {
     pub batch: usize,
     /// Longest sleep without a claim, in case a wake-up was lost.
     pub fallback: Duration,
-    /// Furthest ahead of their due time tasks are claimed under a steady stream (see [`Pace`]);
-    /// zero: only what is due.
+    /// Furthest ahead of their due time tasks are claimed under a steady stream (see
+    /// [`AHEAD_TASKS`]); zero: only what is due.
     pub ahead: Duration,
 }
 
@@ -47,53 +48,11 @@ impl Default for PollerOptions {
 
 /// About how many tasks a claim under a steady stream should take: a claim costs Redis mostly
 /// its fixed cost, so one claim for this many tasks instead of one each cuts its work severalfold.
+/// A poller claims ahead as far as the shard's [`Pace`] says so many take to fall due, never past
+/// `--claim-ahead`; nothing ahead while the shard is quiet (fewer than two tasks would fall in
+/// that window: a claim then costs little, and a task stays cancellable until it is due) or has
+/// a backlog (claims are full anyway, and the room is for what is due).
 const AHEAD_TASKS: f64 = 16.0;
-/// How often a shard's pace is measured again.
-const PACE_WINDOW: Duration = Duration::from_millis(100);
-
-/// How fast a shard's tasks have been claimed lately, and so how far ahead to claim: far enough
-/// that a claim takes about [`AHEAD_TASKS`], never past the runner's `--claim-ahead`; nothing
-/// ahead while the shard is quiet (fewer than two tasks would fall in that window: a claim then
-/// costs little, and a task stays cancellable until it is due) or has a backlog (claims are full
-/// anyway, and the room is for what is due).
-struct Pace {
-    since: Instant,
-    claimed: u64,
-    /// Tasks claimed per ms in the last whole window.
-    per_ms: f64,
-}
-
-impl Default for Pace {
-    fn default() -> Self {
-        Pace {
-            since: Instant::now(),
-            claimed: 0,
-            per_ms: 0.0,
-        }
-    }
-}
-
-impl Pace {
-    fn note(&mut self, claimed: usize) {
-        self.claimed += claimed as u64;
-        let took = self.since.elapsed();
-        if took >= PACE_WINDOW {
-            self.per_ms = self.claimed as f64 / took.as_secs_f64() / 1000.0;
-            self.claimed = 0;
-            self.since = Instant::now();
-        }
-    }
-
-    /// How far ahead (ms) the next claim takes, at most `most`.
-    fn ahead_ms(&self, most: Duration, backlog: bool) -> u64 {
-        let most = most.as_millis() as f64;
-        if backlog || self.per_ms * most < 2.0 {
-            return 0;
-        }
-        (AHEAD_TASKS / self.per_ms).clamp(1.0, most).ceil() as u64
-    }
-}
-
 /// Listens for wake messages on Redis pub/sub until `stop`.
 pub async fn listen(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
     let mut sub = store.subscribe(store.keys().wake_channel(), "wake-ups");
@@ -202,7 +161,7 @@ impl ShardPoller {
         let limit = room.len();
         let sent = std::time::Instant::now();
         let mut share = self.exec.share(&room);
-        share.ahead_ms = self.pace.ahead_ms(self.opts.ahead, self.backlog);
+        share.ahead_ms = self.ahead_ms(self.backlog);
         let claimed = self
             .store
             .claim_shared(self.shard, limit, self.exec.lease_ms(), &share)
@@ -279,6 +238,16 @@ impl ShardPoller {
         room.map(Some).ok_or(Stopped)
     }
 
+    /// How far ahead (ms) the next claim takes (see [`AHEAD_TASKS`]).
+    fn ahead_ms(&self, backlog: bool) -> u64 {
+        if backlog {
+            return 0;
+        }
+        self.pace
+            .window_ms(AHEAD_TASKS, self.opts.ahead)
+            .unwrap_or(0)
+    }
+
     fn claim_succeeded(&mut self) {
         self.error_delay = Duration::from_millis(50);
         if std::mem::take(&mut self.full) {
@@ -344,7 +313,7 @@ impl ShardPoller {
     async fn sleep_until_next(&mut self, batch: &ClaimBatch) -> Result<(), Stopped> {
         let now = batch.now;
         let fallback_ms = self.opts.fallback.as_millis() as i64;
-        let lead = i64::from(self.pace.ahead_ms(self.opts.ahead, false) >= 2);
+        let lead = i64::from(self.ahead_ms(false) >= 2);
         let next = [
             batch.next_due.map(|d| d - lead),
             batch.next_lease_expiry.map(|l| l + 1),

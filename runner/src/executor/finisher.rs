@@ -13,6 +13,7 @@ use tracing::{debug, info_span, warn};
 use super::held::Held;
 use super::{FINISH_GROUP, FINISH_WAIT};
 use crate::metrics::Metrics;
+use crate::pace::Pace;
 use crate::store::{Finish, Finished, Store};
 use crate::trace;
 
@@ -42,6 +43,25 @@ pub(super) struct Pending {
 pub struct Finisher {
     rx: mpsc::UnboundedReceiver<Pending>,
     recorder: Arc<Recorder>,
+    /// Told when a poller waits for room, and how many do (the executor's count): while one does,
+    /// no shard waits for a steady group.
+    starved: (Arc<Notify>, Arc<std::sync::atomic::AtomicUsize>),
+}
+
+/// About how many outcomes of a shard a recording waits for under a steady stream: a finish
+/// script costs Redis mostly its fixed cost.
+const STEADY_GROUP: f64 = 16.0;
+/// The longest a shard's outcomes wait for such a group (its tasks' places are held meanwhile;
+/// a poller waiting for room has them recorded at once).
+const STEADY_WAIT: Duration = Duration::from_millis(20);
+
+/// How long a shard's buffer may wait before it is recorded, by its pace: None while the shard
+/// is quiet (recorded when no recording is in flight, else within [`FINISH_WAIT`]); under a
+/// steady stream, as long as about [`STEADY_GROUP`] outcomes take to come, at most
+/// [`STEADY_WAIT`].
+fn steady_wait(pace: Option<&Pace>) -> Option<Duration> {
+    let ms = pace?.window_ms(STEADY_GROUP, STEADY_WAIT)?;
+    Some(Duration::from_millis(ms).max(FINISH_WAIT))
 }
 
 /// What recording a group of outcomes needs (shared by the recordings in flight).
@@ -60,8 +80,10 @@ impl Finisher {
         held: Arc<Held>,
         metrics: Arc<Metrics>,
         freed: Arc<Notify>,
+        starved: (Arc<Notify>, Arc<std::sync::atomic::AtomicUsize>),
     ) -> Finisher {
         Finisher {
+            starved,
             rx,
             recorder: Arc::new(Recorder {
                 store,
@@ -72,22 +94,41 @@ impl Finisher {
         }
     }
 
-    /// Records outcomes as they come, buffered per shard (group commit): when no recording is in
-    /// flight everything buffered is recorded at once; while recordings are in flight a shard's
-    /// buffer waits until it holds [`FINISH_GROUP`] outcomes or its oldest has waited
-    /// [`FINISH_WAIT`]. Each recording is one finish script; shards are recorded concurrently.
+    /// Records outcomes as they come, buffered per shard (group commit). A quiet shard's buffer
+    /// is recorded at once when no recording is in flight, else when it holds [`FINISH_GROUP`]
+    /// outcomes or its oldest has waited [`FINISH_WAIT`]; a shard under a steady stream waits
+    /// for a group instead (see [`steady_wait`]), unless a poller waits for room (the places
+    /// the group holds). Each recording is one finish script; shards are recorded concurrently.
     pub async fn run(self) {
-        let Finisher { mut rx, recorder } = self;
+        let Finisher {
+            mut rx,
+            recorder,
+            starved: (woken, waiting),
+        } = self;
         let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
+        let mut paces: HashMap<u32, Pace> = HashMap::new();
         let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         loop {
-            let due = bufs.values().map(|(since, _)| *since + FINISH_WAIT).min();
-            let got = match due {
-                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
-                None => Some(rx.recv().await),
+            let starved = waiting.load(Ordering::Relaxed) > 0;
+            let steady = |shard: &u32| steady_wait(paces.get(shard)).filter(|_| !starved);
+            let wait_of = |shard: &u32| steady(shard).unwrap_or(FINISH_WAIT);
+            let due = bufs
+                .iter()
+                .map(|(shard, (since, _))| *since + wait_of(shard))
+                .min();
+            let recv = async {
+                match due {
+                    Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
+                    None => Some(rx.recv().await),
+                }
+            };
+            let got = tokio::select! {
+                got = recv => got,
+                () = woken.notified() => None,
             };
             let closed = matches!(got, Some(None));
             let mut push = |p: Pending| {
+                paces.entry(p.shard).or_default().note(1);
                 bufs.entry(p.shard)
                     .or_insert_with(|| (Instant::now(), Vec::new()))
                     .1
@@ -101,10 +142,16 @@ impl Finisher {
             }
             let now = Instant::now();
             let idle = recording.load(Ordering::Acquire) == 0;
+            let starved = waiting.load(Ordering::Relaxed) > 0;
+            let steady = |shard: &u32| steady_wait(paces.get(shard)).filter(|_| !starved);
             let ready: Vec<u32> = bufs
                 .iter()
-                .filter(|(_, (since, b))| {
-                    idle || closed || b.len() >= FINISH_GROUP || *since + FINISH_WAIT <= now
+                .filter(|(shard, (since, b))| {
+                    let steady = steady(shard);
+                    (idle && steady.is_none())
+                        || closed
+                        || b.len() >= FINISH_GROUP
+                        || *since + steady.unwrap_or(FINISH_WAIT) <= now
                 })
                 .map(|(s, _)| *s)
                 .collect();
