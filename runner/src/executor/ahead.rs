@@ -17,14 +17,14 @@ use super::share::Slot;
 use crate::store::Claimed;
 
 impl Executor {
-    /// Starts `later` (tasks due after `now`, the claim's Redis time) each at its due time,
-    /// counted from `answered`, when the claim's answer had come: Redis read its clock before
-    /// that, so the wait is never short (a task never starts before its due time by Redis's
-    /// clock), and at most the claim's round trip long.
+    /// Starts `later` (tasks due after `now`, the claim's Redis time: ms, and the µs past it)
+    /// each at its due time, counted from `answered`, when the claim's answer had come: Redis
+    /// read its clock before that, so the wait is never short (a task never starts before its
+    /// due time by Redis's clock), and too long by at most the claim's round trip.
     pub(super) fn start_when_due(
         self: &Arc<Self>,
         mut later: Vec<(Claimed, Slot)>,
-        now: i64,
+        (now, now_us): (i64, u16),
         answered: Instant,
     ) {
         if later.is_empty() {
@@ -40,7 +40,9 @@ impl Executor {
             while let Some((first, _)) = later.peek() {
                 let due = first.due;
                 if !stop {
-                    let wait = Duration::from_millis(u64::try_from(due - now).unwrap_or(0));
+                    let wait = Duration::from_micros(
+                        u64::try_from((due - now) * 1000 - i64::from(now_us)).unwrap_or(0),
+                    );
                     let at = tokio::time::Instant::from_std(answered + wait);
                     tokio::select! {
                         () = tokio::time::sleep_until(at) => {}

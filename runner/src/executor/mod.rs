@@ -378,14 +378,15 @@ impl Executor {
     /// Starts the claimed tasks, each holding one slot of the reservation; returns at once.
     /// A free worker starts a task of the plugin with the fewest runs going, the earliest
     /// claimed of it (claims return a plugin's tasks in due order); a task claimed ahead (due
-    /// after `now`, the claim's Redis time) waits for its due time first (see `ahead`).
+    /// after `now`, the claim's Redis time in ms and the µs past it) waits for its due time
+    /// first (see `ahead`).
     /// `sent`: when the claim's request was sent (its leases run at least a lease from then).
     pub fn submit(
         self: &Arc<Self>,
         tasks: Vec<Claimed>,
         mut res: Reservation,
         sent: Instant,
-        now: i64,
+        now: (i64, u16),
     ) {
         let answered = Instant::now();
         if let Some(first) = tasks.first() {
@@ -401,7 +402,7 @@ impl Executor {
             };
             self.held.insert(&task, sent);
             let slot = Slot::new(permit, &task.plugin, &self.shares);
-            if task.due > now {
+            if task.due > now.0 {
                 later.push((task, slot));
             } else {
                 queue.push(task, slot);

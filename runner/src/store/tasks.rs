@@ -24,12 +24,13 @@ mod claim_slots {
     pub const WAITING: usize = 6;
     pub const OTHERS_HERE: usize = 7;
     pub const OTHERS_DUE: usize = 8;
+    pub const NOW_US: usize = 9;
     /// Where the claimed tasks begin (id and record each).
-    pub const TASKS: usize = 9;
+    pub const TASKS: usize = 10;
 
     /// Each slot's name and place, for the test against the script.
     #[cfg(test)]
-    pub const ALL: [(&str, usize); 9] = [
+    pub const ALL: [(&str, usize); 10] = [
         ("NOW", NOW),
         ("NEXT_DUE", NEXT_DUE),
         ("LEASE_HEAD", LEASE_HEAD),
@@ -39,6 +40,7 @@ mod claim_slots {
         ("WAITING", WAITING),
         ("OTHERS_HERE", OTHERS_HERE),
         ("OTHERS_DUE", OTHERS_DUE),
+        ("NOW_US", NOW_US),
     ];
 }
 
@@ -85,6 +87,7 @@ impl Store {
             bail!("the claim script answered {} values", v.len());
         }
         let now = int(&v[NOW])?;
+        let now_us = int(&v[NOW_US])?.clamp(0, 999) as u16;
         let next = int(&v[NEXT_DUE])?;
         let lease = int(&v[LEASE_HEAD])?;
         let token = int(&v[TOKEN])? as u64;
@@ -143,6 +146,7 @@ impl Store {
         }
         Ok(ClaimBatch {
             now,
+            now_us,
             next_due: (next >= 0).then_some(next),
             next_lease_expiry: (lease >= 0).then_some(lease),
             set_aside,

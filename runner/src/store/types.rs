@@ -104,6 +104,8 @@ impl Claimed {
 pub struct ClaimBatch {
     /// Redis time of the claim (ms).
     pub now: i64,
+    /// The µs of Redis's time past `now` (0–999).
+    pub now_us: u16,
     /// The shard's earliest due time after the claim, if any.
     pub next_due: Option<i64>,
     /// The earliest lease expiry of the shard's in-flight tasks, if any.

@@ -47,6 +47,8 @@
 --               0: only crowding plugins; always 1 when ARGV[4] is 0)
 --   OTHERS_DUE  when OTHERS_HERE is 0, the earliest a plugin under its part may have a task due
 --               here (-1: none)
+--   NOW_US      the µs of Redis's time past NOW (0–999): a runner starts a task claimed ahead
+--               that much sooner after the answer, still never before its due time
 -- (Every redis.call costs Redis a command's dispatch whatever its size, and a Lua number passed
 -- to one is printed as a double: a claim of one task is mostly that fixed cost, so numbers go
 -- as strings and the reaper's reads happen only when a lease has ended.)
@@ -62,7 +64,7 @@ local held, weights, most = parse_held(ARGV[3] or '')
 local extra = tonumber(ARGV[4]) or 0
 local headroom, part = math.min(tonumber(ARGV[5]) or 0, limit), tonumber(ARGV[6]) or 0
 local aging = tonumber(ARGV[7]) or 60000
-local now = now_ms()
+local now, now_us = now_ms_us()
 -- what counts as due: up to `ahead` ms past now (the tasks a runner claims ahead)
 local due_by = now + math.max(0, math.min(tonumber(ARGV[8]) or 0, 1000))
 -- the earliest lease ends, read once: reaping only when one has passed, and the claim's answer
@@ -71,8 +73,8 @@ local lease_head = first_score(K_CLAIM_LEASES)
 local reaped = lease_head and lease_head < now
 if reaped then reap_expired(now, limit) end
 local firsts = {}
-local NOW, NEXT_DUE, LEASE_HEAD, TOKEN, RERUNS, SET_ASIDE, WAITING, OTHERS_HERE, OTHERS_DUE = 1, 2, 3, 4, 5, 6, 7, 8, 9
-local out = { now, 0, 0, 0, firsts, 0, 0, 1, -1 } -- in the order of the names above
+local NOW, NEXT_DUE, LEASE_HEAD, TOKEN, RERUNS, SET_ASIDE, WAITING, OTHERS_HERE, OTHERS_DUE, NOW_US = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+local out = { now, 0, 0, 0, firsts, 0, 0, 1, -1, now_us } -- in the order of the names above
 -- walk past the claim's size only where another plugin's tasks may be found behind a backlog:
 -- when more than one plugin may have tasks due here (a plugin whose tasks all fall due later is
 -- as if it were not here: a burst is not set aside for it). Where one plugin alone may have

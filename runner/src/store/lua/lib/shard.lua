@@ -110,8 +110,13 @@ local function records_of(ids)
   return hmget(K_TASKS, ids)
 end
 
--- Redis's clock (ms): one clock for every runner.
-local function now_ms()
+-- Redis's clock (ms), and the µs past that ms: one clock for every runner.
+local function now_ms_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + math.floor(us / 1000), us % 1000
+end
+-- Redis's clock (ms).
+local function now_ms()
+  return (now_ms_us())
 end
