@@ -184,7 +184,8 @@ impl ShardPoller {
             drop(room);
         } else {
             debug!(shard = self.shard, claimed = tasks.len(), "claimed");
-            self.exec.submit(tasks, room, sent, (batch.now, batch.now_us));
+            self.exec
+                .submit(tasks, room, sent, (batch.now, batch.now_us));
         }
         if more {
             return Ok(()); // more may be due: claim again when there is room
