@@ -13,6 +13,8 @@ use crate::plugin_settings::{PluginSettings, RateLimit};
 /// What a plugin's settings make of its runs, its slots and its quota.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
+    /// Paused: no run of it starts (a task claimed before the pause goes back unstarted).
+    pub paused: bool,
     /// At most this many runs at once across the namespace's runners (None: no limit).
     pub max_concurrency: Option<u32>,
     /// At most this many runs of one owner's tasks at once (None: no limit).
@@ -76,6 +78,7 @@ impl Policy {
             d.check_time_limit.as_millis() as u64,
         );
         Policy {
+            paused: s.paused,
             max_concurrency: s.max_concurrency,
             max_concurrency_per_owner: s.max_concurrency_per_owner,
             rate_limit: s.rate_limit,

@@ -1,7 +1,8 @@
 //! Claim ahead: under a steady stream a runner claims what falls due within a few ms in one
 //! script and starts each task at its due time. Never early (by Redis's clock, which decides what
 //! is due), each task once, a cancel answered 204 means the task never runs, one answered 409
-//! means it runs once, and a runner killed -9 with tasks claimed ahead loses and doubles none.
+//! means it runs once, a pause holds back what was claimed ahead, and a runner killed -9 with
+//! tasks claimed ahead loses and doubles none.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
 use std::collections::{HashMap, HashSet};
@@ -158,4 +159,60 @@ async fn a_runner_killed_with_tasks_claimed_ahead_loses_none_and_doubles_none() 
         assert!(ats[0] >= *at, "{id} started {} ms early", at - ats[0]);
     }
     drop(b);
+}
+
+/// A pause reaches tasks already claimed: a slow stream (one task every 20 ms) is claimed
+/// about 320 ms ahead under `--claim-ahead 1s`; none of it starts once the pause is answered
+/// (beyond the moment the runner takes to hear of it), and after the resume every task runs
+/// once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_back_tasks_already_claimed_ahead() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
+    let n = 150;
+    let first = now_ms() + 1000;
+    let mut due = HashMap::new();
+    let specs: Vec<Value> = (0..n)
+        .map(|i| {
+            let id = format!("k{i}");
+            let at = first + i as i64 * 20;
+            due.insert(id.clone(), at);
+            json!({"plugin": "bench-record", "id": id, "run_at": at, "payload": {}})
+        })
+        .collect();
+    post_tasks(&runner.url, json!(specs)).await;
+    eventually(Duration::from_secs(20), "tasks claimed ahead", || async {
+        let ahead = metric(&runner.url, "eggtimer_claimed_ahead_total").await;
+        (ahead.unwrap_or(0.0) >= 20.0).then_some(())
+    })
+    .await;
+    let plugin = format!("{}/v1/plugins/bench-record", runner.url);
+    let (s, b) = call("POST", &format!("{plugin}/pause"), None).await;
+    assert_eq!(s, 200, "{b}");
+    let paused_at = now_ms();
+    // what it held ahead would have started within the next ~320 ms
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let started = runs(&redis);
+    let late: Vec<(&String, i64)> = started
+        .iter()
+        .map(|(id, ats)| (id, ats[0]))
+        .filter(|&(_, at)| at > paused_at + 50)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "started more than 50 ms after the pause was answered: {late:?}"
+    );
+    let before = started.len();
+    assert!(
+        before < n - 20,
+        "the pause came with most of the stream to go: {before}"
+    );
+    let (s, b) = call("POST", &format!("{plugin}/resume"), None).await;
+    assert_eq!(s, 200, "{b}");
+    let runs = wait_runs(&redis, n, Duration::from_secs(30)).await;
+    for (id, at) in &due {
+        let ats = runs.get(id).unwrap_or_else(|| panic!("{id} never ran"));
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        assert!(ats[0] >= *at, "{id} started {} ms early", at - ats[0]);
+    }
 }
