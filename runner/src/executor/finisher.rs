@@ -45,7 +45,7 @@ pub struct Finisher {
     recorder: Arc<Recorder>,
     /// Told when a poller waits for room, and how many do (the executor's count): while one does,
     /// no shard waits for a steady group.
-    starved: (Arc<Notify>, Arc<std::sync::atomic::AtomicUsize>),
+    room_wanted: (Arc<Notify>, Arc<std::sync::atomic::AtomicUsize>),
 }
 
 /// About how many outcomes of a shard a recording waits for under a steady stream: a finish
@@ -80,10 +80,10 @@ impl Finisher {
         held: Arc<Held>,
         metrics: Arc<Metrics>,
         freed: Arc<Notify>,
-        starved: (Arc<Notify>, Arc<std::sync::atomic::AtomicUsize>),
+        room_wanted: (Arc<Notify>, Arc<std::sync::atomic::AtomicUsize>),
     ) -> Finisher {
         Finisher {
-            starved,
+            room_wanted,
             rx,
             recorder: Arc::new(Recorder {
                 store,
@@ -103,7 +103,7 @@ impl Finisher {
         let Finisher {
             mut rx,
             recorder,
-            starved: (woken, waiting),
+            room_wanted: (woken, waiting),
         } = self;
         let mut bufs: HashMap<u32, (Instant, Vec<Pending>)> = HashMap::new();
         let mut paces: HashMap<u32, Pace> = HashMap::new();

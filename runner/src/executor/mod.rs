@@ -157,7 +157,7 @@ pub struct Executor {
     freed: Arc<Notify>,
     /// Told by a poller that waits for room: while one does, the finisher records as it does
     /// for a quiet shard (under a steady stream it waits for groups, holding their places).
-    flush: Arc<Notify>,
+    room_wanted: Arc<Notify>,
     /// The pollers' turns at the room (one permit): they wait for it in the order they came, so
     /// no shard's poller is passed over while others claim again and again.
     turns: Arc<Semaphore>,
@@ -221,7 +221,7 @@ impl Executor {
         let workers = opts.workers.max(1);
         let held = Arc::new(Held::default());
         let freed = Arc::new(Notify::new());
-        let flush = Arc::new(Notify::new());
+        let room_wanted = Arc::new(Notify::new());
         let reserving = Arc::new(AtomicUsize::new(0));
         let capacity = workers + opts.prefetch + headroom(workers);
         let slots = Arc::new(Semaphore::new(capacity));
@@ -231,7 +231,7 @@ impl Executor {
             Arc::clone(&held),
             Arc::clone(&metrics),
             Arc::clone(&freed),
-            (Arc::clone(&flush), Arc::clone(&reserving)),
+            (Arc::clone(&room_wanted), Arc::clone(&reserving)),
         );
         let keeper = LeaseKeeper {
             store: store.clone(),
@@ -254,7 +254,7 @@ impl Executor {
             host,
             finisher: tx,
             freed,
-            flush,
+            room_wanted,
             turns: Arc::new(Semaphore::new(1)),
             reserving,
             run_us: AtomicU64::new(1_000),
@@ -363,7 +363,7 @@ impl Executor {
             }
             // (headroom needs no turn: it is for other plugins' tasks, whose shards should not
             // wait behind the pollers of the plugin crowding the runner)
-            self.flush.notify_one();
+            self.room_wanted.notify_one();
             if turn.is_some() {
                 freed.await;
             } else {
