@@ -53,6 +53,7 @@ impl Default for PollerOptions {
 /// that window: a claim then costs little, and a task stays cancellable until it is due) or has
 /// a backlog (claims are full anyway, and the room is for what is due).
 const AHEAD_TASKS: f64 = 16.0;
+
 /// Listens for wake messages on Redis pub/sub until `stop`.
 pub async fn listen(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
     let mut sub = store.subscribe(store.keys().wake_channel(), "wake-ups");

@@ -56,10 +56,13 @@ const STEADY_GROUP: f64 = 16.0;
 const STEADY_WAIT: Duration = Duration::from_millis(20);
 
 /// How long a shard's buffer may wait before it is recorded, by its pace: None while the shard
-/// is quiet (recorded when no recording is in flight, else within [`FINISH_WAIT`]); under a
-/// steady stream, as long as about [`STEADY_GROUP`] outcomes take to come, at most
-/// [`STEADY_WAIT`].
-fn steady_wait(pace: Option<&Pace>) -> Option<Duration> {
+/// is quiet or a poller waits for room (`starved`: recorded when no recording is in flight, else
+/// within [`FINISH_WAIT`]); under a steady stream, as long as about [`STEADY_GROUP`] outcomes
+/// take to come, at most [`STEADY_WAIT`].
+fn steady_wait(pace: Option<&Pace>, starved: bool) -> Option<Duration> {
+    if starved {
+        return None;
+    }
     let ms = pace?.window_ms(STEADY_GROUP, STEADY_WAIT)?;
     Some(Duration::from_millis(ms).max(FINISH_WAIT))
 }
@@ -110,11 +113,11 @@ impl Finisher {
         let recording = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         loop {
             let starved = waiting.load(Ordering::Relaxed) > 0;
-            let steady = |shard: &u32| steady_wait(paces.get(shard)).filter(|_| !starved);
-            let wait_of = |shard: &u32| steady(shard).unwrap_or(FINISH_WAIT);
             let due = bufs
                 .iter()
-                .map(|(shard, (since, _))| *since + wait_of(shard))
+                .map(|(shard, (since, _))| {
+                    *since + steady_wait(paces.get(shard), starved).unwrap_or(FINISH_WAIT)
+                })
                 .min();
             let recv = async {
                 match due {
@@ -142,12 +145,12 @@ impl Finisher {
             }
             let now = Instant::now();
             let idle = recording.load(Ordering::Acquire) == 0;
+            // (read again: a poller may have begun waiting for room meanwhile)
             let starved = waiting.load(Ordering::Relaxed) > 0;
-            let steady = |shard: &u32| steady_wait(paces.get(shard)).filter(|_| !starved);
             let ready: Vec<u32> = bufs
                 .iter()
                 .filter(|(shard, (since, b))| {
-                    let steady = steady(shard);
+                    let steady = steady_wait(paces.get(shard), starved);
                     (idle && steady.is_none())
                         || closed
                         || b.len() >= FINISH_GROUP
