@@ -212,6 +212,15 @@ pub struct ServeArgs {
     /// `--events-max-len` entries.
     #[arg(long, env = "EGGTIMER_EMITTED_MAX_BYTES", default_value_t = 64 * 1024 * 1024, value_parser = parse_budget)]
     pub emitted_max_bytes: usize,
+    /// Most bytes of kv keys and values the plugins of one team (the key that uploaded them)
+    /// keep together: a run whose writes would pass it fails its attempt, nothing of its effects
+    /// written, as past `--kv-max-bytes`.
+    #[arg(long, env = "EGGTIMER_TEAM_KV_BYTES", default_value_t = 64 * 1024 * 1024, value_parser = parse_budget)]
+    pub team_kv_bytes: usize,
+    /// Most bytes the emitted streams of one team's plugins hold together: a stream a run
+    /// writes drops its oldest entries to make room, as past `--emitted-max-bytes`.
+    #[arg(long, env = "EGGTIMER_TEAM_EMITTED_BYTES", default_value_t = 64 * 1024 * 1024, value_parser = parse_budget)]
+    pub team_emitted_bytes: usize,
     /// Largest task payload (bytes).
     #[arg(long, env = "EGGTIMER_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,

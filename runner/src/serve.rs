@@ -155,6 +155,8 @@ async fn serve(
         event_retention_ms: args.event_retention.as_millis().max(1) as u64,
         team_task_bytes: args.team_task_bytes as u64,
         emitted_max_bytes: args.emitted_max_bytes as u64,
+        team_kv_bytes: args.team_kv_bytes as u64,
+        team_emitted_bytes: args.team_emitted_bytes as u64,
         priority_aging_ms: args.priority_aging_ms,
         clock: crate::clock::Clock::skewed(args.test_clock_skew_ms),
     };

@@ -440,6 +440,7 @@ async fn a_plugin_keeps_at_most_kv_max_keys_keys_and_kv_max_bytes_bytes() {
     let full = Committed::KvFull {
         max_keys: 3,
         max_bytes: 100,
+        team: None,
     };
     assert_eq!(
         commit(vec![

@@ -1,4 +1,5 @@
-//! Test plugin: floods one kind of effect until the host stops it (`what`: `kv`, `kv-reads`
+//! Test plugin: writes one kv entry of 64 KiB named `id` (`what: "kv-one"`), or
+//! floods one kind of effect until the host stops it (`what`: `kv`, `kv-reads`
 //! (one key read again and again), `events`, `logs`, `follow-ups`, `cancels`), or forks (`fork`:
 //! 50 follow-ups that fork again, due at once, of the task's owner), or, with `what: "one-of-each"`, asks for one of each and
 //! then for a kv write with an impossible TTL (which must fail that write alone, at once), or,
@@ -23,6 +24,10 @@ pub struct Flood {
     pub what: String,
     #[serde(default)]
     pub id: String,
+    /// With `kv`, `events` or `follow-ups`: stop at the first refusal and end done, so that
+    /// what the host took (as much as it takes) is committed.
+    #[serde(default)]
+    pub keep: bool,
 }
 
 pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
@@ -30,9 +35,13 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
     match task.payload.what.as_str() {
         "kv" => {
             for i in 0.. {
-                kv::set(&format!("k{i}"), &big, None)?;
+                match kv::set(&format!("k{i}"), &big, None) {
+                    Err(_) if task.payload.keep => break,
+                    r => r?,
+                }
             }
         }
+        "kv-one" => kv::set(&task.payload.id, &big, None)?,
         "kv-reads" => {
             for _ in 0.. {
                 kv::get::<String>("same")?;
@@ -40,7 +49,10 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
         }
         "events" => {
             for _ in 0.. {
-                emit("flood", &big)?;
+                match emit("flood", &big) {
+                    Err(_) if task.payload.keep => break,
+                    r => r?,
+                }
             }
         }
         "logs" => {
@@ -58,7 +70,12 @@ pub fn handle(task: Task<Flood>) -> eggtimer_sdk::Result {
         "follow-ups" => {
             for i in 0.. {
                 let next = serde_json::json!({"what": "none", "id": i.to_string()});
-                eggtimer_sdk::schedule(FollowUp::new("test-flood", &next)?)?;
+                match eggtimer_sdk::schedule(FollowUp::new("test-flood", &next)?) {
+                    Err(_) if task.payload.keep => break,
+                    r => {
+                        r?;
+                    }
+                }
             }
         }
         "fork" => {

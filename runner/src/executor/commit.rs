@@ -109,15 +109,28 @@ impl Executor {
                 Ok(Committed::KvFull {
                     max_keys,
                     max_bytes,
+                    team,
                 }) => {
+                    let bound = match team {
+                        None => "--kv-max-bytes".to_owned(),
+                        Some(budget) => format!(
+                            "what its team's other plugins leave of the team's {budget} (--team-kv-bytes)"
+                        ),
+                    };
                     return Err(NotCommitted::OverQuota(format!(
-                        "plugin {:?} would keep more than {max_keys} kv keys (--kv-max-keys) or {max_bytes} bytes of kv keys and values (--kv-max-bytes); nothing of this run was written",
+                        "plugin {:?} would keep more than {max_keys} kv keys (--kv-max-keys) or {max_bytes} bytes of kv keys and values ({bound}); nothing of this run was written",
                         task.plugin
                     )));
                 }
-                Ok(Committed::EmittedFull { max_bytes }) => {
+                Ok(Committed::EmittedFull { max_bytes, team }) => {
+                    let bound = match team {
+                        None => "--emitted-max-bytes".to_owned(),
+                        Some(budget) => format!(
+                            "what its team's other plugins leave of the team's {budget} (--team-emitted-bytes)"
+                        ),
+                    };
                     return Err(NotCommitted::OverQuota(format!(
-                        "plugin {:?} would hold more than {max_bytes} bytes in its emitted streams (--emitted-max-bytes) even with the oldest entries of the streams this run writes dropped; nothing of this run was written",
+                        "plugin {:?} would hold more than {max_bytes} bytes in its emitted streams ({bound}) even with the oldest entries of the streams this run writes dropped; nothing of this run was written",
                         task.plugin
                     )));
                 }

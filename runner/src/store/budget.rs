@@ -38,6 +38,8 @@ pub(super) struct Budgets {
     teams: RwLock<HashMap<String, String>>,
     /// Each team's bytes as last read, and what was admitted since.
     held: Mutex<HashMap<String, Held>>,
+    /// Each team's plugins' kv and emitted bytes as last read (`run_room.rs`).
+    pub(super) runs: super::run_room::RunBytes,
 }
 
 struct Held {
@@ -87,7 +89,7 @@ pub(super) fn task_bytes(t: &NewTask) -> u64 {
 }
 
 impl Budgets {
-    fn team_of(&self, plugin: &str) -> String {
+    pub(super) fn team_of(&self, plugin: &str) -> String {
         let teams = self.teams.read().unwrap_or_else(|e| e.into_inner());
         teams
             .get(plugin)
@@ -96,7 +98,7 @@ impl Budgets {
     }
 
     /// The plugins of `team` the registry knows, and `also` (a plugin being admitted).
-    fn plugins_of(&self, team: &str, also: &str) -> Vec<String> {
+    pub(super) fn plugins_of(&self, team: &str, also: &str) -> Vec<String> {
         let teams = self.teams.read().unwrap_or_else(|e| e.into_inner());
         let mut plugins: Vec<String> = teams
             .iter()

@@ -38,15 +38,20 @@ impl Store {
             false => after + 2 * usize::from(topics_ix > 0),
         };
         let o = &self.inner.opts;
+        let room = match (fx.kv.is_empty(), fx.events.is_empty()) {
+            (true, true) => None,
+            _ => Some(self.run_room(plugin).await?),
+        };
+        let (kv_bytes, emitted_bytes) = room.map_or((0, 0), |r| (r.kv_bytes, r.emitted_bytes));
         inv.arg(MARKER_TTL_MS)
             .arg(o.stream_maxlen)
             .arg(o.max_topics)
             .arg(topics_ix)
             .arg(kv_ix)
             .arg(o.kv_max_keys)
-            .arg(o.kv_max_bytes)
+            .arg(kv_bytes)
             .arg(keys.kv(plugin, "").len())
-            .arg(o.emitted_max_bytes)
+            .arg(emitted_bytes)
             .arg(fx.reads.len());
         let mut ix = 1;
         for r in &fx.reads {
@@ -113,10 +118,12 @@ impl Store {
             },
             -3 => Committed::KvFull {
                 max_keys: self.inner.opts.kv_max_keys,
-                max_bytes: self.inner.opts.kv_max_bytes,
+                max_bytes: kv_bytes,
+                team: room.and_then(|r| r.team_kv),
             },
             -4 => Committed::EmittedFull {
-                max_bytes: self.inner.opts.emitted_max_bytes,
+                max_bytes: emitted_bytes,
+                team: room.and_then(|r| r.team_emitted),
             },
             other => bail!("the effects script answered {other}, which this runner does not know"),
         })

@@ -25,6 +25,7 @@ mod pubsub;
 mod quota;
 mod record;
 mod recurring;
+mod run_room;
 mod runners;
 mod schedule;
 pub use runners::RunnerInfo;

@@ -264,15 +264,19 @@ pub enum Committed {
         max: u64,
     },
     /// Its kv writes would take its plugin past `max_keys` keys or `max_bytes` bytes: nothing
-    /// was written.
+    /// was written. `team`: the team's `--team-kv-bytes` when what the team's other plugins
+    /// leave of it set `max_bytes`.
     KvFull {
         max_keys: u64,
         max_bytes: u64,
+        team: Option<u64>,
     },
     /// Its events would not fit its plugin's emitted streams' `max_bytes`, even with the oldest
-    /// entries of the streams it writes dropped: nothing was written.
+    /// entries of the streams it writes dropped: nothing was written. `team`: the team's
+    /// `--team-emitted-bytes` when what the team's other plugins leave of it set `max_bytes`.
     EmittedFull {
         max_bytes: u64,
+        team: Option<u64>,
     },
 }
 
@@ -307,6 +311,9 @@ pub struct StoreOptions {
     /// Most bytes one plugin's emitted streams hold together (their entries' fields and
     /// values); the streams a run writes drop their oldest entries to make room.
     pub emitted_max_bytes: u64,
+    /// Most bytes of kv, and of emitted streams, the plugins of one team keep together.
+    pub team_kv_bytes: u64,
+    pub team_emitted_bytes: u64,
     /// How long (ms) a task is due and not started before it counts as the highest priority.
     pub priority_aging_ms: u64,
     /// The runner's clock (shared by every store opened with these options).
@@ -333,6 +340,8 @@ impl Default for StoreOptions {
             event_retention_ms: 60_000,
             team_task_bytes: DEFAULT_TEAM_TASK_BYTES,
             emitted_max_bytes: 64 << 20,
+            team_kv_bytes: 64 << 20,
+            team_emitted_bytes: 64 << 20,
             priority_aging_ms: 60_000,
             clock: crate::clock::Clock::default(),
         }
