@@ -134,8 +134,9 @@ async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_red
             "1",
             "--lease",
             "3s",
+            // (done records are swept by later finishes: the waits below see them done first)
             "--keep-done",
-            "2s",
+            "10s",
             "--team-task-bytes",
             "1073741824",
         ],

@@ -457,7 +457,11 @@ impl Executor {
                 match outcome {
                     Some(finish) => {
                         let log = notes.log.stored(task.attempt);
+                        let bytes = task.payload.len()
+                            + task.event.as_ref().map_or(0, String::len)
+                            + log.as_ref().map_or(0, String::len);
                         let _ = this.finisher.send(Pending {
+                            bytes,
                             shard: task.shard,
                             id: task.id,
                             token: task.token,

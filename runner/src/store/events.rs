@@ -22,9 +22,59 @@ pub const OUTBOX_GRACE_MS: i64 = 1_000;
 /// How many outbox messages one sweep of a shard reads.
 const SWEEP_CHUNK: usize = 500;
 
-/// Most messages one call of the listen, deliver or unlisten script takes: a schedule call's
-/// tasks may bring 8 listeners each, and each message is a task's or a listener's work.
-const DELIVER_CHUNK: usize = 500;
+/// Most messages one call of the listen, deliver or unlisten script takes, and about the most
+/// bytes of them (a call takes one message past it): a schedule call's tasks may bring 8
+/// listeners each, each message is a task's or a listener's work, and a D message carries its
+/// event (500 run deliveries were one call of ~25 ms).
+const DELIVER_CHUNK: usize = 100;
+const DELIVER_CALL_BYTES: usize = 128 << 10;
+
+/// `msgs` cut into calls of the listen, deliver or unlisten script, in order.
+fn message_calls(msgs: Vec<String>) -> Vec<Vec<String>> {
+    let mut calls: Vec<Vec<String>> = Vec::new();
+    let mut bytes = 0;
+    for m in msgs {
+        let size = m.len();
+        match calls.last_mut() {
+            Some(call) if call.len() < DELIVER_CHUNK && bytes + size <= DELIVER_CALL_BYTES => {
+                call.push(m);
+                bytes += size;
+            }
+            _ => {
+                calls.push(vec![m]);
+                bytes = size;
+            }
+        }
+    }
+    calls
+}
+
+/// Most events one call of the publish script takes, and about the most bytes (topics, keys and
+/// data; a call takes one event past it): 250 events of 60 KB were one call of ~90 ms.
+const PUBLISH_CALL_EVENTS: usize = 250;
+const PUBLISH_CALL_BYTES: usize = 128 << 10;
+
+/// `events` cut into the calls of the publish script, in order.
+fn publish_calls<'a>(events: &[&'a Event]) -> Vec<Vec<&'a Event>> {
+    let mut calls: Vec<Vec<&Event>> = Vec::new();
+    let mut bytes = 0;
+    for e in events {
+        let size = e.topic.len() + e.key.len() + e.data.len();
+        match calls.last_mut() {
+            Some(call)
+                if call.len() < PUBLISH_CALL_EVENTS && bytes + size <= PUBLISH_CALL_BYTES =>
+            {
+                call.push(e);
+                bytes += size;
+            }
+            _ => {
+                calls.push(vec![e]);
+                bytes = size;
+            }
+        }
+    }
+    calls
+}
 
 /// One event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,24 +193,31 @@ impl Store {
                 .push(e);
         }
         let retention = self.options().event_retention_ms;
+        // each shard's events in calls of at most PUBLISH_CALL_EVENTS and about
+        // PUBLISH_CALL_BYTES, one after another (a later event of a topic and key replaces an
+        // earlier one), the shards at once
         let calls = groups.into_iter().map(|(shard, evs)| async move {
-            let mut inv = self.shard_script(&self.inner.scripts.publish, shard);
-            inv.arg(shard).arg(retention);
-            for e in evs {
-                inv.arg(&e.topic).arg(&e.key).arg(&e.data);
+            let mut out = Vec::new();
+            for call in publish_calls(&evs) {
+                let mut inv = self.shard_script(&self.inner.scripts.publish, shard);
+                inv.arg(shard).arg(retention);
+                for e in call {
+                    inv.arg(&e.topic).arg(&e.key).arg(&e.data);
+                }
+                let v: Vec<Value> = inv
+                    .invoke_async(&mut self.conn())
+                    .await
+                    .context("publish script")?;
+                if v.len() < 2 {
+                    anyhow::bail!("the publish script answered {} values", v.len());
+                }
+                let stored = int(&v[0])? as u64;
+                let unmatched = int(&v[1])? as u64;
+                out.push((shard, stored, unmatched, strings(&v[2..])?));
             }
-            let v: Vec<Value> = inv
-                .invoke_async(&mut self.conn())
-                .await
-                .context("publish script")?;
-            if v.len() < 2 {
-                anyhow::bail!("the publish script answered {} values", v.len());
-            }
-            let stored = int(&v[0])? as u64;
-            let unmatched = int(&v[1])? as u64;
-            Ok::<_, anyhow::Error>((shard, stored, unmatched, strings(&v[2..])?))
+            Ok::<_, anyhow::Error>(out)
         });
-        let mut recorded = try_join_all(calls).await?;
+        let mut recorded: Vec<_> = try_join_all(calls).await?.into_iter().flatten().collect();
         let mut out = Published::default();
         let mut ds = Vec::new();
         let mut drains = Vec::new();
@@ -281,9 +338,7 @@ impl Store {
             }
             let channel = self.keys().wake_channel();
             let calls = groups.into_iter().flat_map(|((kind, shard), ms)| {
-                ms.chunks(DELIVER_CHUNK)
-                    .map(|c| (kind, shard, c.to_vec()))
-                    .collect::<Vec<_>>()
+                message_calls(ms).into_iter().map(move |c| (kind, shard, c))
             });
             let calls = calls.map(|(kind, shard, ms)| {
                 let channel = channel.clone();

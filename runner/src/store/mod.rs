@@ -270,8 +270,10 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
 }
 
 /// `ix` (indexes into `tasks`, one shard's) cut into calls of at most `max_tasks` tasks and about
-/// `max_bytes` of payloads, in order: a task larger than the bound goes alone. What one script
-/// call costs Redis then depends on those bounds, never on how much one request brings.
+/// `max_bytes` of payloads, in order: a task larger than the bound goes alone. A task listening
+/// for events counts as one more task per listener (each is an index entry and a message to
+/// write). What one script call costs Redis then depends on those bounds, never on how much one
+/// request brings.
 pub(crate) fn calls_by_size<'a>(
     tasks: &[NewTask],
     ix: &'a [usize],
@@ -279,14 +281,16 @@ pub(crate) fn calls_by_size<'a>(
     max_bytes: usize,
 ) -> Vec<&'a [usize]> {
     let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
+    let (mut start, mut bytes, mut units) = (0, 0, 0);
     for (j, &i) in ix.iter().enumerate() {
         let size = tasks[i].payload.len();
-        if j > start && (j - start == max_tasks || bytes + size > max_bytes) {
+        let weight = 1 + tasks[i].on.len();
+        if j > start && (units + weight > max_tasks || bytes + size > max_bytes) {
             out.push(&ix[start..j]);
-            (start, bytes) = (j, 0);
+            (start, bytes, units) = (j, 0, 0);
         }
         bytes += size;
+        units += weight;
     }
     if start < ix.len() {
         out.push(&ix[start..]);

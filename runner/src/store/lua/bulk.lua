@@ -17,8 +17,12 @@
 --                   of their own); running tasks are left alone.
 -- Returns {count, next cursor}.
 -- Bound: at most `limit` index entries per call (the caller's chunk, `BULK_CHUNK`), each task's own
---  record and window; a cancel of the owner's tasks also stops once the tasks and the listeners
---  they let go (a message each) reach `limit`.
+--  record and window; a cancel of the owner's or the plugin's tasks also stops once the tasks and
+--  the listeners they let go (a message each) reach `limit`; the plugin's and the dead letters'
+--  ops at CANCEL_BYTES of records too.
+-- The most bytes of records one call deletes or puts back, past its first ('cancel_plugin' and
+-- the dead letters' ops).
+local CANCEL_BYTES = 1048576
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
 local count, earliest = 0, nil
@@ -50,14 +54,27 @@ if op == 'cancel_owner' then
 end
 if op == 'cancel_plugin' then
   if cursor == '' then cursor = '0' end
-  local r = redis.call('HSCAN', K_TASKS, cursor, 'COUNT', limit)
+  -- (a page brings every record's value, other plugins' too: a tenth of `limit` a page)
+  local r = redis.call('HSCAN', K_TASKS, cursor, 'COUNT', math.max(1, math.floor(limit / 10)))
   local fields = r[2]
+  local work, bytes, own = 0, 0, plugin .. '\31'
   for i = 1, #fields, 2 do
-    local id, t = fields[i], parse(fields[i + 1])
-    if t and t.plugin == plugin and t.st ~= 'r' then
-      delete_task(id, t)
-      redis.call('ZREM', K_UNIQUE, id)
-      count = count + 1
+    local id, rec = fields[i], fields[i + 1]
+    -- another plugin's task by its key, unread (a bare id of 0.1.0 is read to know)
+    local sep = string.find(id, '\31', 1, true)
+    if not sep or string.sub(id, 1, sep) == own then
+      local t = parse(rec)
+      if t and t.plugin == plugin and t.st ~= 'r' then
+        -- past CANCEL_BYTES of records or `limit` of work, the rest of this page is the next
+        -- call's: it scans the same page again (what this call deleted is gone from it)
+        if count > 0 and (work >= limit or bytes + #rec > CANCEL_BYTES) then
+          return {count, cursor}
+        end
+        work = work + delete_task(id, t)
+        bytes = bytes + #rec
+        redis.call('ZREM', K_UNIQUE, id)
+        count = count + 1
+      end
     end
   end
   if r[1] == '0' then return {count, ''} end
@@ -74,8 +91,16 @@ elseif op == 'expire_dead' then
 else
   ids = redis.call('ZRANGE', K_DEAD, 0, limit - 1)
 end
+local bytes = 0
 for i, id in ipairs(ids) do
-  local t = parse(redis.call('HGET', K_TASKS, id))
+  local rec = redis.call('HGET', K_TASKS, id)
+  -- past CANCEL_BYTES of records the rest are the next call's (it starts at the front again)
+  if count > 0 and rec and bytes + #rec > CANCEL_BYTES then
+    if earliest then wake_if_head(channel, shard, earliest) end
+    return { count, ids[i] }
+  end
+  bytes = bytes + (rec and #rec or 0)
+  local t = parse(rec)
   if t and t.st == 'x' then
     if op == 'retry_dead' then
       unindex_dead(id, t)

@@ -16,9 +16,11 @@ local now = now_ms()
 local acted, msgs, earliest = 0, {}, nil
 local parsed, ids = {}, {}
 for i = 3, #ARGV do
-  local th, id, stamp, topic, key, ev = string.match(ARGV[i],
-    '^D(.)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30(.*)$')
+  -- (the event by its position, then one copy: a `(.*)` capture walks it a character at a time)
+  local th, id, stamp, topic, key, at = string.match(ARGV[i],
+    '^D(.)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30([^\30]*)\30()')
   if th then
+    local ev = string.sub(ARGV[i], at)
     parsed[#parsed + 1] = { th, id, stamp, topic, key, ev }
     ids[#ids + 1] = id
   end

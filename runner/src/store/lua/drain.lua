@@ -8,8 +8,9 @@
 -- Returns {'1' when no listener is left, else '0', D message...}.
 -- Bound: EVENT_LISTENERS_PER_CALL listeners of the drain.
 local p = ARGV[1]
-local topic, key, event_id, ev = string.match(p, '^P([^\30]*)\30([^\30]*)\30([^\30]*)\30(.*)$')
+local topic, key, event_id, from = string.match(p, '^P([^\30]*)\30([^\30]*)\30([^\30]*)\30()')
 if not topic then return { '1' } end
+local ev = string.sub(p, from)
 local dk = drain_key(event_id)
 local got = redis.call('HRANDFIELD', dk, EVENT_LISTENERS_PER_CALL, 'WITHVALUES')
 local msgs, fields = {}, {}

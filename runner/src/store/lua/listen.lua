@@ -16,7 +16,11 @@ for i = 1, #ARGV do
     local field = topic .. '\31' .. key
     local e = redis.call('HGET', K_EVENTS, field)
     local at, ev = nil, nil
-    if e then at, ev = string.match(e, '^(%d+)\30(.*)$') end
+    if e then
+      local from
+      at, from = string.match(e, '^(%d+)\30()')
+      if at then ev = string.sub(e, from) end
+    end
     if at and tonumber(at) >= tonumber(since) then
       out[#out + 1] = 'D' .. th .. '\30' .. task .. '\30' .. stamp .. '\30' .. topic .. '\30' .. key .. '\30' .. ev
     else
