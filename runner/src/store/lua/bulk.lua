@@ -6,7 +6,8 @@
 -- ARGV: channel, shard, op, owner, plugin ('' = any), cursor ('' = start), limit.
 --   'cancel_owner': cancels the owner's scheduled tasks (of `plugin`), walking the owner index
 --                   after `cursor` (running tasks are left alone).
---   'retry_dead':   puts dead tasks (of `plugin`) back: due now, attempts reset.
+--   'retry_dead':   puts dead tasks (of `plugin`) back: due now, attempts reset (those dead when
+--                   its first call ran: the cursor carries that time).
 --   'drop_dead':    deletes dead tasks (of `plugin`).
 --   'expire_dead':  deletes dead tasks that died before `owner` (ms: the argument carries the
 --                   bound for this op).
@@ -22,7 +23,7 @@
 --  ops at CANCEL_BYTES of records too.
 -- The most bytes of records one call deletes or puts back, past its first ('cancel_plugin' and
 -- the dead letters' ops).
-local CANCEL_BYTES = 1048576
+local CANCEL_BYTES = 262144
 local channel, shard, op, owner, plugin, cursor, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6], tonumber(ARGV[7])
 local count, earliest = 0, nil
@@ -80,14 +81,21 @@ if op == 'cancel_plugin' then
   if r[1] == '0' then return {count, ''} end
   return {count, r[1]}
 end
--- dead tasks: each one handled leaves the dead indexes, so every chunk starts at the front
+-- dead tasks: each one handled leaves the dead indexes, so every chunk starts at the front; a
+-- retry takes only those dead when it began (its first call's time, carried as its cursor), so
+-- tasks it puts back that die again are not taken again and again
 local ids = {}
+local upto = nil
+if op == 'retry_dead' then upto = tonumber(cursor) or now end
 if plugin ~= '' then
-  members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, '[' .. plugin .. '\0x\0', '(' .. plugin .. '\0x\1',
-    'LIMIT', 0, limit)
+  local hi = '(' .. plugin .. '\0x\1'
+  if upto then hi = '(' .. dead_member(plugin, upto + 1, '') end
+  members = redis.call('ZRANGEBYLEX', K_BYPLUGIN, '[' .. plugin .. '\0x\0', hi, 'LIMIT', 0, limit)
   for i, m in ipairs(members) do ids[i] = string.match(m, '^[^%z]*%z.%z[^%z]*%z(.*)$') end
 elseif op == 'expire_dead' then
   ids = redis.call('ZRANGEBYSCORE', K_DEAD, '-inf', '(' .. owner, 'LIMIT', 0, limit)
+elseif upto then
+  ids = redis.call('ZRANGEBYSCORE', K_DEAD, '-inf', string.format('%d', upto), 'LIMIT', 0, limit)
 else
   ids = redis.call('ZRANGE', K_DEAD, 0, limit - 1)
 end
@@ -97,7 +105,7 @@ for i, id in ipairs(ids) do
   -- past CANCEL_BYTES of records the rest are the next call's (it starts at the front again)
   if count > 0 and rec and bytes + #rec > CANCEL_BYTES then
     if earliest then wake_if_head(channel, shard, earliest) end
-    return { count, ids[i] }
+    return { count, upto and string.format('%d', upto) or ids[i] }
   end
   bytes = bytes + (rec and #rec or 0)
   local t = parse(rec)
@@ -119,4 +127,7 @@ for i, id in ipairs(ids) do
   end
 end
 if earliest then wake_if_head(channel, shard, earliest) end
-return chunk_done(count, ids, limit) -- (dead chunks ignore the cursor: they start at the front)
+-- (dead chunks start at the front: the cursor only says there is more, or a retry's time)
+local r = chunk_done(count, ids, limit)
+if upto and r[2] ~= '' then r[2] = string.format('%d', upto) end
+return r
