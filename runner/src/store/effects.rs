@@ -38,11 +38,14 @@ impl Store {
             false => after + 2 * usize::from(topics_ix > 0),
         };
         let o = &self.inner.opts;
+        // (the team's bounds are read only for a run that writes kv or events)
         let room = match (fx.kv.is_empty(), fx.events.is_empty()) {
             (true, true) => None,
             _ => Some(self.run_room(plugin).await?),
         };
-        let (kv_bytes, emitted_bytes) = room.map_or((0, 0), |r| (r.kv_bytes, r.emitted_bytes));
+        let (kv_bytes, emitted_bytes) = room.map_or((o.kv_max_bytes, o.emitted_max_bytes), |r| {
+            (r.kv_bytes, r.emitted_bytes)
+        });
         inv.arg(MARKER_TTL_MS)
             .arg(o.stream_maxlen)
             .arg(o.max_topics)

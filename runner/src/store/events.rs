@@ -14,7 +14,7 @@ use futures::future::try_join_all;
 use redis::Value;
 
 use super::tasks::{int, string};
-use super::{Debounce, NewTask, Store, public_id, shard_of, task_key};
+use super::{Debounce, NewTask, Store, cut_calls, public_id, shard_of, task_key};
 
 /// A message older than this is presumed orphaned (its writer died before delivering it).
 pub const OUTBOX_GRACE_MS: i64 = 1_000;
@@ -29,52 +29,10 @@ const SWEEP_CHUNK: usize = 500;
 const DELIVER_CHUNK: usize = 100;
 const DELIVER_CALL_BYTES: usize = 128 << 10;
 
-/// `msgs` cut into calls of the listen, deliver or unlisten script, in order.
-fn message_calls(msgs: Vec<String>) -> Vec<Vec<String>> {
-    let mut calls: Vec<Vec<String>> = Vec::new();
-    let mut bytes = 0;
-    for m in msgs {
-        let size = m.len();
-        match calls.last_mut() {
-            Some(call) if call.len() < DELIVER_CHUNK && bytes + size <= DELIVER_CALL_BYTES => {
-                call.push(m);
-                bytes += size;
-            }
-            _ => {
-                calls.push(vec![m]);
-                bytes = size;
-            }
-        }
-    }
-    calls
-}
-
-/// Most events one call of the publish script takes, and about the most bytes (topics, keys and
-/// data; a call takes one event past it): 250 events of 60 KB were one call of ~90 ms.
+/// Most events one call of the publish script takes, and about the most bytes of them (topics,
+/// keys and data): 250 events of 60 KB were one call of ~90 ms.
 const PUBLISH_CALL_EVENTS: usize = 250;
 const PUBLISH_CALL_BYTES: usize = 128 << 10;
-
-/// `events` cut into the calls of the publish script, in order.
-fn publish_calls<'a>(events: &[&'a Event]) -> Vec<Vec<&'a Event>> {
-    let mut calls: Vec<Vec<&Event>> = Vec::new();
-    let mut bytes = 0;
-    for e in events {
-        let size = e.topic.len() + e.key.len() + e.data.len();
-        match calls.last_mut() {
-            Some(call)
-                if call.len() < PUBLISH_CALL_EVENTS && bytes + size <= PUBLISH_CALL_BYTES =>
-            {
-                call.push(e);
-                bytes += size;
-            }
-            _ => {
-                calls.push(vec![e]);
-                bytes = size;
-            }
-        }
-    }
-    calls
-}
 
 /// One event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,7 +156,8 @@ impl Store {
         // earlier one), the shards at once
         let calls = groups.into_iter().map(|(shard, evs)| async move {
             let mut out = Vec::new();
-            for call in publish_calls(&evs) {
+            let size = |e: &&Event| e.topic.len() + e.key.len() + e.data.len();
+            for call in cut_calls(evs, PUBLISH_CALL_EVENTS, PUBLISH_CALL_BYTES, size) {
                 let mut inv = self.shard_script(&self.inner.scripts.publish, shard);
                 inv.arg(shard).arg(retention);
                 for e in call {
@@ -338,7 +297,9 @@ impl Store {
             }
             let channel = self.keys().wake_channel();
             let calls = groups.into_iter().flat_map(|((kind, shard), ms)| {
-                message_calls(ms).into_iter().map(move |c| (kind, shard, c))
+                cut_calls(ms, DELIVER_CHUNK, DELIVER_CALL_BYTES, String::len)
+                    .into_iter()
+                    .map(move |c| (kind, shard, c))
             });
             let calls = calls.map(|(kind, shard, ms)| {
                 let channel = channel.clone();

@@ -269,6 +269,32 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
     (h % u64::from(shards)) as u32
 }
 
+/// `items` cut into calls of a script of at most `max_items` and about `max_bytes` of them (by
+/// `size`), in order: an item larger than `max_bytes` goes alone.
+pub(crate) fn cut_calls<T>(
+    items: impl IntoIterator<Item = T>,
+    max_items: usize,
+    max_bytes: usize,
+    size: impl Fn(&T) -> usize,
+) -> Vec<Vec<T>> {
+    let mut calls: Vec<Vec<T>> = Vec::new();
+    let mut bytes = 0;
+    for item in items {
+        let n = size(&item);
+        match calls.last_mut() {
+            Some(call) if call.len() < max_items && bytes + n <= max_bytes => {
+                call.push(item);
+                bytes += n;
+            }
+            _ => {
+                calls.push(vec![item]);
+                bytes = n;
+            }
+        }
+    }
+    calls
+}
+
 /// `ix` (indexes into `tasks`, one shard's) cut into calls of at most `max_tasks` tasks and about
 /// `max_bytes` of payloads, in order: a task larger than the bound goes alone. A task listening
 /// for events counts as one more task per listener (each is an index entry and a message to
