@@ -97,6 +97,13 @@ impl Budgets {
             .unwrap_or_else(|| plugin.to_owned())
     }
 
+    /// Whether the registry knows no plugin of `team` but `plugin` (no list made: a run's
+    /// commit asks this first).
+    pub(super) fn alone(&self, team: &str, plugin: &str) -> bool {
+        let teams = self.teams.read().unwrap_or_else(|e| e.into_inner());
+        !teams.iter().any(|(p, t)| t == team && p != plugin)
+    }
+
     /// The plugins of `team` the registry knows, and `also` (a plugin being admitted).
     pub(super) fn plugins_of(&self, team: &str, also: &str) -> Vec<String> {
         let teams = self.teams.read().unwrap_or_else(|e| e.into_inner());

@@ -23,7 +23,7 @@ pub const OUTBOX_GRACE_MS: i64 = 1_000;
 const SWEEP_CHUNK: usize = 500;
 
 /// Most messages one call of the listen, deliver or unlisten script takes, and about the most
-/// bytes of them (a call takes one message past it): a schedule call's tasks may bring 8
+/// bytes of them (a larger message goes alone): a schedule call's tasks may bring 8
 /// listeners each, each message is a task's or a listener's work, and a D message carries its
 /// event (500 run deliveries were one call of ~25 ms).
 const DELIVER_CHUNK: usize = 100;

@@ -61,10 +61,10 @@ impl Store {
         };
         let budgets = &self.inner.budgets;
         let team = budgets.team_of(plugin);
-        let mut plugins = budgets.plugins_of(&team, plugin);
-        if plugins.len() < 2 {
+        if budgets.alone(&team, plugin) {
             return Ok(own);
         }
+        let mut plugins = budgets.plugins_of(&team, plugin);
         plugins.sort();
         let fresh = {
             let read = self
