@@ -58,7 +58,18 @@
 --  aside in `waiting` where the claim sets aside for fair share).
 -- The most bytes of records one claim takes (and so answers with), past its first task: a
 -- claim of 256 tasks of 60 KB would copy 15 MB in one call.
-local CLAIM_BYTES = 1048576
+local CLAIM_BYTES = 524288
+-- The most bytes of records a claim reads when it walks past its size for plugins' fair share,
+-- or looks at tasks waiting (60 KB records would be 46 MB for a walk of 768): Redis hands a
+-- script a record at about 2 ms a MB on a small machine, so the bytes read, not the tasks
+-- walked, are what a claim costs. Records are read in pieces: READ_FIRST, then each of as many
+-- as the bytes left hold of the largest read so far, at most READ_MOST; so a claim reads at most
+-- its bound and one piece past it.
+local WALK_BYTES, READ_FIRST, READ_MOST = CLAIM_BYTES, 4, 16
+local function read_size(left, biggest)
+  if biggest == 0 then return READ_FIRST end
+  return math.max(1, math.min(READ_MOST, math.floor(left / biggest)))
+end
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local held, weights, most = parse_held(ARGV[3] or '')
 local extra = tonumber(ARGV[4]) or 0
@@ -91,6 +102,8 @@ if extra > 0 or headroom > 0 then
 end
 -- (the owner index exists where some scheduled task has an owner: then owners take turns)
 local has_owners = redis.call('EXISTS', K_BYOWNER) == 1
+-- (the takes note what they take, so what the claim does not read goes back or aside unread)
+note_takes()
 local ids, head = fair_take(due_by, walk, has_owners, aging)
 local waits = waiting_due(due_by, limit)
 -- the tasks to claim, in due order (parallel lists: no table per task on the hot path)
@@ -114,11 +127,12 @@ end
 local back_head = nil
 if #waits == 0 and #ids <= limit - headroom then
   -- every task walked is taken (the common case: one claim's worth, no one set aside), up to
-  -- CLAIM_BYTES of records: the rest go back to their buckets, in due order, for the next claim
-  local recs = records_of(ids)
+  -- CLAIM_BYTES of records, read in pieces: the rest go back to their buckets, in due order,
+  -- for the next claim; those not read by what the takes noted of them (or, when owners' turns
+  -- moved heads and their owner is unknown, set aside in `waiting`)
   local n, bytes, back, back_heads, back_prios = 0, 0, {}, {}, {}
-  for i, id in ipairs(ids) do
-    local rec = recs[i]
+  local aside, aside_ids = {}, {}
+  local function one(id, rec)
     local due, att, mc, rest, plugin
     if rec then
       due, att, mc, rest, plugin = fields(rec)
@@ -139,12 +153,50 @@ if #waits == 0 and #ids <= limit - headroom then
       end
     end
   end
+  -- (what is read counts, parked or not: a paused plugin's backlog is parked a piece a claim)
+  local at, read, biggest = 1, 0, 0
+  while at <= #ids and #back == 0 and read < CLAIM_BYTES do
+    local chunk = {}
+    for j = at, math.min(at + read_size(CLAIM_BYTES - read, biggest) - 1, #ids) do
+      chunk[#chunk + 1] = ids[j]
+    end
+    for k, rec in ipairs(records_of(chunk)) do
+      if rec then
+        read = read + #rec
+        biggest = math.max(biggest, #rec)
+      end
+      one(chunk[k], rec)
+    end
+    at = at + #chunk
+  end
+  local bare = {}
+  for i = at, #ids do
+    local id = ids[i]
+    local due, plugin, who = taken_dues[id], string.match(id, '^([^\31]*)\31'), taken_owners[id]
+    if not (due and plugin) then
+      bare[#bare + 1] = id -- (a record 0.1.0 wrote under its bare id: read after all)
+    elseif who or not turns_taken then
+      local d = string.format('%d', due)
+      push(back, d, id)
+      if taken_prios[id] then push(back_prios, '0', taken_prios[id]) end
+      if who then push(back_heads, d, who) end
+    else
+      push(aside, '0', wait_member(plugin, due, id))
+      push(aside_ids, string.format('%d', due), id)
+    end
+  end
+  for k, rec in ipairs(records_of(bare)) do one(bare[k], rec) end
   call_many('ZADD', K_PARKED, parked)
   if #back > 0 then
     due_add(back)
     prio_add(back_prios)
     lower_owner_heads(back_heads)
     back_head = tonumber(back[1])
+  end
+  if #aside > 0 then
+    call_many('ZADD', K_PARKED, aside_ids)
+    call_many('ZADD', K_WAITING, aside)
+    out[WAITING] = 2
   end
 elseif #ids > 0 or #waits > 0 then
   -- the candidates, in due order: {due, id, plugin, rec, att, mc, rest, member (when waiting)}
@@ -164,23 +216,94 @@ elseif #ids > 0 or #waits > 0 then
         att = att, mc = mc, rest = rest, member = member }
     end
   end
-  local recs = records_of(ids)
-  for i, id in ipairs(ids) do add(id, recs[i], nil) end
+  -- what the claim looks at, before a record is read, in the order `choose` sees it (the
+  -- walk's; in due order where tasks wait): {id, plugin, due, member (when waiting), k, rec}. A
+  -- walked task whose plugin or due the walk did not note (a record 0.1.0 wrote under its bare
+  -- id, or a walk of the claim's size) is read at once.
+  local items, unknown = {}, {}
+  for i, id in ipairs(ids) do
+    local it = { id = id, k = i, plugin = string.match(id, '^([^\31]*)\31'),
+      due = taken_dues and taken_dues[id] }
+    items[i] = it
+    if not (it.plugin and it.due) then unknown[#unknown + 1] = it end
+  end
+  local read = 0
+  if #unknown > 0 then
+    local uids = {}
+    for i, it in ipairs(unknown) do uids[i] = it.id end
+    for i, rec in ipairs(records_of(uids)) do
+      local it = unknown[i]
+      it.rec = rec
+      local due, _, _, _, plugin = fields(rec)
+      it.due, it.plugin = tonumber(due) or -1, plugin or ''
+      if rec then read = read + #rec end
+    end
+  end
+  for i, w in ipairs(waits) do
+    items[#items + 1] = { id = w[2], k = #ids + i, plugin = w[3], due = w[1], member = w[4] }
+  end
   if #waits > 0 then
-    local wids = {}
-    for i, w in ipairs(waits) do wids[i] = w[2] end
-    local wrecs = records_of(wids)
-    for i, w in ipairs(waits) do add(w[2], wrecs[i], w[4]) end
-    table.sort(cands, function(a, b)
+    table.sort(items, function(a, b)
       if a.due ~= b.due then return a.due < b.due end
       return a.k < b.k
     end)
   end
+  -- then up to WALK_BYTES of records, each plugin's next in turn (what `choose` can take of a
+  -- plugin is its first ones), in pieces (`read_size`)
+  local groups, active = {}, {}
+  for _, it in ipairs(items) do
+    if it.rec == nil then
+      local g = groups[it.plugin]
+      if not g then
+        g = {}
+        groups[it.plugin] = g
+        active[#active + 1] = g
+      end
+      g[#g + 1] = it
+    end
+  end
+  local order, depth = {}, 1
+  while #active > 0 do
+    local still = {}
+    for _, g in ipairs(active) do
+      order[#order + 1] = g[depth]
+      if g[depth + 1] then still[#still + 1] = g end
+    end
+    active, depth = still, depth + 1
+  end
+  local at, biggest = 1, 0
+  while at <= #order and read < WALK_BYTES do
+    local chunk = {}
+    for j = at, math.min(at + read_size(WALK_BYTES - read, biggest) - 1, #order) do
+      chunk[#chunk + 1] = order[j].id
+    end
+    for j, rec in ipairs(records_of(chunk)) do
+      order[at + j - 1].rec = rec
+      if rec then
+        read = read + #rec
+        biggest = math.max(biggest, #rec)
+      end
+    end
+    at = at + #chunk
+  end
+  -- what was walked and not taken is set aside (a task walked and not read too, with the due
+  -- and plugin the walk noted); what was waiting and is taken leaves `waiting`; past
+  -- CLAIM_BYTES of records a chosen task is set aside too, for the next claim
+  local aside, aside_ids, taken_waiting, taken_ids = {}, {}, {}, {}
+  for _, it in ipairs(items) do
+    if it.rec ~= nil then
+      add(it.id, it.rec, it.member)
+    else
+      -- (one waiting stays there; either way the poller claims again at once)
+      out[WAITING] = 2
+      if not it.member then
+        push(aside, '0', wait_member(it.plugin, it.due, it.id))
+        push(aside_ids, string.format('%d', it.due), it.id)
+      end
+    end
+  end
   call_many('ZREM', K_WAITING, stale)
   local queues = choose(cands, held, weights, most, limit, headroom, part)
-  -- what was walked and not taken is set aside; what was waiting and is taken leaves `waiting`;
-  -- past CLAIM_BYTES of records a chosen task is set aside too, for the next claim
-  local aside, aside_ids, taken_waiting, taken_ids = {}, {}, {}, {}
   local bytes = 0
   for _, c in ipairs(cands) do
     if c.chosen and #c_ids > 0 and bytes + #c.rec > CLAIM_BYTES then

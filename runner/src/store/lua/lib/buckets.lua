@@ -188,6 +188,19 @@ local function first_due_bucket(now)
     'LIMIT', '0', '1')
 end
 
+-- What this run noted of the tasks it took out of the buckets, when it asked (`note_takes`): a
+-- claim puts back or sets aside what it took and did not read by these, without reading its
+-- record. `taken_dues`: id -> due (ms); `taken_prios`: id -> its entry in the priority index,
+-- when the take dropped it (`prio_take`); `taken_owners`: id -> `plugin \0 owner`, when an
+-- owner's turn took it (`owner_turn`); `turns_taken`: whether an owner's turn moved a head.
+local taken_dues, taken_prios, taken_owners, turns_taken
+on_start[#on_start + 1] = function()
+  taken_dues, taken_prios, taken_owners, turns_taken = nil, nil, nil, false
+end
+local function note_takes()
+  taken_dues, taken_prios, taken_owners = {}, {}, {}
+end
+
 -- Takes up to `limit` tasks due at `now` (a number) or before out of the buckets, the earliest
 -- first. Returns their ids, and the shard's earliest due time after them when it was seen on
 -- the way (nil when not). `first`: what `first_due_bucket(now)` answered just before, if the
@@ -199,8 +212,18 @@ local function due_take(now, limit, first)
     first = nil
     if not b[1] then return ids, nil end
     local key, bound = bucket_key(b[1]), tonumber(b[2])
-    local got = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', now - bound),
-      'LIMIT', '0', string.format('%d', limit - #ids))
+    local upto, n = string.format('%d', now - bound), string.format('%d', limit - #ids)
+    local got
+    if taken_dues then
+      local pairs_ = redis.call('ZRANGEBYSCORE', key, '-inf', upto, 'WITHSCORES', 'LIMIT', '0', n)
+      got = {}
+      for i = 1, #pairs_, 2 do
+        got[#got + 1] = pairs_[i]
+        taken_dues[pairs_[i]] = bound + tonumber(pairs_[i + 1])
+      end
+    else
+      got = redis.call('ZRANGEBYSCORE', key, '-inf', upto, 'LIMIT', '0', n)
+    end
     -- the walk started at the bucket's lowest score: the ids are its first ranks
     if #got > 0 then redis.call('ZREMRANGEBYRANK', key, '0', string.format('%d', #got - 1)) end
     for _, id in ipairs(got) do ids[#ids + 1] = id end

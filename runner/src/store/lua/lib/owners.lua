@@ -59,6 +59,7 @@ local function owner_turn(who, head, now, share, ids)
     end)
   end
   local took, stopped = 0, nil
+  turns_taken = true
   for _, i in ipairs(order) do
     local id = eids[i]
     if took == share then
@@ -69,6 +70,7 @@ local function owner_turn(who, head, now, share, ids)
       local p = rec and string.match(rec, '^s\t%-?%d+\t%d+\t%d+\t%d+\t%d*\t([^\t]*)\t')
       if p == plugin and due_remove(id, edues[i]) == 1 then
         ids[#ids + 1] = id
+        if taken_dues then taken_dues[id], taken_owners[id] = edues[i], who end
         took = took + 1
       end
     end

@@ -89,6 +89,7 @@ local function prio_take(now, limit, ids)
       local due = recs[i] and string.match(recs[i], '^s\t(%-?%d+)\t')
       if due and tonumber(due) == edues[i] and due_remove(id, edues[i]) == 1 then
         ids[#ids + 1] = id
+        if taken_dues then taken_dues[id], taken_prios[id] = edues[i], got[i] end
       end
     end
     call_many('ZREM', key, got)
