@@ -103,6 +103,13 @@ pub struct KeyLimits {
     /// Most bytes of events it publishes within the event retention (None: `--events-max-bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_bytes: Option<u64>,
+    /// Most bytes of kv keys and values its plugins keep together (None: `--team-kv-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_bytes: Option<u64>,
+    /// Most bytes of entries its plugins' emitted streams hold together (None:
+    /// `--team-emitted-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emitted_bytes: Option<u64>,
 }
 
 impl KeyLimits {
@@ -111,10 +118,13 @@ impl KeyLimits {
             && self.max_pending.is_none()
             && self.task_bytes.is_none()
             && self.event_bytes.is_none()
+            && self.kv_bytes.is_none()
+            && self.emitted_bytes.is_none()
     }
 }
 
-/// The most an admin gives one key as `task_bytes` or `event_bytes`: 1 TiB.
+/// The most an admin gives one key as `task_bytes`, `event_bytes`, `kv_bytes` or
+/// `emitted_bytes`: 1 TiB.
 pub const MAX_TASK_BYTES: u64 = 1 << 40;
 
 /// A new key's id and secret.

@@ -236,6 +236,8 @@ fn key_call(cmd: KeyCmd) -> Call {
             max_pending,
             task_bytes,
             event_bytes,
+            kv_bytes,
+            emitted_bytes,
             publish,
             listen,
             streams,
@@ -252,8 +254,14 @@ fn key_call(cmd: KeyCmd) -> Call {
             if let Some(m) = task_bytes {
                 body["task_bytes"] = json!(m);
             }
-            if let Some(m) = event_bytes {
-                body["event_bytes"] = json!(m);
+            for (field, m) in [
+                ("event_bytes", event_bytes),
+                ("kv_bytes", kv_bytes),
+                ("emitted_bytes", emitted_bytes),
+            ] {
+                if let Some(m) = m {
+                    body[field] = json!(m);
+                }
             }
             Call::new(Method::POST, "/v1/keys").json(body)
         }
@@ -266,6 +274,8 @@ fn key_call(cmd: KeyCmd) -> Call {
             max_pending,
             task_bytes,
             event_bytes,
+            kv_bytes,
+            emitted_bytes,
             publish,
             listen,
             streams,
@@ -293,6 +303,8 @@ fn key_call(cmd: KeyCmd) -> Call {
                 ("max_pending", max_pending),
                 ("task_bytes", task_bytes),
                 ("event_bytes", event_bytes),
+                ("kv_bytes", kv_bytes),
+                ("emitted_bytes", emitted_bytes),
             ];
             for (field, v) in limits {
                 if let Some(v) = v {

@@ -130,6 +130,8 @@ pub fn keys(v: &Value) -> String {
                 ("pending", "max_pending"),
                 ("task bytes", "task_bytes"),
                 ("event bytes", "event_bytes"),
+                ("kv bytes", "kv_bytes"),
+                ("emitted bytes", "emitted_bytes"),
             ]
             .iter()
             .filter_map(|(what, field)| Some(format!("{what} {}", k[*field].as_u64()?)))

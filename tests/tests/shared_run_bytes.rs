@@ -177,7 +177,7 @@ async fn a_teams_plugins_keep_no_more_kv_together_than_its_budget() {
 /// bound 64 MiB): the first alone keeps 1 MiB; the second, beside it, keeps its equal share
 /// (512 KiB) and every run of it is done; when the first emits again it drops its oldest entries
 /// down to what the second leaves, so the team's streams hold at most the budget again. Another
-/// team's plugin keeps all of its 1.5 MB.
+/// team's only plugin keeps its own team's 1 MiB of its 1.5 MB.
 #[tokio::test]
 async fn a_teams_emitted_streams_hold_no_more_together_than_its_budget() {
     let redis = RedisServer::start();
@@ -217,9 +217,11 @@ async fn a_teams_emitted_streams_hold_no_more_together_than_its_budget() {
         "rec-2 keeps its equal share: {second} bytes"
     );
     assert_eq!(done(&ended(base, "c", 30).await), 30);
+    // the admin's plugin is a team of its own: its own budget, whatever team a holds
+    let other = stream_bytes(&redis, "other");
     assert!(
-        stream_bytes(&redis, "other") > 30 * 50_000,
-        "another team keeps its own"
+        other <= 1 << 20 && other > (1 << 20) - 60_000,
+        "another team keeps its own budget: {other} bytes"
     );
 
     // the first emits again: it drops its own oldest down to what the second leaves
@@ -231,4 +233,96 @@ async fn a_teams_emitted_streams_hold_no_more_together_than_its_budget() {
         team <= 1 << 20,
         "team a's streams hold {team} bytes (rec-1 {first})"
     );
+}
+
+/// An admin gives one team budgets of its own on its key (`kv_bytes`, `emitted_bytes`), below the
+/// flags' 64 MiB: the team's only plugin keeps 7 kv entries of 64 KiB under 512 KiB, its other
+/// runs failing with an error naming the key's budget; its stream holds at most 256 KiB. The
+/// key's budget lifted (`null`), the flag's applies again at once (the runner that took the
+/// change forgets what it read). Another team meanwhile keeps what the flags allow.
+#[tokio::test]
+async fn a_keys_own_kv_and_emitted_budgets_bound_its_team_and_null_gives_the_flags_back() {
+    let redis = RedisServer::start();
+    let r = RunnerProcess::start(&redis.url(), &["--token", ADMIN]);
+    let base = r.url.as_str();
+    let (id, dev) = make_key(base, "team-b", "developer", &["b-*"]).await;
+    let (s, k) = req(
+        "PATCH",
+        &format!("{base}/v1/keys/{id}"),
+        Some(ADMIN),
+        Some(json!({"kv_bytes": 524_288, "emitted_bytes": 262_144})),
+    )
+    .await;
+    assert_eq!(s, 200, "{k}");
+    assert_eq!(
+        (&k["kv_bytes"], &k["emitted_bytes"]),
+        (&json!(524_288), &json!(262_144))
+    );
+    // a developer can't give itself more
+    let (s, t) = req(
+        "PATCH",
+        &format!("{base}/v1/keys/{id}"),
+        Some(&dev),
+        Some(json!({"kv_bytes": null})),
+    )
+    .await;
+    assert_eq!(s, 403, "{t}");
+    for (p, wasm) in [("b-kv", "test-flood"), ("b-rec", "bench-record")] {
+        let (s, up) = upload_as(base, &dev, p, plugin_wasm(wasm)).await;
+        assert_eq!(s, 201, "{up}");
+    }
+    let (s, up) = upload_as(base, ADMIN, "other", plugin_wasm("test-flood")).await;
+    assert_eq!(s, 201, "{up}");
+    let one = |i: usize| json!({"what": "kv-one", "id": format!("k{i:02}")});
+
+    schedule(base, &dev, "b-kv", "a", 12, &one).await;
+    schedule(base, ADMIN, "other", "c", 12, &one).await;
+    let a = ended(base, "a", 12).await;
+    assert_eq!(done(&a), 7, "b-kv kept what fits in 512 KiB: {a:?}");
+    for t in a.iter().filter(|t| t["state"] == "dead") {
+        let error = t["last_error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("kv_bytes") && error.contains("524288"),
+            "the error names the key's budget: {error}"
+        );
+    }
+    assert!(kv_bytes(&redis, "b-kv") <= 524_288);
+    assert_eq!(
+        done(&ended(base, "c", 12).await),
+        12,
+        "another team keeps its own"
+    );
+
+    let blob = "e".repeat(50_000);
+    schedule(base, &dev, "b-rec", "e", 12, &|_| json!({"blob": blob})).await;
+    assert_eq!(done(&ended(base, "e", 12).await), 12);
+    let held = stream_bytes(&redis, "b-rec");
+    assert!(
+        held <= 262_144 && held > 262_144 - 60_000,
+        "b-rec's stream holds {held} bytes"
+    );
+
+    // lifted: the flag's 64 MiB again
+    let (s, k) = req(
+        "PATCH",
+        &format!("{base}/v1/keys/{id}"),
+        Some(ADMIN),
+        Some(json!({"kv_bytes": null, "emitted_bytes": null})),
+    )
+    .await;
+    assert_eq!(s, 200, "{k}");
+    assert!(
+        k.get("kv_bytes").is_none() && k.get("emitted_bytes").is_none(),
+        "{k}"
+    );
+    schedule(
+        base,
+        &dev,
+        "b-kv",
+        "d",
+        5,
+        &|i| json!({"what": "kv-one", "id": format!("again{i}")}),
+    )
+    .await;
+    assert_eq!(done(&ended(base, "d", 5).await), 5);
 }

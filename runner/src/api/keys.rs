@@ -56,6 +56,16 @@ pub struct NewKey {
     #[serde(default, deserialize_with = "field::int")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1099511627776_u64)]
     event_bytes: Option<i64>,
+    /// Most bytes of kv keys and values its plugins' runs may keep together; absent: the
+    /// runner's `--team-kv-bytes`.
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1099511627776_u64)]
+    kv_bytes: Option<i64>,
+    /// Most bytes of entries its plugins' emitted event streams may hold together; absent: the
+    /// runner's `--team-emitted-bytes`.
+    #[serde(default, deserialize_with = "field::int")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1099511627776_u64)]
+    emitted_bytes: Option<i64>,
     /// Topic patterns it may publish events to (`POST /v1/events/{topic}`): a topic, a prefix
     /// ending in `*`, or `*`. None: it publishes nothing.
     #[serde(default)]
@@ -95,6 +105,14 @@ pub struct KeyInfo {
     /// `--events-max-bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     event_bytes: Option<u64>,
+    /// Most bytes of kv keys and values its plugins' runs may keep together (absent: the
+    /// runner's `--team-kv-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_bytes: Option<u64>,
+    /// Most bytes of entries its plugins' emitted event streams may hold together (absent: the
+    /// runner's `--team-emitted-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emitted_bytes: Option<u64>,
     /// Topic patterns it may publish events to (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publish: Vec<String>,
@@ -133,6 +151,14 @@ pub struct KeyCreated {
     /// `--events-max-bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     event_bytes: Option<u64>,
+    /// Most bytes of kv keys and values its plugins' runs may keep together (absent: the
+    /// runner's `--team-kv-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_bytes: Option<u64>,
+    /// Most bytes of entries its plugins' emitted event streams may hold together (absent: the
+    /// runner's `--team-emitted-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emitted_bytes: Option<u64>,
     /// Topic patterns it may publish events to (absent: none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publish: Vec<String>,
@@ -167,6 +193,8 @@ pub async fn key_create(
     let max_pending = within("max_pending", k.max_pending, MAX_MAX_PENDING)?;
     let task_bytes = within("task_bytes", k.task_bytes, MAX_TASK_BYTES)?;
     let event_bytes = within("event_bytes", k.event_bytes, MAX_TASK_BYTES)?;
+    let kv_bytes = within("kv_bytes", k.kv_bytes, MAX_TASK_BYTES)?;
+    let emitted_bytes = within("emitted_bytes", k.emitted_bytes, MAX_TASK_BYTES)?;
     let (id, secret) = new_secret();
     let record = KeyRecord {
         id,
@@ -179,6 +207,8 @@ pub async fn key_create(
             max_pending,
             task_bytes,
             event_bytes,
+            kv_bytes,
+            emitted_bytes,
         },
         topics: crate::access::TopicRights {
             publish: k.publish,
@@ -197,6 +227,8 @@ pub async fn key_create(
         max_pending: record.limits.max_pending,
         task_bytes: record.limits.task_bytes,
         event_bytes: record.limits.event_bytes,
+        kv_bytes: record.limits.kv_bytes,
+        emitted_bytes: record.limits.emitted_bytes,
         publish: record.topics.publish,
         listen: record.topics.listen,
         streams: record.topics.streams,
@@ -306,6 +338,16 @@ pub struct KeyPatch {
     #[serde(default, deserialize_with = "given_int")]
     #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1099511627776_u64)]
     event_bytes: Option<Option<i64>>,
+    /// Most bytes of kv keys and values its plugins' runs may keep together; `null`: the
+    /// runner's `--team-kv-bytes`. What is kept already stays; runs' writes past it are refused.
+    #[serde(default, deserialize_with = "given_int")]
+    #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1099511627776_u64)]
+    kv_bytes: Option<Option<i64>>,
+    /// Most bytes of entries its plugins' emitted event streams may hold together; `null`: the
+    /// runner's `--team-emitted-bytes`. Each plugin trims its own streams to it as it writes.
+    #[serde(default, deserialize_with = "given_int")]
+    #[schema(value_type = Option<u64>, nullable = true, minimum = 0, maximum = 1099511627776_u64)]
+    emitted_bytes: Option<Option<i64>>,
     /// Topic patterns it may publish events to (`[]`: none).
     #[serde(default)]
     #[schema(max_items = 100, value_type = Option<Vec<doc::TopicPattern>>)]
@@ -339,6 +381,8 @@ fn info(k: KeyRecord, used: Option<i64>, refused: u64) -> KeyInfo {
         max_pending: k.limits.max_pending,
         task_bytes: k.limits.task_bytes,
         event_bytes: k.limits.event_bytes,
+        kv_bytes: k.limits.kv_bytes,
+        emitted_bytes: k.limits.emitted_bytes,
         publish: k.topics.publish,
         listen: k.topics.listen,
         streams: k.topics.streams,
@@ -374,6 +418,8 @@ pub async fn key_update(
     let max_pending = given_within("max_pending", p.max_pending, MAX_MAX_PENDING)?;
     let task_bytes = given_within("task_bytes", p.task_bytes, MAX_TASK_BYTES)?;
     let event_bytes = given_within("event_bytes", p.event_bytes, MAX_TASK_BYTES)?;
+    let kv_bytes = given_within("kv_bytes", p.kv_bytes, MAX_TASK_BYTES)?;
+    let emitted_bytes = given_within("emitted_bytes", p.emitted_bytes, MAX_TASK_BYTES)?;
     // a change made meanwhile by another admin is read again, never written over
     for _ in 0..8 {
         let Some((mut k, used, refused, was)) = st.store.key_by_id(&id).await? else {
@@ -399,6 +445,12 @@ pub async fn key_update(
         }
         if let Some(m) = event_bytes {
             k.limits.event_bytes = m;
+        }
+        if let Some(m) = kv_bytes {
+            k.limits.kv_bytes = m;
+        }
+        if let Some(m) = emitted_bytes {
+            k.limits.emitted_bytes = m;
         }
         for (to, from) in [
             (&mut k.topics.publish, &p.publish),

@@ -35,6 +35,14 @@ pub enum KeyCmd {
         /// runner's --events-max-bytes).
         #[arg(long)]
         event_bytes: Option<u64>,
+        /// Most bytes of kv keys and values its plugins' runs may keep together (default: the
+        /// runner's --team-kv-bytes).
+        #[arg(long)]
+        kv_bytes: Option<u64>,
+        /// Most bytes of entries its plugins' emitted event streams may hold together (default:
+        /// the runner's --team-emitted-bytes).
+        #[arg(long)]
+        emitted_bytes: Option<u64>,
         /// Topic patterns it may publish events to, comma-separated.
         #[arg(long, value_delimiter = ',')]
         publish: Vec<String>,
@@ -76,6 +84,14 @@ pub enum KeyCmd {
         /// runner's --events-max-bytes).
         #[arg(long, value_name = "N|none")]
         event_bytes: Option<String>,
+        /// Most bytes of kv keys and values its plugins' runs may keep together, or `none` (the
+        /// runner's --team-kv-bytes).
+        #[arg(long, value_name = "N|none")]
+        kv_bytes: Option<String>,
+        /// Most bytes of entries its plugins' emitted event streams may hold together, or
+        /// `none` (the runner's --team-emitted-bytes).
+        #[arg(long, value_name = "N|none")]
+        emitted_bytes: Option<String>,
         /// Topic patterns it may publish to, comma-separated (`''`: none).
         #[arg(long, value_delimiter = ',')]
         publish: Option<Vec<String>>,

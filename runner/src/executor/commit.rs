@@ -114,7 +114,7 @@ impl Executor {
                     let bound = match team {
                         None => "--kv-max-bytes".to_owned(),
                         Some(budget) => format!(
-                            "what its team's other plugins leave of the team's {budget} (--team-kv-bytes)"
+                            "what its team's other plugins leave of the team's {budget}: its key's kv_bytes, else --team-kv-bytes"
                         ),
                     };
                     return Err(NotCommitted::OverQuota(format!(
@@ -126,7 +126,7 @@ impl Executor {
                     let bound = match team {
                         None => "--emitted-max-bytes".to_owned(),
                         Some(budget) => format!(
-                            "what its team's other plugins leave of the team's {budget} (--team-emitted-bytes)"
+                            "what its team's other plugins leave of the team's {budget}: its key's emitted_bytes, else --team-emitted-bytes"
                         ),
                     };
                     return Err(NotCommitted::OverQuota(format!(

@@ -135,10 +135,11 @@ impl Store {
         teams.insert(plugin.to_owned(), team.to_owned());
     }
 
-    /// Forgets what this store read of `team`'s bytes and budget: its next admission reads them
-    /// again (its key's `task_bytes` just changed).
+    /// Forgets what this store read of `team`'s bytes and budgets: its next admission and its
+    /// plugins' next runs read them again (its key's limits just changed).
     pub fn forget_team_budget(&self, team: &str) {
         self.inner.budgets.held().remove(team);
+        self.inner.budgets.runs.forget(team);
     }
 
     /// Checks `tasks` against their teams' budgets, without admitting them (see

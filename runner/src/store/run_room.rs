@@ -1,14 +1,16 @@
 //! What a team's plugins' runs make Redis keep, their kv and their emitted streams, bounded per
-//! team by `--team-kv-bytes` and `--team-emitted-bytes`, beside each plugin's own bounds
-//! (`--kv-max-bytes`, `--emitted-max-bytes`). A team is the key that uploaded its plugins, as for
-//! the task bytes (`budget.rs`).
+//! team by its key's `kv_bytes` and `emitted_bytes` (an admin's), else `--team-kv-bytes` and
+//! `--team-emitted-bytes`, beside each plugin's own bounds (`--kv-max-bytes`,
+//! `--emitted-max-bytes`). A team is the key that uploaded its plugins, as for the task bytes
+//! (`budget.rs`).
 //!
 //! The effects script already counts both per plugin (`plugin:kv-bytes:<name>`, the values of
 //! `plugin:emitted:<name>`), refuses a run's kv writes past its plugin's bound and trims the
 //! plugin's streams to theirs. The team's bound reaches it as that bound: the smaller of the
 //! plugin's own and what the team's other plugins leave of the team's budget, read at most every
 //! 250 ms. So no script, key or record changes, and a team of one plugin (each plugin an admin
-//! uploaded, or loaded from the runner's directory) reads nothing.
+//! uploaded, or loaded from the runner's directory) reads only its key's budgets, at most every
+//! 250 ms.
 //!
 //! kv is data: with nothing left, a run's writes are refused (its attempt fails, naming the
 //! budget). Emitted streams are logs: a plugin always keeps at least an equal share of its
@@ -44,9 +46,24 @@ pub struct RunRoom {
 /// Each plugin of a team with its bytes of kv and of emitted streams.
 type PluginBytes = Vec<(String, u64, u64)>;
 
-/// The teams' plugins' bytes as last read: team → when, and each plugin's.
+/// A team's key's own budgets of kv and of emitted streams as read, and when (None: the flag's).
+type KeyBudgets = (Instant, Option<u64>, Option<u64>);
+
+/// The teams' plugins' bytes as last read: team → when, and each plugin's; and the teams' keys'
+/// budgets as last read: team → when, kv's and emitted streams' (None: the flag's).
 #[derive(Default)]
-pub(super) struct RunBytes(Mutex<HashMap<String, (Instant, PluginBytes)>>);
+pub(super) struct RunBytes {
+    held: Mutex<HashMap<String, (Instant, PluginBytes)>>,
+    budgets: Mutex<HashMap<String, KeyBudgets>>,
+}
+
+impl RunBytes {
+    /// Forgets a team's key's budgets as read (an admin just changed them).
+    pub(super) fn forget(&self, team: &str) {
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        budgets.remove(team);
+    }
+}
 
 impl Store {
     /// The most kv and emitted bytes a run of `plugin` may leave it holding: its own bounds, or
@@ -61,54 +78,86 @@ impl Store {
         };
         let budgets = &self.inner.budgets;
         let team = budgets.team_of(plugin);
-        if budgets.alone(&team, plugin) {
+        let (kv_budget, emitted_budget) = self.team_run_budgets(&team).await?;
+        let alone = budgets.alone(&team, plugin);
+        if alone && kv_budget >= own.kv_bytes && emitted_budget >= own.emitted_bytes {
             return Ok(own);
         }
-        let mut plugins = budgets.plugins_of(&team, plugin);
+        // the other plugins' bytes, and how many plugins the team has
+        let (kv, emitted, n) = if alone {
+            (0, 0, 1)
+        } else {
+            let held = self.team_run_bytes(&team, plugin).await?;
+            let (kv, emitted) = held
+                .iter()
+                .filter(|(p, ..)| p != plugin)
+                .fold((0, 0), |(k, e), (_, kv, em)| (k + kv, e + em));
+            (kv, emitted, held.len() as u64)
+        };
+        let kv_left = kv_budget.saturating_sub(kv);
+        // a log, not data: each plugin keeps at least an equal share, dropping its own oldest
+        let share = emitted_budget / n;
+        let emitted_left = emitted_budget.saturating_sub(emitted).max(share);
+        Ok(RunRoom {
+            kv_bytes: own.kv_bytes.min(kv_left),
+            emitted_bytes: own.emitted_bytes.min(emitted_left),
+            team_kv: (kv_left < own.kv_bytes).then_some(kv_budget),
+            team_emitted: (emitted_left < own.emitted_bytes).then_some(emitted_budget),
+        })
+    }
+
+    /// The team's budgets of kv and emitted bytes: its key's own (an admin's), else the flags';
+    /// the key read at most every 250 ms.
+    async fn team_run_budgets(&self, team: &str) -> Result<(u64, u64)> {
+        let o = &self.inner.opts;
+        let runs = &self.inner.budgets.runs;
+        let fresh = {
+            let read = runs.budgets.lock().unwrap_or_else(|e| e.into_inner());
+            read.get(team)
+                .filter(|(at, ..)| at.elapsed() < FRESH)
+                .map(|&(_, kv, emitted)| (kv, emitted))
+        };
+        let (kv, emitted) = match fresh {
+            Some(b) => b,
+            None => {
+                let at = Instant::now();
+                let limits = self
+                    .key_by_id(team)
+                    .await?
+                    .map(|(key, ..)| key.limits)
+                    .unwrap_or_default();
+                let b = (limits.kv_bytes, limits.emitted_bytes);
+                let mut read = runs.budgets.lock().unwrap_or_else(|e| e.into_inner());
+                read.insert(team.to_owned(), (at, b.0, b.1));
+                b
+            }
+        };
+        Ok((
+            kv.unwrap_or(o.team_kv_bytes),
+            emitted.unwrap_or(o.team_emitted_bytes),
+        ))
+    }
+
+    /// Each plugin of `plugin`'s team with its kv and emitted bytes, read at most every 250 ms.
+    async fn team_run_bytes(&self, team: &str, plugin: &str) -> Result<PluginBytes> {
+        let runs = &self.inner.budgets.runs;
+        let mut plugins = self.inner.budgets.plugins_of(team, plugin);
         plugins.sort();
         let fresh = {
-            let read = self
-                .inner
-                .budgets
-                .runs
-                .0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            read.get(&team).and_then(|(at, held)| {
+            let read = runs.held.lock().unwrap_or_else(|e| e.into_inner());
+            read.get(team).and_then(|(at, held)| {
                 let same = held.iter().map(|(p, ..)| p).eq(plugins.iter());
                 (same && at.elapsed() < FRESH).then(|| held.clone())
             })
         };
-        let held = match fresh {
-            Some(held) => held,
-            None => {
-                let at = Instant::now();
-                let held = self.plugins_run_bytes(&plugins).await?;
-                let mut read = self
-                    .inner
-                    .budgets
-                    .runs
-                    .0
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                read.insert(team, (at, held.clone()));
-                held
-            }
-        };
-        let (kv, emitted) = held
-            .iter()
-            .filter(|(p, ..)| p != plugin)
-            .fold((0, 0), |(k, e), (_, kv, em)| (k + kv, e + em));
-        let kv_left = o.team_kv_bytes.saturating_sub(kv);
-        // a log, not data: each plugin keeps at least an equal share, dropping its own oldest
-        let share = o.team_emitted_bytes / held.len() as u64;
-        let emitted_left = o.team_emitted_bytes.saturating_sub(emitted).max(share);
-        Ok(RunRoom {
-            kv_bytes: own.kv_bytes.min(kv_left),
-            emitted_bytes: own.emitted_bytes.min(emitted_left),
-            team_kv: (kv_left < own.kv_bytes).then_some(o.team_kv_bytes),
-            team_emitted: (emitted_left < own.emitted_bytes).then_some(o.team_emitted_bytes),
-        })
+        if let Some(held) = fresh {
+            return Ok(held);
+        }
+        let at = Instant::now();
+        let held = self.plugins_run_bytes(&plugins).await?;
+        let mut read = runs.held.lock().unwrap_or_else(|e| e.into_inner());
+        read.insert(team.to_owned(), (at, held.clone()));
+        Ok(held)
     }
 
     /// Each plugin's bytes of kv and of emitted streams, as the effects script counts them (one
