@@ -179,10 +179,48 @@ impl Policies {
     }
 }
 
+/// The owners whose tasks are paused, as the last sync read them (owner → `\0plugin\0…\0`, `*`
+/// for every plugin), shared like the policies and swapped whole. The claim parks a paused
+/// owner's tasks; this lets a run hold back one claimed before the pause (ahead, or waiting for a
+/// worker).
+#[derive(Clone, Default)]
+pub struct OwnerPauses(Arc<RwLock<Arc<HashMap<String, String>>>>);
+
+impl OwnerPauses {
+    /// Whether `owner`'s tasks of `plugin` are paused (never for a task without an owner).
+    pub fn paused(&self, owner: &str, plugin: &str) -> bool {
+        if owner.is_empty() {
+            return false;
+        }
+        let all = Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()));
+        all.get(owner)
+            .is_some_and(|list| list.split('\0').any(|p| p == "*" || p == plugin))
+    }
+
+    /// Replaces every owner's pauses.
+    pub fn set(&self, all: HashMap<String, String>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(all);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::plugin_settings::Ceilings;
+
+    #[test]
+    fn an_owners_pause_holds_its_plugins_or_all_and_no_task_without_an_owner() {
+        let p = OwnerPauses::default();
+        assert!(!p.paused("acme", "mail"));
+        p.set(HashMap::from([
+            ("acme".to_owned(), "\0mail\0sms\0".to_owned()),
+            ("zeta".to_owned(), "\0*\0".to_owned()),
+        ]));
+        assert!(p.paused("acme", "mail") && p.paused("acme", "sms"));
+        assert!(!p.paused("acme", "mai") && !p.paused("acme", "push"));
+        assert!(p.paused("zeta", "anything"));
+        assert!(!p.paused("", "mail") && !p.paused("other", "mail"));
+    }
 
     #[test]
     fn a_policy_holds_each_limit_under_its_ceiling_and_fills_in_the_defaults() {

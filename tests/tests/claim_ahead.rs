@@ -1,8 +1,8 @@
 //! Claim ahead: under a steady stream a runner claims what falls due within a few ms in one
 //! script and starts each task at its due time. Never early (by Redis's clock, which decides what
 //! is due), each task once, a cancel answered 204 means the task never runs, one answered 409
-//! means it runs once, a pause holds back what was claimed ahead, and a runner killed -9 with
-//! tasks claimed ahead loses and doubles none.
+//! means it runs once, a plugin's or an owner's pause holds back what was claimed ahead, and a
+//! runner killed -9 with tasks claimed ahead loses and doubles none.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
 use std::collections::{HashMap, HashSet};
@@ -208,6 +208,72 @@ async fn a_pause_holds_back_tasks_already_claimed_ahead() {
         "the pause came with most of the stream to go: {before}"
     );
     let (s, b) = call("POST", &format!("{plugin}/resume"), None).await;
+    assert_eq!(s, 200, "{b}");
+    let runs = wait_runs(&redis, n, Duration::from_secs(30)).await;
+    for (id, at) in &due {
+        let ats = runs.get(id).unwrap_or_else(|| panic!("{id} never ran"));
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        assert!(ats[0] >= *at, "{id} started {} ms early", at - ats[0]);
+    }
+}
+
+/// An owner's pause holds back its tasks already claimed, as a plugin's does: a stream of two
+/// owners' tasks claimed ~320 ms ahead; after `acme`'s pause is answered none of its tasks
+/// starts later than 50 ms after it, while `zeta`'s keep starting; after the resume each of the
+/// 150 runs once, none early. (Before every runner kept the owners' pauses, a task claimed
+/// before the pause ran anyway.)
+#[tokio::test]
+async fn an_owners_pause_holds_back_its_tasks_already_claimed_ahead() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
+    let n = 150;
+    let first = now_ms() + 1000;
+    let mut due = HashMap::new();
+    let owner_of = |i: usize| if i.is_multiple_of(2) { "acme" } else { "zeta" };
+    let specs: Vec<Value> = (0..n)
+        .map(|i| {
+            let id = format!("k{i}");
+            let at = first + i as i64 * 20;
+            due.insert(id.clone(), at);
+            json!({"plugin": "bench-record", "id": id, "run_at": at, "owner": owner_of(i),
+                   "payload": {}})
+        })
+        .collect();
+    post_tasks(&runner.url, json!(specs)).await;
+    eventually(Duration::from_secs(20), "tasks claimed ahead", || async {
+        let ahead = metric(&runner.url, "eggtimer_claimed_ahead_total").await;
+        (ahead.unwrap_or(0.0) >= 20.0).then_some(())
+    })
+    .await;
+    let owner = format!("{}/v1/owners/acme", runner.url);
+    let (s, b) = call("POST", &format!("{owner}/pause"), None).await;
+    assert_eq!(s, 200, "{b}");
+    let paused_at = now_ms();
+    // what it held ahead would have started within the next ~320 ms
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let started = runs(&redis);
+    let first_start = |i: usize| started.get(&format!("k{i}")).map(|ats| ats[0]);
+    let late: Vec<(usize, i64)> = (0..n)
+        .filter(|&i| owner_of(i) == "acme")
+        .filter_map(|i| Some((i, first_start(i)?)))
+        .filter(|&(_, at)| at > paused_at + 50)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "acme's tasks started more than 50 ms after its pause was answered: {late:?}"
+    );
+    let others = (0..n)
+        .filter(|&i| owner_of(i) == "zeta")
+        .filter_map(first_start)
+        .filter(|&at| at > paused_at + 50)
+        .count();
+    assert!(others > 0, "zeta's tasks kept starting");
+    assert!(
+        started.len() < n - 20,
+        "the pause came with most of the stream to go: {}",
+        started.len()
+    );
+    let (s, b) = call("POST", &format!("{owner}/resume"), None).await;
     assert_eq!(s, 200, "{b}");
     let runs = wait_runs(&redis, n, Duration::from_secs(30)).await;
     for (id, at) in &due {

@@ -1,5 +1,5 @@
 //! One run: from a claimed task to the outcome the finisher records — the checks before it starts
-//! (shutdown, its plugin paused, `start_by`, its plugin loaded, the limits), the handler's rounds
+//! (shutdown, its plugin or owner paused, `start_by`, its plugin loaded, the limits), the handler's rounds
 //! (again while the kv entries it read change), and what its outcome records.
 
 use std::sync::Arc;
@@ -51,9 +51,14 @@ impl Executor {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
-        if self.store.policy(&task.plugin).paused {
-            // paused since its claim (claimed ahead, or waiting for a worker): back to due,
-            // unstarted and its attempt given back; the next claim parks it
+        if self.store.policy(&task.plugin).paused
+            || self
+                .store
+                .owner_paused(task.owner.as_deref().unwrap_or(""), &task.plugin)
+        {
+            // paused since its claim (claimed ahead, or waiting for a worker), the plugin or the
+            // task's owner: back to due, unstarted and its attempt given back; the next claim
+            // parks it
             return Some(Finish::Release);
         }
         if let Some(by) = task.start_by

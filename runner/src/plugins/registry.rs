@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::{Loaded, Plugins, digest};
 use crate::names::valid_plugin_name;
 use crate::plugin_settings::PluginEntry;
-use crate::store::{Heard, Promoted, Store};
+use crate::store::{Heard, OWNER_PAUSES_CHANGED, Promoted, Store};
 
 /// What the registry's listener asks its loader to load.
 enum Load {
@@ -357,8 +357,9 @@ impl Registry {
 
     /// Follows announcements until `stop`: every announcement applies the settings at once, and
     /// hands the plugin to load to `load` (a task of its own), so that a plugin compiling for a
-    /// minute holds up no setting of another; on every (re)subscription, and every 30 s in case
-    /// a message was lost, everything is loaded. A sync under way when `stop` comes is dropped (a
+    /// minute holds up no setting of another; an owner's pauses changed, the owners' pauses are
+    /// read again; on every (re)subscription, and every 30 s in case a message was lost,
+    /// everything is loaded. A sync under way when `stop` comes is dropped (a
     /// compile in progress ends on its own thread, bounded by its timeout).
     pub async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let channel = self.store.keys().plugins_channel();
@@ -372,7 +373,11 @@ impl Registry {
                 heard = sub.next() => match heard {
                     Heard::Subscribed => {
                         self.apply_settings().await;
+                        self.apply_owner_pauses().await;
                         let _ = to_load.send(Load::Everything("loading plugins from Redis"));
+                    }
+                    Heard::Message(name) if name == OWNER_PAUSES_CHANGED => {
+                        self.apply_owner_pauses().await;
                     }
                     Heard::Message(name) => {
                         self.apply_settings().await;
@@ -380,6 +385,7 @@ impl Registry {
                     }
                 },
                 _ = resync.tick() => {
+                    self.apply_owner_pauses().await;
                     let _ = to_load.send(Load::Everything("resyncing plugins"));
                 }
                 _ = stop.changed() => {
@@ -393,6 +399,12 @@ impl Registry {
     async fn apply_settings(&self) {
         if let Err(e) = self.sync_settings().await {
             warn!("reloading plugin settings failed: {e:#}");
+        }
+    }
+
+    async fn apply_owner_pauses(&self) {
+        if let Err(e) = self.store.sync_owner_pauses().await {
+            warn!("reloading the owners' pauses failed: {e:#}");
         }
     }
 

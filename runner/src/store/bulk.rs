@@ -3,6 +3,8 @@
 //! chunks of at most [`BULK_CHUNK`] tasks, one script per chunk, so Redis is never held long;
 //! each chunk is atomic, the whole is not (a task changed meanwhile is handled by its own script).
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
@@ -86,22 +88,59 @@ impl Store {
         paused: bool,
     ) -> Result<u64> {
         let channel = self.keys().wake_channel();
-        self.chunked(
-            "owner_pause",
-            &self.inner.scripts.owner_pause,
-            |shard, cursor| {
-                vec![
-                    channel.clone(),
-                    shard.to_string(),
-                    if paused { "pause" } else { "resume" }.into(),
-                    owner.into(),
-                    plugin.unwrap_or("").into(),
-                    cursor.into(),
-                    BULK_CHUNK.to_string(),
-                ]
-            },
-        )
-        .await
+        let n = self
+            .chunked(
+                "owner_pause",
+                &self.inner.scripts.owner_pause,
+                |shard, cursor| {
+                    vec![
+                        channel.clone(),
+                        shard.to_string(),
+                        if paused { "pause" } else { "resume" }.into(),
+                        owner.into(),
+                        plugin.unwrap_or("").into(),
+                        cursor.into(),
+                        BULK_CHUNK.to_string(),
+                    ]
+                },
+            )
+            .await?;
+        self.announce_owner_pauses(owner).await?;
+        Ok(n)
+    }
+
+    /// Copies an owner's pauses, as every shard holds them once its pause or resume ran there,
+    /// to the namespace's list the runners read, and tells them: a run of a task claimed before
+    /// the pause then does not start (the claims park what they find).
+    async fn announce_owner_pauses(&self, owner: &str) -> Result<()> {
+        let k = self.keys();
+        let list: Option<String> = redis::cmd("HGET")
+            .arg(&k.shard(0).meta)
+            .arg(format!("op:{owner}"))
+            .query_async(&mut self.conn())
+            .await
+            .context("reading an owner's pauses")?;
+        let mut pipe = redis::pipe();
+        match list {
+            Some(l) => pipe.hset(k.owner_pauses(), owner, l),
+            None => pipe.hdel(k.owner_pauses(), owner),
+        };
+        pipe.publish(k.plugins_channel(), super::keys::OWNER_PAUSES_CHANGED)
+            .query_async::<()>(&mut self.conn())
+            .await
+            .context("announcing an owner's pauses")?;
+        self.sync_owner_pauses().await
+    }
+
+    /// Reads every owner's pauses (the namespace's list) for the runs to check.
+    pub async fn sync_owner_pauses(&self) -> Result<()> {
+        let all: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.keys().owner_pauses())
+            .query_async(&mut self.conn())
+            .await
+            .context("reading the owners' pauses")?;
+        self.inner.quotas.owner_pauses.set(all);
+        Ok(())
     }
 
     /// The pauses of an owner: the plugins whose tasks of the owner are paused, `None` among

@@ -4,6 +4,10 @@
 //! touches one Redis Cluster slot; namespace-wide keys (meta, plugin registry, kv, event streams)
 //! share the tag `{ns}`.
 
+/// The message on the plugins channel that says an owner's pauses changed (no plugin is named
+/// so: plugin names are `[a-z0-9-]`).
+pub const OWNER_PAUSES_CHANGED: &str = ":owner-pauses";
+
 /// The names of one namespace's keys.
 #[derive(Clone, Debug)]
 pub struct Keys {
@@ -162,9 +166,16 @@ impl Keys {
         format!("{{{}}}:wake", self.ns)
     }
 
-    /// Pub/sub channel announcing plugin versions: messages are plugin names.
+    /// Pub/sub channel announcing plugin versions: messages are plugin names (and
+    /// [`OWNER_PAUSES_CHANGED`] when an owner's pauses changed).
     pub fn plugins_channel(&self) -> String {
         format!("{{{}}}:plugins", self.ns)
+    }
+
+    /// HASH owner -> `\0plugin\0…\0` (`*`: all of its plugins): the owners whose tasks are
+    /// paused, as each shard's meta holds them (`op:<owner>`), for the runners to read at once.
+    pub fn owner_pauses(&self) -> String {
+        format!("{{{}}}:owner-pauses", self.ns)
     }
 
     /// HASH plugin name -> current version (JSON).

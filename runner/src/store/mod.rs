@@ -50,7 +50,7 @@ pub use effects::MARKER_GRACE_MS;
 pub use events::{Debounced, Event, Met, OUTBOX_GRACE_MS, Published, event_shard};
 pub use extras::{DEFAULT_LOOKBACK_MS, Extras, Listener, Then, Window};
 pub use find::{FindCursor, FindQuery};
-pub use keys::{Keys, ShardKeys};
+pub use keys::{Keys, OWNER_PAUSES_CHANGED, ShardKeys};
 pub use pubsub::{Heard, Subscription};
 pub use quota::{MAX_MAX_PENDING, NotAdmitted, QuotaExceeded};
 pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};

@@ -62,6 +62,8 @@ const FRESH: Duration = Duration::from_millis(250);
 pub(super) struct Quotas {
     /// Each plugin's policy: its max_pending, where it has one of its own.
     pub(super) policies: crate::policy::Policies,
+    /// The owners' pauses, as the last sync read them (`Store::sync_owner_pauses`).
+    pub(super) owner_pauses: crate::policy::OwnerPauses,
     /// Each subject's pending count as last read, and what was admitted since (by
     /// `Subject::name`).
     counts: Mutex<HashMap<String, Count>>,
@@ -244,6 +246,11 @@ impl Store {
     /// One plugin's policy.
     pub fn policy(&self, plugin: &str) -> Arc<crate::policy::Policy> {
         self.policies().get(plugin)
+    }
+
+    /// Whether `owner`'s tasks of `plugin` are paused, as the last sync read the owners' pauses.
+    pub fn owner_paused(&self, owner: &str, plugin: &str) -> bool {
+        self.inner.quotas.owner_pauses.paused(owner, plugin)
     }
 
     /// Admits new tasks against their plugins' max_pending and their teams' task bytes
