@@ -54,8 +54,9 @@
 -- as strings and the reaper's reads happen only when a lease has ended.)
 -- Bound: at most the claim's size (`--claim-batch`) plus the walk past it (ARGV[4]), and the
 --  expired claim batches it reaps (each batch's tasks: at most a claim's size); at most
---  CLAIM_BYTES of records taken past the first (the rest are put back in their buckets, or set
---  aside in `waiting` where the claim sets aside for fair share).
+--  CLAIM_BYTES of records taken past the first, and read (WALK_BYTES where it looks at more than
+--  it takes) and one piece (READ_MOST records) past that: the rest stay in or go back to their
+--  buckets unread, or are set aside in `waiting`.
 -- The most bytes of records one claim takes (and so answers with), past its first task: a
 -- claim of 256 tasks of 60 KB would copy 15 MB in one call.
 local CLAIM_BYTES = 524288
@@ -102,13 +103,20 @@ if extra > 0 or headroom > 0 then
 end
 -- (the owner index exists where some scheduled task has an owner: then owners take turns)
 local has_owners = redis.call('EXISTS', K_BYOWNER) == 1
--- (the takes note what they take, so what the claim does not read goes back or aside unread)
+-- (the takes note what they take, so what the claim does not read goes back or aside unread;
+-- a take of the claim's size in due order leaves them in their buckets until the claim knows)
 note_takes()
-local ids, head = fair_take(due_by, walk, has_owners, aging)
+local ids, head = fair_take(due_by, walk, has_owners, aging, walk == limit)
 local waits = waiting_due(due_by, limit)
 -- the tasks to claim, in due order (parallel lists: no table per task on the hot path)
 local c_ids, c_recs, c_dues, c_atts, c_mcs, c_rests, c_plugins = {}, {}, {}, {}, {}, {}, {}
 local parked = {}
+-- the tasks set aside for a later claim (out of the buckets, into `parked` and `waiting`)
+local aside, aside_ids = {}, {}
+local function set_aside(plugin, due, id)
+  push(aside, '0', wait_member(plugin, due, id))
+  push(aside_ids, string.format('%d', due), id)
+end
 local function take(id, rec, due, att, mc, rest, plugin)
   local i = #c_ids + 1
   c_ids[i], c_recs[i], c_dues[i], c_atts[i], c_mcs[i], c_rests[i], c_plugins[i] =
@@ -127,35 +135,44 @@ end
 local back_head = nil
 if #waits == 0 and #ids <= limit - headroom then
   -- every task walked is taken (the common case: one claim's worth, no one set aside), up to
-  -- CLAIM_BYTES of records, read in pieces: the rest go back to their buckets, in due order,
-  -- for the next claim; those not read by what the takes noted of them (or, when owners' turns
-  -- moved heads and their owner is unknown, set aside in `waiting`)
+  -- CLAIM_BYTES of records, read in pieces: the rest stay for the next claim, due at once. A
+  -- peeking take left them in their buckets (only the first `kept` leave); else they go back
+  -- to their buckets in due order, those not read by what the takes noted of them (or, when
+  -- owners' turns moved heads and their owner is unknown, aside in `waiting`)
   local n, bytes, back, back_heads, back_prios = 0, 0, {}, {}, {}
-  local aside, aside_ids = {}, {}
+  local kept, stopped = 0, false
   local function one(id, rec)
     local due, att, mc, rest, plugin
     if rec then
       due, att, mc, rest, plugin = fields(rec)
     end
-    if due then -- (else an index entry without a scheduled record: repaired by its removal)
-      if is_paused(plugin) or (owners_marked() and owner_paused(owner_of(rest), plugin)) then
-        push(parked, due, id)
-      elseif #back > 0 or (n > 0 and bytes + #rec > CLAIM_BYTES) then
+    if not due then
+      -- an index entry without a scheduled record: repaired by its removal
+      if not stopped then kept = kept + 1 end
+    elseif not stopped and (is_paused(plugin)
+        or (owners_marked() and owner_paused(owner_of(rest), plugin))) then
+      push(parked, due, id)
+      kept = kept + 1
+    elseif stopped or (n > 0 and bytes + #rec > CLAIM_BYTES) then
+      if not stopped then back_head = tonumber(due) end
+      stopped = true
+      if not peeked then
         push(back, due, id)
         prio_push(back_prios, record_priority(rec), tonumber(due), id)
         local owner = owner_of(rest)
         if owner ~= '' then push(back_heads, due, plugin .. '\0' .. owner) end
-      else
-        n = n + 1
-        bytes = bytes + #rec
-        c_ids[n], c_recs[n], c_dues[n], c_atts[n], c_mcs[n], c_rests[n], c_plugins[n] =
-          id, rec, due, att, mc, rest, plugin
       end
+    else
+      n = n + 1
+      kept = kept + 1
+      bytes = bytes + #rec
+      c_ids[n], c_recs[n], c_dues[n], c_atts[n], c_mcs[n], c_rests[n], c_plugins[n] =
+        id, rec, due, att, mc, rest, plugin
     end
   end
   -- (what is read counts, parked or not: a paused plugin's backlog is parked a piece a claim)
   local at, read, biggest = 1, 0, 0
-  while at <= #ids and #back == 0 and read < CLAIM_BYTES do
+  while at <= #ids and not stopped and read < CLAIM_BYTES do
     local chunk = {}
     for j = at, math.min(at + read_size(CLAIM_BYTES - read, biggest) - 1, #ids) do
       chunk[#chunk + 1] = ids[j]
@@ -169,36 +186,47 @@ if #waits == 0 and #ids <= limit - headroom then
     end
     at = at + #chunk
   end
-  local bare = {}
-  for i = at, #ids do
-    local id = ids[i]
-    local due, plugin, who = taken_dues[id], string.match(id, '^([^\31]*)\31'), taken_owners[id]
-    if not (due and plugin) then
-      bare[#bare + 1] = id -- (a record 0.1.0 wrote under its bare id: read after all)
-    elseif who or not turns_taken then
-      local d = string.format('%d', due)
-      push(back, d, id)
-      if taken_prios[id] then push(back_prios, '0', taken_prios[id]) end
-      if who then push(back_heads, d, who) end
-    else
-      push(aside, '0', wait_member(plugin, due, id))
-      push(aside_ids, string.format('%d', due), id)
+  if peeked then
+    peeked_drop(kept)
+    -- (those left unread are due, or within the claim's window)
+    if kept < #ids and not back_head then back_head = now end
+  else
+    local bare = {}
+    for i = at, #ids do
+      local id = ids[i]
+      local due, plugin, who = taken_dues[id], string.match(id, '^([^\31]*)\31'), taken_owners[id]
+      if not (due and plugin) then
+        bare[#bare + 1] = id -- (a record 0.1.0 wrote under its bare id: read after all)
+      elseif who or not turns_taken then
+        local d = string.format('%d', due)
+        push(back, d, id)
+        if taken_prios[id] then push(back_prios, '0', taken_prios[id]) end
+        if who then push(back_heads, d, who) end
+      else
+        set_aside(plugin, due, id)
+      end
+    end
+    stopped = stopped or #bare > 0
+    for k, rec in ipairs(records_of(bare)) do one(bare[k], rec) end
+    if #back > 0 then
+      due_add(back)
+      prio_add(back_prios)
+      lower_owner_heads(back_heads)
+      back_head = tonumber(back[1])
     end
   end
-  for k, rec in ipairs(records_of(bare)) do one(bare[k], rec) end
   call_many('ZADD', K_PARKED, parked)
-  if #back > 0 then
-    due_add(back)
-    prio_add(back_prios)
-    lower_owner_heads(back_heads)
-    back_head = tonumber(back[1])
-  end
   if #aside > 0 then
     call_many('ZADD', K_PARKED, aside_ids)
     call_many('ZADD', K_WAITING, aside)
     out[WAITING] = 2
   end
 elseif #ids > 0 or #waits > 0 then
+  -- (every task walked leaves its bucket here: taken, or set aside)
+  if peeked then
+    peeked_dues()
+    peeked_drop(#ids)
+  end
   -- the candidates, in due order: {due, id, plugin, rec, att, mc, rest, member (when waiting)}
   local cands, stale = {}, {}
   local function add(id, rec, member)
@@ -218,8 +246,8 @@ elseif #ids > 0 or #waits > 0 then
   end
   -- what the claim looks at, before a record is read, in the order `choose` sees it (the
   -- walk's; in due order where tasks wait): {id, plugin, due, member (when waiting), k, rec}. A
-  -- walked task whose plugin or due the walk did not note (a record 0.1.0 wrote under its bare
-  -- id, or a walk of the claim's size) is read at once.
+  -- walked task whose plugin the key does not say (a record 0.1.0 wrote under its bare id) is
+  -- read at once.
   local items, unknown = {}, {}
   for i, id in ipairs(ids) do
     local it = { id = id, k = i, plugin = string.match(id, '^([^\31]*)\31'),
@@ -289,17 +317,14 @@ elseif #ids > 0 or #waits > 0 then
   -- what was walked and not taken is set aside (a task walked and not read too, with the due
   -- and plugin the walk noted); what was waiting and is taken leaves `waiting`; past
   -- CLAIM_BYTES of records a chosen task is set aside too, for the next claim
-  local aside, aside_ids, taken_waiting, taken_ids = {}, {}, {}, {}
+  local taken_waiting, taken_ids = {}, {}
   for _, it in ipairs(items) do
     if it.rec ~= nil then
       add(it.id, it.rec, it.member)
     else
       -- (one waiting stays there; either way the poller claims again at once)
       out[WAITING] = 2
-      if not it.member then
-        push(aside, '0', wait_member(it.plugin, it.due, it.id))
-        push(aside_ids, string.format('%d', it.due), it.id)
-      end
+      if not it.member then set_aside(it.plugin, it.due, it.id) end
     end
   end
   call_many('ZREM', K_WAITING, stale)
@@ -320,10 +345,7 @@ elseif #ids > 0 or #waits > 0 then
     else
       -- left waiting: 2 when a plugin under its part is among them (headroom may take them)
       if queues[c.plugin].under then out[WAITING] = 2 elseif out[WAITING] == 0 then out[WAITING] = 1 end
-      if not c.member then
-        push(aside, '0', wait_member(c.plugin, c.due, c.id))
-        push(aside_ids, string.format('%d', c.due), c.id)
-      end
+      if not c.member then set_aside(c.plugin, c.due, c.id) end
     end
   end
   call_many('ZADD', K_PARKED, parked)

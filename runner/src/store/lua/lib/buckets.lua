@@ -201,12 +201,62 @@ local function note_takes()
   taken_dues, taken_prios, taken_owners = {}, {}, {}
 end
 
+-- A take that leaves what it takes in the buckets (`peeked`: each bucket's name, bound, how many
+-- of its first ranks were taken, and whether it holds more) until the claim knows how many of them it keeps
+-- (`peeked_drop`): what it does not keep stays, unread and unmoved, at no cost. Only where
+-- nothing else takes from the buckets in the same run (no priorities, no owners' turns), so the
+-- first ranks of each bucket are still what was taken. (The hot path: no scores asked.)
+local peeked
+on_start[#on_start + 1] = function() peeked = nil end
+
+-- Drops the first `n` tasks a peeking take took out of their buckets, and the buckets it
+-- emptied out of the index.
+local function peeked_drop(n)
+  for _, s in ipairs(peeked) do
+    if n <= 0 then return end
+    local k, key = math.min(n, s[3]), bucket_key(s[1])
+    if k > 0 then redis.call('ZREMRANGEBYRANK', key, '0', string.format('%d', k - 1)) end
+    if k == s[3] and not s[4] then redis.call('ZREM', K_DUEX, s[1]) end
+    n = n - k
+  end
+end
+
+-- The due times of the tasks a peeking take took, noted (`taken_dues`) as a noting take notes
+-- them: one read of each bucket's first ranks with their scores.
+local function peeked_dues()
+  for _, s in ipairs(peeked) do
+    if s[3] > 0 then
+      local got = redis.call('ZRANGE', bucket_key(s[1]), '0', string.format('%d', s[3] - 1),
+        'WITHSCORES')
+      for i = 1, #got, 2 do taken_dues[got[i]] = s[2] + tonumber(got[i + 1]) end
+    end
+  end
+end
+
 -- Takes up to `limit` tasks due at `now` (a number) or before out of the buckets, the earliest
 -- first. Returns their ids, and the shard's earliest due time after them when it was seen on
 -- the way (nil when not). `first`: what `first_due_bucket(now)` answered just before, if the
--- caller asked it.
-local function due_take(now, limit, first)
+-- caller asked it. `peek`: leave them in their buckets (see `peeked`).
+local function due_take(now, limit, first, peek)
   local ids = {}
+  if peek then
+    peeked = {}
+    for at = 0, math.huge do
+      if #ids >= limit then return ids, nil end
+      local b = first or redis.call('ZRANGEBYSCORE', K_DUEX, '-inf', string.format('%d', now),
+        'WITHSCORES', 'LIMIT', string.format('%d', at), '1')
+      first = nil
+      if not b[1] then return ids, nil end
+      local key, bound = bucket_key(b[1]), tonumber(b[2])
+      local got = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', now - bound),
+        'LIMIT', '0', string.format('%d', limit - #ids))
+      for _, id in ipairs(got) do ids[#ids + 1] = id end
+      local n = string.format('%d', #got)
+      local head = redis.call('ZRANGE', key, n, n, 'WITHSCORES')[2]
+      peeked[#peeked + 1] = { b[1], bound, #got, head ~= nil }
+      if head then return ids, bound + tonumber(head) end
+    end
+  end
   while #ids < limit do
     local b = first or first_due_bucket(now)
     first = nil

@@ -107,14 +107,17 @@ end
 -- priority, those due `aging` ms ago first), but in owners' turns where two or more owners have
 -- tasks due here (`has_owners`: the owner index exists).
 -- Returns their ids, and the shard's earliest due time after them when it was seen on the way
--- (nil when not).
-local function fair_take(now, limit, has_owners, aging)
-  if not has_owners or limit == 0 then return ordered_take(now, limit, aging) end
+-- (nil when not). `peek`: where no owners take turns, the ids may be left in their buckets (see
+-- `peeked`).
+local function fair_take(now, limit, has_owners, aging, peek)
+  if not has_owners or limit == 0 then return ordered_take(now, limit, aging, peek) end
   local key, now_s = owner_heads(), string.format('%d', now)
   local n = redis.call('ZCOUNT', key, '-inf', now_s)
-  if n < 2 then return ordered_take(now, limit, aging) end
+  if n < 2 then return ordered_take(now, limit, aging, peek) end
   local earliest = head_due()
-  if earliest < 0 or earliest > now - TURNS_AFTER_MS then return ordered_take(now, limit, aging) end
+  if earliest < 0 or earliest > now - TURNS_AFTER_MS then
+    return ordered_take(now, limit, aging, peek)
+  end
   -- a round is the n owners due here (by their heads' order) and the due order's turn (place
   -- n); this claim serves up to `turns` places of it from where the shard's last claim stopped
   local turns = math.min(n, MAX_OWNER_TURNS) + 1

@@ -105,13 +105,14 @@ end
 -- Takes up to `limit` due tasks at `now` out of the buckets, as `due_take` does, but by priority
 -- where the shard has tasks of priority > 0: first those due `aging` ms ago or earlier, in due
 -- order; then by priority; then in due order. Returns their ids, and the shard's earliest due
--- time after them when it was seen on the way (nil when not).
-local function ordered_take(now, limit, aging)
+-- time after them when it was seen on the way (nil when not). `peek`: where the shard has no
+-- priorities, leave them in their buckets (see `peeked`).
+local function ordered_take(now, limit, aging, peek)
   if limit == 0 then return {}, nil end
   -- nothing due (an idle shard's claim): the one call `due_take` would make, and no more
   local first = first_due_bucket(now)
   if not first[1] then return {}, nil end
-  if not has_priorities() then return due_take(now, limit, first) end
+  if not has_priorities() then return due_take(now, limit, first, peek) end
   local ids = due_take(now - aging, limit)
   prio_take(now, limit, ids)
   if #ids >= limit then return ids, nil end
