@@ -165,11 +165,14 @@ async fn a_runner_killed_with_tasks_claimed_ahead_loses_none_and_doubles_none() 
 /// about 320 ms ahead under `--claim-ahead 1s`; none of it starts once the pause is answered
 /// (beyond the moment the runner takes to hear of it), and after the resume every task runs
 /// once, none early.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pause_holds_back_tasks_already_claimed_ahead() {
-    let redis = RedisServer::start();
-    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
-    let n = 150;
+/// `n` tasks of `bench-record` due one every 20 ms from a second on (ids `k0`…, of the owner
+/// `owner(i)` where it names one), once the runner has claimed 20 of them ahead: their due
+/// times.
+async fn paced_stream(
+    base: &str,
+    n: usize,
+    owner: &dyn Fn(usize) -> Option<&'static str>,
+) -> HashMap<String, i64> {
     let first = now_ms() + 1000;
     let mut due = HashMap::new();
     let specs: Vec<Value> = (0..n)
@@ -177,15 +180,28 @@ async fn a_pause_holds_back_tasks_already_claimed_ahead() {
             let id = format!("k{i}");
             let at = first + i as i64 * 20;
             due.insert(id.clone(), at);
-            json!({"plugin": "bench-record", "id": id, "run_at": at, "payload": {}})
+            let mut spec = json!({"plugin": "bench-record", "id": id, "run_at": at, "payload": {}});
+            if let Some(o) = owner(i) {
+                spec["owner"] = json!(o);
+            }
+            spec
         })
         .collect();
-    post_tasks(&runner.url, json!(specs)).await;
+    post_tasks(base, json!(specs)).await;
     eventually(Duration::from_secs(20), "tasks claimed ahead", || async {
-        let ahead = metric(&runner.url, "eggtimer_claimed_ahead_total").await;
+        let ahead = metric(base, "eggtimer_claimed_ahead_total").await;
         (ahead.unwrap_or(0.0) >= 20.0).then_some(())
     })
     .await;
+    due
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_back_tasks_already_claimed_ahead() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
+    let n = 150;
+    let due = paced_stream(&runner.url, n, &|_| None).await;
     let plugin = format!("{}/v1/plugins/bench-record", runner.url);
     let (s, b) = call("POST", &format!("{plugin}/pause"), None).await;
     assert_eq!(s, 200, "{b}");
@@ -227,24 +243,8 @@ async fn an_owners_pause_holds_back_its_tasks_already_claimed_ahead() {
     let redis = RedisServer::start();
     let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
     let n = 150;
-    let first = now_ms() + 1000;
-    let mut due = HashMap::new();
     let owner_of = |i: usize| if i.is_multiple_of(2) { "acme" } else { "zeta" };
-    let specs: Vec<Value> = (0..n)
-        .map(|i| {
-            let id = format!("k{i}");
-            let at = first + i as i64 * 20;
-            due.insert(id.clone(), at);
-            json!({"plugin": "bench-record", "id": id, "run_at": at, "owner": owner_of(i),
-                   "payload": {}})
-        })
-        .collect();
-    post_tasks(&runner.url, json!(specs)).await;
-    eventually(Duration::from_secs(20), "tasks claimed ahead", || async {
-        let ahead = metric(&runner.url, "eggtimer_claimed_ahead_total").await;
-        (ahead.unwrap_or(0.0) >= 20.0).then_some(())
-    })
-    .await;
+    let due = paced_stream(&runner.url, n, &|i| Some(owner_of(i))).await;
     let owner = format!("{}/v1/owners/acme", runner.url);
     let (s, b) = call("POST", &format!("{owner}/pause"), None).await;
     assert_eq!(s, 200, "{b}");
