@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::plugin_settings::{PluginSettings, RateLimit};
 
@@ -180,26 +180,46 @@ impl Policies {
 }
 
 /// The owners whose tasks are paused, as the last sync read them (owner → `\0plugin\0…\0`, `*`
-/// for every plugin), shared like the policies and swapped whole. The claim parks a paused
-/// owner's tasks; this lets a run hold back one claimed before the pause (ahead, or waiting for a
-/// worker).
+/// for every plugin, and since when this runner has known that list), shared like the policies
+/// and swapped whole. The claim parks a paused owner's tasks; this lets a run hold back one
+/// claimed before the runner heard of the pause (ahead, or waiting for a worker). One claimed
+/// after is not held back: its shard's claim did not park it, so its shard does not hold the
+/// owner paused (two requests at one moment may leave the shards apart), and holding it back
+/// would only make it claimed again and again.
 #[derive(Clone, Default)]
-pub struct OwnerPauses(Arc<RwLock<Arc<HashMap<String, String>>>>);
+pub struct OwnerPauses(Arc<RwLock<Arc<PauseLists>>>);
+
+/// Owner → its paused plugins' list, and since when this runner has known it.
+type PauseLists = HashMap<String, (String, Instant)>;
 
 impl OwnerPauses {
-    /// Whether `owner`'s tasks of `plugin` are paused (never for a task without an owner).
-    pub fn paused(&self, owner: &str, plugin: &str) -> bool {
+    /// Whether `owner`'s tasks of `plugin`, claimed at `claimed`, are held back by a pause this
+    /// runner heard of after that (never a task without an owner).
+    pub fn paused(&self, owner: &str, plugin: &str, claimed: Instant) -> bool {
         if owner.is_empty() {
             return false;
         }
         let all = Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()));
-        all.get(owner)
-            .is_some_and(|list| list.split('\0').any(|p| p == "*" || p == plugin))
+        all.get(owner).is_some_and(|(list, since)| {
+            claimed < *since && list.split('\0').any(|p| p == "*" || p == plugin)
+        })
     }
 
-    /// Replaces every owner's pauses.
+    /// Replaces every owner's pauses; an owner's list as it was keeps when it was first heard of.
     pub fn set(&self, all: HashMap<String, String>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(all);
+        let mut t = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let next = all
+            .into_iter()
+            .map(|(owner, list)| {
+                let since = match t.get(&owner) {
+                    Some((was, since)) if *was == list => *since,
+                    _ => now,
+                };
+                (owner, (list, since))
+            })
+            .collect();
+        *t = Arc::new(next);
     }
 }
 
@@ -209,17 +229,27 @@ mod tests {
     use crate::plugin_settings::Ceilings;
 
     #[test]
-    fn an_owners_pause_holds_its_plugins_or_all_and_no_task_without_an_owner() {
+    fn an_owners_pause_holds_its_plugins_or_all_claimed_before_it_was_heard_of() {
         let p = OwnerPauses::default();
-        assert!(!p.paused("acme", "mail"));
-        p.set(HashMap::from([
+        let before = Instant::now();
+        assert!(!p.paused("acme", "mail", before));
+        std::thread::sleep(Duration::from_millis(2));
+        let pauses = HashMap::from([
             ("acme".to_owned(), "\0mail\0sms\0".to_owned()),
             ("zeta".to_owned(), "\0*\0".to_owned()),
-        ]));
-        assert!(p.paused("acme", "mail") && p.paused("acme", "sms"));
-        assert!(!p.paused("acme", "mai") && !p.paused("acme", "push"));
-        assert!(p.paused("zeta", "anything"));
-        assert!(!p.paused("", "mail") && !p.paused("other", "mail"));
+        ]);
+        p.set(pauses.clone());
+        assert!(p.paused("acme", "mail", before) && p.paused("acme", "sms", before));
+        assert!(!p.paused("acme", "mai", before) && !p.paused("acme", "push", before));
+        assert!(p.paused("zeta", "anything", before));
+        assert!(!p.paused("", "mail", before) && !p.paused("other", "mail", before));
+        // claimed after the pause was heard of: its shard's claim would have parked it
+        std::thread::sleep(Duration::from_millis(2));
+        let after = Instant::now();
+        assert!(!p.paused("acme", "mail", after));
+        // read again unchanged, the pause keeps when it was heard of
+        p.set(pauses);
+        assert!(!p.paused("acme", "mail", after) && p.paused("acme", "mail", before));
     }
 
     #[test]

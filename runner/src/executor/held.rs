@@ -12,11 +12,13 @@ use tracing::warn;
 
 use crate::store::{Claimed, Store};
 
-/// A claim held: its token, and an instant before the request that last set its lease (the
-/// claim or a renewal), so the lease runs at least until that instant + the lease.
+/// A claim held: its token, an instant before the request that last set its lease (the claim
+/// or a renewal), so the lease runs at least until that instant + the lease, and when the claim's
+/// request was sent.
 struct Claim {
     token: u64,
     leased_from: Instant,
+    claimed: Instant,
 }
 
 /// The claims this runner holds: shard → task id → claim.
@@ -33,6 +35,7 @@ impl Held {
         let claim = Claim {
             token: t.token,
             leased_from: sent,
+            claimed: sent,
         };
         self.lock()
             .entry(t.shard)
@@ -57,6 +60,15 @@ impl Held {
             .and_then(|m| m.get(&t.id))
             .filter(|c| c.token == t.token)
             .map(|c| c.leased_from)
+    }
+
+    /// When the request of a claim held was sent (None: not held).
+    pub(super) fn claimed_at(&self, t: &Claimed) -> Option<Instant> {
+        self.lock()
+            .get(&t.shard)
+            .and_then(|m| m.get(&t.id))
+            .filter(|c| c.token == t.token)
+            .map(|c| c.claimed)
     }
 
     /// A renewal sent at `sent` extended these claims' leases.

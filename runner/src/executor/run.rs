@@ -51,10 +51,14 @@ impl Executor {
         if *self.stopping.borrow() {
             return Some(Finish::Release); // not started: back to due
         }
+        // (an owner's pause counts for a task claimed before this runner heard of it: one claimed
+        // after, that its shard's claim did not park, its shard does not hold paused, and runs)
+        let claimed = self.held.claimed_at(task);
         if self.store.policy(&task.plugin).paused
-            || self
-                .store
-                .owner_paused(task.owner.as_deref().unwrap_or(""), &task.plugin)
+            || claimed.is_some_and(|at| {
+                self.store
+                    .owner_paused(task.owner.as_deref().unwrap_or(""), &task.plugin, at)
+            })
         {
             // paused since its claim (claimed ahead, or waiting for a worker), the plugin or the
             // task's owner: back to due, unstarted and its attempt given back; the next claim

@@ -248,9 +248,13 @@ impl Store {
         self.policies().get(plugin)
     }
 
-    /// Whether `owner`'s tasks of `plugin` are paused, as the last sync read the owners' pauses.
-    pub fn owner_paused(&self, owner: &str, plugin: &str) -> bool {
-        self.inner.quotas.owner_pauses.paused(owner, plugin)
+    /// Whether `owner`'s tasks of `plugin` claimed at `claimed` are held by a pause this runner
+    /// heard of after that (see [`crate::policy::OwnerPauses`]).
+    pub fn owner_paused(&self, owner: &str, plugin: &str, claimed: std::time::Instant) -> bool {
+        self.inner
+            .quotas
+            .owner_pauses
+            .paused(owner, plugin, claimed)
     }
 
     /// Admits new tasks against their plugins' max_pending and their teams' task bytes
