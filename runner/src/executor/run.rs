@@ -53,13 +53,12 @@ impl Executor {
         }
         // (an owner's pause counts for a task claimed before this runner heard of it: one claimed
         // after, that its shard's claim did not park, its shard does not hold paused, and runs)
-        let claimed = self.held.claimed_at(task);
-        if self.store.policy(&task.plugin).paused
-            || claimed.is_some_and(|at| {
-                self.store
-                    .owner_paused(task.owner.as_deref().unwrap_or(""), &task.plugin, at)
-            })
-        {
+        let owner_paused = || {
+            let owner = task.owner.as_deref()?;
+            let at = self.held.claimed_at(task)?;
+            Some(self.store.owner_paused(owner, &task.plugin, at))
+        };
+        if self.store.policy(&task.plugin).paused || owner_paused() == Some(true) {
             // paused since its claim (claimed ahead, or waiting for a worker), the plugin or the
             // task's owner: back to due, unstarted and its attempt given back; the next claim
             // parks it
