@@ -53,22 +53,23 @@ impl Held {
         }
     }
 
-    /// Since when the lease of a claim held runs (None: not held).
-    pub(super) fn leased_from(&self, t: &Claimed) -> Option<Instant> {
+    /// What `read` reads of `t`'s claim, while this runner holds it (None: not held).
+    fn held<T>(&self, t: &Claimed, read: impl FnOnce(&Claim) -> T) -> Option<T> {
         self.lock()
             .get(&t.shard)
             .and_then(|m| m.get(&t.id))
             .filter(|c| c.token == t.token)
-            .map(|c| c.leased_from)
+            .map(read)
+    }
+
+    /// Since when the lease of a claim held runs (None: not held).
+    pub(super) fn leased_from(&self, t: &Claimed) -> Option<Instant> {
+        self.held(t, |c| c.leased_from)
     }
 
     /// When the request of a claim held was sent (None: not held).
     pub(super) fn claimed_at(&self, t: &Claimed) -> Option<Instant> {
-        self.lock()
-            .get(&t.shard)
-            .and_then(|m| m.get(&t.id))
-            .filter(|c| c.token == t.token)
-            .map(|c| c.claimed)
+        self.held(t, |c| c.claimed)
     }
 
     /// A renewal sent at `sent` extended these claims' leases.

@@ -1,6 +1,6 @@
 //! One run: from a claimed task to the outcome the finisher records — the checks before it starts
-//! (shutdown, its plugin or owner paused, `start_by`, its plugin loaded, the limits), the handler's rounds
-//! (again while the kv entries it read change), and what its outcome records.
+//! (shutdown, its plugin or owner paused, `start_by`, its plugin loaded, the limits), the
+//! handler's rounds (again while the kv entries it read change), and what its outcome records.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

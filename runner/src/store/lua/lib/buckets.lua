@@ -202,10 +202,11 @@ local function note_takes()
 end
 
 -- A take that leaves what it takes in the buckets (`peeked`: each bucket's name, bound, how many
--- of its first ranks were taken, and whether it holds more) until the claim knows how many of them it keeps
--- (`peeked_drop`): what it does not keep stays, unread and unmoved, at no cost. Only where
--- nothing else takes from the buckets in the same run (no priorities, no owners' turns), so the
--- first ranks of each bucket are still what was taken. (The hot path: no scores asked.)
+-- of its first ranks were taken, and whether it holds more) until the claim knows how many of
+-- them it keeps (`peeked_drop`): what it does not keep stays, unread and unmoved, at no cost.
+-- Only where nothing else takes from the buckets in the same run (no priorities, no owners'
+-- turns), so the first ranks of each bucket are still what was taken. (The hot path: no scores
+-- asked.)
 local peeked
 on_start[#on_start + 1] = function() peeked = nil end
 
