@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use crate::executor::{Executor, Reservation};
 use crate::pace::Pace;
 use crate::shards::{ShardSlot, Shards};
-use crate::store::{ClaimBatch, Heard, Store};
+use crate::store::{ClaimBatch, Heard, Store, revocation_of};
 
 /// How often a claim is tried again while Redis is out of memory.
 const FULL_RETRY: Duration = Duration::from_millis(250);
@@ -54,15 +54,24 @@ impl Default for PollerOptions {
 /// a backlog (claims are full anyway, and the room is for what is due).
 const AHEAD_TASKS: f64 = 16.0;
 
-/// Listens for wake messages on Redis pub/sub until `stop`.
-pub async fn listen(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
+/// Listens for wake messages on Redis pub/sub until `stop`, and for revocations of tasks claimed
+/// ahead (on the same channel: see the executor's `ahead`).
+pub async fn listen(
+    store: Store,
+    shards: Arc<Shards>,
+    exec: Arc<Executor>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut sub = store.subscribe(store.keys().wake_channel(), "wake-ups");
     loop {
         tokio::select! {
             heard = sub.next() => match heard {
                 // anything published while we were away
                 Heard::Subscribed => shards.wake_all(),
-                Heard::Message(text) => shards.on_wake_message(&text),
+                Heard::Message(text) => match revocation_of(&text) {
+                    Some((shard, token, key)) => exec.revoke(shard, key, token),
+                    None => shards.on_wake_message(&text),
+                },
             },
             _ = stop.changed() => return,
         }

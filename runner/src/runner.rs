@@ -134,7 +134,12 @@ impl Runner {
         );
         work.start(
             "wake-up listener",
-            poller::listen(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+            poller::listen(
+                store.clone(),
+                Arc::clone(&shards),
+                Arc::clone(&exec),
+                stop_rx.clone(),
+            ),
         );
         if let Some(keep) = opts.keep_dead {
             work.start(

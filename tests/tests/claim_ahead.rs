@@ -1,7 +1,8 @@
 //! Claim ahead: under a steady stream a runner claims what falls due within a few ms in one
 //! script and starts each task at its due time. Never early (by Redis's clock, which decides what
 //! is due), each task once, a cancel answered 204 means the task never runs, one answered 409
-//! means it runs once, a plugin's or an owner's pause holds back what was claimed ahead, and a
+//! means it runs once, a cancel or a move of a task claimed ahead revokes it (it never starts at
+//! its old time), a plugin's or an owner's pause holds back what was claimed ahead, and a
 //! runner killed -9 with tasks claimed ahead loses and doubles none.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
@@ -65,8 +66,8 @@ async fn a_steady_streams_tasks_claimed_ahead_start_at_their_due_time_and_a_204_
     let first = now_ms() + 2000;
     let due = stream(&runner.url, first, n).await;
     // cancels sent 12 ms before their task's due time, one every 25 tasks: a claim ahead
-    // under this stream takes about the next 16 ms, so some find their task claimed (409)
-    // and the others still scheduled (204)
+    // under this stream takes about the next 16 ms, so some find their task claimed (revoked:
+    // 204, or 409 where its runner had started it) and the others still scheduled (204)
     let mut cancelled = HashSet::new();
     let mut refused = HashSet::new();
     for i in (100..n).step_by(25) {
@@ -104,11 +105,15 @@ async fn a_steady_streams_tasks_claimed_ahead_start_at_their_due_time_and_a_204_
         ahead >= (n / 4) as f64,
         "the stream was claimed ahead: {ahead} of {n} tasks"
     );
+    let revoked = metric(&runner.url, "eggtimer_revoked_total")
+        .await
+        .unwrap_or(0.0);
+    eprintln!("of them revoked while claimed ahead: {revoked}");
     assert!(
-        !refused.is_empty() && !cancelled.is_empty(),
-        "cancels 12 ms ahead found some tasks claimed ahead (409: {}) and some scheduled (204: {})",
-        refused.len(),
-        cancelled.len()
+        revoked >= 1.0 && !cancelled.is_empty(),
+        "cancels 12 ms ahead found some tasks claimed ahead and revoked them ({revoked}), 204: {}, 409: {}",
+        cancelled.len(),
+        refused.len()
     );
     for id in &cancelled {
         assert!(
@@ -123,6 +128,80 @@ async fn a_steady_streams_tasks_claimed_ahead_start_at_their_due_time_and_a_204_
         let ats = runs.get(id).unwrap_or_else(|| panic!("{id} never ran"));
         assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
         assert!(ats[0] >= *at, "{id} started {} ms early", at - ats[0]);
+    }
+}
+
+/// A cancel or a move of a task claimed ahead is a revocation: a slow stream (one task every
+/// 20 ms) is claimed about 320 ms ahead under `--claim-ahead 1s` by one of two runners (one
+/// shard); of the tasks the store shows running with their due time 60 ms or more away (claimed
+/// ahead, not started), every other one is cancelled and the rest moved 2 s later, through
+/// either runner in turn (the one holding it, and the other). Each answers 204 / 200 (before
+/// revocations, 409), the runners count each as revoked, a cancelled one never runs, a moved one
+/// runs once, at its new time and not its old, and every other task once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_or_a_move_of_a_task_claimed_ahead_revokes_it_before_it_starts() {
+    let redis = RedisServer::start();
+    let args = ["--shards", "1", "--claim-ahead", "1s"];
+    let a = RunnerProcess::with_plugins(&redis, &args);
+    let b = RunnerProcess::with_plugins(&redis, &args);
+    let n = 150;
+    let mut due = paced_stream(&[&a.url, &b.url], n, &|_| None).await;
+    let turn = std::cell::Cell::new(0);
+    let task = |id: &str| {
+        turn.set(turn.get() + 1);
+        let base = if turn.get() % 2 == 0 { &a.url } else { &b.url };
+        format!("{base}/v1/tasks/{id}")
+    };
+    let mut ids: Vec<&String> = due.keys().collect();
+    ids.sort_by_key(|id| due[*id]);
+    let (mut cancelled, mut moved) = (HashSet::new(), HashMap::new());
+    for id in ids {
+        let (s, t) = call("GET", &task(id), None).await;
+        assert_eq!(s, 200, "{t}");
+        if t["state"] != "running" || due[id] < now_ms() + 60 {
+            continue;
+        }
+        if cancelled.len() <= moved.len() {
+            let (s, b) = call("DELETE", &task(id), None).await;
+            assert_eq!(s, 204, "the cancel of {id}, claimed ahead: {b}");
+            cancelled.insert(id.clone());
+        } else {
+            let (s, b) = call("PATCH", &task(id), Some(json!({"shift_ms": 2000}))).await;
+            assert_eq!(s, 200, "the move of {id}, claimed ahead: {b}");
+            assert_eq!(b["run_at"], due[id] + 2000, "{b}");
+            moved.insert(id.clone(), due[id] + 2000);
+        }
+        if cancelled.len() + moved.len() == 6 {
+            break;
+        }
+    }
+    assert_eq!(
+        cancelled.len() + moved.len(),
+        6,
+        "six tasks found claimed ahead, 60 ms or more before their due time"
+    );
+    let mut revoked = 0.0;
+    for r in [&a, &b] {
+        revoked += metric(&r.url, "eggtimer_revoked_total")
+            .await
+            .unwrap_or(0.0);
+    }
+    assert_eq!(revoked, 6.0, "each was revoked by the runner holding it");
+    due.extend(moved.iter().map(|(id, at)| (id.clone(), *at)));
+    let runs = wait_runs(&redis, n - cancelled.len(), Duration::from_secs(30)).await;
+    for id in &cancelled {
+        assert!(
+            !runs.contains_key(id),
+            "{id} ran after its cancel was answered 204"
+        );
+    }
+    for (id, at) in &due {
+        if cancelled.contains(id) {
+            continue;
+        }
+        let ats = runs.get(id).unwrap_or_else(|| panic!("{id} never ran"));
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        assert!(ats[0] >= *at, "{id} started {} ms before {at}", at - ats[0]);
     }
 }
 
@@ -161,15 +240,11 @@ async fn a_runner_killed_with_tasks_claimed_ahead_loses_none_and_doubles_none() 
     drop(b);
 }
 
-/// A pause reaches tasks already claimed: a slow stream (one task every 20 ms) is claimed
-/// about 320 ms ahead under `--claim-ahead 1s`; none of it starts once the pause is answered
-/// (beyond the moment the runner takes to hear of it), and after the resume every task runs
-/// once, none early.
 /// `n` tasks of `bench-record` due one every 20 ms from a second on (ids `k0`…, of the owner
-/// `owner(i)` where it names one), once the runner has claimed 20 of them ahead: their due
-/// times.
+/// `owner(i)` where it names one), scheduled through the first of the runners at `bases`, once
+/// they have claimed 20 of them ahead: their due times.
 async fn paced_stream(
-    base: &str,
+    bases: &[&str],
     n: usize,
     owner: &dyn Fn(usize) -> Option<&'static str>,
 ) -> HashMap<String, i64> {
@@ -187,21 +262,30 @@ async fn paced_stream(
             spec
         })
         .collect();
-    post_tasks(base, json!(specs)).await;
+    post_tasks(bases[0], json!(specs)).await;
     eventually(Duration::from_secs(20), "tasks claimed ahead", || async {
-        let ahead = metric(base, "eggtimer_claimed_ahead_total").await;
-        (ahead.unwrap_or(0.0) >= 20.0).then_some(())
+        let mut ahead = 0.0;
+        for base in bases {
+            ahead += metric(base, "eggtimer_claimed_ahead_total")
+                .await
+                .unwrap_or(0.0);
+        }
+        (ahead >= 20.0).then_some(())
     })
     .await;
     due
 }
 
+/// A pause reaches tasks already claimed: a slow stream (one task every 20 ms) is claimed
+/// about 320 ms ahead under `--claim-ahead 1s`; none of it starts once the pause is answered
+/// (beyond the moment the runner takes to hear of it), and after the resume every task runs
+/// once, none early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_holds_back_tasks_already_claimed_ahead() {
     let redis = RedisServer::start();
     let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
     let n = 150;
-    let due = paced_stream(&runner.url, n, &|_| None).await;
+    let due = paced_stream(&[&runner.url], n, &|_| None).await;
     let plugin = format!("{}/v1/plugins/bench-record", runner.url);
     let (s, b) = call("POST", &format!("{plugin}/pause"), None).await;
     assert_eq!(s, 200, "{b}");
@@ -244,7 +328,7 @@ async fn an_owners_pause_holds_back_its_tasks_already_claimed_ahead() {
     let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
     let n = 150;
     let owner_of = |i: usize| if i.is_multiple_of(2) { "acme" } else { "zeta" };
-    let due = paced_stream(&runner.url, n, &|i| Some(owner_of(i))).await;
+    let due = paced_stream(&[&runner.url], n, &|i| Some(owner_of(i))).await;
     let owner = format!("{}/v1/owners/acme", runner.url);
     let (s, b) = call("POST", &format!("{owner}/pause"), None).await;
     assert_eq!(s, 200, "{b}");

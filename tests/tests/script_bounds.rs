@@ -112,16 +112,17 @@ fn count(page: &Value) -> usize {
     page["tasks"].as_array().map_or(0, Vec::len)
 }
 
-/// Each of the 45 scripts is called with the largest input a request, a run's effects or the
+/// Each of the 46 scripts is called with the largest input a request, a run's effects or the
 /// runner's own work can give it: a 30 MB batch of 60 KB payloads (plain, debounced on one key,
 /// of one owner), 600 tasks listening eight times each with one topic and key in common (an
 /// event that reaches more listeners than one call hands over, so a drain), 250 events of 60 KB,
 /// runs that write kv, events, logs and follow-ups up to the host's limits, a claim of
 /// 60 KB tasks all due at once, 200 runs held past a third of their lease, a plugin of 63 MiB
 /// uploaded, promoted and rolled back, pauses and resumes of 10,000 tasks of a plugin and of an
-/// owner, a shift and a cancel of that owner's 10,000, pages of 1,000, schedules that fire,
-/// dead letters retried and dropped, a plugin deleted with its tasks and kv. Every script's
-/// function is loaded (called), and no call held Redis for a second.
+/// owner, a shift and a cancel of that owner's 10,000, pages of 1,000, a cancel of a task
+/// claimed ahead (a revocation), schedules that fire, dead letters retried and dropped, a plugin
+/// deleted with its tasks and kv. Every script's function is loaded (called), and no call held
+/// Redis for a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_redis() {
     let redis = RedisServer::start();
@@ -448,6 +449,42 @@ async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_red
     call(base, "DELETE", "/v1/dead?plugin=test-panic", None, 200).await;
     wait_state(base, "s199", "done").await;
     seen.read(&mut conn, "held runs, dead letters");
+
+    // a steady stream (one task a ms) claimed ahead, and a cancel of a task claimed ahead: a
+    // revocation (answered 204 when its runner took it back in time, 409 when it had started)
+    let first = eggtimer_tests::now_ms() + 1500;
+    let stream: Vec<Value> = (0..3000)
+        .map(|i| json!({"plugin": "bench-record", "id": format!("a{i}"), "run_at": first + i}))
+        .collect();
+    for chunk in stream.chunks(1000) {
+        call(base, "POST", "/v1/tasks", Some(json!(chunk)), 201).await;
+    }
+    eventually(T, "a cancel of a task claimed ahead", || async {
+        for i in 0..3000 {
+            let id = format!("a{i}");
+            if first + i < eggtimer_tests::now_ms() + 4 {
+                continue;
+            }
+            let (s, t) = req("GET", &format!("{base}/v1/tasks/{id}"), Some(ADMIN), None).await;
+            if s == 200 && t["state"] == "running" {
+                let (s, t) = req(
+                    "DELETE",
+                    &format!("{base}/v1/tasks/{id}"),
+                    Some(ADMIN),
+                    None,
+                )
+                .await;
+                assert!(
+                    s == 204 || s == 409,
+                    "the cancel of {id}, claimed ahead: {s} {t}"
+                );
+                return Some(());
+            }
+        }
+        None
+    })
+    .await;
+    seen.read(&mut conn, "a stream claimed ahead, a revocation");
 
     // schedules that fire with 60 KB payloads; a move; an owner's 10,000 cancelled
     for i in 0..3 {

@@ -62,6 +62,14 @@ impl Held {
             .map(read)
     }
 
+    /// Whether this runner holds the claim `token` of the task `key` of `shard`.
+    pub(super) fn holds(&self, shard: u32, key: &str, token: u64) -> bool {
+        self.lock()
+            .get(&shard)
+            .and_then(|m| m.get(key))
+            .is_some_and(|c| c.token == token)
+    }
+
     /// Since when the lease of a claim held runs (None: not held).
     pub(super) fn leased_from(&self, t: &Claimed) -> Option<Instant> {
         self.held(t, |c| c.leased_from)

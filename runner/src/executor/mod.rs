@@ -149,6 +149,8 @@ pub struct Executor {
     running: Arc<Semaphore>,
     /// Claimed tasks waiting for a worker.
     queue: StartQueue,
+    /// Tasks claimed ahead waiting for their due time.
+    waiting: ahead::Waiting,
     held: Arc<Held>,
     /// The reads a handler makes (kv), shared by every run.
     host: Arc<dyn TaskHost>,
@@ -249,6 +251,7 @@ impl Executor {
             shares: Arc::default(),
             running: Arc::new(Semaphore::new(workers)),
             queue: StartQueue::new(workers),
+            waiting: ahead::Waiting::default(),
             opts,
             held,
             host,

@@ -75,6 +75,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Tasks this runner claimed before their due time (under a steady stream, `--claim-ahead`) and started at it.",
     ),
     (
+        "eggtimer_revoked_total",
+        "counter",
+        "Tasks claimed ahead that this runner gave up before they started, because a cancel or a move of them came while they waited for their due time.",
+    ),
+    (
         "eggtimer_effect_bytes_total",
         "counter",
         "Bytes of kv writes, events and follow-ups committed by runs, per plugin.",

@@ -90,6 +90,7 @@ pub struct Metrics {
     redis_full: Gauge,
     share_waits: Counter,
     claimed_ahead: Counter,
+    revoked: Counter,
     /// Lateness bucket counts since the last [`Metrics::take_recent`] (all plugins).
     recent_lateness: [AtomicU64; LATENESS_BUCKETS],
     /// The sum of those tasks' lateness (ms) per bucket.
@@ -145,6 +146,8 @@ impl Metrics {
             &Key::from_static_name("eggtimer_claimed_ahead_total"),
             &meta(),
         );
+        let revoked =
+            recorder.register_counter(&Key::from_static_name("eggtimer_revoked_total"), &meta());
         Metrics {
             recorder: Arc::new(recorder),
             handle,
@@ -154,6 +157,7 @@ impl Metrics {
             redis_full,
             share_waits,
             claimed_ahead,
+            revoked,
             recent_lateness: Default::default(),
             recent_lateness_sum: Default::default(),
         }
@@ -291,6 +295,11 @@ impl Metrics {
     /// Tasks claimed before their due time, to start at it.
     pub fn observe_claimed_ahead(&self, n: u64) {
         self.claimed_ahead.increment(n);
+    }
+
+    /// A task claimed ahead was given up before it started (a cancel or move revoked it).
+    pub fn observe_revoked(&self) {
+        self.revoked.increment(1);
     }
 
     /// A shard's claims were refused because Redis is out of memory (`full`), or are taken again.

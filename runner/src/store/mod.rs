@@ -25,6 +25,7 @@ mod pubsub;
 mod quota;
 mod record;
 mod recurring;
+mod revoke;
 mod run_room;
 mod runners;
 mod schedule;
@@ -55,6 +56,7 @@ pub use pubsub::{Heard, Subscription};
 pub use quota::{MAX_MAX_PENDING, NotAdmitted, QuotaExceeded};
 pub use record::{AttemptLog, LogLine, TaskRecord, TaskState, decode_log, field_safe};
 pub use recurring::{ScheduleOp, SchedulePut, ScheduleRow};
+pub use revoke::revocation_of;
 use scripts::Scripts;
 #[doc(hidden)]
 pub use scripts::libraries as script_libraries;

@@ -98,6 +98,7 @@ scripts! {
     finish: "finish",
     move_task: "move",
     cancel: "cancel",
+    revoke: "revoke",
     revive: "revive",
     shift_owner: "shift_owner",
     pause: "pause",

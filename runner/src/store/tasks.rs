@@ -265,6 +265,11 @@ impl Store {
             .invoke_async(&mut self.conn())
             .await
             .context("move script")?;
+        if v.first().map(string).transpose()?.as_deref() == Some("revoking") {
+            // claimed ahead: moved only if its runner takes it back before it starts
+            let moved = self.await_revocation(shard, id).await?;
+            return Ok(moved.ok_or(Refused::Running));
+        }
         word_then_int("move", &v)
     }
 
@@ -301,11 +306,18 @@ impl Store {
         inv.arg(id)
             .arg(if only_dead { "1" } else { "0" })
             .arg(plugin)
+            .arg(self.keys().wake_channel())
+            .arg(shard)
             .arg(also);
         let w: String = inv
             .invoke_async(&mut self.conn())
             .await
             .context("cancel script")?;
+        if let Some(key) = w.strip_prefix("revoking") {
+            // claimed ahead: cancelled only if its runner takes it back before it starts
+            let cancelled = self.await_revocation(shard, key).await?;
+            return Ok(cancelled.map(|_| ()).ok_or(Refused::Running));
+        }
         <Result<(), Refused>>::parse("cancel", &w)
     }
 

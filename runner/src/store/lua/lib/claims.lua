@@ -108,3 +108,15 @@ local function release_batches(done)
     redis.call('HINCRBY', K_BATCHES, 'running', string.format('%d', -total))
   end
 end
+
+-- How long (ms) the runner holding a task claimed ahead has to revoke it, once asked.
+local REVOKE_MS = 200
+
+-- A cancel (action 'c') or a move to `value` (action 'm') of the task `t` (parsed), running under
+-- its claim and not started (due after `now`: a task claimed ahead), asks its runner to revoke it
+-- (see `revoke.lua`): the request, then a message to every runner on the wake channel.
+local function ask_revoke(channel, shard, id, t, action, value, now)
+  redis.call('HSET', K_BATCHES, 'rv\31' .. id,
+    string.format('%s %d %s %d p', t.fin, now + REVOKE_MS, action, value))
+  redis.call('PUBLISH', channel, 'v' .. shard .. ':' .. t.fin .. ':' .. id)
+end

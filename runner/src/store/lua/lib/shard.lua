@@ -27,7 +27,9 @@
 --           was recorded are not committed again. Dropped when an outcome is recorded.)
 --   KEYS[9] claim_leases (ZSET claim token -> lease end: one entry per claim batch still running)
 --   KEYS[10] batches (HASH: token -> the claim's ids, tab-separated; token:n -> how many of them
---           still run under that claim; 'running' -> the sum of those counts)
+--           still run under that claim; 'running' -> the sum of those counts; 'running:' plugin
+--           -> the plugin's share of it; 'rv' \31 id -> a revocation asked of the runner holding
+--           the task claimed ahead, see `revoke.lua`)
 --   KEYS[11] finished (ZSET '<time>\t<id>\t<id>...' -> finish time: the tasks each finish script
 --           recorded done, one entry per script run)
 --   KEYS[12] scheduled (HASH plugin -> how many of its tasks are scheduled, in a bucket or
