@@ -60,7 +60,7 @@ pub struct Args {
     pub claim_batch: usize,
     /// Furthest ahead of their due time tasks are claimed under a steady stream, ms (the
     /// runner's --claim-ahead; 0: only what is due).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 60)]
     pub claim_ahead_ms: u64,
     /// Most tasks claimed beyond the free workers (the runner's --prefetch).
     #[arg(long, default_value_t = 1024)]

@@ -259,7 +259,7 @@ pub struct ServeArgs {
     /// (enough for about 16 a claim, measured per shard) and each starts at its due time; from
     /// its claim a task counts as running (a cancel or move answers 409). 0s: claim only what
     /// is due. At most 1s.
-    #[arg(long, env = "EGGTIMER_CLAIM_AHEAD", default_value = "20ms", value_parser = parse_claim_ahead)]
+    #[arg(long, env = "EGGTIMER_CLAIM_AHEAD", default_value = "60ms", value_parser = parse_claim_ahead)]
     pub claim_ahead: Duration,
     /// A task due for this long (ms) and not started counts as the highest priority (9), so a
     /// stream of higher-priority tasks never starves it.

@@ -74,10 +74,10 @@ pub struct Finisher {
 
 /// About how many outcomes of a shard a recording waits for under a steady stream: a finish
 /// script costs Redis mostly its fixed cost.
-const STEADY_GROUP: f64 = 16.0;
+const STEADY_GROUP: f64 = 32.0;
 /// The longest a shard's outcomes wait for such a group (its tasks' places are held meanwhile;
 /// a poller waiting for room has them recorded at once).
-const STEADY_WAIT: Duration = Duration::from_millis(20);
+const STEADY_WAIT: Duration = Duration::from_millis(40);
 
 /// How long a shard's buffer may wait before it is recorded, by its pace: None while the shard
 /// is quiet or a poller waits for room (`starved`: recorded when no recording is in flight, else

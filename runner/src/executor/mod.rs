@@ -12,7 +12,7 @@
 //! fresh reads); then its outcome goes to the finisher, which records outcomes with one `finish`
 //! script per shard (group commit: a quiet shard's at once when nothing is being recorded, else
 //! when there are 256 or the oldest has waited 2 ms; under a steady stream a shard's wait for
-//! about 16, at most 20 ms, unless a poller waits for room).
+//! about 32, at most 40 ms, unless a poller waits for room).
 //!
 //! Files: `handler` (the seam and what a run returns), `run` (one run, from a claimed task to
 //! its outcome), `ahead` (tasks claimed ahead, waiting for their due time), `commit` (a run's
