@@ -256,9 +256,9 @@ pub struct ServeArgs {
     #[arg(long, env = "EGGTIMER_CLAIM_BATCH", default_value_t = 256)]
     pub claim_batch: usize,
     /// Under a steady stream, a claim also takes the tasks falling due within up to this long
-    /// (enough for about 16 a claim, measured per shard) and each starts at its due time; from
-    /// its claim a task counts as running (a cancel or move answers 409). 0s: claim only what
-    /// is due. At most 1s.
+    /// (enough for about 48 a claim, measured per shard) and each starts at its due time; a
+    /// cancel or move of one before it starts takes it back from its runner (a revocation; 409
+    /// once it started). 0s: claim only what is due. At most 1s.
     #[arg(long, env = "EGGTIMER_CLAIM_AHEAD", default_value = "60ms", value_parser = parse_claim_ahead)]
     pub claim_ahead: Duration,
     /// A task due for this long (ms) and not started counts as the highest priority (9), so a

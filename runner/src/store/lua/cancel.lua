@@ -4,8 +4,8 @@
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: the id is the task's
 -- key; else a plugin cancels a task by its id, and only a task of this plugin is cancelled), the
--- wake channel, the shard, then plugin patterns whose tasks may be cancelled too (a name, a prefix ending in '*', or '*'; the
--- plugin's may_schedule).
+-- wake channel, the shard, then plugin patterns whose tasks may be cancelled too (a name, a prefix
+-- ending in '*', or '*'; the plugin's may_schedule).
 -- A plugin's cancel of id X cancels the first there is of: its own task X, the task X of a plugin
 -- its patterns name (in their order), of a plugin they cover that has scheduled tasks in this
 -- shard, and a record eggtimer 0.1.0 stored under X.
