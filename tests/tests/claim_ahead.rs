@@ -269,6 +269,69 @@ async fn paced_stream(
     due
 }
 
+/// An owner's shift and an owner's cancel reach its tasks claimed ahead as well (revoked from the
+/// runner holding them): a slow stream of two owners' tasks claimed about a second ahead; `acme`'s
+/// tasks are shifted 3 s later and `zeta`'s cancelled. None of acme's tasks starts at its old time
+/// after the shift was answered (beyond 50 ms, for a start already under way), each runs once at
+/// its old time before that or at its new time after; none of zeta's starts after its cancel was
+/// answered; the runner counts the revocations; every task runs once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_shift_and_cancel_revoke_its_tasks_claimed_ahead() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
+    let n = 150;
+    let owner_of = |i: usize| if i.is_multiple_of(2) { "acme" } else { "zeta" };
+    let due = paced_stream(&[&runner.url], n, &|i| Some(owner_of(i))).await;
+    let owner = |o: &str| format!("{}/v1/owners/{o}", runner.url);
+    let (s, b) = call(
+        "POST",
+        &format!("{}/shift", owner("acme")),
+        Some(json!({"shift_ms": 3000})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let shifted_at = now_ms();
+    let (s, b) = call("DELETE", &format!("{}/tasks", owner("zeta")), None).await;
+    assert_eq!(s, 200, "{b}");
+    let cancelled_at = now_ms();
+    let revoked = metric(&runner.url, "eggtimer_revoked_total").await;
+    assert!(
+        revoked.unwrap_or(0.0) >= 10.0,
+        "the shift and the cancel revoked the tasks claimed ahead: {revoked:?}"
+    );
+    let acme = (0..n).filter(|&i| owner_of(i) == "acme").count();
+    // every acme task runs, once; the zeta tasks that started before the cancel ran
+    let runs = eventually(Duration::from_secs(30), "acme's tasks to run", || async {
+        let r = runs(&redis);
+        let ran = (0..n)
+            .filter(|&i| owner_of(i) == "acme" && r.contains_key(&format!("k{i}")))
+            .count();
+        (ran == acme).then_some(r)
+    })
+    .await;
+    for i in 0..n {
+        let id = format!("k{i}");
+        let Some(ats) = runs.get(&id) else {
+            assert_eq!(owner_of(i), "zeta", "{id} never ran");
+            continue;
+        };
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        let (at, old) = (ats[0], due[&id]);
+        assert!(at >= old, "{id} started {} ms early", old - at);
+        if owner_of(i) == "acme" {
+            assert!(
+                at < shifted_at + 50 || at >= old + 3000,
+                "{id} started at {at}, its old time {old}, after the shift was answered at {shifted_at}"
+            );
+        } else {
+            assert!(
+                at < cancelled_at + 50,
+                "{id} started at {at}, after its owner's cancel was answered at {cancelled_at}"
+            );
+        }
+    }
+}
+
 /// A pause reaches tasks already claimed: a slow stream (one task every 20 ms) is claimed
 /// about 320 ms ahead under `--claim-ahead 1s`; none of it starts once the pause is answered
 /// (beyond the moment the runner takes to hear of it), and after the resume every task runs

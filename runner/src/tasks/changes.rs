@@ -197,8 +197,9 @@ impl Tasks {
         Ok((t.key, answer))
     }
 
-    /// Shifts an owner's scheduled tasks (of one plugin) by `shift_ms`: how many moved. A key
-    /// that sees some plugins only shifts each of them in turn.
+    /// Shifts an owner's scheduled tasks (of one plugin) by `shift_ms`, and its tasks claimed
+    /// ahead (revoked from their runners): how many moved. A key that sees some plugins only
+    /// shifts each of them in turn.
     pub async fn shift_owner(
         &self,
         caller: &Caller,
@@ -218,11 +219,21 @@ impl Tasks {
                     moved,
                     why,
                 })?;
+            // (each only while it runs under the claim found: one released since was shifted
+            // with the scheduled ones or is left, never shifted twice)
+            let ahead = self.store.owned_claimed_ahead(owner, p.as_deref()).await?;
+            let shifts = ahead
+                .iter()
+                .map(|(key, token)| self.store.move_claimed(key, *token, shift_ms));
+            for shifted in futures::future::join_all(shifts).await {
+                moved += u64::from(shifted?.is_some());
+            }
         }
         Ok(moved)
     }
 
-    /// Cancels an owner's scheduled tasks (of one plugin); running ones finish. How many.
+    /// Cancels an owner's scheduled tasks (of one plugin), and its tasks claimed ahead (revoked
+    /// from their runners); running ones finish. How many.
     pub async fn cancel_owner(
         &self,
         caller: &Caller,
@@ -232,6 +243,11 @@ impl Tasks {
         let mut n = 0;
         for p in self.touched(caller, plugin).await? {
             n += self.store.cancel_owner(owner, p.as_deref()).await?;
+            let ahead = self.store.owned_claimed_ahead(owner, p.as_deref()).await?;
+            let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
+            for cancelled in futures::future::join_all(cancels).await {
+                n += u64::from(cancelled?.is_ok());
+            }
         }
         Ok(n)
     }

@@ -2,7 +2,8 @@
 --! needs indexes claims
 -- Moves one scheduled task. KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now' | 'wake'), value (ms), and for 'wake'
--- created, attempts.
+-- created, attempts; for the others, optionally a claim token: the task is moved only while it
+-- runs under that claim (else {'missing'}; an owner's shift revoking a task claimed ahead).
 -- 'wake' moves a run put back to wait for a concurrency slot to now, only while it still waits
 -- so: the same occurrence (`created`) with the same attempts, due within `value` ms (a task moved
 -- later since, replaced or run again is left alone: {'missing'}).
@@ -16,6 +17,8 @@ local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return { 'missing' } end
 if t.st == 'x' then return { 'dead' } end
 if t.st == 'd' then return { 'done' } end
+local claim = mode ~= 'wake' and ARGV[6] or nil
+if claim and (t.st ~= 'r' or t.fin ~= claim) then return { 'missing' } end
 local now = now_ms()
 if t.st == 'r' and (mode == 'wake' or t.due <= now) then return { 'running' } end
 local due
