@@ -445,33 +445,46 @@ impl Store {
         Ok((places, more))
     }
 
+    /// The tasks of a shard's claim batches, each with its latest claim's token and its record
+    /// (read whole: at most the runners' claimed tasks). An id may be in more than one batch's
+    /// list (its outcome recorded, then claimed again): a shard's claim tokens only grow, so the
+    /// latest is the one it may still run under; the records say which still run.
+    pub(super) async fn claimed_records(
+        &self,
+        shard: u32,
+    ) -> Result<Vec<(String, u64, TaskRecord)>> {
+        let batches: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(&self.keys().shard(shard).batches)
+            .query_async(&mut self.conn())
+            .await?;
+        let mut claims: std::collections::BTreeMap<&str, u64> = Default::default();
+        for (field, ids) in &batches {
+            let Ok(token) = field.parse::<u64>() else {
+                continue;
+            };
+            for id in ids.split('\t') {
+                let t = claims.entry(id).or_default();
+                *t = (*t).max(token);
+            }
+        }
+        let ids: Vec<&str> = claims.keys().copied().collect();
+        let recs = self.read_records(&ids).await?;
+        Ok(claims
+            .into_iter()
+            .zip(recs)
+            .filter_map(|((id, token), r)| {
+                Some((id.to_owned(), token, TaskRecord::decode(id, &r?)?))
+            })
+            .collect())
+    }
+
     /// A page of the shard's running tasks (read whole: at most the runners' claimed tasks).
     async fn running_page(&self, shard: u32, p: &Page<'_>) -> Result<Walked> {
-        let mut conn = self.conn();
-        let k = self.keys().shard(shard);
-        // the ids of the running claim batches; one may be in more than one batch's list
-        // (its outcome recorded, then claimed again), and the records say which still run
-        let batches: Vec<(String, String)> = redis::cmd("HGETALL")
-            .arg(&k.batches)
-            .query_async(&mut conn)
-            .await?;
-        let ids: Vec<String> = batches
-            .iter()
-            .filter(|(field, _)| field.bytes().all(|b| b.is_ascii_digit()))
-            .flat_map(|(_, ids)| ids.split('\t'))
-            .collect::<std::collections::BTreeSet<&str>>()
+        let mut found: Vec<((i64, String), Option<TaskRecord>)> = self
+            .claimed_records(shard)
+            .await?
             .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let recs = self.read_records(&refs).await?;
-        let mut found: Vec<((i64, String), Option<TaskRecord>)> = ids
-            .iter()
-            .zip(recs)
-            .filter_map(|(id, r)| {
-                let r = TaskRecord::decode(id, &r?)?;
-                Some(((r.run_at, id.clone()), Some(r)))
-            })
+            .map(|(id, _, r)| ((r.run_at, id), Some(r)))
             .filter(|((k, id), _)| match p.after {
                 Some((ak, aid)) => (*k, id.as_str()) > (*ak, aid.as_str()),
                 None => true,

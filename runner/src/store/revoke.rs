@@ -9,8 +9,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use redis::Value;
 
+use futures::future::try_join_all;
+
 use super::tasks::{int, string};
-use super::{Store, TaskRecord, TaskState};
+use super::{Store, TaskState};
 
 /// How often the asker reads whether its revocation was applied.
 const POLL: Duration = Duration::from_millis(2);
@@ -28,71 +30,30 @@ pub fn revocation_of(msg: &str) -> Option<(u32, u64, &str)> {
 }
 
 impl Store {
-    /// The tasks of `owner` (of `plugin`, or of any) that runners hold claimed ahead (running to
-    /// the store, their due time still to come by this runner's clock): each one's key and claim
-    /// token. Read from the claim batches of every shard (at most the tasks runners have claimed),
-    /// for an owner's shift or cancel to revoke them as well.
+    /// The tasks of `owner` of the plugins `plugins` names (None: any plugin) that runners hold
+    /// claimed ahead (running to the store, their due time still to come by this runner's clock):
+    /// each one's key and claim token. Read from every shard's claim batches at once (at most the
+    /// tasks runners have claimed), for an owner's shift or cancel to revoke them as well.
     pub async fn owned_claimed_ahead(
         &self,
         owner: &str,
-        plugin: Option<&str>,
+        plugins: &[Option<String>],
     ) -> Result<Vec<(String, u64)>> {
         let now = self.clock().now_ms();
-        let mut out = Vec::new();
-        for shard in 0..self.shards() {
-            let batches: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(&self.keys().shard(shard).batches)
-                .query_async(&mut self.conn())
-                .await?;
-            // each id under its latest claim (a shard's claim tokens only grow)
-            let mut claims: std::collections::BTreeMap<&str, u64> = Default::default();
-            for (field, ids) in &batches {
-                let Ok(token) = field.parse::<u64>() else {
-                    continue;
-                };
-                for id in ids.split('\t') {
-                    let t = claims.entry(id).or_default();
-                    *t = (*t).max(token);
-                }
-            }
-            let ids: Vec<&str> = claims.keys().copied().collect();
-            for (id, rec) in ids.iter().zip(self.read_records(&ids).await?) {
-                let Some(r) = rec.and_then(|rec| TaskRecord::decode(id, &rec)) else {
-                    continue;
-                };
-                if r.state == TaskState::Running
+        let shards = try_join_all((0..self.shards()).map(|s| self.claimed_records(s))).await?;
+        Ok(shards
+            .into_iter()
+            .flatten()
+            .filter(|(_, _, r)| {
+                r.state == TaskState::Running
                     && r.run_at > now
                     && r.owner.as_deref() == Some(owner)
-                    && plugin.is_none_or(|p| p == r.plugin)
-                {
-                    out.push((id.to_string(), claims[id]));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Moves the task `key` only while it runs under the claim `token` (a task claimed ahead an
-    /// owner's shift found: one released or claimed again since is left, and not moved twice):
-    /// its new due time, or None when it was not moved.
-    pub async fn move_claimed(&self, key: &str, token: u64, shift_ms: i64) -> Result<Option<i64>> {
-        let shard = self.shard_of(key);
-        let mut inv = self.shard_script(&self.inner.scripts.move_task, shard);
-        inv.arg(self.keys().wake_channel())
-            .arg(shard)
-            .arg(key)
-            .arg("shift")
-            .arg(shift_ms)
-            .arg(token);
-        let v: Vec<Value> = inv
-            .invoke_async(&mut self.conn())
-            .await
-            .context("move script")?;
-        match string(v.first().context("an empty reply")?)?.as_str() {
-            "revoking" => self.await_revocation(shard, key).await,
-            "ok" => Ok(Some(int(v.get(1).context("ok without a due")?)?)),
-            _ => Ok(None),
-        }
+                    && plugins
+                        .iter()
+                        .any(|p| p.as_deref().is_none_or(|p| p == r.plugin))
+            })
+            .map(|(key, token, _)| (key, token))
+            .collect())
     }
 
     /// Waits for the runner holding the task `key` to apply a revocation asked of it: its due

@@ -249,6 +249,27 @@ impl Store {
 
     /// Moves a scheduled task; returns its new due time.
     pub async fn move_task(&self, id: &str, how: Move) -> Result<Result<i64, Refused>> {
+        self.move_under(id, how, None).await
+    }
+
+    /// Moves the task `id` only while it runs under the claim `token` (a task claimed ahead that
+    /// an owner's shift found: one released or claimed again since is left, `Missing`, so none
+    /// is moved twice); its new due time.
+    pub async fn move_claimed(
+        &self,
+        id: &str,
+        token: u64,
+        how: Move,
+    ) -> Result<Result<i64, Refused>> {
+        self.move_under(id, how, Some(token)).await
+    }
+
+    async fn move_under(
+        &self,
+        id: &str,
+        how: Move,
+        claim: Option<u64>,
+    ) -> Result<Result<i64, Refused>> {
         let shard = self.shard_of(id);
         let mut inv = self.shard_script(&self.inner.scripts.move_task, shard);
         let (mode, value) = match how {
@@ -261,6 +282,9 @@ impl Store {
             .arg(id)
             .arg(mode)
             .arg(value);
+        if let Some(token) = claim {
+            inv.arg(token);
+        }
         let v: Vec<Value> = inv
             .invoke_async(&mut self.conn())
             .await

@@ -208,7 +208,8 @@ impl Tasks {
         plugin: Option<&PluginName>,
     ) -> Result<u64, Refusal> {
         let mut moved = 0;
-        for p in self.touched(caller, plugin).await? {
+        let plugins = self.touched(caller, plugin).await?;
+        for p in &plugins {
             moved += self
                 .store
                 .shift_owner(owner, shift_ms, p.as_deref())
@@ -219,15 +220,15 @@ impl Tasks {
                     moved,
                     why,
                 })?;
-            // (each only while it runs under the claim found: one released since was shifted
-            // with the scheduled ones or is left, never shifted twice)
-            let ahead = self.store.owned_claimed_ahead(owner, p.as_deref()).await?;
-            let shifts = ahead
-                .iter()
-                .map(|(key, token)| self.store.move_claimed(key, *token, shift_ms));
-            for shifted in futures::future::join_all(shifts).await {
-                moved += u64::from(shifted?.is_some());
-            }
+        }
+        // (each only while it runs under the claim found: one released since was shifted with
+        // the scheduled ones or is left, never shifted twice)
+        let ahead = self.store.owned_claimed_ahead(owner, &plugins).await?;
+        let shifts = ahead
+            .iter()
+            .map(|(key, token)| self.store.move_claimed(key, *token, Move::Shift(shift_ms)));
+        for shifted in futures::future::join_all(shifts).await {
+            moved += u64::from(shifted?.is_ok());
         }
         Ok(moved)
     }
@@ -241,13 +242,14 @@ impl Tasks {
         plugin: Option<&PluginName>,
     ) -> Result<u64, Refusal> {
         let mut n = 0;
-        for p in self.touched(caller, plugin).await? {
+        let plugins = self.touched(caller, plugin).await?;
+        for p in &plugins {
             n += self.store.cancel_owner(owner, p.as_deref()).await?;
-            let ahead = self.store.owned_claimed_ahead(owner, p.as_deref()).await?;
-            let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
-            for cancelled in futures::future::join_all(cancels).await {
-                n += u64::from(cancelled?.is_ok());
-            }
+        }
+        let ahead = self.store.owned_claimed_ahead(owner, &plugins).await?;
+        let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
+        for cancelled in futures::future::join_all(cancels).await {
+            n += u64::from(cancelled?.is_ok());
         }
         Ok(n)
     }

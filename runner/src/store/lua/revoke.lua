@@ -40,13 +40,18 @@ if mode == 'wait' then
   return { 'pending' }
 end
 if not state or token ~= ARGV[3] or state ~= 'p' then return 'no' end
+-- the request's end: 'a' applied, 'n' refused (read and dropped by the asker's wait)
+local function settle(to)
+  redis.call('HSET', K_BATCHES, field,
+    string.format('%s %d %s %d %s', token, deadline, action, value, to))
+end
 if mode == 'refuse' or now > deadline then
-  redis.call('HSET', K_BATCHES, field, string.format('%s %d %s %d n', token, deadline, action, value))
+  settle('n')
   return mode == 'refuse' and 'ok' or 'no'
 end
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t or t.st ~= 'r' or t.fin ~= token then
-  redis.call('HSET', K_BATCHES, field, string.format('%s %d %s %d n', token, deadline, action, value))
+  settle('n')
   return 'no'
 end
 -- the claim ends as a release's does: not started, its attempt given back
@@ -64,5 +69,5 @@ else
   index_scheduled(id, t)
   wake_if_head(ARGV[4], ARGV[5], t.due)
 end
-redis.call('HSET', K_BATCHES, field, string.format('%s %d %s %d a', token, deadline, action, value))
+settle('a')
 return 'ok'
