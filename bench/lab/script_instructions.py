@@ -40,8 +40,8 @@ import redis
 
 ROOT = subprocess.run(['git', 'rev-parse', '--show-toplevel'], capture_output=True, text=True,
                       check=True).stdout.strip()
-LUA = 'runner/src/store/lua/'
-SCRIPTS_RS = 'runner/src/store/scripts.rs'
+LUA = 'store/src/lua/'
+SCRIPTS_RS = 'store/src/scripts.rs'
 SHARDS = 16
 PER_SCRIPT = 62
 # The shard keys, in the order the scripts take them: 0.1.0's (a prelude prepended to each script)

@@ -20,7 +20,7 @@ const T: Duration = Duration::from_secs(120);
 
 /// Every script's name: the files of the runner's `lua/` folder (its `lib/` holds parts).
 fn every_script() -> Vec<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runner/src/store/lua");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../store/src/lua");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| {

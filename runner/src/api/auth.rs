@@ -459,14 +459,22 @@ async fn audit(st: &AppState, e: AuditEntry) {
     }
 }
 
-/// The caller of a /v1 request, as `guard` found it.
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
+/// The caller of a /v1 request, as `guard` found it: a handler's argument `Who(caller): Who`.
+/// (`Caller` is the ground floor's, so the extractor is this wrapper.)
+pub struct Who(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Caller, ApiError> {
-        parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "no caller")
-        })
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Who, ApiError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .map(Who)
+            .ok_or_else(|| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "no caller")
+            })
     }
 }
 

@@ -15,7 +15,7 @@ use super::params::{
     PageQuery, PluginFilter, TaskId, page_cursor, page_limit, page_place, plugin_filter,
 };
 use super::task_ref::{OfPlugin, TaskPath};
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::store::DeadAction;
 use crate::store::TaskRecord;
 
@@ -25,7 +25,7 @@ use crate::store::TaskRecord;
     security((), ("bearer" = [])))]
 pub async fn dead_list(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Query(q): Query<PageQuery>,
 ) -> ApiResult<Response> {
     let limit = page_limit(&q, 100)?;
@@ -49,7 +49,7 @@ pub async fn dead_list(
     security((), ("bearer" = [])))]
 pub async fn dead_retry(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
@@ -67,7 +67,7 @@ pub async fn dead_retry(
     security((), ("bearer" = [])))]
 pub async fn dead_drop(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
@@ -96,7 +96,7 @@ pub struct PluginOnly {
     security((), ("bearer" = [])))]
 pub async fn dead_retry_all(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
     let bytes = super::body::read(body, 64 << 10).await?;
@@ -120,7 +120,7 @@ pub async fn dead_retry_all(
     security((), ("bearer" = [])))]
 pub async fn dead_drop_all(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Query(f): Query<PluginFilter>,
 ) -> ApiResult<Response> {
     let plugin = plugin_filter(f.plugin)?;

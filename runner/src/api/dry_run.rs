@@ -24,7 +24,7 @@ use super::doc;
 use super::error::ApiError;
 use super::params::TaskId;
 use super::task_ref::{OfPlugin, TaskPath};
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::executor::{Outcome, StoreHost, TaskHost};
 use crate::plugins::{DryRun, HttpAnswer};
 use crate::store::{Claimed, KvWrite, TaskRecord, TaskState, decode_log};
@@ -92,7 +92,7 @@ impl TaskHost for DryHost {
     security((), ("bearer" = [])))]
 pub async fn dry_run(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
     headers: HeaderMap,

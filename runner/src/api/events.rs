@@ -11,7 +11,7 @@ use utoipa::openapi::{Ref, RefOr, schema};
 
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::names::Topic;
 use crate::store::{Debounce, Event, Listener};
 
@@ -92,7 +92,7 @@ pub struct PublishReply {
     security((), ("bearer" = [])))]
 pub async fn publish(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(topic): Path<String>,
     headers: HeaderMap,
     body: axum::body::Body,

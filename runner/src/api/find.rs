@@ -13,7 +13,7 @@ use super::cursor::fill;
 use super::doc;
 use super::error::ApiError;
 use super::params::{check_owner, page_limit_of, plugin_filter};
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::limits;
 use crate::names::PluginName;
 use crate::store::{FindCursor, FindQuery, TaskRecord, TaskState};
@@ -68,7 +68,7 @@ fn time_param(v: Option<&str>, name: &str) -> ApiResult<Option<i64>> {
     security((), ("bearer" = [])))]
 pub async fn find_tasks(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Query(p): Query<FindParams>,
 ) -> ApiResult<Response> {
     let state = match p.state.as_deref() {

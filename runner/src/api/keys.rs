@@ -13,8 +13,9 @@ use super::doc;
 use super::error::ApiError;
 use super::params::page_limit_of;
 use crate::access::{
-    Caller, KeyLimits, KeyRecord, MAX_PATTERNS, MAX_TASK_BYTES, Role, new_secret, secret_hash,
+    KeyLimits, KeyRecord, MAX_PATTERNS, MAX_TASK_BYTES, Role, new_secret, secret_hash,
 };
+use crate::api::auth::Who;
 use crate::limits;
 use crate::names::valid_pattern;
 use crate::store::{AuditEntry, MAX_MAX_PENDING};
@@ -546,7 +547,7 @@ const AUDIT_SCAN: usize = 10_000;
     security((), ("bearer" = [])))]
 pub async fn audit(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Query(q): Query<AuditParams>,
 ) -> ApiResult<Response> {
     let limit = page_limit_of(q.limit.as_deref(), 100)?;

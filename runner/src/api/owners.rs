@@ -18,6 +18,7 @@ use super::params::{
 };
 use super::tasks::SMALL_BODY;
 use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::store::TaskRecord;
 
 /// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
@@ -30,7 +31,7 @@ use crate::store::TaskRecord;
     security((), ("bearer" = [])))]
 pub async fn owner_tasks(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(owner): Path<String>,
     Query(q): Query<PageQuery>,
 ) -> ApiResult<Response> {
@@ -75,7 +76,7 @@ pub struct ShiftBody {
     security((), ("bearer" = [])))]
 pub async fn owner_shift(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(owner): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -101,7 +102,7 @@ pub async fn owner_shift(
     security((), ("bearer" = [])))]
 pub async fn owner_cancel(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(owner): Path<String>,
     Query(f): Query<PluginFilter>,
 ) -> ApiResult<Response> {
@@ -155,7 +156,7 @@ fn pause_plugin(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Option<crate::na
     security((), ("bearer" = [])))]
 pub async fn owner_pause(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(owner): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -172,7 +173,7 @@ pub async fn owner_pause(
     security((), ("bearer" = [])))]
 pub async fn owner_resume(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(owner): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -236,7 +237,7 @@ pub struct OwnerWeight {
     security((), ("bearer" = [])))]
 pub async fn owner_weight_put(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path((name, owner)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
@@ -283,7 +284,7 @@ pub async fn owner_weight_put(
     security((), ("bearer" = [])))]
 pub async fn owner_weight_get(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path((name, owner)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     super::plugins::check_name(&caller, &name)?;
@@ -336,7 +337,7 @@ pub struct OwnerStats {
     security((), ("bearer" = [])))]
 pub async fn owner_stats(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(owner): Path<String>,
 ) -> ApiResult<Response> {
     let owner = owner_named(owner)?;

@@ -13,6 +13,7 @@ use super::doc;
 use super::error::ApiError;
 use super::settings::{Caps, PluginPatch};
 use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::names::valid_plugin_name;
 use crate::plugin_settings::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings};
 
@@ -91,7 +92,7 @@ impl DeployQuery {
     security((), ("bearer" = [])))]
 pub async fn plugin_upload(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
     Query(q): Query<DeployQuery>,
     headers: HeaderMap,
@@ -178,7 +179,7 @@ impl From<anyhow::Error> for Refusal {
 #[utoipa::path(get, path = "/v1/plugins", tag = "plugins",
     responses((status = 200, description = "the current version of every plugin, with its settings", body = Vec<doc::PluginInfo>), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn plugin_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
+pub async fn plugin_list(State(st): State<AppState>, Who(caller): Who) -> ApiResult<Response> {
     let settings = st.store.plugin_settings_all().await?;
     let list: Vec<doc::PluginInfo> = st
         .store
@@ -250,7 +251,7 @@ async fn set_paused(st: &AppState, name: &str, paused: bool) -> ApiResult<Respon
     security((), ("bearer" = [])))]
 pub async fn plugin_pause(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
@@ -263,7 +264,7 @@ pub async fn plugin_pause(
     security((), ("bearer" = [])))]
 pub async fn plugin_resume(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
@@ -279,7 +280,7 @@ pub async fn plugin_resume(
     security((), ("bearer" = [])))]
 pub async fn plugin_patch(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -319,7 +320,7 @@ pub async fn plugin_patch(
     security((), ("bearer" = [])))]
 pub async fn plugin_get(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
@@ -358,7 +359,7 @@ pub async fn plugin_get(
     security((), ("bearer" = [])))]
 pub async fn plugin_rollback(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
     Query(q): Query<ForceQuery>,
 ) -> ApiResult<Response> {
@@ -402,7 +403,7 @@ pub struct PromoteBody {
     security((), ("bearer" = [])))]
 pub async fn plugin_promote(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
     Query(q): Query<ForceQuery>,
     headers: HeaderMap,
@@ -454,7 +455,7 @@ pub struct DeleteQuery {
     security((), ("bearer" = [])))]
 pub async fn plugin_delete(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
     Query(q): Query<DeleteQuery>,
 ) -> ApiResult<Response> {

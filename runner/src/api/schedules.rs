@@ -15,6 +15,7 @@ use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
 use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::limits;
 use crate::recurring::{Overlap, ScheduleDef};
 use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};
@@ -216,7 +217,7 @@ async fn in_scope(st: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
     security((), ("bearer" = [])))]
 pub async fn schedule_put(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -275,7 +276,7 @@ pub async fn schedule_put(
 #[utoipa::path(get, path = "/v1/schedules", tag = "schedules",
     responses((status = 200, description = "every schedule, by id", body = Vec<doc::ScheduleInfo>), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn schedule_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
+pub async fn schedule_list(State(st): State<AppState>, Who(caller): Who) -> ApiResult<Response> {
     let rows = st.store.schedule_list().await?;
     let list = rows
         .iter()
@@ -291,7 +292,7 @@ pub async fn schedule_list(State(st): State<AppState>, caller: Caller) -> ApiRes
     security((), ("bearer" = [])))]
 pub async fn schedule_get(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
@@ -305,7 +306,7 @@ pub async fn schedule_get(
     security((), ("bearer" = [])))]
 pub async fn schedule_delete(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
@@ -323,7 +324,7 @@ pub async fn schedule_delete(
     security((), ("bearer" = [])))]
 pub async fn schedule_pause(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;
@@ -341,7 +342,7 @@ pub async fn schedule_pause(
     security((), ("bearer" = [])))]
 pub async fn schedule_resume(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     check_schedule_id(&id)?;

@@ -10,7 +10,7 @@ use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use super::plugins::check_name;
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::store::{MAX_SECRET_CHARS, valid_secret_name};
 
 /// A plugin name and a secret's name in the path.
@@ -63,7 +63,7 @@ pub struct SecretBody {
     security((), ("bearer" = [])))]
 pub async fn secret_put(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path((name, key)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
@@ -101,7 +101,7 @@ pub async fn secret_put(
     security((), ("bearer" = [])))]
 pub async fn secret_delete(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path((name, key)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
@@ -121,7 +121,7 @@ pub async fn secret_delete(
     security((), ("bearer" = [])))]
 pub async fn secret_list(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::store::Source;
 
 /// A source to add.
@@ -61,7 +61,7 @@ pub struct NewSource {
     security((), ("bearer" = [])))]
 pub async fn source_add(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult<Response> {
@@ -162,7 +162,7 @@ pub async fn source_add(
 #[utoipa::path(get, path = "/v1/sources", tag = "events",
     responses((status = 200, description = "by name", body = Vec<Source>), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn source_list(State(st): State<AppState>, caller: Caller) -> ApiResult<Response> {
+pub async fn source_list(State(st): State<AppState>, Who(caller): Who) -> ApiResult<Response> {
     let list: Vec<Source> = st
         .store
         .source_list()
@@ -183,7 +183,7 @@ pub async fn source_list(State(st): State<AppState>, caller: Caller) -> ApiResul
     security((), ("bearer" = [])))]
 pub async fn source_delete(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     let Some(s) = st

@@ -13,7 +13,7 @@ use super::AppState;
 use super::body::ApiResult;
 use super::doc;
 use super::error::ApiError;
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::metrics::{LATENESS_BUCKETS, lateness_quantile};
 use crate::store::STATS_BUCKET_MS;
 
@@ -63,7 +63,7 @@ pub struct Stats {
 #[utoipa::path(get, path = "/v1/stats", tag = "operations",
     responses((status = 200, description = "counts now", body = Stats), doc::Errors),
     security((), ("bearer" = [])))]
-pub async fn stats(State(st): State<AppState>, caller: Caller) -> ApiResult<axum::Json<Stats>> {
+pub async fn stats(State(st): State<AppState>, Who(caller): Who) -> ApiResult<axum::Json<Stats>> {
     let now = st.store.clock().now_ms();
     let counts = st.store.shard_counts().await?;
     let mut names: Vec<String> = st
@@ -162,7 +162,7 @@ pub struct History {
     security((), ("bearer" = [])))]
 pub async fn history(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Query(q): Query<HistoryParams>,
 ) -> ApiResult<axum::Json<History>> {
     let minutes = match q.minutes.as_deref() {
@@ -274,7 +274,7 @@ pub struct Event {
     security((), ("bearer" = [])))]
 pub async fn events(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(topic): Path<String>,
     Query(q): Query<EventParams>,
 ) -> ApiResult<axum::Json<Vec<Event>>> {

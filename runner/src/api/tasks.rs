@@ -17,7 +17,7 @@ use super::error::{ApiError, Concerns};
 use super::params::{TaskId, check_id};
 use super::task_ref::{OfPlugin, TaskPath};
 use super::task_spec::{parse_specs, traceparent_header};
-use crate::access::Caller;
+use crate::api::auth::Who;
 use crate::store::{Debounced, Met, Move, NewTask};
 use crate::tasks::Written;
 
@@ -33,7 +33,7 @@ pub(super) const SMALL_BODY: usize = 64 << 10;
     security((), ("bearer" = [])))]
 pub async fn schedule(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -111,7 +111,7 @@ fn debounced(specs: &[NewTask], verdicts: &[Debounced], single: bool) -> Respons
     security((), ("bearer" = [])))]
 pub async fn get_task(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
@@ -140,7 +140,7 @@ struct MoveFields {
     security((), ("bearer" = [])))]
 pub async fn move_task(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
     headers: HeaderMap,
@@ -170,7 +170,7 @@ pub async fn move_task(
     security((), ("bearer" = [])))]
 pub async fn cancel_task(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {
@@ -187,7 +187,7 @@ pub async fn cancel_task(
     security((), ("bearer" = [])))]
 pub async fn run_now(
     State(st): State<AppState>,
-    caller: Caller,
+    Who(caller): Who,
     Path(id): Path<String>,
     Query(of): Query<OfPlugin>,
 ) -> ApiResult<Response> {

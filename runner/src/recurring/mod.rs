@@ -1,5 +1,5 @@
 //! Recurring schedules: what one is and when it fires. Pure (no Redis, no clock): `driver` turns
-//! them into tasks, the store keeps them (`store/recurring.rs`).
+//! them into tasks, the store keeps them (`store/src/recurring.rs`).
 //!
 //! A `cron` schedule is the 5-field form in an IANA time zone, evaluated by the `croner` crate,
 //! which handles daylight saving time the way cron users expect: a wall-clock time that does not

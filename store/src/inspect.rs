@@ -38,7 +38,7 @@ impl Store {
 
     /// Reads into each debounced task's `batch` the payloads its window holds in the list beside
     /// its record (one LRANGE each, pipelined; nothing to read for the others).
-    pub(crate) async fn load_windows(&self, shard: u32, recs: &mut [TaskRecord]) -> Result<()> {
+    pub async fn load_windows(&self, shard: u32, recs: &mut [TaskRecord]) -> Result<()> {
         let want: Vec<usize> = (0..recs.len()).filter(|&i| recs[i].window > 0).collect();
         if want.is_empty() {
             return Ok(());

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use crate::access::KeyRecord;
+use eggtimer_base::access::KeyRecord;
 
 /// A key as stored: its record and its secret's hash.
 #[derive(Serialize, Deserialize)]

@@ -375,8 +375,8 @@ impl Store {
                 .await
                 .context("reading an owner's due times")?;
         for (lo, hi) in bounds.into_iter().flatten() {
-            if crate::limits::shifted("", lo, shift_ms).is_err()
-                || crate::limits::shifted("", hi, shift_ms).is_err()
+            if eggtimer_base::limits::shifted("", lo, shift_ms).is_err()
+                || eggtimer_base::limits::shifted("", hi, shift_ms).is_err()
             {
                 return Ok(Err(Refused::OutOfRange));
             }

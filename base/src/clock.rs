@@ -23,13 +23,10 @@ pub fn system_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// The runner's clock. `serve` makes one and hands it to the store (in [`StoreOptions`]) and the
-/// plugin host (in [`PluginOptions`]); every clone reads and corrects the same clock. A test
-/// makes its own, off by a skew or moved on by [`Clock::advance`], without touching any other
-/// runner in the process.
-///
-/// [`StoreOptions`]: crate::store::StoreOptions
-/// [`PluginOptions`]: crate::plugins::PluginOptions
+/// The runner's clock. `serve` makes one and hands it to the store (in its `StoreOptions`) and
+/// the plugin host (in its `PluginOptions`); every clone reads and corrects the same clock. A
+/// test makes its own, off by a skew or moved on by [`Clock::advance`], without touching any
+/// other runner in the process.
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
     inner: Arc<Offsets>,

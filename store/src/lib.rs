@@ -200,8 +200,8 @@ impl Store {
         &self.inner.opts
     }
 
-    /// The runner's clock, following Redis's (see [`crate::clock`]).
-    pub fn clock(&self) -> &crate::clock::Clock {
+    /// The runner's clock, following Redis's (see [`eggtimer_base::clock`]).
+    pub fn clock(&self) -> &eggtimer_base::clock::Clock {
         &self.inner.opts.clock
     }
 

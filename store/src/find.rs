@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use futures::future::try_join_all;
 
 use super::{Store, TaskRecord, TaskState};
-use crate::limits::MAX_TIME_MS;
+use eggtimer_base::limits::MAX_TIME_MS;
 
 /// What to find (every filter optional).
 #[derive(Clone, Debug, Default)]

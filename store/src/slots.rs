@@ -1,7 +1,7 @@
 //! What the store keeps beside a plugin's settings: the runs waiting for its slots, and what a
 //! rollback came to.
 
-use crate::plugin_settings::PluginEntry;
+use eggtimer_base::plugin_settings::PluginEntry;
 
 /// A run put back to wait for a concurrency slot: its task, occurrence and attempts (as the put
 /// back recorded them, the attempt given back).

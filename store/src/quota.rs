@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::{NewTask, Store};
-use crate::plugin_settings::DEFAULT_MAX_PENDING;
+use eggtimer_base::plugin_settings::DEFAULT_MAX_PENDING;
 
 /// The most an admin can set.
 pub const MAX_MAX_PENDING: u64 = 1_000_000_000;
@@ -61,9 +61,9 @@ const FRESH: Duration = Duration::from_millis(250);
 #[derive(Default)]
 pub(super) struct Quotas {
     /// Each plugin's policy: its max_pending, where it has one of its own.
-    pub(super) policies: crate::policy::Policies,
+    pub(super) policies: eggtimer_base::policy::Policies,
     /// The owners' pauses, as the last sync read them (`Store::sync_owner_pauses`).
-    pub(super) owner_pauses: crate::policy::OwnerPauses,
+    pub(super) owner_pauses: eggtimer_base::policy::OwnerPauses,
     /// Each subject's pending count as last read, and what was admitted since (by
     /// `Subject::name`).
     counts: Mutex<HashMap<String, Count>>,
@@ -239,17 +239,17 @@ fn exceeded(of: Subject, max_pending: u64, pending: u64, asked: u64) -> QuotaExc
 impl Store {
     /// Every plugin's policy, as the last sync of the registry's settings made them (shared by
     /// the stores opened from this one, and by the plugin host the registry serves).
-    pub fn policies(&self) -> &crate::policy::Policies {
+    pub fn policies(&self) -> &eggtimer_base::policy::Policies {
         &self.inner.quotas.policies
     }
 
     /// One plugin's policy.
-    pub fn policy(&self, plugin: &str) -> Arc<crate::policy::Policy> {
+    pub fn policy(&self, plugin: &str) -> Arc<eggtimer_base::policy::Policy> {
         self.policies().get(plugin)
     }
 
     /// Whether `owner`'s tasks of `plugin` claimed at `claimed` are held by a pause this runner
-    /// heard of after that (see [`crate::policy::OwnerPauses`]).
+    /// heard of after that (see [`eggtimer_base::policy::OwnerPauses`]).
     pub fn owner_paused(&self, owner: &str, plugin: &str, claimed: std::time::Instant) -> bool {
         self.inner
             .quotas
@@ -502,7 +502,7 @@ mod tests {
         let max_pending = Some(limit);
         q.policies.set(HashMap::from([(
             "p".to_owned(),
-            crate::plugin_settings::PluginSettings {
+            eggtimer_base::plugin_settings::PluginSettings {
                 max_pending,
                 ..Default::default()
             },

@@ -12,7 +12,7 @@
 -- event, see `extras`). Up to 500 expired events are dropped per run.
 -- Returns {events stored, of them those no task listened for, D or P message...}.
 -- Bound: the events of one call (at most 250 and about 128 KiB of them, `PUBLISH_CALL_*` in
---  store/events.rs), each one field,
+--  store/src/events.rs), each one field,
 --  at most EVENT_LISTENERS_PER_CALL D messages in all (a drain's listeners are moved aside with one
 --  RENAME), plus at most 500 expired events dropped.
 local shard, retention = ARGV[1], tonumber(ARGV[2])

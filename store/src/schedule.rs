@@ -100,7 +100,7 @@ impl Store {
         }
         // the listeners registered (and events of the lookback handed over) before this returns
         if !listens.is_empty() {
-            crate::failpoint::hit("listeners-written");
+            eggtimer_base::failpoint::hit("listeners-written");
         }
         let delivered = try_join_all(
             listens

@@ -191,7 +191,7 @@ impl Store {
         if ds.is_empty() && drains.is_empty() {
             return Ok(out);
         }
-        crate::failpoint::hit("events-recorded");
+        eggtimer_base::failpoint::hit("events-recorded");
         out.acted = self.deliver(&ds).await?.acted;
         try_join_all(
             recorded
@@ -223,7 +223,7 @@ impl Store {
             if !ds.is_empty() {
                 acted += self.deliver(&ds).await?.acted;
                 self.outbox_done(shard, &ds).await?;
-                crate::failpoint::hit("events-drained");
+                eggtimer_base::failpoint::hit("events-drained");
             }
             if done {
                 return Ok(acted);
@@ -322,7 +322,7 @@ impl Store {
                         (b'L', Value::Array(ds)) => (0, strings(&ds)?),
                         (b'D', Value::Array(v)) => {
                             let n = int(v.first().context("an empty deliver reply")?)? as u64;
-                            crate::failpoint::hit("events-delivered");
+                            eggtimer_base::failpoint::hit("events-delivered");
                             let us = strings(&v[1..])?;
                             // the U messages are the task shard's to delete once delivered
                             if !us.is_empty() {

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::{Promoted, SlotWaiter, SlotsOf, Store};
-use crate::plugin_settings::{PluginEntry, PluginSettings, RateLimit};
 use anyhow::{Context, Result, bail};
+use eggtimer_base::plugin_settings::{PluginEntry, PluginSettings, RateLimit};
 
 /// A plugin binary goes to Redis, and comes back, in commands of at most this many bytes each,
 /// so no command holds Redis long whatever size the binary has (a 60 MB binary in one script

@@ -64,7 +64,7 @@ impl Source {
                 .collect();
             (key.clone(), serde_json::Value::Object(data).to_string())
         };
-        crate::limits::id("", &key).ok()?;
+        eggtimer_base::limits::id("", &key).ok()?;
         Some(Event {
             topic: self.topic.clone(),
             key,

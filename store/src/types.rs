@@ -317,7 +317,7 @@ pub struct StoreOptions {
     /// How long (ms) a task is due and not started before it counts as the highest priority.
     pub priority_aging_ms: u64,
     /// The runner's clock (shared by every store opened with these options).
-    pub clock: crate::clock::Clock,
+    pub clock: eggtimer_base::clock::Clock,
 }
 
 /// `--team-task-bytes` unless set: 64 MiB.
@@ -343,7 +343,7 @@ impl Default for StoreOptions {
             team_kv_bytes: 64 << 20,
             team_emitted_bytes: 64 << 20,
             priority_aging_ms: 60_000,
-            clock: crate::clock::Clock::default(),
+            clock: eggtimer_base::clock::Clock::default(),
         }
     }
 }

@@ -169,7 +169,7 @@ impl<'a> LastField<'a> {
 const ATTEMPT_MARK: char = '\x1e';
 
 /// The log lines of one attempt as its task keeps them: `<attempt>` then a line
-/// `<level>\t<time>\t<message>` each, at most [`MAX_LOG_BYTES`](crate::limits::MAX_LOG_BYTES);
+/// `<level>\t<time>\t<message>` each, at most [`MAX_LOG_BYTES`](eggtimer_base::limits::MAX_LOG_BYTES);
 /// the lines past that are counted, and a last line says how many were not kept.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttemptLog {
@@ -184,13 +184,13 @@ const DROPPED_NOTE_BYTES: usize = 96;
 impl AttemptLog {
     /// Adds a line (its tabs and line breaks made spaces; a message over 2 KiB cut).
     pub fn push(&mut self, level: &str, time: i64, message: &str) {
-        let message = crate::limits::cut(message.to_owned(), 2048);
+        let message = eggtimer_base::limits::cut(message.to_owned(), 2048);
         let message: String = message
             .chars()
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
         let line = format!("\n{level}\t{time}\t{message}");
-        let room = crate::limits::MAX_LOG_BYTES - 16 - DROPPED_NOTE_BYTES;
+        let room = eggtimer_base::limits::MAX_LOG_BYTES - 16 - DROPPED_NOTE_BYTES;
         if self.dropped > 0 || self.lines.len() + line.len() > room {
             self.dropped += 1;
         } else {
@@ -214,7 +214,7 @@ impl AttemptLog {
                 "\nwarn\t{}\t{} more lines not kept (a task keeps {} bytes of log)",
                 self.last_time,
                 self.dropped,
-                crate::limits::MAX_LOG_BYTES
+                eggtimer_base::limits::MAX_LOG_BYTES
             ));
         }
         Some(text)
@@ -351,7 +351,7 @@ pub fn field_safe(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::extras::Then;
+    use crate::extras::Then;
     use proptest::prelude::*;
 
     /// The record as `lib/record.lua`'s `encode` writes it (its ten fields, in order).
@@ -385,10 +385,10 @@ mod tests {
         #[test]
         fn records_round_trip(
             st in prop::sample::select(vec!['s', 'r', 'd', 'x']),
-            due in 0i64..=crate::limits::MAX_TIME_MS,
+            due in 0i64..=eggtimer_base::limits::MAX_TIME_MS,
             att in 0u32..1000, max in 1u32..1000,
-            created in 0i64..=crate::limits::MAX_TIME_MS,
-            fin in 0i64..=crate::limits::MAX_TIME_MS,
+            created in 0i64..=eggtimer_base::limits::MAX_TIME_MS,
+            fin in 0i64..=eggtimer_base::limits::MAX_TIME_MS,
             plugin in "[a-z0-9][a-z0-9-]{0,20}",
             owner in "[^\t\n\r\x00]{0,30}",
             err in "[^\t\n\r\x00]{0,30}",
@@ -505,7 +505,7 @@ mod tests {
         }
         let stored = big.stored(1).unwrap();
         assert!(
-            stored.len() <= crate::limits::MAX_LOG_BYTES,
+            stored.len() <= eggtimer_base::limits::MAX_LOG_BYTES,
             "{}",
             stored.len()
         );

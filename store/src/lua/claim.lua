@@ -34,7 +34,7 @@
 -- The batch is one entry in `claim_leases` (its token -> lease end) and one in `batches` (its ids), not
 -- one per task.
 -- Returns: a flat array of named slots (`local NOW, ...` below; the runner decodes them by the
--- same names, `claim_slots` in store/tasks.rs), then per task claimed its id and record:
+-- same names, `claim_slots` in store/src/tasks.rs), then per task claimed its id and record:
 --   NOW         Redis's time (ms)
 --   NEXT_DUE    when the next scheduled task here is due (-1: none)
 --   LEASE_HEAD  when the next claim lease here ends (-1: none)

@@ -4,7 +4,7 @@
 -- KEYS[1]: the slots (ZSET holder -> lease expiry ms). A dead runner's slots leave on their own
 -- when their leases expire.
 -- KEYS[2]: the runs waiting (ZSET `id\tcreated\tattempts` -> due ms - priority * 2^44, see
--- `waiting_score` in store/slots.rs): tasks that found every slot taken and were put back to
+-- `waiting_score` in store/src/slots.rs): tasks that found every slot taken and were put back to
 -- wait; a slot given back wakes the one of the highest priority, the earliest due among equals,
 -- or, before any, the earliest due of those due `aging` ms ago or earlier.
 -- ARGV: op and its arguments; Returns what each op says:
