@@ -60,6 +60,8 @@ impl Store {
     /// time after the request (0 for a cancel), or None when it was refused (the task had
     /// started, or its runner did not answer in time: it runs).
     pub(super) async fn await_revocation(&self, shard: u32, key: &str) -> Result<Option<i64>> {
+        // an asker killed here leaves its request behind: a later request sweeps it
+        eggtimer_base::failpoint::hit("revocation-asked");
         let started = tokio::time::Instant::now();
         loop {
             let mut inv = self.shard_script(&self.inner.scripts.revoke, shard);

@@ -3,7 +3,8 @@
 //! is due), each task once, a cancel answered 204 means the task never runs, one answered 409
 //! means it runs once, a cancel or a move of a task claimed ahead revokes it (it never starts at
 //! its old time), a plugin's or an owner's pause holds back what was claimed ahead, and a
-//! runner killed -9 with tasks claimed ahead loses and doubles none.
+//! runner killed -9 with tasks claimed ahead loses and doubles none; a revocation request left by
+//! a killed asker is swept by a later one.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
 use std::collections::{HashMap, HashSet};
@@ -200,6 +201,111 @@ async fn a_cancel_or_a_move_of_a_task_claimed_ahead_revokes_it_before_it_starts(
     due.extend(moved.iter().map(|(id, at)| (id.clone(), *at)));
     let runs = wait_runs(&redis, n - cancelled.len(), Duration::from_secs(30)).await;
     each_once_on_time(&runs, &due, &cancelled);
+}
+
+/// The revocation requests in shard 0's `batches` (fields `rv` \x1f key).
+fn revocation_requests(redis: &RedisServer) -> Vec<String> {
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("{eggtimer:0}:batches")
+        .query(&mut redis.conn())
+        .unwrap();
+    fields
+        .into_iter()
+        .filter(|f| f.starts_with("rv\x1f"))
+        .collect()
+}
+
+/// A task of `due` that runs claimed ahead 60 ms or more before its due time (by the runner at
+/// `base`), not one of `skip`.
+async fn one_claimed_ahead(
+    base: &str,
+    due: &HashMap<String, i64>,
+    skip: &HashSet<String>,
+) -> String {
+    eventually(Duration::from_secs(10), "a task claimed ahead", || async {
+        let mut ids: Vec<&String> = due.keys().filter(|id| !skip.contains(*id)).collect();
+        ids.sort_by_key(|id| due[*id]);
+        for id in ids
+            .into_iter()
+            .filter(|id| due[*id] > now_ms() + 60)
+            .take(40)
+        {
+            let (_, t) = call("GET", &format!("{base}/v1/tasks/{id}"), None).await;
+            if t["state"] == "running" && due[id] >= now_ms() + 60 {
+                return Some(id.clone());
+            }
+        }
+        None
+    })
+    .await
+}
+
+/// A runner killed between asking for a revocation and reading its answer leaves its request in
+/// Redis (applied by the holder, never read): a later request, once that one is 5 s past its
+/// deadline, sweeps it, so dead askers leave nothing behind for good. The task the dead asker
+/// cancelled runs at most once; the one cancelled after never runs; every other once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_left_behind_by_a_killed_asker_is_swept_by_a_later_one() {
+    let redis = RedisServer::start();
+    let args = ["--shards", "1", "--claim-ahead", "1s"];
+    let holder = RunnerProcess::with_plugins(&redis, &args);
+    runners_holding_shards(&holder.url, 1).await;
+    let mut asker = RunnerProcess::start_with_env(
+        &redis.url(),
+        &args,
+        &[("EGGTIMER_FAILPOINT", "revocation-asked")],
+    );
+    let n = 500;
+    let due = paced_stream(&[&holder.url], n, &|_| None).await;
+    let first = one_claimed_ahead(&holder.url, &due, &HashSet::new()).await;
+    let asked_at = now_ms();
+    let dead = reqwest::Client::new()
+        .delete(format!("{}/v1/tasks/{first}", asker.url))
+        .send()
+        .await;
+    assert!(dead.is_err(), "the asker answered: {dead:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !asker.child_exited() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the asker did not abort at its failpoint"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let left = revocation_requests(&redis);
+    assert_eq!(left.len(), 1, "the dead asker's request: {left:?}");
+    // stale once its deadline (200 ms after the ask) is 5 s past, by Redis's clock
+    eventually(
+        Duration::from_secs(10),
+        "the request gone stale",
+        || async { (now_ms() > asked_at + 5_400).then_some(()) },
+    )
+    .await;
+    let second = one_claimed_ahead(&holder.url, &due, &HashSet::from([first.clone()])).await;
+    let (s, b) = call("DELETE", &format!("{}/v1/tasks/{second}", holder.url), None).await;
+    assert_eq!(s, 204, "the cancel of {second}, claimed ahead: {b}");
+    assert_eq!(
+        revocation_requests(&redis),
+        Vec::<String>::new(),
+        "the later request swept the dead asker's, and its own was read and dropped"
+    );
+    let mut runs = eventually(
+        Duration::from_secs(30),
+        "every other task to run",
+        || async {
+            let r = runs(&redis);
+            let all = due
+                .keys()
+                .all(|id| *id == first || *id == second || r.contains_key(id));
+            all.then_some(r)
+        },
+    )
+    .await;
+    let firsts = runs.remove(&first).unwrap_or_default();
+    assert!(firsts.len() <= 1, "{first} ran {} times", firsts.len());
+    let mut rest = due.clone();
+    rest.remove(&first);
+    each_once_on_time(&runs, &rest, &HashSet::from([second]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

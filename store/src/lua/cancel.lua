@@ -15,7 +15,8 @@
 -- Returns 'ok' | 'running' | 'done' | 'missing' | 'not_dead' | 'other_plugin' |
 -- 'revoking' .. key.
 -- Bound: one task: its record, its indexes, its listeners (an outbox message each, at most 8), its
---  window lists (UNLINK, freed off the main thread).
+--  window lists (UNLINK, freed off the main thread); a task claimed ahead: a revocation's request
+--  and a sweep of at most REVOKE_SWEEP fields of `batches` (`ask_revoke`).
 local id, only_dead, plugin, channel, shard = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5]
 local PATTERNS = 6
 local function covered(name)

@@ -11,7 +11,8 @@
 -- {'revoking'}, and the caller waits for the runner's answer (all but 'wake').
 -- Returns {'ok', due} | {'revoking'} | {'running'} | {'done'} | {'dead'} | {'missing'} |
 -- {'out_of_range'} (a shift that would leave 0..MAX_TIME: nothing moved).
--- Bound: one task (and one wake message).
+-- Bound: one task (and one wake message); a task claimed ahead: a revocation's request and a
+--  sweep of at most REVOKE_SWEEP fields of `batches` (`ask_revoke`).
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return { 'missing' } end

@@ -112,10 +112,36 @@ end
 -- How long (ms) the runner holding a task claimed ahead has to revoke it, once asked.
 local REVOKE_MS = 200
 
+-- A request is read and dropped by its asker (`revoke.lua wait`); one whose asker died first is
+-- left behind. So each new request sweeps up to REVOKE_SWEEP fields of `batches` on from where
+-- the last sweep stopped (a cursor in meta 'rv-sweep'), dropping the requests whose deadline
+-- passed more than REVOKE_STALE_MS ago: no asker waits that long (its wait ends 2 s after it
+-- asked, by its own clock), and the holder can't apply a request past its deadline.
+local REVOKE_STALE_MS, REVOKE_SWEEP = 5000, 32
+local function sweep_revocations(now)
+  local cursor = redis.call('HGET', K_META, 'rv-sweep') or '0'
+  local r = redis.call('HSCAN', K_BATCHES, cursor, 'MATCH', 'rv\31*', 'COUNT',
+    string.format('%d', REVOKE_SWEEP))
+  local fields = r[2]
+  for i = 1, #fields, 2 do
+    local deadline = tonumber(string.match(fields[i + 1], '^%d+ (%d+) '))
+    if deadline and now > deadline + REVOKE_STALE_MS then
+      redis.call('HDEL', K_BATCHES, fields[i])
+    end
+  end
+  if r[1] == '0' then
+    redis.call('HDEL', K_META, 'rv-sweep')
+  else
+    redis.call('HSET', K_META, 'rv-sweep', r[1])
+  end
+end
+
 -- A cancel (action 'c') or a move to `value` (action 'm') of the task `t` (parsed), running under
 -- its claim and not started (due after `now`: a task claimed ahead), asks its runner to revoke it
--- (see `revoke.lua`): the request, then a message to every runner on the wake channel.
+-- (see `revoke.lua`): the request, then a message to every runner on the wake channel. Requests
+-- left behind by askers that died are swept first.
 local function ask_revoke(channel, shard, id, t, action, value, now)
+  sweep_revocations(now)
   redis.call('HSET', K_BATCHES, 'rv\31' .. id,
     string.format('%s %d %s %d p', t.fin, now + REVOKE_MS, action, value))
   redis.call('PUBLISH', channel, 'v' .. shard .. ':' .. t.fin .. ':' .. id)

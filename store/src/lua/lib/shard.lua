@@ -13,7 +13,8 @@
 --           owners are, see `owner_paused`; 'owner-heads' -> 1 once the owned tasks an
 --           earlier build wrote have their owners' heads, see `owner_heads.lua`; 'po:' plugin
 --           \0 owner -> how many of that owner's tasks of that plugin are scheduled, running or
---           dead here, see `count_owned`)
+--           dead here, see `count_owned`; 'rv-sweep' -> where the sweep of revocation requests
+--           left behind goes on, see `ask_revoke`)
 --   KEYS[5] parked (ZSET id -> due: scheduled tasks out of the buckets: those of a paused
 --           plugin or owner, and those set aside for their plugin's fair share, also in `waiting`)
 --   KEYS[6] byplugin (ZSET, score 0, member plugin \0 x \0 died-at(15) \0 id: each plugin's dead
