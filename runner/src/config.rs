@@ -426,7 +426,7 @@ pub fn parse_signed_ms(s: &str) -> Result<i64, String> {
     let d = parse_duration(rest)?.as_millis();
     let d = i64::try_from(d)
         .ok()
-        .filter(|d| *d <= crate::limits::MAX_DURATION_MS)
+        .filter(|d| *d <= eggtimer_base::limits::MAX_DURATION_MS)
         .ok_or_else(|| format!("{s:?} is longer than 10 years"))?;
     Ok(if neg { -d } else { d })
 }

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::executor::TaskHost;
 use crate::plugins::{PluginOptions, Plugins};
-use crate::store::Claimed;
+use eggtimer_store::Claimed;
 
 /// A store with nothing in it but placeholders for secrets.
 struct Empty;
@@ -53,7 +53,7 @@ pub async fn run(remote: &Client, id: &str, plugin: Option<&str>, wasm: &Path) -
         _ => t.attempts + 1,
     };
     let task = Claimed {
-        id: crate::store::task_key(&t.plugin, &t.id),
+        id: eggtimer_store::task_key(&t.plugin, &t.id),
         shard: 0,
         token: 0,
         effects_claim: 0,

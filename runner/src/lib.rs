@@ -2,7 +2,9 @@
 //! WebAssembly plugins. See ARCHITECTURE.md for the map of the modules.
 
 pub mod api;
-// the ground floor and the store are crates of their own, so neither can import a room above it
+// the ground floor and the store are crates of their own, so neither can import a room above it;
+// the runner's modules name them as `eggtimer_base` and `eggtimer_store`, these serve the crates
+// outside (the tests, the benchmark) under the paths they had
 pub use eggtimer_base::{access, clock, failpoint, limits, names, plugin_settings, policy};
 pub use eggtimer_store as store;
 pub mod cli;

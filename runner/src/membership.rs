@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::shards::Shards;
-use crate::store::{LeaseOp, RunnerInfo, Store};
+use eggtimer_store::{LeaseOp, RunnerInfo, Store};
 
 /// This runner in the namespace: its id and the shards it holds.
 pub struct Membership {

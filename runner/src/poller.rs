@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use crate::executor::{Executor, Reservation};
 use crate::pace::Pace;
 use crate::shards::{ShardSlot, Shards};
-use crate::store::{ClaimBatch, Heard, Store, revocation_of};
+use eggtimer_store::{ClaimBatch, Heard, Store, revocation_of};
 
 /// How often a claim is tried again while Redis is out of memory.
 const FULL_RETRY: Duration = Duration::from_millis(250);
@@ -276,7 +276,7 @@ impl ShardPoller {
     /// the whole claim: nothing changed, no attempt was used. While it is out of memory claims
     /// wait for memory; runs already claimed go on and record their outcomes.
     async fn back_off(&mut self, e: anyhow::Error) -> Result<(), Stopped> {
-        let delay = if crate::store::is_full(&e) {
+        let delay = if eggtimer_store::is_full(&e) {
             if !std::mem::replace(&mut self.full, true) {
                 warn!(
                     shard = self.shard,

@@ -20,7 +20,7 @@ use crate::membership::{self, Membership, MembershipOptions};
 use crate::metrics::Metrics;
 use crate::poller::{self, PollerOptions};
 use crate::shards::Shards;
-use crate::store::{STATS_BUCKET_MS, Store};
+use eggtimer_store::{STATS_BUCKET_MS, Store};
 
 /// Settings of a runner's task machinery.
 #[derive(Clone, Debug)]

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::plugins::{Budget, CompileLimits, PluginOptions, Plugins, Registry};
 use crate::poller::PollerOptions;
 use crate::runner::{Runner, RunnerOptions};
-use crate::store::{RedisTarget, Store, StoreOptions};
+use eggtimer_store::{RedisTarget, Store, StoreOptions};
 
 /// Runs `eggtimer serve` until SIGTERM or ctrl-c.
 pub fn main(args: ServeArgs) -> Result<()> {
@@ -113,10 +113,10 @@ async fn open_stores(
         match opened {
             Ok(stores) => return Ok(Some(stores)),
             // (a refusal, such as another shard count or data of an older build, is final)
-            Err(e) if crate::store::is_full(&e) => {
+            Err(e) if eggtimer_store::is_full(&e) => {
                 warn!("Redis is out of memory (maxmemory reached), retrying in {delay:?}: {e:#}")
             }
-            Err(e) if !crate::store::is_unreachable(&e) => return Err(e),
+            Err(e) if !eggtimer_store::is_unreachable(&e) => return Err(e),
             Err(e) => warn!("Redis is not reachable yet, retrying in {delay:?}: {e:#}"),
         }
         tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.changed() => return Ok(None) }
@@ -137,7 +137,7 @@ async fn serve(
         let _ = stop_tx.send(true);
     });
     if let Some(point) = args.failpoint.clone() {
-        crate::failpoint::arm(point);
+        eggtimer_base::failpoint::arm(point);
     }
     let target = RedisTarget::parse(&url)?;
     let store_opts = StoreOptions {
@@ -158,7 +158,7 @@ async fn serve(
         team_kv_bytes: args.team_kv_bytes as u64,
         team_emitted_bytes: args.team_emitted_bytes as u64,
         priority_aging_ms: args.priority_aging_ms,
-        clock: crate::clock::Clock::skewed(args.test_clock_skew_ms),
+        clock: eggtimer_base::clock::Clock::skewed(args.test_clock_skew_ms),
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?
     else {
@@ -207,7 +207,7 @@ async fn serve(
         "eggtimer listening on http://{addr} (namespace {}, {} shards, redis {}{})",
         args.namespace,
         store.shards(),
-        crate::store::redact(&url),
+        eggtimer_store::redact(&url),
         if private { ", private" } else { "" }
     );
     let http = http_rt.spawn(api::serve(
@@ -273,8 +273,8 @@ fn http_limits(args: &ServeArgs) -> HttpLimits {
 
 /// The secrets key: `--secrets-key-file`, else (with the private redis-server) one in the data
 /// dir, made on first start; else none (secrets can't be set or read).
-fn secrets_key(args: &ServeArgs, private: bool) -> Result<Option<crate::store::SecretsKey>> {
-    use crate::store::SecretsKey;
+fn secrets_key(args: &ServeArgs, private: bool) -> Result<Option<eggtimer_store::SecretsKey>> {
+    use eggtimer_store::SecretsKey;
     match (&args.secrets_key_file, private) {
         (Some(path), _) => SecretsKey::read(path).map(Some),
         (None, true) => SecretsKey::read_or_create(&args.data_dir.join("secrets.key")).map(Some),
@@ -282,7 +282,7 @@ fn secrets_key(args: &ServeArgs, private: bool) -> Result<Option<crate::store::S
     }
 }
 
-fn plugin_options(args: &ServeArgs, clock: &crate::clock::Clock) -> Result<PluginOptions> {
+fn plugin_options(args: &ServeArgs, clock: &eggtimer_base::clock::Clock) -> Result<PluginOptions> {
     Ok(PluginOptions {
         timeout: args.plugin_timeout,
         check_timeout: args.check_timeout,
@@ -383,7 +383,7 @@ fn app_state(
             let s = runners_store.clone();
             Box::pin(async move {
                 let infos = s.runners().await?;
-                let infos: Vec<crate::store::RunnerInfo> = infos
+                let infos: Vec<eggtimer_store::RunnerInfo> = infos
                     .iter()
                     .filter_map(|i| serde_json::from_str(i).ok())
                     .collect();

@@ -26,8 +26,8 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 use super::AppState;
 use super::error::{ApiError, Concerns};
-use crate::access::{Caller, KeyRecord, Role, secret_hash};
-use crate::store::{AuditEntry, Store};
+use eggtimer_base::access::{Caller, KeyRecord, Role, secret_hash};
+use eggtimer_store::{AuditEntry, Store};
 
 /// How long a runner trusts what it read of a key (a revocation reaches every runner within it).
 pub const KEY_CACHE: Duration = Duration::from_millis(500);
@@ -431,7 +431,7 @@ fn entry(st: &AppState, caller: Option<&Caller>, said: &Said, res: &Response) ->
                 .query
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("plugin="))?;
-            crate::names::valid_plugin_name(p).then(|| p.to_owned())
+            eggtimer_base::names::valid_plugin_name(p).then(|| p.to_owned())
         })
         .unwrap_or_default();
     AuditEntry {

@@ -177,7 +177,7 @@ pub mod field {
     use serde::de::{Deserializer, Error};
     use serde_json::value::RawValue;
 
-    use crate::limits;
+    use eggtimer_base::limits;
 
     fn raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
         Option::<&'de RawValue>::deserialize(d)

@@ -12,8 +12,8 @@ use super::fields::{
     MAX_CONCURRENCY, MAX_MEMORY_BYTES, MAX_PENDING, MAX_TIME_LIMIT_MS, MAX_WEIGHT,
     MIN_MEMORY_BYTES, RateLimitBody, Setting, given, ranged, rate,
 };
-use crate::access::Caller;
-use crate::plugin_settings::{Ceilings, DEFAULT_MAX_PENDING};
+use eggtimer_base::access::Caller;
+use eggtimer_base::plugin_settings::{Ceilings, DEFAULT_MAX_PENDING};
 
 /// An admin's ceilings on a plugin's limits (each field as in the settings).
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -154,7 +154,7 @@ pub(super) async fn key_share(
 /// what a plugin may be set back to is what the key lent it, never more.
 pub(super) fn share_given_back(
     caller: &Caller,
-    settings: &crate::plugin_settings::PluginSettings,
+    settings: &eggtimer_base::plugin_settings::PluginSettings,
     changes: &[(&'static str, serde_json::Value)],
 ) -> Option<(&'static str, serde_json::Value)> {
     caller.limits.max_pending?;
@@ -209,8 +209,8 @@ pub fn internal(origin: &str, also: &[String]) -> bool {
 mod tests {
     use super::super::settings::Caps;
     use super::super::settings::tests::{CAPS, NONE, developer, patch};
-    use crate::access::Caller;
-    use crate::plugin_settings::PluginSettings;
+    use eggtimer_base::access::Caller;
+    use eggtimer_base::plugin_settings::PluginSettings;
 
     #[test]
     fn a_developer_sets_values_under_the_admins_ceilings_and_never_the_ceilings() {

@@ -15,7 +15,7 @@ use tokio::sync::OnceCell;
 
 use super::body::ApiResult;
 use super::error::ApiError;
-use crate::store::Store;
+use eggtimer_store::Store;
 
 /// How many reads of an index one page may take to fill up; past them the page is returned
 /// short, with a cursor to go on from.

@@ -16,8 +16,8 @@ use super::params::{
 };
 use super::task_ref::{OfPlugin, TaskPath};
 use crate::api::auth::Who;
-use crate::store::DeadAction;
-use crate::store::TaskRecord;
+use eggtimer_store::DeadAction;
+use eggtimer_store::TaskRecord;
 
 /// `GET /v1/dead?limit=&cursor=`.
 #[utoipa::path(get, path = "/v1/dead", tag = "dead letters", params(PageQuery),

@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 use super::body::ApiResult;
 use super::checks::failed;
 use super::{ApiError, AppState};
-use crate::plugin_settings::PluginEntry;
 use crate::plugins::Loaded;
+use eggtimer_base::plugin_settings::PluginEntry;
 
 /// Payloads one check call reads (each call has the plugin's time limit).
 const CHECK_CHUNK: usize = 500;
@@ -128,7 +128,7 @@ pub async fn make_current(
             return Err(incompatible(target, &found));
         }
     }
-    use crate::store::Promoted as P;
+    use eggtimer_store::Promoted as P;
     match st
         .registry
         .promote(&target.name, target.version, expected)

@@ -12,7 +12,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder, ResponsesBuilder};
 use utoipa::{IntoResponses, ToSchema};
 
 use super::fields::RateLimitBody;
-use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
+use eggtimer_base::limits::{MAX_DURATION_MS, MAX_TIME_MS};
 
 /// The error body of every 4xx and 5xx.
 #[derive(Serialize, ToSchema)]
@@ -96,7 +96,7 @@ pub struct ScheduledTask {
 pub struct MetEvent {
     pub topic: String,
     pub key: String,
-    pub then: crate::store::Then,
+    pub then: eggtimer_store::Then,
 }
 
 /// What a dry run did (nothing of it applied).
@@ -113,7 +113,7 @@ pub struct DryRunReply {
     pub outcome: Value,
     pub took_ms: f64,
     /// What it logged and printed.
-    pub log: Vec<crate::store::LogLine>,
+    pub log: Vec<eggtimer_store::LogLine>,
     /// What it would have done: `{"follow_ups": [{"id", "plugin", "payload", "run_at", "owner"}],
     /// "cancels": [id], "kv": [{"set", "value", "ttl_ms"} | {"delete"}], "events": [{"topic",
     /// "data"}], "http": [{"method", "url", "headers", "body"}]}` (requests recorded, not sent).
@@ -183,7 +183,7 @@ pub struct Shifted {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct DeadPage {
-    pub tasks: Vec<crate::store::TaskRecord>,
+    pub tasks: Vec<eggtimer_store::TaskRecord>,
     /// Pass back as `cursor` for the next page; null at the end.
     pub next_cursor: Option<String>,
 }
@@ -228,7 +228,7 @@ pub struct PluginDetail {
     #[schema(value_type = Option<Object>)]
     pub payload_schema: Option<serde_json::Value>,
     /// Versions newest first, candidates included.
-    pub history: Vec<crate::plugin_settings::PluginEntry>,
+    pub history: Vec<eggtimer_base::plugin_settings::PluginEntry>,
 }
 
 /// A plugin's current version and its settings.
@@ -253,11 +253,11 @@ pub struct PluginInfo {
     pub max_concurrency_per_owner: Option<u32>,
     /// At most `max` starts in any `per_ms` ms across all runners (null: no limit).
     #[schema(value_type = Option<RateLimitBody>)]
-    pub rate_limit: Option<crate::plugin_settings::RateLimit>,
+    pub rate_limit: Option<eggtimer_base::plugin_settings::RateLimit>,
     /// At most `max` starts of one owner's tasks in any `per_ms` ms across all runners (null: no
     /// limit).
     #[schema(value_type = Option<RateLimitBody>)]
-    pub owner_rate_limit: Option<crate::plugin_settings::RateLimit>,
+    pub owner_rate_limit: Option<eggtimer_base::plugin_settings::RateLimit>,
     /// The plugin's share of workers when plugins compete, against the others' (default 1).
     pub weight: u32,
     /// Plugins whose tasks it may schedule and cancel besides its own (default none).
@@ -282,7 +282,7 @@ pub struct PluginInfo {
     pub config: std::collections::BTreeMap<String, String>,
     /// An admin's ceilings on its limits (`{}`: none); the limits above are the values that
     /// apply, each held under its ceiling.
-    pub ceilings: crate::plugin_settings::Ceilings,
+    pub ceilings: eggtimer_base::plugin_settings::Ceilings,
 }
 
 /// A plugin pattern: a plugin name, a prefix ending in `*` (`order-*`), or `*` for every plugin.
@@ -379,7 +379,7 @@ pub struct AllowedOrigin(String);
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct TaskPage {
-    pub tasks: Vec<crate::store::TaskRecord>,
+    pub tasks: Vec<eggtimer_store::TaskRecord>,
     /// Pass back as `cursor` for the next page; null at the end (a page may be short before it).
     pub next_cursor: Option<String>,
 }
@@ -445,14 +445,14 @@ pub struct Ok {
 
 // the bounds in the schemas are the limits module's
 const _: () = assert!(MAX_TIME_MS == 253402300799999 && MAX_DURATION_MS == 315360000000);
-const _: () = assert!(crate::limits::MAX_ATTEMPTS == 1000);
+const _: () = assert!(eggtimer_base::limits::MAX_ATTEMPTS == 1000);
 const _: () = assert!(super::fields::MAX_WEIGHT == 1000);
 const _: () =
     assert!(super::fields::MAX_RATE == 1000000 && super::fields::MAX_RATE_WINDOW_MS == 86400000);
 const _: () = assert!(super::fields::MAX_TIME_LIMIT_MS == 3600000);
 const _: () = assert!(
-    crate::store::MAX_MAX_PENDING == 1000000000
-        && crate::plugin_settings::DEFAULT_MAX_PENDING == 1000000
+    eggtimer_store::MAX_MAX_PENDING == 1000000000
+        && eggtimer_base::plugin_settings::DEFAULT_MAX_PENDING == 1000000
 );
 const _: () = assert!(
     super::fields::MIN_MEMORY_BYTES == 1048576

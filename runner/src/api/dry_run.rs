@@ -27,7 +27,7 @@ use super::task_ref::{OfPlugin, TaskPath};
 use crate::api::auth::Who;
 use crate::executor::{Outcome, StoreHost, TaskHost};
 use crate::plugins::{DryRun, HttpAnswer};
-use crate::store::{Claimed, KvWrite, TaskRecord, TaskState, decode_log};
+use eggtimer_store::{Claimed, KvWrite, TaskRecord, TaskState, decode_log};
 
 /// Canned answers a dry run may be given.
 const MAX_CANNED: usize = 100;

@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::limits::OutOfBounds;
+use eggtimer_base::limits::OutOfBounds;
 
 /// An error reply.
 #[derive(Debug)]
@@ -79,8 +79,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::names::BadName> for ApiError {
-    fn from(e: crate::names::BadName) -> Self {
+impl From<eggtimer_base::names::BadName> for ApiError {
+    fn from(e: eggtimer_base::names::BadName) -> Self {
         ApiError::bad(e.0)
     }
 }
@@ -102,10 +102,10 @@ pub const FULL_MESSAGE: &str = "Redis is out of memory (maxmemory reached): noth
 /// the details in the log.
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
-        if crate::store::is_full(&e) {
+        if eggtimer_store::is_full(&e) {
             tracing::warn!("redis is out of memory: {e:#}");
             ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "redis_full", FULL_MESSAGE)
-        } else if crate::store::is_unreachable(&e) {
+        } else if eggtimer_store::is_unreachable(&e) {
             tracing::warn!("redis unreachable: {e:#}");
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -127,8 +127,8 @@ impl From<anyhow::Error> for ApiError {
 /// concerning its plugin where it has one.
 impl From<crate::tasks::Refusal> for ApiError {
     fn from(r: crate::tasks::Refusal) -> Self {
-        use crate::store::Refused;
         use crate::tasks::{Refusal, Unchecked};
+        use eggtimer_store::Refused;
         let r = match r {
             Refusal::Failed(e) => return e.into(),
             r => r,

@@ -12,8 +12,8 @@ use utoipa::openapi::{Ref, RefOr, schema};
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
 use crate::api::auth::Who;
-use crate::names::Topic;
-use crate::store::{Debounce, Event, Listener};
+use eggtimer_base::names::Topic;
+use eggtimer_store::{Debounce, Event, Listener};
 
 /// Most events one request publishes.
 pub const MAX_EVENTS: usize = 1000;
@@ -114,7 +114,7 @@ pub async fn publish(
     let mut events = Vec::with_capacity(ins.len());
     for e in ins {
         let data = e.data.map_or("null", |d| d.get());
-        crate::limits::payload("data", data, st.max_payload_bytes)
+        eggtimer_base::limits::payload("data", data, st.max_payload_bytes)
             .map_err(|e| ApiError::too_large(e.0))?;
         events.push(Event {
             topic: topic.to_string(),
@@ -148,7 +148,7 @@ pub struct ListenSpec {
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
     )]
     key: String,
-    then: crate::store::Then,
+    then: eggtimer_store::Then,
 }
 
 /// A debounce: the task's id is its key.
@@ -202,13 +202,16 @@ impl Reacts {
         if on.len() > 8 {
             return Err(ApiError::bad(format!("{at}on lists more than 8 events")));
         }
-        if let Some(l) = on.iter().find(|l| !crate::names::valid_topic(&l.topic)) {
+        if let Some(l) = on
+            .iter()
+            .find(|l| !eggtimer_base::names::valid_topic(&l.topic))
+        {
             return Err(ApiError::bad(format!(
                 "{at}on: {:?} is not a topic (1 to 64 of a-z 0-9 . _ -)",
                 l.topic
             )));
         }
-        let lookback_ms = lookback_ms.map_or(crate::store::DEFAULT_LOOKBACK_MS, |l| l as u64);
+        let lookback_ms = lookback_ms.map_or(eggtimer_store::DEFAULT_LOOKBACK_MS, |l| l as u64);
         if lookback_ms > max_lookback {
             // well-formed, but this runner keeps events for less
             return Err(ApiError::new(
@@ -246,7 +249,7 @@ impl Reacts {
                 }
                 Some((
                     d.key,
-                    crate::store::Debounce {
+                    eggtimer_store::Debounce {
                         quiet_ms: d.quiet_ms as u64,
                         max_wait_ms: d.max_wait_ms as u64,
                     },

@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde::de::{Deserializer, Error};
 use serde_json::value::RawValue;
 
-use crate::plugin_settings::RateLimit;
-use crate::store::MAX_MAX_PENDING;
+use eggtimer_base::plugin_settings::RateLimit;
+use eggtimer_store::MAX_MAX_PENDING;
 
 /// The largest weight a plugin may have (the smallest is 1, every plugin's default).
 pub const MAX_WEIGHT: i64 = 1000;

@@ -14,9 +14,9 @@ use super::doc;
 use super::error::ApiError;
 use super::params::{check_owner, page_limit_of, plugin_filter};
 use crate::api::auth::Who;
-use crate::limits;
-use crate::names::PluginName;
-use crate::store::{FindCursor, FindQuery, TaskRecord, TaskState};
+use eggtimer_base::limits;
+use eggtimer_base::names::PluginName;
+use eggtimer_store::{FindCursor, FindQuery, TaskRecord, TaskState};
 
 /// The filters of `GET /v1/tasks` (all optional; they combine).
 #[derive(Deserialize, utoipa::IntoParams)]

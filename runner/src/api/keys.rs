@@ -12,13 +12,13 @@ use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::ApiError;
 use super::params::page_limit_of;
-use crate::access::{
+use crate::api::auth::Who;
+use eggtimer_base::access::{
     KeyLimits, KeyRecord, MAX_PATTERNS, MAX_TASK_BYTES, Role, new_secret, secret_hash,
 };
-use crate::api::auth::Who;
-use crate::limits;
-use crate::names::valid_pattern;
-use crate::store::{AuditEntry, MAX_MAX_PENDING};
+use eggtimer_base::limits;
+use eggtimer_base::names::valid_pattern;
+use eggtimer_store::{AuditEntry, MAX_MAX_PENDING};
 
 /// Most a key's `max_plugins` may be.
 const MAX_PLUGINS_OF_KEY: u64 = 100_000;
@@ -211,7 +211,7 @@ pub async fn key_create(
             kv_bytes,
             emitted_bytes,
         },
-        topics: crate::access::TopicRights {
+        topics: eggtimer_base::access::TopicRights {
             publish: k.publish,
             listen: k.listen,
             streams: k.streams,
@@ -260,7 +260,10 @@ fn check_topics(field: &str, list: &[String]) -> ApiResult<()> {
             "{field} lists more than {MAX_PATTERNS} patterns"
         )));
     }
-    if let Some(p) = list.iter().find(|p| !crate::names::valid_topic_pattern(p)) {
+    if let Some(p) = list
+        .iter()
+        .find(|p| !eggtimer_base::names::valid_topic_pattern(p))
+    {
         return Err(ApiError::bad(format!(
             "{field}: {p:?} is not a topic pattern (a topic of 1 to 64 of a-z 0-9 . _ -, a prefix ending in `*`, or `*`)"
         )));
@@ -275,7 +278,7 @@ fn check_streams(streams: &[String]) -> ApiResult<()> {
             "streams lists more than {MAX_PATTERNS} patterns"
         )));
     }
-    if let Some(p) = streams.iter().find(|p| !crate::limits::id_like(p)) {
+    if let Some(p) = streams.iter().find(|p| !eggtimer_base::limits::id_like(p)) {
         return Err(ApiError::bad(format!(
             "streams: {p:?} is not a stream pattern (a stream name, a prefix ending in `*`, or `*`: 1 to 200 bytes without control characters)"
         )));

@@ -50,10 +50,10 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::access::Role;
 use auth::Roles;
 pub use auth::{Access, KEY_CACHE};
 pub use cursor::Cursors;
+use eggtimer_base::access::Role;
 pub use error::ApiError;
 pub use ops::ScrapeCache;
 pub use server::{HttpLimits, serve};
@@ -61,7 +61,7 @@ pub use task_spec::MAX_BATCH;
 
 use crate::metrics::Metrics;
 use crate::plugins::Registry;
-use crate::store::Store;
+use eggtimer_store::Store;
 
 /// What the handlers share.
 #[derive(Clone)]

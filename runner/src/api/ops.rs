@@ -12,11 +12,11 @@ use super::body::ApiResult;
 use super::doc;
 use super::error::{ApiError, FULL_MESSAGE};
 use crate::metrics::Gauges;
-use crate::store::ShardCounts;
+use eggtimer_store::ShardCounts;
 
 /// `GET /v1/runners`: the live runners of the namespace.
 #[utoipa::path(get, path = "/v1/runners", tag = "operations",
-    responses((status = 200, description = "live runners", body = Vec<crate::store::RunnerInfo>), doc::Errors),
+    responses((status = 200, description = "live runners", body = Vec<eggtimer_store::RunnerInfo>), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn runners(State(st): State<AppState>) -> ApiResult<Response> {
     Ok(axum::Json((st.runners)().await?).into_response())

@@ -17,15 +17,15 @@ use super::params::{
     page_limit, page_place, plugin_filter,
 };
 use super::tasks::SMALL_BODY;
-use crate::access::Caller;
 use crate::api::auth::Who;
-use crate::store::TaskRecord;
+use eggtimer_base::access::Caller;
+use eggtimer_store::TaskRecord;
 
 /// `GET /v1/owners/{owner}/tasks?limit=&cursor=`: a page of the owner's scheduled tasks (an
 /// array, soonest first); `X-Next-Cursor` names the next page when there may be one.
 #[utoipa::path(get, path = "/v1/owners/{owner}/tasks", tag = "owners", params(OwnerName, PageQuery),
     responses((status = 200, description = "a page of the owner's scheduled tasks",
-        body = Vec<crate::store::TaskRecord>,
+        body = Vec<eggtimer_store::TaskRecord>,
         headers(("x-next-cursor" = String, description = "the cursor of the next page, when there may be one"))),
         doc::Errors),
     security((), ("bearer" = [])))]
@@ -134,7 +134,10 @@ pub struct OwnerPaused {
 }
 
 /// The plugin an owner's pause or resume names: an empty body, `null`, `{}` or `{"plugin"}`.
-fn pause_plugin(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Option<crate::names::PluginName>> {
+fn pause_plugin(
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> ApiResult<Option<eggtimer_base::names::PluginName>> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -251,7 +254,7 @@ pub async fn owner_weight_put(
     let weight = b.weight.flatten().map(|w| w as u32);
     super::plugins::current(&st, &name).await?;
     if let Some(w) = weight
-        && caller.role < crate::access::Role::Admin
+        && caller.role < eggtimer_base::access::Role::Admin
     {
         let ceiling = st
             .store

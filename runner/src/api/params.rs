@@ -4,8 +4,8 @@ use serde::Deserialize;
 
 use super::body::ApiResult;
 use super::error::ApiError;
-use crate::limits;
-use crate::names::{Owner, PluginName};
+use eggtimer_base::limits;
+use eggtimer_base::names::{Owner, PluginName};
 
 /// Most tasks of one page of an owner's tasks.
 pub const MAX_PAGE: usize = 1000;
@@ -109,7 +109,7 @@ pub async fn page_cursor(
                 return Err(bad());
             }
             let t = t.parse::<i64>().map_err(|_| bad())?;
-            limits::id("cursor", crate::store::public_id(id)).map_err(|_| bad())?;
+            limits::id("cursor", eggtimer_store::public_id(id)).map_err(|_| bad())?;
             Ok(Some((t, id.to_owned())))
         }
     }

@@ -12,10 +12,10 @@ use super::body::{self, ApiResult};
 use super::doc;
 use super::error::ApiError;
 use super::settings::{Caps, PluginPatch};
-use crate::access::Caller;
 use crate::api::auth::Who;
-use crate::names::valid_plugin_name;
-use crate::plugin_settings::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings};
+use eggtimer_base::access::Caller;
+use eggtimer_base::names::valid_plugin_name;
+use eggtimer_base::plugin_settings::{DEFAULT_MAX_PENDING, PluginEntry, PluginSettings};
 
 /// A plugin name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -355,7 +355,7 @@ pub async fn plugin_get(
 /// tasks as an upload; two rollbacks come back. A version 0.2.0 made current has no
 /// `previous`: its rollback takes the newest version before it that is not a candidate.
 #[utoipa::path(post, path = "/v1/plugins/{name}/rollback", tag = "plugins", params(PluginName, ForceQuery),
-    responses((status = 200, description = "the version now current", body = crate::plugin_settings::PluginEntry), doc::Errors),
+    responses((status = 200, description = "the version now current", body = eggtimer_base::plugin_settings::PluginEntry), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_rollback(
     State(st): State<AppState>,
@@ -399,7 +399,7 @@ pub struct PromoteBody {
 /// same check of the waiting tasks as an upload.
 #[utoipa::path(post, path = "/v1/plugins/{name}/promote", tag = "plugins", params(PluginName, ForceQuery),
     request_body(content = PromoteBody, content_type = "application/json"),
-    responses((status = 200, description = "the version now current", body = crate::plugin_settings::PluginEntry), doc::Errors),
+    responses((status = 200, description = "the version now current", body = eggtimer_base::plugin_settings::PluginEntry), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn plugin_promote(
     State(st): State<AppState>,
@@ -460,7 +460,7 @@ pub async fn plugin_delete(
     Query(q): Query<DeleteQuery>,
 ) -> ApiResult<Response> {
     check_name(&caller, &name)?;
-    let plugin = crate::names::PluginName::new("plugin", name.as_str())?;
+    let plugin = eggtimer_base::names::PluginName::new("plugin", name.as_str())?;
     let cancel = match q.tasks.as_deref() {
         None => false,
         Some("cancel") => true,
@@ -490,7 +490,7 @@ pub async fn plugin_delete(
     for row in st.store.schedule_list().await? {
         if super::schedules::plugin_of(&row) == name {
             st.store
-                .schedule_op(&row.id, crate::store::ScheduleOp::Delete)
+                .schedule_op(&row.id, eggtimer_store::ScheduleOp::Delete)
                 .await?;
         }
     }

@@ -14,11 +14,11 @@ use super::auth::plugin_in_scope;
 use super::body::{self, ApiResult, field};
 use super::doc;
 use super::error::{ApiError, Concerns};
-use crate::access::Caller;
 use crate::api::auth::Who;
-use crate::limits;
 use crate::recurring::{Overlap, ScheduleDef};
-use crate::store::{ScheduleOp, SchedulePut, ScheduleRow};
+use eggtimer_base::access::Caller;
+use eggtimer_base::limits;
+use eggtimer_store::{ScheduleOp, SchedulePut, ScheduleRow};
 
 /// Longest schedule id: its firings are `<id>@<ms>`, which must stay a valid task id.
 const MAX_SCHEDULE_ID: usize = 184;
@@ -177,7 +177,7 @@ fn view(row: &ScheduleRow, upcoming: usize) -> ApiResult<doc::ScheduleInfo> {
         last_task_id: row
             .last
             .as_deref()
-            .map(|k| crate::store::public_id(k).to_owned()),
+            .map(|k| eggtimer_store::public_id(k).to_owned()),
         upcoming,
     })
 }

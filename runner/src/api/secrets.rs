@@ -11,7 +11,7 @@ use super::doc;
 use super::error::ApiError;
 use super::plugins::check_name;
 use crate::api::auth::Who;
-use crate::store::{MAX_SECRET_CHARS, valid_secret_name};
+use eggtimer_store::{MAX_SECRET_CHARS, valid_secret_name};
 
 /// A plugin name and a secret's name in the path.
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -117,7 +117,7 @@ pub async fn secret_delete(
 
 /// `GET /v1/plugins/{name}/secrets`: the names of the plugin's secrets and when each was set.
 #[utoipa::path(get, path = "/v1/plugins/{name}/secrets", tag = "plugins", params(super::plugins::PluginName),
-    responses((status = 200, description = "names, never values", body = Vec<crate::store::SecretInfo>), doc::Errors),
+    responses((status = 200, description = "names, never values", body = Vec<eggtimer_store::SecretInfo>), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn secret_list(
     State(st): State<AppState>,

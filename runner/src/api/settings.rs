@@ -17,9 +17,9 @@ use super::fields::{
     MAX_PENDING, MAX_TIME_LIMIT_MS, MAX_WEIGHT, MIN_MEMORY_BYTES, RateLimitBody, Setting, given,
     ranged, rate,
 };
-use crate::access::{Caller, MAX_PATTERNS, Role};
-use crate::names::{covers, valid_pattern};
-use crate::plugin_settings::{Ceilings, DEFAULT_MAX_PENDING, PluginSettings};
+use eggtimer_base::access::{Caller, MAX_PATTERNS, Role};
+use eggtimer_base::names::{covers, valid_pattern};
+use eggtimer_base::plugin_settings::{Ceilings, DEFAULT_MAX_PENDING, PluginSettings};
 
 /// A plugin's settings to change (those given; none: nothing changes).
 #[derive(Deserialize, utoipa::ToSchema)]

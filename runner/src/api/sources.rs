@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::body::{self, ApiResult, field};
 use super::{ApiError, AppState, doc};
 use crate::api::auth::Who;
-use crate::store::Source;
+use eggtimer_store::Source;
 
 /// A source to add.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -68,13 +68,13 @@ pub async fn source_add(
     body::require_content_type(&headers, "application/json")?;
     let bytes = body::read(body, 64 << 10).await?;
     let n: NewSource = body::typed(body::raw(&bytes)?)?;
-    if !crate::names::valid_plugin_name(&n.name) {
+    if !eggtimer_base::names::valid_plugin_name(&n.name) {
         return Err(ApiError::bad(format!(
             "{:?} is not a source name: 1 to 64 of a-z 0-9 -",
             n.name
         )));
     }
-    if !crate::names::valid_topic(&n.topic) {
+    if !eggtimer_base::names::valid_topic(&n.topic) {
         return Err(ApiError::bad(format!(
             "{:?} is not a topic: 1 to 64 of a-z 0-9 . _ -",
             n.topic
@@ -119,7 +119,7 @@ pub async fn source_add(
                 return Err(ApiError::forbidden(why));
             }
             let emitted = n.emitted.as_deref().unwrap_or(&n.topic);
-            if !crate::names::valid_topic(emitted) {
+            if !eggtimer_base::names::valid_topic(emitted) {
                 return Err(ApiError::bad(format!(
                     "{emitted:?} is not a topic: 1 to 64 of a-z 0-9 . _ -"
                 )));

@@ -15,7 +15,7 @@ use super::doc;
 use super::error::ApiError;
 use crate::api::auth::Who;
 use crate::metrics::{LATENESS_BUCKETS, lateness_quantile};
-use crate::store::STATS_BUCKET_MS;
+use eggtimer_store::STATS_BUCKET_MS;
 
 /// What one shard holds now.
 #[derive(Serialize, ToSchema)]
@@ -77,7 +77,7 @@ pub async fn stats(State(st): State<AppState>, Who(caller): Who) -> ApiResult<ax
     names.sort();
     let plugins = st.store.plugin_counts(&names).await?;
     let due = st.store.due_histogram(now, 60_000, 60).await?;
-    let sum = |f: fn(&crate::store::ShardCounts) -> u64| counts.iter().map(f).sum();
+    let sum = |f: fn(&eggtimer_store::ShardCounts) -> u64| counts.iter().map(f).sum();
     Ok(axum::Json(Stats {
         now,
         scheduled: sum(|c| c.scheduled),
@@ -278,7 +278,7 @@ pub async fn events(
     Path(topic): Path<String>,
     Query(q): Query<EventParams>,
 ) -> ApiResult<axum::Json<Vec<Event>>> {
-    let topic = crate::names::Topic::new(topic)?;
+    let topic = eggtimer_base::names::Topic::new(topic)?;
     let limit = super::params::page_limit_of(q.limit.as_deref(), 50)?;
     let plugin = super::params::plugin_filter(q.plugin)?;
     let plugins = st

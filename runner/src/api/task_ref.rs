@@ -6,8 +6,8 @@ use serde::Deserialize;
 
 use super::body::ApiResult;
 use super::params::plugin_filter;
-use crate::names::{PluginName, TaskId};
 use crate::tasks::Named;
+use eggtimer_base::names::{PluginName, TaskId};
 
 /// The plugin whose task the path's id names.
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -10,8 +10,8 @@ use utoipa::openapi::{Ref, RefOr, schema};
 use super::AppState;
 use super::body::{self, ApiResult, field};
 use super::error::ApiError;
-use crate::limits;
-use crate::store::NewTask;
+use eggtimer_base::limits;
+use eggtimer_store::NewTask;
 
 // The body of `POST /v1/tasks` (or one element of its array). Each field is read and bounded as
 // it is parsed, so an error names it (`[3].plugin`).

@@ -18,8 +18,8 @@ use super::params::{TaskId, check_id};
 use super::task_ref::{OfPlugin, TaskPath};
 use super::task_spec::{parse_specs, traceparent_header};
 use crate::api::auth::Who;
-use crate::store::{Debounced, Met, Move, NewTask};
 use crate::tasks::Written;
+use eggtimer_store::{Debounced, Met, Move, NewTask};
 
 /// Largest body of the small JSON routes (PATCH, shift).
 pub(super) const SMALL_BODY: usize = 64 << 10;
@@ -61,7 +61,7 @@ fn scheduled(specs: &[NewTask], met: Vec<Met>, single: bool) -> Response {
             id: t.id.clone(),
             run_at: t.run_at,
             met: met
-                .remove(&crate::store::task_key(&t.plugin, &t.id))
+                .remove(&eggtimer_store::task_key(&t.plugin, &t.id))
                 .map(|m| doc::MetEvent {
                     topic: m.topic,
                     key: m.key,
@@ -107,7 +107,7 @@ fn debounced(specs: &[NewTask], verdicts: &[Debounced], single: bool) -> Respons
 
 /// `GET /v1/tasks/{id}`.
 #[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId, OfPlugin),
-    responses((status = 200, description = "the task", body = crate::store::TaskRecord), doc::Errors),
+    responses((status = 200, description = "the task", body = eggtimer_store::TaskRecord), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn get_task(
     State(st): State<AppState>,
@@ -136,7 +136,7 @@ struct MoveFields {
 /// `PATCH /v1/tasks/{id}`: `{"run_at"}` or `{"shift_ms"}`.
 #[utoipa::path(patch, path = "/v1/tasks/{id}", tag = "tasks", params(TaskId, OfPlugin),
     request_body(content = doc::MoveBody, content_type = "application/json"),
-    responses((status = 200, description = "moved", body = crate::store::TaskRecord), doc::Errors),
+    responses((status = 200, description = "moved", body = eggtimer_store::TaskRecord), doc::Errors),
     security((), ("bearer" = [])))]
 pub async fn move_task(
     State(st): State<AppState>,

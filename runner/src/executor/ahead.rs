@@ -19,7 +19,7 @@ use tracing::warn;
 
 use super::Executor;
 use super::share::Slot;
-use crate::store::Claimed;
+use eggtimer_store::Claimed;
 
 /// The tasks claimed ahead waiting for their due time, by shard and task key: each with its
 /// slot and the instant it may start.

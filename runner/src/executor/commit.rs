@@ -6,9 +6,9 @@ use std::time::Duration;
 use tracing::{Instrument, Span, debug, info_span};
 
 use super::{Effects, Executor};
-use crate::store::{Claimed, Committed};
 use crate::tasks::Refusal;
 use crate::trace;
+use eggtimer_store::{Claimed, Committed};
 
 /// Why a run's effects were not committed.
 pub(super) enum NotCommitted {

@@ -14,8 +14,8 @@ use super::held::Held;
 use super::{FINISH_GROUP, FINISH_WAIT};
 use crate::metrics::Metrics;
 use crate::pace::Pace;
-use crate::store::{Finish, Finished, Store};
 use crate::trace;
+use eggtimer_store::{Finish, Finished, Store};
 
 /// An outcome waiting for the finisher; its slot is freed once it is recorded.
 pub(super) struct Pending {

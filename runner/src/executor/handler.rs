@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::store::{AttemptLog, Claimed, NewTask, NsEffects};
+use eggtimer_store::{AttemptLog, Claimed, NewTask, NsEffects};
 
 /// What a handler decided about its task.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,8 +49,8 @@ impl Effects {
             .kv
             .iter()
             .map(|w| match w {
-                crate::store::KvWrite::Set { key, value, .. } => key.len() + value.len(),
-                crate::store::KvWrite::Delete { key } => key.len(),
+                eggtimer_store::KvWrite::Set { key, value, .. } => key.len() + value.len(),
+                eggtimer_store::KvWrite::Delete { key } => key.len(),
             })
             .sum();
         let events: usize = self.ns.events.iter().map(|(t, d)| t.len() + d.len()).sum();

@@ -10,7 +10,7 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::{Semaphore, watch};
 use tracing::warn;
 
-use crate::store::{Claimed, Store};
+use eggtimer_store::{Claimed, Store};
 
 /// A claim held: its token, an instant before the request that last set its lease (the claim
 /// or a renewal), so the lease runs at least until that instant + the lease, and when the claim's

@@ -6,7 +6,7 @@
 use tracing::{debug, warn};
 
 use super::Executor;
-use crate::store::{Claimed, Finish, SlotWaiter, SlotsOf, Store};
+use eggtimer_store::{Claimed, Finish, SlotWaiter, SlotsOf, Store};
 
 /// How long after an upload a runner that has not loaded the plugin yet puts its tasks back
 /// instead of failing them (a compile takes seconds for a large plugin).
@@ -107,7 +107,7 @@ impl Executor {
             Ok(wait) => {
                 let after_ms = i64::try_from(wait)
                     .unwrap_or(i64::MAX)
-                    .min(crate::limits::MAX_DURATION_MS);
+                    .min(eggtimer_base::limits::MAX_DURATION_MS);
                 Some(Finish::Defer { after_ms })
             }
             Err(e) => {

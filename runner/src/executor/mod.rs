@@ -57,8 +57,8 @@ use share::{Shares, StartQueue};
 
 use crate::counted::Counted;
 use crate::metrics::Metrics;
-use crate::store::{Claimed, Store};
 use crate::trace;
+use eggtimer_store::{Claimed, Store};
 
 /// A panic's message (its payload when that is a string).
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -505,7 +505,7 @@ mod tests {
     #[test]
     fn effects_with_only_reads_write_nothing() {
         let mut fx = Effects::default();
-        fx.ns.reads.push(crate::store::KvRead {
+        fx.ns.reads.push(eggtimer_store::KvRead {
             key: "k".into(),
             sha1: None,
         });

@@ -12,8 +12,8 @@ use super::Executor;
 use super::commit::NotCommitted;
 use super::handler::Outcome;
 use super::limits::SlotWait;
-use crate::store::{AttemptLog, Claimed, Finish, SlotsOf};
 use crate::trace;
+use eggtimer_store::{AttemptLog, Claimed, Finish, SlotsOf};
 
 /// Retry backoff: `base · 2^(attempt−1)`, capped, with jitter in its upper half. Pure.
 pub fn backoff_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit_random: f64) -> u64 {
@@ -180,14 +180,14 @@ impl Executor {
     fn finish_of(&self, task: &Claimed, outcome: Outcome) -> Finish {
         match outcome {
             Outcome::Done => Finish::Done,
-            Outcome::RunAgainAt(at) => match crate::limits::time("run_again_at", at) {
+            Outcome::RunAgainAt(at) => match eggtimer_base::limits::time("run_again_at", at) {
                 Ok(at) => Finish::Again { at },
                 Err(e) => self.retry(task, format!("the handler's outcome is out of bounds: {e}")),
             },
             Outcome::RetryAfter(ms) => {
                 match i64::try_from(ms)
-                    .map_err(|_| crate::limits::OutOfBounds(String::new()))
-                    .and_then(|ms| crate::limits::duration("retry_after", ms))
+                    .map_err(|_| eggtimer_base::limits::OutOfBounds(String::new()))
+                    .and_then(|ms| eggtimer_base::limits::duration("retry_after", ms))
                 {
                     Ok(after_ms) => Finish::Retry {
                         after_ms,
@@ -197,13 +197,13 @@ impl Executor {
                         task,
                         format!(
                             "the handler's outcome is out of bounds: retry_after must be from 0 to {} ms (10 years), got {ms}",
-                            crate::limits::MAX_DURATION_MS
+                            eggtimer_base::limits::MAX_DURATION_MS
                         ),
                     ),
                 }
             }
             Outcome::Fail(reason) => Finish::Dead {
-                error: crate::limits::error_message(reason),
+                error: eggtimer_base::limits::error_message(reason),
             },
         }
     }
@@ -215,10 +215,10 @@ impl Executor {
             self.opts.retry_cap_ms,
             rand::random::<f64>(),
         )
-        .min(crate::limits::MAX_DURATION_MS as u64) as i64;
+        .min(eggtimer_base::limits::MAX_DURATION_MS as u64) as i64;
         Finish::Retry {
             after_ms,
-            error: crate::limits::error_message(error),
+            error: eggtimer_base::limits::error_message(error),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! the last one started (looking among the first [`OWNER_LOOK`]), so one owner's tasks claimed
 //! ahead don't hold another owner's behind them.
 //!
-//! [`Share`]: crate::store::Share
+//! [`Share`]: eggtimer_store::Share
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{Executor, Reservation};
-use crate::store::{Claimed, Share};
+use eggtimer_store::{Claimed, Share};
 
 /// How many due tasks beyond its size a claim walks, when a plugin has used up its share of this
 /// runner, to find other plugins' tasks behind that plugin's backlog (see [`Share`]).

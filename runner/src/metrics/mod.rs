@@ -22,9 +22,9 @@ use metrics_util::MetricKindMask;
 mod catalog;
 mod lateness;
 
-use crate::store::Finished;
-pub use crate::store::ShardCounts;
 pub use catalog::CATALOG;
+use eggtimer_store::Finished;
+pub use eggtimer_store::ShardCounts;
 use lateness::LATENESS_MS;
 pub use lateness::{LATENESS_BUCKETS, lateness_quantile};
 

@@ -22,9 +22,9 @@ use super::bindings;
 use super::bindings::eggtimer::plugin::types as wit;
 pub use super::run_http::{Asked, DryHttp, HttpCtx, HttpFailure};
 use crate::executor::{Effects, TaskHost};
-use crate::limits::{self, MAX_DURATION_MS};
-use crate::names::valid_topic;
-use crate::store::{KvRead, KvWrite, NewTask};
+use eggtimer_base::limits::{self, MAX_DURATION_MS};
+use eggtimer_base::names::valid_topic;
+use eggtimer_store::{KvRead, KvWrite, NewTask};
 
 /// The longest kv TTL (10 years, the limit of every duration), in ms.
 const MAX_TTL_MS: u64 = MAX_DURATION_MS as u64;
@@ -103,7 +103,7 @@ pub struct CallCtx {
     /// Secrets read in this run.
     pub secrets: HashMap<String, Option<String>>,
     /// The lines it logged (kept with the task).
-    pub log: crate::store::AttemptLog,
+    pub log: eggtimer_store::AttemptLog,
 }
 
 impl CallCtx {
@@ -114,7 +114,7 @@ impl CallCtx {
             || self
                 .may_schedule
                 .as_deref()
-                .is_some_and(|ps| ps.iter().any(|p| crate::names::matches(p, plugin)))
+                .is_some_and(|ps| ps.iter().any(|p| eggtimer_base::names::matches(p, plugin)))
     }
 
     fn spend(&mut self, bytes: usize, what: &str) -> wasmtime::Result<()> {
@@ -141,7 +141,7 @@ pub struct State {
     /// The guest's wall clock, frozen at the call's start.
     pub started_at: Arc<AtomicI64>,
     /// The runner's clock (the guest's `now()`, its log lines' times).
-    pub clock: crate::clock::Clock,
+    pub clock: eggtimer_base::clock::Clock,
     /// When the current call must have ended (checked at every epoch tick).
     pub deadline: Instant,
 }
@@ -347,7 +347,7 @@ impl bindings::eggtimer::plugin::host::Host for State {
         if let Some(v) = c.secrets.get(&name) {
             return Ok(Ok(v.clone()));
         }
-        if !crate::store::valid_secret_name(&name) {
+        if !eggtimer_store::valid_secret_name(&name) {
             return Ok(Err(format!("{name:?} is not a secret name")));
         }
         let Some(host) = c.host.clone() else {

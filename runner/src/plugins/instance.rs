@@ -28,10 +28,10 @@ use super::http::Outbound;
 use super::limiter::Limiter;
 use super::output::GuestOutput;
 use super::{Loaded, PluginOptions};
-use crate::clock::Clock;
 use crate::executor::{Outcome, Run, TaskHost};
-use crate::policy::Policy;
-use crate::store::Claimed;
+use eggtimer_base::clock::Clock;
+use eggtimer_base::policy::Policy;
+use eggtimer_store::Claimed;
 
 /// A plugin's `check: func(payload: string) -> result<_, string>`.
 type CheckFn = TypedFunc<(String,), (Result<(), String>,)>;
@@ -516,7 +516,7 @@ async fn instantiate(
 }
 
 /// Logs what the guest printed since the last call; returns the last of its stderr.
-fn drain_output(warm: &mut Warm, task: &Claimed, log: &mut crate::store::AttemptLog) -> String {
+fn drain_output(warm: &mut Warm, task: &Claimed, log: &mut eggtimer_store::AttemptLog) -> String {
     let (out, err) = (warm.stdout.take(), warm.stderr.take());
     if out.is_empty() && err.is_empty() {
         return String::new();

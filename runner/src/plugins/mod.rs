@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::names::valid_plugin_name;
-use crate::policy::{Defaults, Policies, Policy};
+use eggtimer_base::names::valid_plugin_name;
+use eggtimer_base::policy::{Defaults, Policies, Policy};
 
 use anyhow::{Context, Result, anyhow};
 use futures::future::BoxFuture;
@@ -48,7 +48,7 @@ pub use registry::{PluginVersion, Prepared, Registry, UploadError};
 pub use sandbox::{CheckError, DryRun, Verdicts};
 
 use crate::executor::{Handler, Run, TaskHost};
-use crate::store::Claimed;
+use eggtimer_store::Claimed;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -91,7 +91,7 @@ pub struct PluginOptions {
     /// Extra CA certificates (PEM) for plugins' HTTPS requests.
     pub http_ca_file: Option<PathBuf>,
     /// The runner's clock: a plugin's `now()`, its wall clock, its log lines' times.
-    pub clock: crate::clock::Clock,
+    pub clock: eggtimer_base::clock::Clock,
 }
 
 impl Default for PluginOptions {
@@ -109,7 +109,7 @@ impl Default for PluginOptions {
             warm_instances: 64,
             budget: Budget::default(),
             http_ca_file: None,
-            clock: crate::clock::Clock::default(),
+            clock: eggtimer_base::clock::Clock::default(),
         }
     }
 }

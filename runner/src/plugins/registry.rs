@@ -11,9 +11,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{Loaded, Plugins, digest};
-use crate::names::valid_plugin_name;
-use crate::plugin_settings::PluginEntry;
-use crate::store::{Heard, OWNER_PAUSES_CHANGED, Promoted, Store};
+use eggtimer_base::names::valid_plugin_name;
+use eggtimer_base::plugin_settings::PluginEntry;
+use eggtimer_store::{Heard, OWNER_PAUSES_CHANGED, Promoted, Store};
 
 /// What the registry's listener asks its loader to load.
 enum Load {

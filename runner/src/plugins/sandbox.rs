@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::host::{Asked, DryHttp};
 use super::{Loaded, Plugins, http, instance};
 use crate::executor::{Run, TaskHost};
-use crate::store::Claimed;
+use eggtimer_store::Claimed;
 
 /// Checks, schemas and dry runs at once on one runner.
 pub(super) const CHECK_SLOTS: usize = 4;

@@ -14,8 +14,8 @@ use tracing::{debug, warn};
 
 use crate::recurring::{CATCH_UP_MS, Overlap, ScheduleDef};
 use crate::shards::Shards;
-use crate::store::{NewTask, Store, TaskState};
 use crate::tasks::{Refusal, Tasks};
+use eggtimer_store::{NewTask, Store, TaskState};
 
 /// Longest sleep: how soon a runner notices shards it took over or schedules made elsewhere
 /// (those also wake it through the wake channel).
@@ -58,7 +58,7 @@ async fn drive(store: &Store, tasks: &Tasks, shard: u32) -> Result<Option<i64>> 
         }
         for (id, at) in &due {
             if let Err(e) = fire_one(store, tasks, id, *at, now).await {
-                if crate::store::is_full(&e) {
+                if eggtimer_store::is_full(&e) {
                     // the pollers say it once; the firing is made when memory is back
                     debug!(schedule = %id, "a firing waits for Redis to have memory: {e:#}");
                 } else {
@@ -134,7 +134,7 @@ async fn fire_one(store: &Store, tasks: &Tasks, id: &str, at: i64, now: i64) -> 
     }
     let next = def.next_after(fire_at.max(at));
     // the schedule records its firing by the key it is stored under
-    let key = crate::store::task_key(&def.plugin, &task_id);
+    let key = eggtimer_store::task_key(&def.plugin, &task_id);
     let moved = store
         .schedule_advance(id, &row.def, at, next, (!skip).then_some(key.as_str()))
         .await?;

@@ -18,7 +18,7 @@ use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{MAX_DURATION_MS, MAX_TIME_MS};
+use eggtimer_base::limits::{MAX_DURATION_MS, MAX_TIME_MS};
 
 /// Shortest `every_ms`.
 pub const MIN_EVERY_MS: i64 = 1000;

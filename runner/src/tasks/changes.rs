@@ -10,9 +10,9 @@
 //! dead one) touch only the plugins the key may see.
 
 use super::{PluginChecks, Refusal, Tasks};
-use crate::access::Caller;
-use crate::names::{Owner, PluginName, TaskId};
-use crate::store::{DeadAction, Move, Refused, TaskRecord};
+use eggtimer_base::access::Caller;
+use eggtimer_base::names::{Owner, PluginName, TaskId};
+use eggtimer_store::{DeadAction, Move, Refused, TaskRecord};
 
 /// A task as a caller names it: its id, and its plugin where the caller says which.
 #[derive(Clone, Copy, Debug)]

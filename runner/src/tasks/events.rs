@@ -1,9 +1,9 @@
 //! Events a caller publishes, and the listening tasks they cancel or start.
 
 use super::{Refusal, Tasks};
-use crate::access::Caller;
-use crate::names::Topic;
-use crate::store::{Event, Published};
+use eggtimer_base::access::Caller;
+use eggtimer_base::names::Topic;
+use eggtimer_store::{Event, Published};
 
 /// What an event costs Redis besides its data, topic and key (its entries in the event shard's
 /// hash and index), as a publish is charged to its key's budget.

@@ -24,9 +24,11 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::access::Caller;
 use crate::metrics::Metrics;
-use crate::store::{Debounced, Met, NewTask, NotAdmitted, Refused, ScheduleMode, Scheduled, Store};
+use eggtimer_base::access::Caller;
+use eggtimer_store::{
+    Debounced, Met, NewTask, NotAdmitted, Refused, ScheduleMode, Scheduled, Store,
+};
 
 pub use changes::{Named, OwnerPauses};
 
@@ -356,7 +358,7 @@ impl Tasks {
         held: impl Fn() -> bool,
     ) -> anyhow::Result<()> {
         while let Err(e) = self.store.schedule(tasks, ScheduleMode::IfAbsent).await {
-            if !crate::store::is_full(&e) || !held() {
+            if !eggtimer_store::is_full(&e) || !held() {
                 return Err(e);
             }
             tracing::debug!("follow-ups wait for Redis to have memory");
