@@ -30,13 +30,14 @@ pub fn revocation_of(msg: &str) -> Option<(u32, u64, &str)> {
 }
 
 impl Store {
-    /// The tasks of `owner` of the plugins `plugins` names (None: any plugin) that runners hold
-    /// claimed ahead (running to the store, their due time still to come by this runner's clock):
-    /// each one's key and claim token. Read from every shard's claim batches at once (at most the
-    /// tasks runners have claimed), for an owner's shift or cancel to revoke them as well.
-    pub async fn owned_claimed_ahead(
+    /// The tasks of `owner` (None: any owner, or none) of the plugins `plugins` names (None: any
+    /// plugin) that runners hold claimed ahead (running to the store, their due time still to
+    /// come by this runner's clock): each one's key and claim token. Read from every shard's
+    /// claim batches at once (at most the tasks runners have claimed), for an owner's shift or
+    /// cancel, or a plugin's delete, to revoke them as well.
+    pub async fn claimed_ahead(
         &self,
-        owner: &str,
+        owner: Option<&str>,
         plugins: &[Option<String>],
     ) -> Result<Vec<(String, u64)>> {
         let now = self.clock().now_ms();
@@ -47,7 +48,7 @@ impl Store {
             .filter(|(_, _, r)| {
                 r.state == TaskState::Running
                     && r.run_at > now
-                    && r.owner.as_deref() == Some(owner)
+                    && owner.is_none_or(|o| r.owner.as_deref() == Some(o))
                     && plugins
                         .iter()
                         .any(|p| p.as_deref().is_none_or(|p| p == r.plugin))

@@ -4,7 +4,8 @@
 //! means it runs once, a cancel or a move of a task claimed ahead revokes it (it never starts at
 //! its old time), a plugin's or an owner's pause holds back what was claimed ahead, and a
 //! runner killed -9 with tasks claimed ahead loses and doubles none; a revocation request left by
-//! a killed asker is swept by a later one.
+//! a killed asker is swept by a later one, and a plugin's delete with its tasks revokes those
+//! claimed ahead.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
 use std::collections::{HashMap, HashSet};
@@ -306,6 +307,52 @@ async fn a_revocation_left_behind_by_a_killed_asker_is_swept_by_a_later_one() {
     let mut rest = due.clone();
     rest.remove(&first);
     each_once_on_time(&runs, &rest, &HashSet::from([second]));
+}
+
+/// A plugin deleted with its tasks (`?tasks=cancel`) while its runner holds some of them claimed
+/// ahead: those are revoked with the rest, so none starts after the delete (it would fail as a
+/// task of an unknown plugin into a retry or a dead letter under a name that is gone). Once the
+/// stream's last due time has passed, the shard holds no scheduled, running or dead task (a done
+/// one is a run that started before the delete and finished).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_delete_with_its_tasks_revokes_those_claimed_ahead() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--claim-ahead", "1s"]);
+    let due = paced_stream(&[&runner.url], 150, &|_| None).await;
+    one_claimed_ahead(&runner.url, &due, &HashSet::new()).await;
+    let url = format!("{}/v1/plugins/bench-record?tasks=cancel", runner.url);
+    let (s, b) = call("DELETE", &url, None).await;
+    assert_eq!(s, 204, "{b}");
+    eventually(Duration::from_secs(5), "revocations counted", || async {
+        let revoked = metric(&runner.url, "eggtimer_revoked_total").await;
+        (revoked.unwrap_or(0.0) >= 1.0).then_some(())
+    })
+    .await;
+    let last = *due.values().max().unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the stream's end passed",
+        || async { (now_ms() > last + 1_000).then_some(()) },
+    )
+    .await;
+    let records: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("{eggtimer:0}:tasks")
+        .query(&mut redis.conn())
+        .unwrap();
+    let left: Vec<String> = records
+        .iter()
+        .filter_map(|(key, rec)| {
+            let t = eggtimer_tests::eggtimer::store::TaskRecord::decode(key, rec)
+                .unwrap_or_else(|| panic!("{key}'s record {rec:?} does not decode"));
+            (t.state != eggtimer_tests::eggtimer::store::TaskState::Done)
+                .then(|| format!("{key} {:?}", t.state))
+        })
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "tasks of the deleted plugin left"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

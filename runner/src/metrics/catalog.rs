@@ -77,7 +77,7 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
     (
         "eggtimer_revoked_total",
         "counter",
-        "Tasks claimed ahead that this runner gave up before they started, because a cancel or a move of them came while they waited for their due time.",
+        "Tasks claimed ahead that this runner gave up before they started, because a cancel or a move of them (or their plugin's delete) came while they waited for their due time.",
     ),
     (
         "eggtimer_effect_bytes_total",

@@ -223,7 +223,7 @@ impl Tasks {
         }
         // (each only while it runs under the claim found: one released since was shifted with
         // the scheduled ones or is left, never shifted twice)
-        let ahead = self.store.owned_claimed_ahead(owner, &plugins).await?;
+        let ahead = self.store.claimed_ahead(Some(owner), &plugins).await?;
         let shifts = ahead
             .iter()
             .map(|(key, token)| self.store.move_claimed(key, *token, Move::Shift(shift_ms)));
@@ -246,7 +246,7 @@ impl Tasks {
         for p in &plugins {
             n += self.store.cancel_owner(owner, p.as_deref()).await?;
         }
-        let ahead = self.store.owned_claimed_ahead(owner, &plugins).await?;
+        let ahead = self.store.claimed_ahead(Some(owner), &plugins).await?;
         let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
         for cancelled in futures::future::join_all(cancels).await {
             n += u64::from(cancelled?.is_ok());
@@ -304,10 +304,21 @@ impl Tasks {
     }
 
     /// Deletes every task of `plugin` (scheduled, dead and done, with their logs and listeners)
-    /// as the plugin is deleted; a run under way finishes. The caller's right to delete the
+    /// as the plugin is deleted, and revokes those claimed ahead (not started yet); a run under
+    /// way finishes. The caller's right to delete the
     /// plugin is the plugin route's to check.
     pub async fn cancel_plugin(&self, plugin: &PluginName) -> anyhow::Result<u64> {
-        self.store.cancel_plugin(plugin).await
+        let mut n = self.store.cancel_plugin(plugin).await?;
+        // its tasks claimed ahead, not started: revoked, or they would start after the delete
+        let ahead = self
+            .store
+            .claimed_ahead(None, &[Some(plugin.to_string())])
+            .await?;
+        let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
+        for cancelled in futures::future::join_all(cancels).await {
+            n += u64::from(cancelled?.is_ok());
+        }
+        Ok(n)
     }
 
     /// The plugins an action over many tasks touches, one store call each: `[None]` for every
