@@ -6,8 +6,9 @@
 //! keys passed in KEYS (see `lua/`). Its files are cut by concern; ARCHITECTURE.md's codemap says
 //! what each holds.
 //!
-//! Architecture invariant: no other module builds a key name or sends a Redis command; a reply
-//! this runner does not know is an error, never a default answer.
+//! Architecture invariant: no other crate builds a key name or sends a Redis command (the runner
+//! does not depend on the redis crate); a reply this runner does not know is an error, never a
+//! default answer.
 
 mod access;
 mod budget;

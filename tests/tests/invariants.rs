@@ -68,7 +68,10 @@ fn dependencies(krate: &str) -> Vec<String> {
     for line in manifest.lines() {
         if line.starts_with('[') {
             listing = line.ends_with("dependencies]");
-        } else if listing && let Some((name, _)) = line.split_once(['=', '.']) {
+        } else if listing
+            && !line.starts_with('#')
+            && let Some((name, _)) = line.split_once(['=', '.'])
+        {
             out.push(name.trim().to_owned());
         }
     }

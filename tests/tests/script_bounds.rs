@@ -451,37 +451,50 @@ async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_red
     seen.read(&mut conn, "held runs, dead letters");
 
     // a steady stream (one task a ms) claimed ahead, and a cancel of a task claimed ahead: a
-    // revocation (answered 204 when its runner took it back in time, 409 when it had started)
-    let first = eggtimer_tests::now_ms() + 1500;
-    let stream: Vec<Value> = (0..3000)
-        .map(|i| json!({"plugin": "bench-record", "id": format!("a{i}"), "run_at": first + i}))
-        .collect();
-    for chunk in stream.chunks(1000) {
-        call(base, "POST", "/v1/tasks", Some(json!(chunk)), 201).await;
-    }
+    // revocation (answered 204 when its runner took it back in time, 409 when it had started).
+    // Each look asks for the next task a few ms from due; a stream that ends before one is
+    // found claimed ahead (a loaded machine's claims may be full: nothing ahead) is followed by
+    // another.
+    let stream_at = |k: usize| {
+        let first = eggtimer_tests::now_ms() + 1500;
+        let specs: Vec<Value> = (0..3000)
+            .map(|i| json!({"plugin": "bench-record", "id": format!("a{k}-{i}"), "run_at": first + i}))
+            .collect();
+        (first, specs)
+    };
+    let streams = std::cell::RefCell::new(Vec::<i64>::new());
     eventually(T, "a cancel of a task claimed ahead", || async {
-        for i in 0..3000 {
-            let id = format!("a{i}");
-            if first + i < eggtimer_tests::now_ms() + 4 {
-                continue;
+        let now = eggtimer_tests::now_ms();
+        let last = streams.borrow().last().copied();
+        let Some(first) = last.filter(|f| now + 20 < f + 3000) else {
+            let k = streams.borrow().len();
+            let (first, specs) = stream_at(k);
+            for chunk in specs.chunks(1000) {
+                call(base, "POST", "/v1/tasks", Some(json!(chunk)), 201).await;
             }
-            let (s, t) = req("GET", &format!("{base}/v1/tasks/{id}"), Some(ADMIN), None).await;
-            if s == 200 && t["state"] == "running" {
-                let (s, t) = req(
-                    "DELETE",
-                    &format!("{base}/v1/tasks/{id}"),
-                    Some(ADMIN),
-                    None,
-                )
-                .await;
-                assert!(
-                    s == 204 || s == 409,
-                    "the cancel of {id}, claimed ahead: {s} {t}"
-                );
-                return Some(());
-            }
+            streams.borrow_mut().push(first);
+            return None;
+        };
+        let k = streams.borrow().len() - 1;
+        // (well inside the window a claim takes ahead, so the cancel meets it not started)
+        let i = (now + 20 - first).max(0);
+        let id = format!("a{k}-{i}");
+        let (s, t) = req("GET", &format!("{base}/v1/tasks/{id}"), Some(ADMIN), None).await;
+        if s != 200 || t["state"] != "running" || first + i < eggtimer_tests::now_ms() + 10 {
+            return None;
         }
-        None
+        let (s, t) = req(
+            "DELETE",
+            &format!("{base}/v1/tasks/{id}"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        assert!(
+            s == 204 || s == 409,
+            "the cancel of {id}, claimed ahead: {s} {t}"
+        );
+        Some(())
     })
     .await;
     seen.read(&mut conn, "a stream claimed ahead, a revocation");

@@ -247,11 +247,7 @@ impl Tasks {
             n += self.store.cancel_owner(owner, p.as_deref()).await?;
         }
         let ahead = self.store.claimed_ahead(Some(owner), &plugins).await?;
-        let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
-        for cancelled in futures::future::join_all(cancels).await {
-            n += u64::from(cancelled?.is_ok());
-        }
-        Ok(n)
+        Ok(n + self.cancel_claimed_ahead(&ahead).await?)
     }
 
     /// Pauses (`paused`) or resumes an owner's tasks (of one plugin). Paused, no runner starts
@@ -305,16 +301,22 @@ impl Tasks {
 
     /// Deletes every task of `plugin` (scheduled, dead and done, with their logs and listeners)
     /// as the plugin is deleted, and revokes those claimed ahead (not started yet); a run under
-    /// way finishes. The caller's right to delete the
-    /// plugin is the plugin route's to check.
+    /// way finishes. The caller's right to delete the plugin is the plugin route's to check.
     pub async fn cancel_plugin(&self, plugin: &PluginName) -> anyhow::Result<u64> {
-        let mut n = self.store.cancel_plugin(plugin).await?;
+        let n = self.store.cancel_plugin(plugin).await?;
         // its tasks claimed ahead, not started: revoked, or they would start after the delete
         let ahead = self
             .store
             .claimed_ahead(None, &[Some(plugin.to_string())])
             .await?;
+        Ok(n + self.cancel_claimed_ahead(&ahead).await?)
+    }
+
+    /// Cancels tasks claimed ahead (key and claim token each), each revoked from the runner
+    /// holding it as a cancel by id is: how many were (one started meanwhile runs).
+    async fn cancel_claimed_ahead(&self, ahead: &[(String, u64)]) -> anyhow::Result<u64> {
         let cancels = ahead.iter().map(|(key, _)| self.store.cancel(key));
+        let mut n = 0;
         for cancelled in futures::future::join_all(cancels).await {
             n += u64::from(cancelled?.is_ok());
         }
