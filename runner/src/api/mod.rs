@@ -6,6 +6,7 @@
 //! field that is wrong; every answer, 404 and 405 included, is JSON. A Redis that can't be reached
 //! is a 503; any other failure is a 500 `internal` with the details in the log.
 
+mod audit;
 mod auth;
 mod body;
 mod ceilings;
@@ -210,7 +211,7 @@ fn v1_routes() -> (OpenApiRouter<AppState>, Roles) {
     // keys (the admin's) and the audit (any key: its own entries)
     let r = roles.add(r, Admin, routes!(keys::key_create, keys::key_list));
     let r = roles.add(r, Admin, routes!(keys::key_delete, keys::key_update));
-    let r = roles.add(r, Reader, routes!(keys::audit));
+    let r = roles.add(r, Reader, routes!(audit::audit));
     (r, roles)
 }
 
