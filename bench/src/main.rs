@@ -12,6 +12,7 @@ mod recorder;
 mod report;
 mod w10;
 mod w11;
+mod w12;
 mod w13;
 mod w4;
 mod w5;
@@ -44,7 +45,7 @@ pub struct Args {
     #[arg(long, default_value = "target/plugins")]
     pub plugins_dir: PathBuf,
     /// Workloads to run, comma-separated (W0..W13).
-    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W13")]
+    #[arg(long, default_value = "W0,W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W12,W13")]
     pub only: String,
     /// Tasks per workload.
     #[arg(long, default_value_t = 100_000)]
@@ -52,6 +53,9 @@ pub struct Args {
     /// Pending tasks far in the future for W3.
     #[arg(long, default_value_t = 10_000_000)]
     pub pending: usize,
+    /// Far tasks for W12 (a week ahead, in the far tier).
+    #[arg(long, default_value_t = 20_000_000)]
+    pub far: usize,
     /// Number of shards.
     #[arg(long, default_value_t = 16)]
     pub shards: u32,
@@ -114,9 +118,11 @@ fn main() -> Result<()> {
         None => Servers::Single(RedisServer::start_with(&everysec)),
         Some(m) => {
             if m == 0
-                || ["W3", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W13"]
-                    .iter()
-                    .any(|w| want(w))
+                || [
+                    "W3", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12", "W13",
+                ]
+                .iter()
+                .any(|w| want(w))
             {
                 bail!("--cluster N needs N >= 1 and runs W0, W1, W2 and W4 only (pass --only)");
             }
@@ -151,7 +157,7 @@ fn main() -> Result<()> {
             };
             shards[node].push(s);
         }
-        let nodes = Nodes::connect(&node_urls, shards).await?;
+        let nodes = Nodes::connect(&node_urls, shards.clone()).await?;
         let plugins = Plugins::new(PluginOptions::default())?;
         load_dir(&plugins, &args.plugins_dir)?;
         let w6_plugin = want("W6").then_some("test-sleep");
@@ -214,6 +220,28 @@ fn main() -> Result<()> {
         }
         if want("W3") {
             print(&b.w3(w1_alone.as_ref()).await?)?;
+        }
+        if want("W12") {
+            // a store of its own, with the far tier (a runner without one would bring every
+            // far task back at once)
+            let far = Store::open(
+                store.target().clone(),
+                StoreOptions {
+                    far_horizon_ms: w12::HORIZON_MS,
+                    ..store.options().clone()
+                },
+            )
+            .await?;
+            let b12 = Bench::new(
+                far,
+                Arc::clone(&plugins),
+                args.clone(),
+                Nodes::connect(&node_urls, shards.clone()).await?,
+                &node_urls[0],
+                http.clone(),
+            )
+            .await?;
+            print(&b12.w12(w1_alone.as_ref()).await?)?;
         }
         if want("W5") {
             print(&b.w5().await?)?;

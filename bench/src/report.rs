@@ -253,6 +253,22 @@ pub struct W3 {
     pub p99_ratio_vs_w1_alone: Option<f64>,
 }
 
+/// W12: far tasks a week ahead, in the far tier, and W1 beside them.
+#[derive(Debug, Serialize)]
+pub struct W12 {
+    pub workload: &'static str,
+    pub far: usize,
+    pub fill_s: f64,
+    pub scheduled_per_s: f64,
+    pub bytes_per_far_task: f64,
+    pub bytes_beyond_payload: f64,
+    /// A cancel by id, one after another (µs each), of far tasks and of live ones.
+    pub far_cancel_us_per_task: f64,
+    pub live_cancel_us_per_task: f64,
+    pub w1_beside: W1,
+    pub p99_ratio_vs_w1_alone: Option<f64>,
+}
+
 /// W4: the cost of one plugin call, per plugin.
 #[derive(Debug, Serialize)]
 pub struct W4 {

@@ -166,7 +166,7 @@ impl Bench {
     }
 
     /// A number field of the (first) node's INFO.
-    async fn info(&self, section: &str, field: &str) -> Result<f64> {
+    pub(crate) async fn info(&self, section: &str, field: &str) -> Result<f64> {
         self.nodes.info(0, section, field).await
     }
 

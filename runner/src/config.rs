@@ -265,6 +265,12 @@ pub struct ServeArgs {
     /// stream of higher-priority tasks never starves it.
     #[arg(long, env = "EGGTIMER_PRIORITY_AGING_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=31_536_000_000))]
     pub priority_aging_ms: u64,
+    /// Tasks due this far ahead or later are kept packed in the far tier (about a third of the
+    /// memory of a waiting task) and move into the live tier half this long before they fall due.
+    /// 0s: no far tier (far tasks written before move back). At least 10s; an hour or more is
+    /// what it is for. Turn it on once every runner of the namespace runs this version.
+    #[arg(long, env = "EGGTIMER_FAR_HORIZON", default_value = "0s", value_parser = parse_far_horizon)]
+    pub far_horizon: Duration,
     /// First retry delay of a failed task (doubles per attempt, with jitter).
     #[arg(long, env = "EGGTIMER_RETRY_BASE", default_value = "1s", value_parser = parse_duration)]
     pub retry_base: Duration,
@@ -379,6 +385,23 @@ fn parse_claim_ahead(s: &str) -> Result<Duration, String> {
     if d > Duration::from_secs(1) {
         return Err(format!(
             "{s:?} is too far ahead: a task claimed ahead counts as running until it starts, so at most 1s"
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses `--far-horizon`: 0s (off), or at least 10 seconds (far tasks move into the live tier
+/// half a horizon ahead, checked once a second), at most a year.
+fn parse_far_horizon(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !d.is_zero() && d < Duration::from_secs(10) {
+        return Err(format!(
+            "{s:?} is too near: far tasks move into the live tier half a horizon ahead, checked once a second, so at least 10s (or 0s: no far tier)"
+        ));
+    }
+    if d > Duration::from_secs(366 * 86_400) {
+        return Err(format!(
+            "{s:?} is more than a year: no task would ever go far"
         ));
     }
     Ok(d)

@@ -164,6 +164,10 @@ impl Runner {
             "outbox sweeper",
             sweep_outboxes(store.clone(), Arc::clone(&shards), stop_rx.clone()),
         );
+        work.start(
+            "far tier promoter",
+            promote_far(store.clone(), Arc::clone(&shards), stop_rx.clone()),
+        );
         for shard in 0..store.shards() {
             work.start(
                 "poller",
@@ -279,6 +283,40 @@ async fn sweep_outboxes(store: Store, shards: Arc<Shards>, mut stop: watch::Rece
                     "delivering the outbox failed (will try again): {e:#}"
                 ),
             }
+        }
+    }
+}
+
+/// Moves the far tasks of the shards this runner owns into the live tier, half a horizon before
+/// they fall due (every far task where the runner has no far tier), once a second: each call
+/// moves at most `PROMOTE_CHUNK` tasks and is called again while it moves that many. A runner
+/// killed between calls leaves the rest to the next owner of the shard: each call is one script.
+async fn promote_far(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
+    loop {
+        for shard in shards.owned() {
+            loop {
+                match store.promote_far(shard).await {
+                    Ok(n) if n >= eggtimer_store::PROMOTE_CHUNK => {
+                        eggtimer_base::failpoint::hit("far-promoted");
+                        metrics::counter!("eggtimer_far_promoted_total").increment(n as u64);
+                    }
+                    Ok(n) => {
+                        metrics::counter!("eggtimer_far_promoted_total").increment(n as u64);
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(
+                            shard,
+                            "moving far tasks into the live tier failed (will try again): {e:#}"
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.changed() => return,
         }
     }
 }

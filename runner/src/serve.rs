@@ -158,6 +158,7 @@ async fn serve(
         team_kv_bytes: args.team_kv_bytes as u64,
         team_emitted_bytes: args.team_emitted_bytes as u64,
         priority_aging_ms: args.priority_aging_ms,
+        far_horizon_ms: args.far_horizon.as_millis() as u64,
         clock: eggtimer_base::clock::Clock::skewed(args.test_clock_skew_ms),
     };
     let Some((store, api_store)) = open_stores(target, store_opts, &http_rt, &mut stop).await?

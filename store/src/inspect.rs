@@ -20,6 +20,13 @@ impl Store {
             .query_async(&mut self.conn())
             .await
             .context("reading a task's records")?;
+        let mut raw = raw;
+        if !plugins.is_empty() && raw.iter().all(Option::is_none) {
+            // none live: the far tier may hold one (under its key: 0.1.0's bare ids are never far)
+            let keyed: Vec<&str> = keys[..plugins.len()].iter().map(String::as_str).collect();
+            let far = self.far_records(self.shard_of(id), &keyed).await?;
+            raw[..plugins.len()].clone_from_slice(&far);
+        }
         let mut found: Vec<TaskRecord> = keys
             .iter()
             .zip(raw)
@@ -115,6 +122,10 @@ impl Store {
             .query_async(&mut self.conn())
             .await
             .context("reading a task")?;
+        let rec = match rec {
+            Some(r) => Some(r),
+            None => self.far_records(shard, &[id]).await?.pop().flatten(),
+        };
         let Some(mut r) = rec
             .and_then(|r| TaskRecord::decode(id, &r))
             .filter(|r| self.retained(r))

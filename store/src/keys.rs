@@ -77,6 +77,16 @@ impl ShardKeys {
         format!("{}:w:{key}", self.tasks)
     }
 
+    /// The far tier's slots (ZSET `plugin \x1f slot` -> the slot's start), see `lua/lib/far.lua`.
+    pub fn far_slots(&self) -> String {
+        format!("{}:fs", self.tasks)
+    }
+
+    /// One far slot's tasks (STRING), by its member of `far_slots`.
+    pub fn far_slot(&self, member: &str) -> String {
+        format!("{}:f:{member}", self.tasks)
+    }
+
     pub fn all(&self) -> [&str; 19] {
         [
             &self.tasks,

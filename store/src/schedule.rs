@@ -126,6 +126,7 @@ impl Store {
             ScheduleMode::Upsert => "upsert",
             ScheduleMode::IfAbsent => "absent",
         });
+        inv.arg(self.inner.opts.far_horizon_ms);
         // runs of consecutive tasks sharing max_attempts, plugin and unique_for_ms: those
         // are sent once per run (the order of the tasks is kept: a later one of an id wins)
         let mut rest = ix;

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use redis::Script;
 
 /// The shared parts, each after every part it needs.
-const PARTS: [(&str, &str); 13] = [
+const PARTS: [(&str, &str); 14] = [
     ("shard", include_str!("lua/lib/shard.lua")),
     ("record", include_str!("lua/lib/record.lua")),
     ("buckets", include_str!("lua/lib/buckets.lua")),
@@ -38,6 +38,7 @@ const PARTS: [(&str, &str); 13] = [
     ("walk", include_str!("lua/lib/walk.lua")),
     ("blobs", include_str!("lua/lib/blobs.lua")),
     ("extras", include_str!("lua/lib/extras.lua")),
+    ("far", include_str!("lua/lib/far.lua")),
 ];
 
 /// Declares every script once: its field, its file and its name in metrics.
@@ -128,6 +129,8 @@ scripts! {
     audit: "audit",
     key_replace: "key_replace",
     event_budget: "event_budget",
+    far_promote: "far_promote",
+    far_get: "far_get",
 }
 
 impl Scripts {

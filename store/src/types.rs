@@ -316,6 +316,9 @@ pub struct StoreOptions {
     pub team_emitted_bytes: u64,
     /// How long (ms) a task is due and not started before it counts as the highest priority.
     pub priority_aging_ms: u64,
+    /// Tasks due this long from now or later (ms) are kept in the far tier (0: no far tier);
+    /// see `lua/lib/far.lua`.
+    pub far_horizon_ms: u64,
     /// The runner's clock (shared by every store opened with these options).
     pub clock: eggtimer_base::clock::Clock,
 }
@@ -343,6 +346,7 @@ impl Default for StoreOptions {
             team_kv_bytes: 64 << 20,
             team_emitted_bytes: 64 << 20,
             priority_aging_ms: 60_000,
+            far_horizon_ms: 0,
             clock: eggtimer_base::clock::Clock::default(),
         }
     }

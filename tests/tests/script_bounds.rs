@@ -112,7 +112,7 @@ fn count(page: &Value) -> usize {
     page["tasks"].as_array().map_or(0, Vec::len)
 }
 
-/// Each of the 46 scripts is called with the largest input a request, a run's effects or the
+/// Each of the 44 scripts is called with the largest input a request, a run's effects or the
 /// runner's own work can give it: a 30 MB batch of 60 KB payloads (plain, debounced on one key,
 /// of one owner), 600 tasks listening eight times each with one topic and key in common (an
 /// event that reaches more listeners than one call hands over, so a drain), 250 events of 60 KB,
@@ -121,7 +121,8 @@ fn count(page: &Value) -> usize {
 /// uploaded, promoted and rolled back, pauses and resumes of 10,000 tasks of a plugin and of an
 /// owner, a shift and a cancel of that owner's 10,000, pages of 1,000, a cancel of a task
 /// claimed ahead (a revocation), schedules that fire, dead letters retried and dropped, a plugin
-/// deleted with its tasks and kv. Every script's function is loaded (called), and no call held
+/// deleted with its tasks and kv, tasks in the far tier read, cancelled, moved, replaced and
+/// brought back by that delete. Every script's function is loaded (called), and no call held
 /// Redis for a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_redis() {
@@ -140,6 +141,9 @@ async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_red
             "10s",
             "--team-task-bytes",
             "1073741824",
+            // (the tasks the other steps schedule stay live: none is plain and 2 h away)
+            "--far-horizon",
+            "2h",
         ],
     );
     let base = r.url.clone();
@@ -226,6 +230,65 @@ async fn every_script_called_with_its_largest_inputs_stays_far_from_blocking_red
         .await;
     }
     seen.read(&mut conn, "batches of 30 MB");
+
+    // the far tier: 500 × 60 KB plain tasks three hours ahead in one minute (a far slot takes
+    // 256 KiB of them, the rest stay live) and 2,000 small ones in the next; one of them read,
+    // one missing id read, one cancelled, one moved, one replaced (the plugin's delete at the
+    // end brings the rest back and deletes them)
+    let far = eggtimer_tests::now_ms() + 3 * 3_600_000;
+    let far = far - far % 60_000 + 60_000;
+    call(
+        base,
+        "POST",
+        "/v1/tasks",
+        Some(batch(&|i| {
+            json!({"plugin": "bench-record", "id": format!("far{i}"), "run_at": far + i as i64,
+                   "payload": {"i": i, "pad": pad}})
+        })),
+        201,
+    )
+    .await;
+    for b in 0..4 {
+        call(
+            base,
+            "POST",
+            "/v1/tasks",
+            Some(batch(&|i| {
+                json!({"plugin": "bench-record", "id": format!("fs{b}-{i}"),
+                       "run_at": far + 60_000 + i as i64, "payload": i})
+            })),
+            201,
+        )
+        .await;
+    }
+    let fs0 = call(base, "GET", "/v1/tasks/fs0-0", None, 200).await;
+    assert_eq!(fs0["run_at"], far + 60_000, "{fs0}");
+    let (s, _) = req(
+        "GET",
+        &format!("{base}/v1/tasks/nowhere"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    call(base, "DELETE", "/v1/tasks/fs0-1", None, 204).await;
+    call(
+        base,
+        "PATCH",
+        "/v1/tasks/fs0-2",
+        Some(json!({"shift_ms": 60_000})),
+        200,
+    )
+    .await;
+    call(
+        base,
+        "POST",
+        "/v1/tasks",
+        Some(json!([{"plugin": "bench-record", "id": "fs0-3", "run_at": far + 120_000, "payload": 3}])),
+        201,
+    )
+    .await;
+    seen.read(&mut conn, "the far tier");
 
     // an owner's 10,000 tasks, in batches of 500
     for b in 0..20 {

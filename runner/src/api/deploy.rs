@@ -13,6 +13,7 @@ use super::checks::failed;
 use super::{ApiError, AppState};
 use crate::plugins::Loaded;
 use eggtimer_base::plugin_settings::PluginEntry;
+use eggtimer_store::TaskRecord;
 
 /// Payloads one check call reads (each call has the plugin's time limit).
 const CHECK_CHUNK: usize = 500;
@@ -30,37 +31,27 @@ pub struct Findings {
 }
 
 /// Checks every waiting task of `loaded`'s plugin with `loaded` (one shard after another, a
-/// chunk at a time: other teams' checks take their turns between the chunks).
+/// chunk at a time: other teams' checks take their turns between the chunks): its records, then
+/// its tasks in the far tier.
 pub async fn check_waiting(st: &AppState, loaded: Arc<Loaded>) -> ApiResult<Findings> {
-    let plugins = st.registry.plugins();
     let mut found = Findings::default();
     for shard in 0..st.store.shards() {
         let mut cursor = 0;
         loop {
             let (tasks, next) = st.store.waiting_chunk(shard, &loaded.name, cursor).await?;
-            for chunk in tasks.chunks(CHECK_CHUNK) {
-                let payloads = chunk.iter().map(|t| t.payload.clone()).collect();
-                let verdicts = plugins
-                    .check_with(Arc::clone(&loaded), payloads)
-                    .await
-                    .map_err(|e| {
-                        failed(
-                            &format!("task {:?}", chunk[0].id),
-                            &loaded.name,
-                            e,
-                            "it was not made current",
-                        )
-                    })?;
-                found.checked += chunk.len() as u64;
-                for (t, v) in chunk.iter().zip(verdicts) {
-                    if let Some(m) = v {
-                        found.failing += 1;
-                        if found.examples.len() < FIRST {
-                            found.examples.push((t.id.clone(), m));
-                        }
-                    }
-                }
+            check_chunk(st, &loaded, &tasks, &mut found).await?;
+            if next == 0 {
+                break;
             }
+            cursor = next;
+        }
+        let mut cursor = 0;
+        loop {
+            let (tasks, next) = st
+                .store
+                .far_waiting_chunk(shard, &loaded.name, cursor)
+                .await?;
+            check_chunk(st, &loaded, &tasks, &mut found).await?;
             if next == 0 {
                 break;
             }
@@ -69,6 +60,40 @@ pub async fn check_waiting(st: &AppState, loaded: Arc<Loaded>) -> ApiResult<Find
     }
     found.examples.sort();
     Ok(found)
+}
+
+/// Checks the payloads of `tasks` with `loaded`, counting into `found`.
+async fn check_chunk(
+    st: &AppState,
+    loaded: &Arc<Loaded>,
+    tasks: &[TaskRecord],
+    found: &mut Findings,
+) -> ApiResult<()> {
+    let plugins = st.registry.plugins();
+    for chunk in tasks.chunks(CHECK_CHUNK) {
+        let payloads = chunk.iter().map(|t| t.payload.clone()).collect();
+        let verdicts = plugins
+            .check_with(Arc::clone(loaded), payloads)
+            .await
+            .map_err(|e| {
+                failed(
+                    &format!("task {:?}", chunk[0].id),
+                    &loaded.name,
+                    e,
+                    "it was not made current",
+                )
+            })?;
+        found.checked += chunk.len() as u64;
+        for (t, v) in chunk.iter().zip(verdicts) {
+            if let Some(m) = v {
+                found.failing += 1;
+                if found.examples.len() < FIRST {
+                    found.examples.push((t.id.clone(), m));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The 409 of a version refused by its check of the waiting tasks (kept as a candidate).

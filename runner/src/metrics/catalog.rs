@@ -80,6 +80,11 @@ pub const CATALOG: &[(&str, &str, &str)] = &[
         "Tasks claimed ahead that this runner gave up before they started, because a cancel or a move of them (or their plugin's delete) came while they waited for their due time.",
     ),
     (
+        "eggtimer_far_promoted_total",
+        "counter",
+        "Far tasks this runner moved into the live tier ahead of their due time (--far-horizon).",
+    ),
+    (
         "eggtimer_effect_bytes_total",
         "counter",
         "Bytes of kv writes, events and follow-ups committed by runs, per plugin.",

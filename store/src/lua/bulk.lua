@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---! needs indexes walk extras
+--! needs indexes walk extras far
 -- Acts on many tasks of one shard in chunks: each run handles at most `limit` index entries, so
 -- Redis is held only briefly; the caller runs it again with the returned cursor until it is ''.
 -- KEYS: the shard's keys (the `shard` part).
@@ -15,7 +15,8 @@
 --                   with their logs, listeners and dedup windows (a plugin deleted leaves
 --                   nothing of its tasks to the next owner of its name), walking the shard's
 --                   records with HSCAN from `cursor` (a plugin's scheduled tasks have no index
---                   of their own); running tasks are left alone.
+--                   of their own), after bringing its far tasks back (see `far`); running
+--                   tasks are left alone.
 -- Returns {count, next cursor}.
 -- Bound: at most `limit` index entries per call (the caller's chunk, `BULK_CHUNK`), each task's own
 --  record and window; a cancel of the owner's or the plugin's tasks also stops once the tasks and
@@ -54,7 +55,22 @@ if op == 'cancel_owner' then
   return chunk_done(count, members, limit)
 end
 if op == 'cancel_plugin' then
-  if cursor == '' then cursor = '0' end
+  -- first the plugin's far slots come back into the live tier (a cursor 'f<ZSCAN cursor>'), at
+  -- most CANCEL_BYTES of them a call past the first (a page cut short is scanned again: the
+  -- slots moved are gone from it); then its records go
+  if cursor == '' then cursor = far_in_use() and 'f0' or '0' end
+  if string.sub(cursor, 1, 1) == 'f' then
+    -- (a plugin's name is [a-z0-9-]: nothing in it is a pattern's)
+    local r = redis.call('ZSCAN', far_slots_key(), string.sub(cursor, 2), 'MATCH', plugin .. '\31*', 'COUNT', 16)
+    local bytes = 0
+    for i = 1, #r[2], 2 do
+      if bytes >= CANCEL_BYTES then return {0, cursor} end
+      bytes = bytes + redis.call('STRLEN', far_list_key(r[2][i]))
+      far_promote_slot(r[2][i])
+    end
+    if r[1] == '0' then return {0, '0'} end
+    return {0, 'f' .. r[1]}
+  end
   -- (a page brings every record's value, other plugins' too: a tenth of `limit` a page)
   local r = redis.call('HSCAN', K_TASKS, cursor, 'COUNT', math.max(1, math.floor(limit / 10)))
   local fields = r[2]

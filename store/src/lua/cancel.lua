@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---! needs indexes claims extras
+--! needs indexes claims extras far
 -- Cancels one task: a scheduled or dead task is deleted.
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: id, only_dead ('1': drop it only if it is dead), plugin ('' = any: the id is the task's
@@ -33,6 +33,7 @@ if plugin ~= '' then
   local found = nil
   local function try(name)
     local key = name .. '\31' .. id
+    if not found then far_fetch(key) end
     if not found and redis.call('HEXISTS', K_TASKS, key) == 1 then found = key end
   end
   try(plugin)
@@ -46,6 +47,7 @@ if plugin ~= '' then
   end
   id = found or id
 end
+far_fetch(id)
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return 'missing' end
 if t.st == 'd' then return 'done' end

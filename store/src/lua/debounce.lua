@@ -1,5 +1,5 @@
 #!lua
---! needs extras
+--! needs extras far
 -- Schedules debounced tasks of one shard: one task per debounce key (the task's key).
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, then 8 per task: key, plugin, owner, max_attempts, marks (the trace
@@ -26,6 +26,7 @@ for a = 3, #ARGV - 7, 8 do
   local id, plugin, owner, max = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local marks, payload = ARGV[a + 4], ARGV[a + 5]
   local quiet, max_wait = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  far_fetch(id)
   local t = parse(redis.call('HGET', K_TASKS, id))
   local head, ex, current = '', nil, nil
   -- what its record held, for the plugin's task bytes (`charge`)

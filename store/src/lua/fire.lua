@@ -1,5 +1,5 @@
 #!lua
---! needs indexes
+--! needs indexes far
 -- Creates one firing of a recurring schedule as an ordinary scheduled task, at most once.
 -- KEYS: the shard's keys (the `shard` part), then KEYS[K_FIRST]: fired (ZSET firing id ->
 -- created at: firings whose schedule has not yet recorded them; the scheduler removes an entry
@@ -13,6 +13,7 @@ local channel, shard, id = ARGV[1], ARGV[2], ARGV[3]
 local fired = KEYS[K_FIRST]
 local now = now_ms()
 local function made(key)
+  far_fetch(key)
   return redis.call('ZSCORE', fired, key) or redis.call('HEXISTS', K_TASKS, key) == 1
 end
 if made(id) then return 'exists' end

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---! needs indexes claims
+--! needs indexes claims far
 -- Moves one scheduled task. KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, id, mode ('at' | 'shift' | 'now' | 'wake'), value (ms), and for 'wake'
 -- created, attempts; for the others, optionally a claim token: the task is moved only while it
@@ -14,6 +14,7 @@
 -- Bound: one task (and one wake message); a task claimed ahead: a revocation's request and a
 --  sweep of at most REVOKE_SWEEP fields of `batches` (`ask_revoke`).
 local channel, shard, id, mode, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+far_fetch(id)
 local t = parse(redis.call('HGET', K_TASKS, id))
 if not t then return { 'missing' } end
 if t.st == 'x' then return { 'dead' } end

@@ -1,9 +1,10 @@
 #!lua
---! needs indexes extras
+--! needs indexes extras far
 -- Schedules a batch of tasks of one shard.
 -- KEYS: the shard's keys (the `shard` part).
 -- ARGV: channel, shard, mode ('upsert' replaces a task that has not started; 'absent' only creates),
---       then runs of tasks that share their settings: count, max_attempts, plugin, created (0 =
+--       far horizon (ms; 0 = no far tier: else a plain task due that long from now or later goes
+--       into the far tier, see `far`), then runs of tasks that share their settings: count, max_attempts, plugin, created (0 =
 --       Redis time), unique_for_ms (0 = none: else scheduling the id again within that long after
 --       the task finished is refused as 'duplicate'), then 4 per task: id, due, owner, payload.
 --       (Every argument costs Redis ~0.2 µs to parse and turn into a Lua string: what tasks of
@@ -22,6 +23,8 @@
 --  (the caller cuts a request so), each O(log n) in the indexes.
 local channel, shard, mode = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
+local far_from, far_slot = tonumber(ARGV[4]), nil
+if far_from > 0 then far_slot = far_slot_ms(far_from); far_from = now + far_from end
 local now_s = string.format('%d', now)
 local out = {}
 local earliest = nil
@@ -29,7 +32,7 @@ local uniques = redis.call('EXISTS', K_UNIQUE) == 1
 -- the ids, and for each the ARGV index of its own fields and of its run's; per run, its
 -- unique_for_ms as a number (turned into one once per run, not per task)
 local ids, at, run_of, unique_for_of = {}, {}, {}, {}
-local a = 4
+local a = 5
 while a <= #ARGV do
   local count = tonumber(ARGV[a])
   unique_for_of[a] = tonumber(ARGV[a + 4])
@@ -42,10 +45,15 @@ while a <= #ARGV do
   a = a + 5 + count * 4
 end
 local n = #ids
+-- a task of these keys in the far tier comes back first: what follows sees it as live
+if far_in_use() then
+  for _, id in ipairs(ids) do far_fetch(id) end
+end
 local recs = records_of(ids)
 -- index -> {bare id, its parsed 0.1.0 record} where one of the same plugin is there
 local legacy = {}
 if redis.call('HEXISTS', K_META, 'legacy') == 1 then
+  far_from = 0
   for i, key in ipairs(ids) do
     local mark = string.find(key, '\31', 1, true)
     if mark and not recs[i] then
@@ -112,6 +120,7 @@ for i = 1, n do
   local old
   if pending[id] then
     flush()
+    far_fetch(id)
     old = parse(redis.call('HGET', K_TASKS, id))
   else
     old = parse(recs[i])
@@ -166,34 +175,41 @@ for i = 1, n do
       last = listen_from(id, last, now)
       p = priority_of(last)
     end
-    push(records, id, 's\t' .. due_s .. '\t0\t' .. ARGV[h + 1] .. '\t' .. created .. '\t\t' .. plugin
-      .. '\t' .. owner .. '\t\t' .. last)
-    -- the indexes of index_scheduled, gathered
-    if is_held(plugin, owner) then
-      push(parked, due_s, id)
+    local unique_for = unique_for_of[h]
+    if unique_for == 0 and far_eligible(due, owner, last, far_from)
+      and far_add(id, due, ARGV[h + 1], created, last, far_slot) then
+      -- in the far tier (see `far`), counted and charged below as a live task is; the
+      -- record of the task it replaces goes
+      if old then redis.call('HDEL', K_TASKS, id) end
     else
-      push(dues, due_s, id)
-      prio_push(prios, p, due, id)
-      if owner ~= '' then
-        local who = plugin .. '\0' .. owner
-        if not heads[who] or due < heads[who] then heads[who] = due end
+      push(records, id, 's\t' .. due_s .. '\t0\t' .. ARGV[h + 1] .. '\t' .. created .. '\t\t' .. plugin
+        .. '\t' .. owner .. '\t\t' .. last)
+      -- the indexes of index_scheduled, gathered
+      if is_held(plugin, owner) then
+        push(parked, due_s, id)
+      else
+        push(dues, due_s, id)
+        prio_push(prios, p, due, id)
+        if owner ~= '' then
+          local who = plugin .. '\0' .. owner
+          if not heads[who] or due < heads[who] then heads[who] = due end
+        end
       end
-    end
-    if owner ~= '' then
-      push(byowner, 0, owner_member(owner, due, id))
-      local who = plugin .. '\0' .. owner
-      owned[who] = (owned[who] or 0) + 1
+      if owner ~= '' then
+        push(byowner, 0, owner_member(owner, due, id))
+        local who = plugin .. '\0' .. owner
+        owned[who] = (owned[who] or 0) + 1
+      end
+      if not earliest or due < earliest then earliest = due end
     end
     counts[plugin] = (counts[plugin] or 0) + 1
     bytes[plugin] = (bytes[plugin] or 0) + weight(last)
     if not firsts[plugin] or due < firsts[plugin] then firsts[plugin] = due end
-    local unique_for = unique_for_of[h]
     if unique_for > 0 then
       redis.call('ZADD', K_UNIQUE, -unique_for, id)
     elseif uniques then
       redis.call('ZREM', K_UNIQUE, id)
     end
-    if not earliest or due < earliest then earliest = due end
   end
   out[#out + 1] = verdict
 end

@@ -1,0 +1,103 @@
+//! W12 far: `--far` tasks a week ahead with 40-byte payloads, stored in the far tier (the bench's
+//! store opened with a one-hour horizon), then W1 beside them; 1,000 of them cancelled by id,
+//! timed, against 1,000 live tasks cancelled the same way.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::report::{self, round};
+use crate::workloads::{Bench, schedule_all, tasks};
+use eggtimer::clock::system_ms as now_ms;
+use eggtimer::store::task_key;
+
+/// The far horizon W12's store has (ms).
+pub const HORIZON_MS: u64 = 3_600_000;
+/// A week (ms): the far tasks fall due evenly over the week after it.
+const WEEK_MS: i64 = 7 * 86_400_000;
+/// Tasks cancelled by id, in each tier.
+const CANCELS: usize = 1000;
+
+impl Bench {
+    /// W12 (the store must have been opened with `HORIZON_MS`).
+    pub async fn w12(&self, w1_alone: Option<&report::W1>) -> Result<report::W12> {
+        anyhow::ensure!(
+            self.store.far_horizon_ms() == HORIZON_MS,
+            "W12 wants a store with the far tier"
+        );
+        self.flush().await?;
+        let m = self.args.far;
+        let before = self.info("memory", "used_memory").await?;
+        let start = now_ms() + WEEK_MS;
+        let t0 = Instant::now();
+        let step = 200_000;
+        for from in (0..m).step_by(step) {
+            let k = step.min(m - from);
+            let dues: Vec<i64> = (0..k)
+                .map(|i| start + (from + i) as i64 * WEEK_MS / m as i64)
+                .collect();
+            let batch = tasks(0, &dues, "noop")
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut t)| {
+                    let n = from + i;
+                    t.id = format!("f{n}");
+                    // 40 bytes
+                    t.payload = format!(r#"{{"coupon":"c{n:08}","user":"u{n:07}"}}"#);
+                    t
+                })
+                .collect();
+            schedule_all(&self.store, batch).await?;
+        }
+        let fill_s = t0.elapsed().as_secs_f64();
+        let after = self.info("memory", "used_memory").await?;
+        let per_task = (after - before) / m as f64;
+        // 1,000 far tasks cancelled by id, one after another
+        let t1 = Instant::now();
+        for i in (0..m).step_by((m / CANCELS).max(1)).take(CANCELS) {
+            let r = self
+                .store
+                .cancel(&task_key("noop", &format!("f{i}")))
+                .await?;
+            anyhow::ensure!(r.is_ok(), "the far task f{i} was not cancelled: {r:?}");
+        }
+        let far_cancel_us = t1.elapsed().as_secs_f64() * 1e6 / CANCELS as f64;
+        // 1,000 live ones (due in an hour less a minute: under the horizon) the same way
+        let live_due = now_ms() + HORIZON_MS as i64 - 60_000;
+        let live = tasks(0, &vec![live_due; CANCELS], "noop")
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut t)| {
+                t.id = format!("l{i}");
+                t
+            })
+            .collect();
+        schedule_all(&self.store, live).await?;
+        let t2 = Instant::now();
+        for i in 0..CANCELS {
+            let r = self
+                .store
+                .cancel(&task_key("noop", &format!("l{i}")))
+                .await?;
+            anyhow::ensure!(r.is_ok(), "the live task l{i} was not cancelled: {r:?}");
+        }
+        let live_cancel_us = t2.elapsed().as_secs_f64() * 1e6 / CANCELS as f64;
+        let w1 = self.w1("W12-W1").await?;
+        let ratio = w1_alone
+            .map(|a| a.lateness_ms.p99)
+            .filter(|a| *a > 0.0)
+            .map(|a| round(w1.lateness_ms.p99 / a));
+        Ok(report::W12 {
+            workload: "W12",
+            far: m,
+            fill_s: round(fill_s),
+            scheduled_per_s: (m as f64 / fill_s).round(),
+            bytes_per_far_task: per_task.round(),
+            bytes_beyond_payload: (per_task - 40.0).round(),
+            far_cancel_us_per_task: far_cancel_us.round(),
+            live_cancel_us_per_task: live_cancel_us.round(),
+            w1_beside: w1,
+            p99_ratio_vs_w1_alone: ratio,
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! The far tier: tasks due beyond the horizon (`StoreOptions::far_horizon_ms`), kept packed per
+//! shard, plugin and minute in one Redis value each, with a small index from a task's key to its
+//! slot (`lua/lib/far.lua` holds the layout). The scripts that act on a task by its key bring a
+//! far one back into the live tier first, so each acts on it as on any other; reads see it as the
+//! record it will have once live. The promoter (each runner, for the shards it owns) moves the
+//! slots into the live tier half a horizon before they fall due.
+
+use anyhow::{Context, Result};
+
+use super::{Store, TaskRecord, task_key};
+
+/// Most far tasks one promotion call moves (then one more slot at most; a slot holds at most
+/// 256 KiB of tasks).
+pub const PROMOTE_CHUNK: usize = 2000;
+
+/// A lead that takes every far task (past the latest time anything may be due).
+const FAR_ALL_MS: u64 = 253_402_300_799_999;
+
+impl Store {
+    /// The far horizon (ms; 0: no far tier).
+    pub fn far_horizon_ms(&self) -> u64 {
+        self.inner.opts.far_horizon_ms
+    }
+
+    /// How long before a far slot's start its tasks move into the live tier: half the horizon,
+    /// so a task is live long before it falls due, and one scheduled just past the horizon stays
+    /// far for a while. Without a horizon (a runner started without the far tier where one
+    /// was written), every far task moves.
+    pub fn far_lead_ms(&self) -> u64 {
+        match self.inner.opts.far_horizon_ms {
+            0 => FAR_ALL_MS,
+            h => h / 2,
+        }
+    }
+
+    /// Moves the far tasks of `shard` whose slot starts within the lead into the live tier (one
+    /// call: at most `PROMOTE_CHUNK` tasks and one slot more). Returns how many moved.
+    pub async fn promote_far(&self, shard: u32) -> Result<usize> {
+        let channel = self.keys().wake_channel();
+        let mut inv = self.shard_script(&self.inner.scripts.far_promote, shard);
+        let moved: usize = inv
+            .arg(&channel)
+            .arg(shard)
+            .arg(self.far_lead_ms())
+            .arg(PROMOTE_CHUNK)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("far_promote script")?;
+        Ok(moved)
+    }
+
+    /// The records far tasks of `keys` (all of `shard`) will have once live (None: no far task
+    /// of that key).
+    pub(super) async fn far_records(
+        &self,
+        shard: u32,
+        keys: &[&str],
+    ) -> Result<Vec<Option<String>>> {
+        let mut inv = self.shard_script(&self.inner.scripts.far_get, shard);
+        for k in keys {
+            inv.arg(*k);
+        }
+        let recs: Vec<Option<String>> = inv
+            .invoke_async(&mut self.conn())
+            .await
+            .context("far_get script")?;
+        Ok(recs)
+    }
+
+    /// One chunk of the far tasks of `plugin` on `shard` (for a deploy's check of the waiting
+    /// tasks): the slots a ZSCAN of the tier's slots finds from `cursor` (0 to start), each read
+    /// whole. The tasks and the next cursor (0: the shard is done). Every task far throughout
+    /// the walk is seen.
+    pub async fn far_waiting_chunk(
+        &self,
+        shard: u32,
+        plugin: &str,
+        cursor: u64,
+    ) -> Result<(Vec<TaskRecord>, u64)> {
+        let k = self.keys().shard(shard);
+        // a plugin name is [a-z0-9-]: nothing in it is a pattern's
+        let (next, found): (u64, Vec<String>) = redis::cmd("ZSCAN")
+            .arg(k.far_slots())
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{plugin}\x1f*"))
+            .arg("COUNT")
+            .arg(16)
+            .query_async(&mut self.conn())
+            .await
+            .context("reading the far tier's slots")?;
+        // (member, score) pairs
+        let members: Vec<&String> = found.iter().step_by(2).collect();
+        if members.is_empty() {
+            return Ok((Vec::new(), next));
+        }
+        let mut pipe = redis::pipe();
+        for m in &members {
+            pipe.cmd("GET").arg(k.far_slot(m));
+        }
+        let blobs: Vec<Option<String>> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .context("reading far slots")?;
+        let mut tasks = Vec::new();
+        for (member, blob) in members.into_iter().zip(blobs) {
+            let Some((_, start_s)) = member.split_once('\x1f') else {
+                continue;
+            };
+            let Ok(start_s) = start_s.parse::<i64>() else {
+                continue;
+            };
+            tasks.extend(
+                far_entries(blob.as_deref().unwrap_or_default())
+                    .filter_map(|e| e.record(plugin, start_s)),
+            );
+        }
+        Ok((tasks, next))
+    }
+}
+
+/// One task of a far slot's value (`\x1e id \x1f due-offset \x1f max_attempts \x1f created
+/// \x1f payload`).
+struct FarEntry<'a> {
+    id: &'a str,
+    offset_ms: i64,
+    max_attempts: &'a str,
+    created: &'a str,
+    payload: &'a str,
+}
+
+impl FarEntry<'_> {
+    /// The record it will have once live, in the slot starting at `start_s` (seconds).
+    fn record(&self, plugin: &str, start_s: i64) -> Option<TaskRecord> {
+        let due = start_s * 1000 + self.offset_ms;
+        let rec = format!(
+            "s\t{due}\t0\t{}\t{}\t\t{plugin}\t\t\t{}",
+            self.max_attempts, self.created, self.payload
+        );
+        TaskRecord::decode(&task_key(plugin, self.id), &rec)
+    }
+}
+
+/// The tasks of a far slot's value (malformed ones left out).
+fn far_entries(blob: &str) -> impl Iterator<Item = FarEntry<'_>> {
+    blob.split('\x1e')
+        .filter(|e| !e.is_empty())
+        .filter_map(|e| {
+            let mut f = e.splitn(5, '\x1f');
+            Some(FarEntry {
+                id: f.next()?,
+                offset_ms: f.next()?.parse().ok()?,
+                max_attempts: f.next()?,
+                created: f.next()?,
+                payload: f.next()?,
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_far_slots_value_reads_as_the_records_its_tasks_will_have() {
+        let blob =
+            "\x1ea\x1f250\x1f3\x1f1700000000000\x1f{\"n\":1}\x1eb\x1f0\x1f1\x1f1700000000001\x1f{}";
+        let recs: Vec<TaskRecord> = far_entries(blob)
+            .filter_map(|e| e.record("mail", 1_800_000_000))
+            .collect();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[0].id, "a");
+        assert_eq!(recs[0].run_at, 1_800_000_000_250);
+        assert_eq!(recs[0].max_attempts, 3);
+        assert_eq!(recs[0].payload, "{\"n\":1}");
+        assert_eq!(recs[1].plugin, "mail");
+        assert_eq!(far_entries("\x1ebroken").count(), 0);
+    }
+}

@@ -1,0 +1,194 @@
+--! part far
+--! needs shard record buckets indexes
+-- The far tier: scheduled tasks due beyond the runner's horizon (`--far-horizon`), kept packed
+-- until the promoter (`far_promote.lua`) moves them into the live tier a lead ahead of their due
+-- time. Only a plain task goes there: no owner, no extras (listeners, priority, debounce, trace
+-- marks), no dedup window, in a shard without 0.1.0 records. Its record does not exist while it is
+-- far; every script that acts on a task by its key first brings it back (`far_fetch`), so each
+-- acts on it exactly as on a live task. A far task is counted as scheduled and its bytes charged
+-- as a live one's (`count_scheduled`, `charge`): budgets and counts don't see the tiers.
+-- Keys, all derived from `tasks` under the shard's hash tag:
+--   tasks:fs (ZSET plugin \31 slot -> the slot's start (ms)): the slots that hold far tasks.
+--   tasks:f:<plugin>\31<slot> (STRING): the slot's tasks of the plugin, each
+--     \30 id \31 due-offset \31 max_attempts \31 created \31 payload
+--     (a slot is named by its start in seconds; the id without its plugin; the offset in ms from
+--     the slot's start; a payload is JSON: it holds no control character). A slot is as long as
+--     its writer chose (`far_slot_ms`: a sixtieth of the horizon, 1 s to a minute), so runners of
+--     different horizons share the tier.
+--   tasks:fi:<bucket> (HASH subhash -> slot, or slots space-separated when keys share a subhash):
+--     where a key's task is. bucket and subhash are cut from the SHA1 of the key (FAR_BUCKETS
+--     buckets of a few hundred small entries each: Redis keeps a hash that small packed).
+
+local FAR_BUCKETS = 16384
+-- A slot's value grows to at most this many bytes; a task that would pass it stays live. (Every
+-- far operation reads and rewrites one slot: this bounds what one costs Redis, ~50 µs.)
+local FAR_SLOT_BYTES = 262144
+
+local function far_slots_key() return K_TASKS .. ':fs' end
+local function far_list_key(member) return K_TASKS .. ':f:' .. member end
+
+-- The index bucket's key and the field of `key`.
+local function far_where(key)
+  local h = redis.sha1hex(key)
+  return K_TASKS .. ':fi:' .. (tonumber(string.sub(h, 1, 4), 16) % FAR_BUCKETS),
+    string.format('%d', tonumber(string.sub(h, 5, 12), 16))
+end
+
+-- Whether this shard holds far tasks (read once per run).
+local far_there
+on_start[#on_start + 1] = function() far_there = nil end
+local function far_in_use()
+  if far_there == nil then far_there = redis.call('EXISTS', far_slots_key()) == 1 end
+  return far_there
+end
+
+-- The length of a slot for a horizon (ms): a sixtieth of it, in whole seconds, 1 s to a minute.
+local function far_slot_ms(horizon)
+  return math.min(60000, math.max(1000, math.floor(horizon / 60000) * 1000))
+end
+
+-- Whether a task may go far: plain (see above), due at or past `from` (0: the tier is off).
+local function far_eligible(due, owner, last, from)
+  return from > 0 and due >= from and owner == '' and not string.find(last, '[\28-\31]')
+end
+
+-- Adds a task (counted and charged by the caller) to its slot; false (nothing written) when the
+-- slot is full: the caller keeps the task live.
+local function far_add(key, due, max, created, payload, slot_ms)
+  local mark = string.find(key, '\31', 1, true)
+  local plugin, id = string.sub(key, 1, mark - 1), string.sub(key, mark + 1)
+  local start = math.floor(due / slot_ms) * slot_ms
+  local slot_s = string.format('%d', start / 1000)
+  local member = plugin .. '\31' .. slot_s
+  local lk = far_list_key(member)
+  if redis.call('STRLEN', lk) >= FAR_SLOT_BYTES then return false end
+  redis.call('APPEND', lk, '\30' .. id .. '\31'
+    .. string.format('%d', due - start) .. '\31' .. max .. '\31' .. created .. '\31' .. payload)
+  redis.call('ZADD', far_slots_key(), 'NX', string.format('%d', start), member)
+  local bucket, field = far_where(key)
+  local was = redis.call('HGET', bucket, field)
+  redis.call('HSET', bucket, field, was and (was .. ' ' .. slot_s) or slot_s)
+  far_there = true
+  return true
+end
+
+-- Takes one `slot_s` out of the index entry of `key`.
+local function far_unindex(key, slot_s)
+  local bucket, field = far_where(key)
+  local was = redis.call('HGET', bucket, field)
+  if not was then return end
+  if was == slot_s then redis.call('HDEL', bucket, field); return end
+  local rest, dropped = {}, false
+  for s in string.gmatch(was, '%S+') do
+    if s == slot_s and not dropped then dropped = true else rest[#rest + 1] = s end
+  end
+  if #rest == 0 then redis.call('HDEL', bucket, field)
+  else redis.call('HSET', bucket, field, table.concat(rest, ' ')) end
+end
+
+-- The live record of a far entry's fields.
+local function far_record(plugin, slot, off, max, created, payload)
+  return 's\t' .. string.format('%d', slot * 1000 + tonumber(off)) .. '\t0\t' .. max .. '\t'
+    .. created .. '\t\t' .. plugin .. '\t\t\t' .. payload
+end
+
+-- Writes a task brought back from the far tier as a live scheduled one: its record and its due
+-- bucket (or `parked`); it was counted as scheduled when it went far.
+local function far_live(key, rec, due)
+  redis.call('HSET', K_TASKS, key, rec)
+  local plugin = string.sub(key, 1, string.find(key, '\31', 1, true) - 1)
+  if is_held(plugin, '') then redis.call('ZADD', K_PARKED, due, key)
+  else due_add({ string.format('%d', due), key }) end
+end
+
+-- The far entry of `key`: its slot's member, the slot's value, where the entry starts and ends
+-- in it (the end exclusive), and its fields; nil when the key has no far task.
+local function far_find(key)
+  if not far_in_use() then return nil end
+  local mark = string.find(key, '\31', 1, true)
+  if not mark then return nil end
+  local bucket, field = far_where(key)
+  local where = redis.call('HGET', bucket, field)
+  if not where then return nil end
+  local plugin, id = string.sub(key, 1, mark - 1), string.sub(key, mark + 1)
+  local head = '\30' .. id .. '\31'
+  for slot_s in string.gmatch(where, '%S+') do
+    local member = plugin .. '\31' .. slot_s
+    local blob = redis.call('GET', far_list_key(member))
+    local s = blob and string.find(blob, head, 1, true)
+    if s then
+      local e = string.find(blob, '\30', s + 1, true) or #blob + 1
+      local off, max, created, payload = string.match(string.sub(blob, s + #head, e - 1),
+        '^(%d+)\31(%d+)\31(%d+)\31(.*)$')
+      local slot = tonumber(slot_s)
+      return { member = member, slot_s = slot_s, blob = blob, s = s, e = e,
+        due = slot * 1000 + tonumber(off),
+        record = far_record(plugin, slot, off, max, created, payload) }
+    end
+  end
+  return nil
+end
+
+-- Brings the far task stored under `key` into the live tier; returns whether there was one.
+-- Bound: the key's index entry and the slot(s) it names (one GET and one SET of each).
+local function far_fetch(key)
+  local f = far_find(key)
+  if not f then return false end
+  local lk = far_list_key(f.member)
+  local blob = string.sub(f.blob, 1, f.s - 1) .. string.sub(f.blob, f.e)
+  if blob == '' then
+    redis.call('DEL', lk)
+    redis.call('ZREM', far_slots_key(), f.member)
+  else
+    redis.call('SET', lk, blob)
+  end
+  far_unindex(key, f.slot_s)
+  far_live(key, f.record, f.due)
+  return true
+end
+
+-- Moves every task of the far slot `member` (plugin \31 slot) into the live tier. Returns how
+-- many moved and the earliest due among them.
+-- Bound: one slot (FAR_SLOT_BYTES).
+local function far_promote_slot(member)
+  local mark = string.find(member, '\31', 1, true)
+  local plugin, slot_s = string.sub(member, 1, mark - 1), string.sub(member, mark + 1)
+  local slot = tonumber(slot_s)
+  local lk = far_list_key(member)
+  local blob = redis.call('GET', lk) or ''
+  local records, dues, parked = {}, {}, {}
+  local held = is_held(plugin, '')
+  local moved, earliest = 0, nil
+  for id, off, max, created, payload in string.gmatch(blob, '\30([^\31]*)\31(%d+)\31(%d+)\31(%d+)\31([^\30]*)') do
+    local key = plugin .. '\31' .. id
+    local due = slot * 1000 + tonumber(off)
+    push(records, key, far_record(plugin, slot, off, max, created, payload))
+    if held then push(parked, string.format('%d', due), key)
+    else push(dues, string.format('%d', due), key) end
+    far_unindex(key, slot_s)
+    if not earliest or due < earliest then earliest = due end
+    moved = moved + 1
+  end
+  call_many('HSET', K_TASKS, records)
+  due_add(dues)
+  call_many('ZADD', K_PARKED, parked)
+  redis.call('DEL', lk)
+  redis.call('ZREM', far_slots_key(), member)
+  return moved, earliest
+end
+
+-- Moves the far tasks of the slots starting at or before `upto` into the live tier, earliest slot
+-- first, whole slots until `limit` tasks have moved. Returns how many moved and the earliest due
+-- among them.
+-- Bound: `limit` tasks and one slot more (FAR_SLOT_BYTES).
+local function far_promote(upto, limit)
+  local moved, earliest = 0, nil
+  while moved < limit do
+    local first = redis.call('ZRANGEBYSCORE', far_slots_key(), '-inf', string.format('%d', upto), 'LIMIT', '0', '1')
+    if #first == 0 then break end
+    local n, e = far_promote_slot(first[1])
+    moved = moved + n
+    if e and (not earliest or e < earliest) then earliest = e end
+  end
+  return moved, earliest
+end

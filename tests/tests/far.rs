@@ -1,0 +1,217 @@
+//! The far tier: tasks due beyond `--far-horizon` are stored packed (no record, no due index
+//! entry), read by id as any task, cancelled, moved, run now and replaced as any task (each of
+//! those brings the task back first), moved into the live tier ahead of their due time by the
+//! shard's owner, and run once, never early. A runner killed -9 right after a promotion loses
+//! and doubles nothing; a runner without a far tier moves every far task back.
+//! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use eggtimer_tests::{
+    RedisServer, RunnerProcess, call, eventually, now_ms, plugins_dir, post_tasks,
+    read_events_timed, runners_holding_shards,
+};
+use serde_json::{Value, json};
+
+const TASKS: &str = "{eggtimer:0}:tasks";
+
+/// `n` tasks of `bench-record` (ids `<prefix><i>`), task i due at `due(i)`, payload `{"n": i}`.
+async fn schedule(
+    base: &str,
+    prefix: &str,
+    n: usize,
+    due: impl Fn(usize) -> i64,
+) -> HashMap<String, i64> {
+    let mut at = HashMap::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let specs: Vec<Value> = chunk
+            .iter()
+            .map(|&i| {
+                let id = format!("{prefix}{i}");
+                at.insert(id.clone(), due(i));
+                json!({"plugin": "bench-record", "id": id, "run_at": due(i), "payload": {"n": i}})
+            })
+            .collect();
+        post_tasks(base, json!(specs)).await;
+    }
+    at
+}
+
+/// Every `bench` event so far: task id → the Redis times (ms) of its runs' events.
+fn runs(redis: &RedisServer) -> HashMap<String, Vec<i64>> {
+    let mut runs: HashMap<String, Vec<i64>> = HashMap::new();
+    for (at, _, data) in read_events_timed(&mut redis.conn(), &["bench-record"], "bench") {
+        let id = data["id"].as_str().expect("the event names its task");
+        runs.entry(id.to_owned()).or_default().push(at);
+    }
+    runs
+}
+
+/// Waits until every task of `due` but `cancelled` has run; asserts each ran once, not before its
+/// due time, and no cancelled one ran.
+async fn each_once_on_time(
+    redis: &RedisServer,
+    due: &HashMap<String, i64>,
+    cancelled: &HashSet<String>,
+    limit: Duration,
+) {
+    let runs = eventually(limit, "every task to run", || async {
+        let r = runs(redis);
+        due.keys()
+            .all(|id| cancelled.contains(id) || r.contains_key(id))
+            .then_some(r)
+    })
+    .await;
+    for id in cancelled {
+        assert!(!runs.contains_key(id), "{id} ran after its cancel");
+    }
+    for (id, at) in due {
+        if cancelled.contains(id) {
+            continue;
+        }
+        let ats = &runs[id];
+        assert_eq!(ats.len(), 1, "{id} ran {} times", ats.len());
+        assert!(ats[0] >= *at, "{id} started {} ms before {at}", at - ats[0]);
+    }
+}
+
+fn far_keys(redis: &RedisServer) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("{eggtimer:0}:tasks:f*")
+        .query(&mut redis.conn())
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+fn live_records(redis: &RedisServer) -> usize {
+    redis::cmd("HLEN")
+        .arg(TASKS)
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn far_tasks_are_read_cancelled_moved_run_now_and_replaced_by_id_and_run_once_on_time() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--far-horizon", "10s"]);
+    let first = now_ms() + 20_000;
+    let mut due = schedule(&runner.url, "k", 300, |i| first + 10 * i as i64).await;
+    assert_eq!(live_records(&redis), 0, "every task went far");
+    assert!(!far_keys(&redis).is_empty(), "the far tier holds them");
+    let task = |id: &str| format!("{}/v1/tasks/{id}", runner.url);
+
+    // read as any task, and reading leaves it far
+    let (s, t) = call("GET", &task("k5"), None).await;
+    assert_eq!(s, 200, "{t}");
+    assert_eq!(t["state"], "scheduled", "{t}");
+    assert_eq!(t["run_at"], first + 50, "{t}");
+    assert_eq!(t["payload"], json!({"n": 5}), "{t}");
+    assert_eq!(t["plugin"], "bench-record", "{t}");
+    assert_eq!(live_records(&redis), 0, "a read brings nothing back");
+
+    // cancelled
+    let (s, b) = call("DELETE", &task("k7"), None).await;
+    assert_eq!(s, 204, "{b}");
+    let (s, _) = call("GET", &task("k7"), None).await;
+    assert_eq!(s, 404, "a cancelled far task is gone");
+    let cancelled = HashSet::from(["k7".to_owned()]);
+
+    // moved later (stays beyond the horizon) and into it
+    let (s, b) = call("PATCH", &task("k9"), Some(json!({"shift_ms": 3000}))).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["run_at"], first + 90 + 3000, "{b}");
+    due.insert("k9".into(), first + 90 + 3000);
+    let soon = now_ms() + 1500;
+    let (s, b) = call("PATCH", &task("k13"), Some(json!({"run_at": soon}))).await;
+    assert_eq!(s, 200, "{b}");
+    due.insert("k13".into(), soon);
+
+    // run now
+    let (s, b) = call("POST", &format!("{}/run", task("k15")), Some(json!({}))).await;
+    assert_eq!(s, 202, "{b}");
+    due.insert("k15".into(), 0);
+
+    // replaced: one task of the id, at its new time
+    let later = first + 4000;
+    post_tasks(
+        &runner.url,
+        json!([{"plugin": "bench-record", "id": "k17", "run_at": later, "payload": {"n": -1}}]),
+    )
+    .await;
+    due.insert("k17".into(), later);
+    let (s, t) = call("GET", &task("k17"), None).await;
+    assert_eq!((s, &t["payload"]), (200, &json!({"n": -1})), "{t}");
+
+    // the one moved into the horizon and the one run now start before the far ones are due
+    let early = eventually(Duration::from_secs(10), "k13 and k15 to run", || async {
+        let r = runs(&redis);
+        (r.contains_key("k13") && r.contains_key("k15")).then_some(r)
+    })
+    .await;
+    assert!(
+        early.len() == 2,
+        "only k13 and k15 ran before the far tasks were due: {:?}",
+        early.keys().collect::<Vec<_>>()
+    );
+    each_once_on_time(&redis, &due, &cancelled, Duration::from_secs(40)).await;
+    assert_eq!(
+        far_keys(&redis),
+        Vec::<String>::new(),
+        "the far tier is empty once its tasks moved"
+    );
+}
+
+/// A runner killed -9 right after a promotion call (its failpoint `far-promoted`: a call that
+/// moved a full chunk) leaves the rest far; the next owner of the shard, a runner without a far
+/// tier, moves every far task back at once. Each task runs once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_after_a_promotion_loses_and_doubles_nothing() {
+    let redis = RedisServer::start();
+    let dir = plugins_dir();
+    let common = [
+        "--plugins-dir",
+        dir.to_str().unwrap(),
+        "--shards",
+        "1",
+        "--shard-lease",
+        "1s",
+    ];
+    let mut args = common.to_vec();
+    args.extend(["--far-horizon", "10s"]);
+    let mut a = RunnerProcess::start_with_env(
+        &redis.url(),
+        &args,
+        &[("EGGTIMER_FAILPOINT", "far-promoted")],
+    );
+    runners_holding_shards(&a.url, 1).await;
+    let b = RunnerProcess::start(&redis.url(), &common);
+    // 2,500 tasks in one second (one far slot: a promotion call moves them all, a full chunk),
+    // then 1,000 in each of the next three seconds
+    let first = (now_ms() / 1000 + 16) * 1000;
+    let due = schedule(&a.url, "p", 5500, |i| {
+        if i < 2500 {
+            first + (i as i64 % 1000)
+        } else {
+            first + 1000 + (i as i64 - 2500) / 1000 * 1000 + i as i64 % 1000
+        }
+    })
+    .await;
+    assert_eq!(live_records(&redis), 0, "every task went far");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !a.child_exited() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the promoter did not abort at its failpoint"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        now_ms() < first,
+        "the promoter died before the tasks fell due"
+    );
+    each_once_on_time(&redis, &due, &HashSet::new(), Duration::from_secs(60)).await;
+    assert_eq!(far_keys(&redis), Vec::<String>::new());
+    drop(b);
+}
