@@ -267,8 +267,9 @@ pub struct ServeArgs {
     pub priority_aging_ms: u64,
     /// Tasks due this far ahead or later are kept packed in the far tier (about a third of the
     /// memory of a waiting task) and move into the live tier half this long before they fall due.
-    /// 0s: no far tier (far tasks written before move back). At least 10s; an hour or more is
-    /// what it is for. Turn it on once every runner of the namespace runs this version.
+    /// 0s: no far tier (far tasks written before move back, within a minute). At least 10s; an
+    /// hour or more is what it is for. Give every runner of a namespace the same horizon, once
+    /// all run this version.
     #[arg(long, env = "EGGTIMER_FAR_HORIZON", default_value = "0s", value_parser = parse_far_horizon)]
     pub far_horizon: Duration,
     /// First retry delay of a failed task (doubles per attempt, with jitter).

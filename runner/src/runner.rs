@@ -288,12 +288,27 @@ async fn sweep_outboxes(store: Store, shards: Arc<Shards>, mut stop: watch::Rece
 }
 
 /// Moves the far tasks of the shards this runner owns into the live tier, half a horizon before
-/// they fall due (every far task where the runner has no far tier), once a second: each call
-/// moves at most `PROMOTE_CHUNK` tasks and is called again while it moves that many. A runner
-/// killed between calls leaves the rest to the next owner of the shard: each call is one script.
+/// they fall due, once a second. A runner without a far tier moves every far task of its shards
+/// back (another runner's, or its own before a restart without one) when it comes to own a
+/// shard and once a minute after, so it costs an idle Redis next to nothing. Each call moves at
+/// most `PROMOTE_CHUNK` tasks and is called again while it moves that many. A runner killed
+/// between calls leaves the rest to the next owner of the shard: each call is one script.
 async fn promote_far(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
+    let every = if store.far_horizon_ms() > 0 {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(60)
+    };
+    // when each owned shard was last looked at (a shard lost and owned again is looked at anew)
+    let mut looked: std::collections::HashMap<u32, std::time::Instant> = Default::default();
     loop {
-        for shard in shards.owned() {
+        let owned = shards.owned();
+        looked.retain(|s, _| owned.contains(s));
+        for shard in owned {
+            if looked.get(&shard).is_some_and(|t| t.elapsed() < every) {
+                continue;
+            }
+            looked.insert(shard, std::time::Instant::now());
             loop {
                 match store.promote_far(shard).await {
                     Ok(n) if n >= eggtimer_store::PROMOTE_CHUNK => {

@@ -13,6 +13,12 @@ use super::{Store, TaskRecord, task_key};
 /// 256 KiB of tasks).
 pub const PROMOTE_CHUNK: usize = 2000;
 
+/// The longest a far slot is (ms): a far task is due less than this long after its slot's start.
+const LONGEST_SLOT_MS: i64 = 60_000;
+/// Far slots one read of a `find` page takes, and the most reads a page makes past its cursor.
+const FAR_FIND_SLOTS: usize = 16;
+const FAR_FIND_READS: usize = 8;
+
 /// A lead that takes every far task (past the latest time anything may be due).
 const FAR_ALL_MS: u64 = 253_402_300_799_999;
 
@@ -116,6 +122,109 @@ impl Store {
             );
         }
         Ok((tasks, next))
+    }
+
+    /// A page of `shard`'s far tasks (of `plugin`, or all) due in `lo..=hi`, soonest first,
+    /// after the place `after` (due, key): up to `limit` places with their records, and whether
+    /// more may follow (`find`'s scheduled tasks, beside the due buckets and `parked`). Slots
+    /// are read in the order of their starts until `limit` tasks are known to come before every
+    /// slot not read (a far task is due less than a minute after its slot's start), at most
+    /// `FAR_FIND_READS` reads of `FAR_FIND_SLOTS` slots a page once past the cursor: a page cut
+    /// short ends at a place with no task (every far task before it was shown), from which the
+    /// next page goes on.
+    pub(super) async fn far_page(
+        &self,
+        shard: u32,
+        plugin: Option<&str>,
+        after: Option<&(i64, String)>,
+        limit: usize,
+        (lo, hi): (i64, i64),
+    ) -> Result<FarPage> {
+        let k = self.keys().shard(shard);
+        let from = after.map_or(lo, |(due, _)| (*due).max(lo));
+        let is_after = |r: &TaskRecord| match after {
+            Some((due, key)) => (r.run_at, r.key.as_str()) > (*due, key.as_str()),
+            None => true,
+        };
+        let mut found: Vec<TaskRecord> = Vec::new();
+        let (mut offset, mut reads) = (0, 0);
+        let frontier = loop {
+            let page: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+                .arg(k.far_slots())
+                .arg(from.saturating_sub(LONGEST_SLOT_MS))
+                .arg(hi)
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(FAR_FIND_SLOTS)
+                .query_async(&mut self.conn())
+                .await
+                .context("reading the far tier's slots")?;
+            offset += page.len();
+            reads += 1;
+            let wanted: Vec<(&str, i64)> = page
+                .iter()
+                .filter_map(|(m, _)| {
+                    let (p, start_s) = m.split_once('\x1f')?;
+                    let keep = plugin.is_none_or(|want| want == p);
+                    keep.then_some((m.as_str(), start_s.parse().ok()?))
+                })
+                .collect();
+            if !wanted.is_empty() {
+                let mut pipe = redis::pipe();
+                for (m, _) in &wanted {
+                    pipe.cmd("GET").arg(k.far_slot(m));
+                }
+                let blobs: Vec<Option<String>> = pipe
+                    .query_async(&mut self.conn())
+                    .await
+                    .context("reading far slots")?;
+                for ((m, start_s), blob) in wanted.into_iter().zip(blobs) {
+                    let p = m.split_once('\x1f').map_or(m, |(p, _)| p);
+                    found.extend(
+                        far_entries(blob.as_deref().unwrap_or_default())
+                            .filter_map(|e| e.record(p, start_s))
+                            .filter(|r| r.run_at >= lo && r.run_at <= hi && is_after(r)),
+                    );
+                }
+            }
+            found.sort_by(|a, b| (a.run_at, &a.key).cmp(&(b.run_at, &b.key)));
+            // every slot not read starts at or after the last one read
+            let Some(last) = page.last().filter(|_| page.len() == FAR_FIND_SLOTS) else {
+                let more = found.len() > limit;
+                found.truncate(limit);
+                return Ok(FarPage::of(found, more));
+            };
+            let frontier = last.1 as i64;
+            if found.iter().take_while(|r| r.run_at < frontier).count() >= limit {
+                found.truncate(limit);
+                return Ok(FarPage::of(found, true));
+            }
+            if reads >= FAR_FIND_READS && frontier > from {
+                break frontier;
+            }
+        };
+        // cut short: the tasks known to come first, then a place past them with no task
+        found.retain(|r| r.run_at < frontier);
+        let mut page = FarPage::of(found, true);
+        page.0.push((frontier - 1, "\u{10ffff}".into()));
+        page.1.push(None);
+        Ok(page)
+    }
+}
+
+/// A page of far tasks: the places (due, key), the records at them (None: a place with no task
+/// that a page cut short ends at), whether more may follow.
+pub(super) struct FarPage(
+    pub Vec<(i64, String)>,
+    pub Vec<Option<TaskRecord>>,
+    pub bool,
+);
+
+impl FarPage {
+    fn of(found: Vec<TaskRecord>, more: bool) -> FarPage {
+        let places = found.iter().map(|r| (r.run_at, r.key.clone())).collect();
+        FarPage(places, found.into_iter().map(Some).collect(), more)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Finding tasks by plugin, state, owner and due range, a page at a time.
 //!
-//! Each state is read from the index that orders it (scheduled: the due buckets + `parked`, or
-//! `byowner` when an owner is given; running: the claim batches in `batches`; dead: `dead` or
+//! Each state is read from the index that orders it (scheduled: the due buckets + `parked` + the
+//! far tier's slots, or `byowner` when an owner is given (an owned task is never far); running: the claim batches in `batches`; dead: `dead` or
 //! `byplugin` when a plugin is given; done: the `finished` log), every shard from the cursor on,
 //! so a page costs O(shards × page) whatever the number of tasks. A filter that no index serves
 //! is applied to the records read (scheduled tasks of one plugin, say: no index lists them, which
@@ -133,6 +133,8 @@ enum Source {
     Running,
     /// A ZSET of `<seq>\t<id>\t<id>...` -> key: many ids at one key (the done log).
     Log { key: String },
+    /// The shard's far tier (scheduled tasks far ahead, by due time).
+    Far,
 }
 
 /// The places of a `member, score, member, score, ...` reply.
@@ -224,7 +226,7 @@ impl Store {
                     prefix: format!("{o}\0"),
                 }],
                 (TaskState::Scheduled, _, None) => {
-                    vec![Source::Due, Source::Score { key: k.parked }]
+                    vec![Source::Due, Source::Score { key: k.parked }, Source::Far]
                 }
                 (TaskState::Running, _, _) => vec![Source::Running],
                 (TaskState::Dead, Some(p), _) => vec![Source::Lex {
@@ -311,6 +313,12 @@ impl Store {
             Source::Due => self.due_places(shard, &p).await?,
             Source::Log { key } => self.log_places(key, &p).await?,
             Source::Running => return self.running_page(shard, &p).await,
+            Source::Far => {
+                let page = self
+                    .far_page(shard, q.plugin.as_deref(), after, limit, (lo, hi))
+                    .await?;
+                return Ok((page.0, page.1, page.2));
+            }
         };
         let recs = self.records_of(shard, &places).await?;
         Ok((places, recs, more))

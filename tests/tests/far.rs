@@ -1,6 +1,6 @@
 //! The far tier: tasks due beyond `--far-horizon` are stored packed (no record, no due index
-//! entry), read by id as any task, cancelled, moved, run now and replaced as any task (each of
-//! those brings the task back first), moved into the live tier ahead of their due time by the
+//! entry), read by id and found as any task, cancelled, moved, run now and replaced as any task
+//! (each of those brings the task back first), moved into the live tier ahead of their due time by the
 //! shard's owner, and run once, never early. A runner killed -9 right after a promotion loses
 //! and doubles nothing; a runner without a far tier moves every far task back.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
@@ -93,7 +93,7 @@ fn live_records(redis: &RedisServer) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn far_tasks_are_read_cancelled_moved_run_now_and_replaced_by_id_and_run_once_on_time() {
+async fn far_tasks_are_read_found_cancelled_moved_run_now_and_replaced_and_run_once_on_time() {
     let redis = RedisServer::start();
     let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--far-horizon", "10s"]);
     let first = now_ms() + 20_000;
@@ -110,6 +110,45 @@ async fn far_tasks_are_read_cancelled_moved_run_now_and_replaced_by_id_and_run_o
     assert_eq!(t["payload"], json!({"n": 5}), "{t}");
     assert_eq!(t["plugin"], "bench-record", "{t}");
     assert_eq!(live_records(&redis), 0, "a read brings nothing back");
+
+    // found, page by page, soonest first, each once (with a live task of the plugin among them)
+    post_tasks(
+        &runner.url,
+        json!([{"plugin": "bench-record", "id": "live", "run_at": first + 55, "payload": {}}]),
+    )
+    .await;
+    let mut listed = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let (s, page) = call(
+            "GET",
+            &format!(
+                "{}/v1/tasks?state=scheduled&plugin=bench-record&limit=64&cursor={cursor}",
+                runner.url
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{page}");
+        for t in page["tasks"].as_array().unwrap() {
+            listed.push((
+                t["run_at"].as_i64().unwrap(),
+                t["id"].as_str().unwrap().to_owned(),
+            ));
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_owned(),
+            None => break,
+        }
+    }
+    let mut want: Vec<(i64, String)> = due.iter().map(|(id, at)| (*at, id.clone())).collect();
+    want.push((first + 55, "live".into()));
+    want.sort();
+    assert_eq!(
+        listed, want,
+        "find lists far tasks with the live one, in due order"
+    );
+    due.insert("live".into(), first + 55);
 
     // cancelled
     let (s, b) = call("DELETE", &task("k7"), None).await;
