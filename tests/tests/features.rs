@@ -56,13 +56,18 @@ async fn pause_holds_a_plugins_tasks_and_resume_runs_them_in_due_order() {
             .unwrap()
     };
     let mut c = redis.conn();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = calls(&mut c);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let during = calls(&mut c) - before;
+    // the fewest commands of three windows of 2 s: a spinning poller spins in every one, while a
+    // runner's one-off work (loading a script's function into Redis at its first call, which a
+    // slow machine reaches late) falls in one
+    let mut during = u64::MAX;
+    for _ in 0..3 {
+        let before = calls(&mut c);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        during = during.min(calls(&mut c) - before);
+    }
     assert!(
         during < 60,
-        "{during} Redis commands in 2 s while the only due tasks are paused: the pollers spin"
+        "{during} Redis commands in 2 s (the fewest of three windows) while the only due tasks are paused: the pollers spin"
     );
     assert!(read_events(&mut c, &["coupon-expiry"], "push").is_empty());
     let (_, t) = call("GET", &format!("{}/v1/tasks/p00", r.url), None).await;
