@@ -223,7 +223,8 @@ fn main() -> Result<()> {
         }
         if want("W12") {
             // a store of its own, with the far tier (a runner without one would bring every
-            // far task back at once)
+            // far task back at once), opened on an empty Redis (it checks the data layout)
+            b.flush().await?;
             let far = Store::open(
                 store.target().clone(),
                 StoreOptions {

@@ -100,6 +100,7 @@ local pending, records, dues, parked, byowner, counts, firsts = {}, {}, {}, {}, 
 -- owned: plugin \0 owner -> records added less records ended (`count_owned`)
 local bytes, heads, owned, prios = {}, {}, {}, {}
 local function flush()
+  far_flush()
   call_many('HSET', K_TASKS, records)
   due_add(dues)
   prio_add(prios)

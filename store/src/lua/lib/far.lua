@@ -52,24 +52,48 @@ local function far_eligible(due, owner, last, from)
   return from > 0 and due >= from and owner == '' and not string.find(last, '[\28-\31]')
 end
 
--- Adds a task (counted and charged by the caller) to its slot; false (nothing written) when the
--- slot is full: the caller keeps the task live.
+-- What `far_add` staged this run for each slot (member -> its entries, its length with them,
+-- its start), in the order first staged; `far_flush` writes them.
+local far_staged, far_order
+on_start[#on_start + 1] = function() far_staged, far_order = {}, {} end
+
+-- Adds a task (counted and charged by the caller) to its slot (staged: see `far_flush`); false
+-- (nothing written) when the slot is full: the caller keeps the task live.
 local function far_add(key, due, max, created, payload, slot_ms)
   local mark = string.find(key, '\31', 1, true)
   local plugin, id = string.sub(key, 1, mark - 1), string.sub(key, mark + 1)
   local start = math.floor(due / slot_ms) * slot_ms
   local slot_s = string.format('%d', start / 1000)
   local member = plugin .. '\31' .. slot_s
-  local lk = far_list_key(member)
-  if redis.call('STRLEN', lk) >= FAR_SLOT_BYTES then return false end
-  redis.call('APPEND', lk, '\30' .. id .. '\31'
-    .. string.format('%d', due - start) .. '\31' .. max .. '\31' .. created .. '\31' .. payload)
-  redis.call('ZADD', far_slots_key(), 'NX', string.format('%d', start), member)
+  local st = far_staged[member]
+  if not st then
+    st = { len = redis.call('STRLEN', far_list_key(member)), start = start }
+    far_staged[member] = st
+    far_order[#far_order + 1] = member
+  end
+  if st.len >= FAR_SLOT_BYTES then return false end
+  local entry = '\30' .. id .. '\31' .. string.format('%d', due - start) .. '\31' .. max .. '\31'
+    .. created .. '\31' .. payload
+  st[#st + 1] = entry
+  st.len = st.len + #entry
   local bucket, field = far_where(key)
   local was = redis.call('HGET', bucket, field)
   redis.call('HSET', bucket, field, was and (was .. ' ' .. slot_s) or slot_s)
   far_there = true
   return true
+end
+
+-- Writes what `far_add` staged: each slot's value set whole, once per run. (A value grown by
+-- APPEND keeps as much again spare, Redis's growth policy, which would cost a far task more
+-- than its own bytes; a value SET is as long as it is.)
+local function far_flush()
+  for _, member in ipairs(far_order) do
+    local st = far_staged[member]
+    local lk = far_list_key(member)
+    redis.call('SET', lk, (redis.call('GET', lk) or '') .. table.concat(st))
+    redis.call('ZADD', far_slots_key(), 'NX', string.format('%d', st.start), member)
+  end
+  far_staged, far_order = {}, {}
 end
 
 -- Takes one `slot_s` out of the index entry of `key`.
@@ -104,6 +128,7 @@ end
 -- The far entry of `key`: its slot's member, the slot's value, where the entry starts and ends
 -- in it (the end exclusive), and its fields; nil when the key has no far task.
 local function far_find(key)
+  if #far_order > 0 then far_flush() end
   if not far_in_use() then return nil end
   local mark = string.find(key, '\31', 1, true)
   if not mark then return nil end
