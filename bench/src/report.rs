@@ -265,6 +265,9 @@ pub struct W12 {
     /// A cancel by id, one after another (µs each), of far tasks and of live ones.
     pub far_cancel_us_per_task: f64,
     pub live_cancel_us_per_task: f64,
+    /// Shard 0's far tasks moved into the live tier one promotion call after another.
+    pub promoted_on_shard_0: usize,
+    pub promoted_per_s: f64,
     pub w1_beside: W1,
     pub p99_ratio_vs_w1_alone: Option<f64>,
 }
