@@ -14,18 +14,23 @@ impl Store {
         let mut keys: Vec<String> = plugins.iter().map(|p| task_key(p, id)).collect();
         keys.push(id.to_owned());
         let k = self.keys().shard(self.shard_of(id));
-        let raw: Vec<Option<String>> = redis::cmd("HMGET")
+        let (mut raw, far_tier): (Vec<Option<String>>, bool) = redis::pipe()
+            .cmd("HMGET")
             .arg(&k.tasks)
             .arg(&keys)
+            .cmd("EXISTS")
+            .arg(k.far_slots())
             .query_async(&mut self.conn())
             .await
             .context("reading a task's records")?;
-        let mut raw = raw;
-        if !plugins.is_empty() && raw.iter().all(Option::is_none) {
-            // none live: the far tier may hold one (under its key: 0.1.0's bare ids are never far)
-            let keyed: Vec<&str> = keys[..plugins.len()].iter().map(String::as_str).collect();
+        // a key with no record may have a far task (0.1.0's bare ids are never far)
+        let missing: Vec<usize> = (0..plugins.len()).filter(|&i| raw[i].is_none()).collect();
+        if far_tier && !missing.is_empty() {
+            let keyed: Vec<&str> = missing.iter().map(|&i| keys[i].as_str()).collect();
             let far = self.far_records(self.shard_of(id), &keyed).await?;
-            raw[..plugins.len()].clone_from_slice(&far);
+            for (i, r) in missing.into_iter().zip(far) {
+                raw[i] = r;
+            }
         }
         let mut found: Vec<TaskRecord> = keys
             .iter()
@@ -116,15 +121,16 @@ impl Store {
         let id = key;
         let shard = self.shard_of(id);
         let k = self.keys().shard(shard);
-        let (rec, log): (Option<String>, Option<String>) = redis::pipe()
+        let (rec, log, far_tier): (Option<String>, Option<String>, bool) = redis::pipe()
             .hget(&k.tasks, id)
             .hget(&k.logs, id)
+            .exists(k.far_slots())
             .query_async(&mut self.conn())
             .await
             .context("reading a task")?;
         let rec = match rec {
-            Some(r) => Some(r),
-            None => self.far_records(shard, &[id]).await?.pop().flatten(),
+            None if far_tier => self.far_records(shard, &[id]).await?.pop().flatten(),
+            rec => rec,
         };
         let Some(mut r) = rec
             .and_then(|r| TaskRecord::decode(id, &r))

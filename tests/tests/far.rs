@@ -110,6 +110,23 @@ async fn far_tasks_are_read_found_cancelled_moved_run_now_and_replaced_and_run_o
     assert_eq!(t["payload"], json!({"n": 5}), "{t}");
     assert_eq!(t["plugin"], "bench-record", "{t}");
     assert_eq!(live_records(&redis), 0, "a read brings nothing back");
+    // another plugin's live task of the same id (under the horizon): the id is ambiguous, the
+    // far task one of the two
+    post_tasks(
+        &runner.url,
+        json!([{"plugin": "noop", "id": "k5", "run_at": now_ms() + 8_000, "payload": null}]),
+    )
+    .await;
+    let (s, b) = call("GET", &task("k5"), None).await;
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (409, &json!("ambiguous_id")),
+        "{b}"
+    );
+    let (s, t) = call("GET", &format!("{}?plugin=bench-record", task("k5")), None).await;
+    assert_eq!((s, &t["run_at"]), (200, &json!(first + 50)), "{t}");
+    let (s, b) = call("DELETE", &format!("{}?plugin=noop", task("k5")), None).await;
+    assert_eq!(s, 204, "{b}");
 
     // found, page by page, soonest first, each once (with a live task of the plugin among them)
     post_tasks(
@@ -253,4 +270,80 @@ async fn a_runner_killed_after_a_promotion_loses_and_doubles_nothing() {
     each_once_on_time(&redis, &due, &HashSet::new(), Duration::from_secs(60)).await;
     assert_eq!(far_keys(&redis), Vec::<String>::new());
     drop(b);
+}
+
+/// The tier's scripts on a Redis Cluster of three masters (the shards spread over them): tasks an
+/// hour ahead go far on every shard, are found, read, cancelled and moved by key, and a store
+/// without a far tier brings every one back into the live tier, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_far_tier_works_on_a_cluster() {
+    use eggtimer::store::{FindQuery, Move, NewTask, ScheduleMode, StoreOptions, TaskState};
+    use eggtimer::{RedisTarget, Store};
+    use eggtimer_tests::{RedisCluster, key};
+
+    let cluster = RedisCluster::start(3, 0);
+    let target = RedisTarget::parse(&cluster.url()).unwrap();
+    let far = Store::open(
+        target.clone(),
+        StoreOptions {
+            far_horizon_ms: 60_000,
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let at = now_ms() + 3_600_000;
+    let tasks: Vec<NewTask> = (0..200)
+        .map(|i| NewTask {
+            id: format!("c{i}"),
+            plugin: "noop".into(),
+            payload: format!("{{\"n\":{i}}}"),
+            run_at: at + i,
+            max_attempts: 2,
+            ..Default::default()
+        })
+        .collect();
+    far.schedule(&tasks, ScheduleMode::Upsert).await.unwrap();
+    let mut in_tier = 0;
+    for shard in 0..far.shards() {
+        let (found, _) = far.far_waiting_chunk(shard, "noop", 0).await.unwrap();
+        in_tier += found.len();
+    }
+    assert_eq!(in_tier, 200, "every task went far, on every master");
+    let q = FindQuery {
+        plugin: Some("noop".into()),
+        state: Some(TaskState::Scheduled),
+        limit: 1000,
+        ..Default::default()
+    };
+    assert_eq!(far.find(&q, None).await.unwrap().0.len(), 200);
+    let got = far.get(&key("c7")).await.unwrap().expect("c7 read");
+    assert_eq!((got.run_at, got.payload.as_str()), (at + 7, "{\"n\":7}"));
+    far.cancel(&key("c8")).await.unwrap().unwrap();
+    assert!(far.get(&key("c8")).await.unwrap().is_none());
+    let moved = far
+        .move_task(&key("c9"), Move::Shift(1000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(moved, at + 9 + 1000);
+    // a store without a far tier moves every far task back
+    let live = Store::open(target, StoreOptions::default()).await.unwrap();
+    for shard in 0..live.shards() {
+        while live.promote_far(shard).await.unwrap() >= eggtimer::store::PROMOTE_CHUNK {}
+        let (left, _) = live.far_waiting_chunk(shard, "noop", 0).await.unwrap();
+        assert!(left.is_empty(), "shard {shard} still holds far tasks");
+    }
+    let (found, _) = live.find(&q, None).await.unwrap();
+    let mut ids: Vec<String> = found.iter().map(|t| t.id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (found.len(), ids.len()),
+        (199, 199),
+        "each task once, c8 gone"
+    );
+    assert!(found.iter().all(|t| t.id != "c8"));
+    let c9 = found.iter().find(|t| t.id == "c9").unwrap();
+    assert_eq!(c9.run_at, at + 9 + 1000);
 }
