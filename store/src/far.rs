@@ -1,13 +1,15 @@
 //! The far tier: tasks due beyond the horizon (`StoreOptions::far_horizon_ms`), kept packed per
-//! shard, plugin and minute in one Redis value each, with a small index from a task's key to its
-//! slot (`lua/lib/far.lua` holds the layout). The scripts that act on a task by its key bring a
-//! far one back into the live tier first, so each acts on it as on any other; reads see it as the
-//! record it will have once live. The promoter (each runner, for the shards it owns) moves the
-//! slots into the live tier half a horizon before they fall due.
+//! shard, plugin and slot of time (a sixtieth of the horizon, 1 s to a minute) in one Redis value
+//! each, with a small index from a task's key to its slot (`lua/lib/far.lua` holds the layout).
+//! The scripts that act on a task by its key bring a far one back into the live tier first, so
+//! each acts on it as on any other; reads see it as the record it will have once live. The
+//! promoter (each runner, for the shards it owns) moves the slots into the live tier half a
+//! horizon before they fall due.
 
 use anyhow::{Context, Result};
 
 use super::{Store, TaskRecord, task_key};
+use eggtimer_base::limits::MAX_TIME_MS;
 
 /// Most far tasks one promotion call moves (then one more slot at most; a slot holds at most
 /// 256 KiB of tasks).
@@ -18,9 +20,6 @@ const LONGEST_SLOT_MS: i64 = 60_000;
 /// Far slots one read of a `find` page takes, and the most reads a page makes past its cursor.
 const FAR_FIND_SLOTS: usize = 16;
 const FAR_FIND_READS: usize = 8;
-
-/// A lead that takes every far task (past the latest time anything may be due).
-const FAR_ALL_MS: u64 = 253_402_300_799_999;
 
 impl Store {
     /// The far horizon (ms; 0: no far tier).
@@ -34,7 +33,8 @@ impl Store {
     /// was written), every far task moves.
     pub fn far_lead_ms(&self) -> u64 {
         match self.inner.opts.far_horizon_ms {
-            0 => FAR_ALL_MS,
+            // (past the latest time anything may be due)
+            0 => MAX_TIME_MS as u64,
             h => h / 2,
         }
     }
