@@ -1,9 +1,10 @@
 //! Finding tasks by plugin, state, owner and due range, a page at a time.
 //!
 //! Each state is read from the index that orders it (scheduled: the due buckets + `parked` + the
-//! far tier's slots, or `byowner` when an owner is given (an owned task is never far); running: the claim batches in `batches`; dead: `dead` or
-//! `byplugin` when a plugin is given; done: the `finished` log), every shard from the cursor on,
-//! so a page costs O(shards × page) whatever the number of tasks. A filter that no index serves
+//! far tier's slots, or `byowner` when an owner is given (an owned task is never far); running:
+//! the claim batches in `batches`; dead: `dead` or `byplugin` when a plugin is given; done: the
+//! `finished` log), every shard from the cursor on, so a page costs O(shards × page) whatever
+//! the number of tasks. A filter that no index serves
 //! is applied to the records read (scheduled tasks of one plugin, say: no index lists them, which
 //! keeps scheduling cheap): such a page may hold fewer tasks than asked for (even none) and still
 //! have a next cursor; the walk ends only when the next cursor is None. Scheduled and running
