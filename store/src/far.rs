@@ -55,8 +55,10 @@ impl Store {
         Ok(moved)
     }
 
-    /// The records far tasks of `keys` (all of `shard`) will have once live (None: no far task
-    /// of that key).
+    /// The records of `keys` (all of `shard`) that a read found no record of, read again in
+    /// both tiers at one instant: a key's live record where it has one now (a move or cancel
+    /// may have brought its far task back since that read), else the record its far task will
+    /// have once live (None: neither).
     pub(super) async fn far_records(
         &self,
         shard: u32,

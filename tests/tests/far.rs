@@ -2,7 +2,8 @@
 //! entry), read by id and found as any task, cancelled, moved, run now and replaced as any task
 //! (each of those brings the task back first), moved into the live tier ahead of their due time by the
 //! shard's owner, and run once, never early. A runner killed -9 right after a promotion loses
-//! and doubles nothing; a runner without a far tier moves every far task back.
+//! and doubles nothing; a runner without a far tier moves every far task back. A move racing a
+//! cancel ends as one order of the two.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
 use std::collections::{HashMap, HashSet};
@@ -97,7 +98,9 @@ async fn far_tasks_are_read_found_cancelled_moved_run_now_and_replaced_and_run_o
     let redis = RedisServer::start();
     let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--far-horizon", "10s"]);
     let first = now_ms() + 20_000;
+    let made = now_ms();
     let mut due = schedule(&runner.url, "k", 300, |i| first + 10 * i as i64).await;
+    let made_by = now_ms();
     assert_eq!(live_records(&redis), 0, "every task went far");
     assert!(!far_keys(&redis).is_empty(), "the far tier holds them");
     let task = |id: &str| format!("{}/v1/tasks/{id}", runner.url);
@@ -109,6 +112,9 @@ async fn far_tasks_are_read_found_cancelled_moved_run_now_and_replaced_and_run_o
     assert_eq!(t["run_at"], first + 50, "{t}");
     assert_eq!(t["payload"], json!({"n": 5}), "{t}");
     assert_eq!(t["plugin"], "bench-record", "{t}");
+    assert_eq!(t["max_attempts"], 5, "{t}");
+    let created = t["created_at"].as_i64().unwrap();
+    assert!((made..=made_by).contains(&created), "{t}");
     assert_eq!(live_records(&redis), 0, "a read brings nothing back");
     // another plugin's live task of the same id (under the horizon): the id is ambiguous, the
     // far task one of the two
@@ -216,6 +222,60 @@ async fn far_tasks_are_read_found_cancelled_moved_run_now_and_replaced_and_run_o
         far_keys(&redis),
         Vec::<String>::new(),
         "the far tier is empty once its tasks moved"
+    );
+}
+
+/// A cancel racing a move of the same far task (moved later, still far, or into the horizon),
+/// both sent at once for each of 200 tasks: each pair ends as one order of the two. The cancel
+/// finds the task either way; the move finds it only before the cancel; nothing is left of any
+/// task (no record, no far entry, no index entry, no count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_racing_a_cancel_of_a_far_task_ends_as_one_order_of_the_two() {
+    let redis = RedisServer::start();
+    let runner = RunnerProcess::with_plugins(&redis, &["--shards", "1", "--far-horizon", "10s"]);
+    let at = now_ms() + 3_600_000;
+    let due = schedule(&runner.url, "r", 200, |i| at + i as i64).await;
+    assert_eq!(live_records(&redis), 0, "every task went far");
+    let task = |id: &str| format!("{}/v1/tasks/{id}", runner.url);
+    let soon = now_ms() + 5_000;
+    let races = due.keys().enumerate().map(|(i, id)| {
+        let (t, id) = (task(id), id.clone());
+        // half moved later (still far), half into the horizon
+        let change = if i % 2 == 0 {
+            json!({"shift_ms": 60_000})
+        } else {
+            json!({"run_at": soon})
+        };
+        async move {
+            let (cancel, moved) = tokio::join!(
+                tokio::spawn({
+                    let t = t.clone();
+                    async move { call("DELETE", &t, None).await }
+                }),
+                tokio::spawn(async move { call("PATCH", &t, Some(change)).await })
+            );
+            (id, cancel.unwrap(), moved.unwrap())
+        }
+    });
+    let mut moved_first = 0;
+    for (id, (cs, cb), (ms, mb)) in futures::future::join_all(races).await {
+        assert_eq!(cs, 204, "{id}: the cancel finds the task whatever came first: {cb}");
+        match ms {
+            200 => moved_first += 1,
+            404 => {}
+            _ => panic!("{id}: a move either moves or finds nothing: {ms} {mb}"),
+        }
+        let (s, _) = call("GET", &task(&id), None).await;
+        assert_eq!(s, 404, "{id} is gone");
+    }
+    println!("moves that came first: {moved_first} of 200");
+    assert_eq!(live_records(&redis), 0, "no record is left");
+    assert_eq!(far_keys(&redis), Vec::<String>::new(), "nothing is left far");
+    let (_, stats) = call("GET", &format!("{}/v1/stats", runner.url), None).await;
+    assert_eq!(
+        (&stats["scheduled"], &stats["running"]),
+        (&json!(0), &json!(0)),
+        "{stats}"
     );
 }
 
