@@ -230,13 +230,14 @@ impl FarPage {
     }
 }
 
-/// One task of a far slot's value (`\x1e id \x1f due-offset \x1f max_attempts \x1f created
-/// \x1f payload`).
+/// One task of a far slot's value (`\x1e id \x1f due-offset max_attempts age \x1f payload`,
+/// the numbers in base 64 with the digits `0` to `o`: the due time's offset from the slot's start
+/// (ms) in 3 digits, max_attempts in 2, then the ms from the task's creation to its due time).
 struct FarEntry<'a> {
     id: &'a str,
     offset_ms: i64,
-    max_attempts: &'a str,
-    created: &'a str,
+    max_attempts: i64,
+    age_ms: i64,
     payload: &'a str,
 }
 
@@ -246,10 +247,24 @@ impl FarEntry<'_> {
         let due = start_s * 1000 + self.offset_ms;
         let rec = format!(
             "s\t{due}\t0\t{}\t{}\t\t{plugin}\t\t\t{}",
-            self.max_attempts, self.created, self.payload
+            self.max_attempts,
+            due - self.age_ms,
+            self.payload
         );
         TaskRecord::decode(&task_key(plugin, self.id), &rec)
     }
+}
+
+/// A number of a far entry (base 64, the digits `0` to `o`); None for anything else.
+fn far_number(digits: &str) -> Option<i64> {
+    if digits.is_empty() || digits.len() > 10 {
+        return None;
+    }
+    digits.bytes().try_fold(0i64, |n, b| {
+        (b'0'..=b'o')
+            .contains(&b)
+            .then(|| n * 64 + i64::from(b - b'0'))
+    })
 }
 
 /// The tasks of a far slot's value (malformed ones left out).
@@ -257,13 +272,14 @@ fn far_entries(blob: &str) -> impl Iterator<Item = FarEntry<'_>> {
     blob.split('\x1e')
         .filter(|e| !e.is_empty())
         .filter_map(|e| {
-            let mut f = e.splitn(5, '\x1f');
+            let mut f = e.splitn(3, '\x1f');
+            let (id, numbers, payload) = (f.next()?, f.next()?, f.next()?);
             Some(FarEntry {
-                id: f.next()?,
-                offset_ms: f.next()?.parse().ok()?,
-                max_attempts: f.next()?,
-                created: f.next()?,
-                payload: f.next()?,
+                id,
+                offset_ms: far_number(numbers.get(..3)?)?,
+                max_attempts: far_number(numbers.get(3..5)?)?,
+                age_ms: far_number(numbers.get(5..)?)?,
+                payload,
             })
         })
 }
@@ -274,8 +290,9 @@ mod tests {
 
     #[test]
     fn a_far_slots_value_reads_as_the_records_its_tasks_will_have() {
-        let blob =
-            "\x1ea\x1f250\x1f3\x1f1700000000000\x1f{\"n\":1}\x1eb\x1f0\x1f1\x1f1700000000001\x1f{}";
+        // a: offset 250 (3*64 + 58: "03j"), 3 attempts ("03"), made 64 ms before its due
+        // time ("10"); b: offset 0, 1 attempt, made 4095 ms before ("oo")
+        let blob = "\x1ea\x1f03j0310\x1f{\"n\":1}\x1eb\x1f00001oo\x1f{}";
         let recs: Vec<TaskRecord> = far_entries(blob)
             .filter_map(|e| e.record("mail", 1_800_000_000))
             .collect();
@@ -283,8 +300,12 @@ mod tests {
         assert_eq!(recs[0].id, "a");
         assert_eq!(recs[0].run_at, 1_800_000_000_250);
         assert_eq!(recs[0].max_attempts, 3);
+        assert_eq!(recs[0].created_at, 1_800_000_000_250 - 64);
         assert_eq!(recs[0].payload, "{\"n\":1}");
         assert_eq!(recs[1].plugin, "mail");
+        assert_eq!(recs[1].created_at, 1_800_000_000_000 - 4095);
         assert_eq!(far_entries("\x1ebroken").count(), 0);
+        assert_eq!(far_entries("\x1ec\x1f03j03\x1f{}").count(), 0);
+        assert_eq!(far_entries("\x1ec\x1f03j03p\x1f{}").count(), 0);
     }
 }

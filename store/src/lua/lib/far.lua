@@ -10,14 +10,17 @@
 -- Keys, all derived from `tasks` under the shard's hash tag:
 --   tasks:fs (ZSET plugin \31 slot -> the slot's start (ms)): the slots that hold far tasks.
 --   tasks:f:<plugin>\31<slot> (STRING): the slot's tasks of the plugin, each
---     \30 id \31 due-offset \31 max_attempts \31 created \31 payload
---     (a slot is named by its start in seconds; the id without its plugin; the offset in ms from
---     the slot's start; a payload is JSON: it holds no control character). A slot is as long as
+--     \30 id \31 due-offset max_attempts age \31 payload
+--     (a slot is named by its start in seconds; the id without its plugin; the three numbers in
+--     base 64 (`far_digits`): the due time's offset in ms from the slot's start in 3 digits,
+--     max_attempts in 2, then the ms from the task's creation to its due time; a payload is JSON:
+--     it holds no control character). A slot is as long as
 --     its writer chose (`far_slot_ms`: a sixtieth of the horizon, 1 s to a minute), so runners of
 --     different horizons share the tier.
 --   tasks:fi:<bucket> (HASH subhash -> slot, or slots space-separated when keys share a subhash):
 --     where a key's task is. bucket and subhash are cut from the SHA1 of the key (FAR_BUCKETS
---     buckets of a few hundred small entries each: Redis keeps a hash that small packed).
+--     buckets of a few hundred small entries each: Redis keeps a hash that small packed; a
+--     subhash of 23 bits and a slot's start are integers it packs in 5 and 6 bytes).
 
 local FAR_BUCKETS = 16384
 -- A slot's value grows to at most this many bytes; a task that would pass it stays live. (Every
@@ -31,8 +34,30 @@ local function far_list_key(member) return K_TASKS .. ':f:' .. member end
 local function far_where(key)
   local h = redis.sha1hex(key)
   return K_TASKS .. ':fi:' .. (tonumber(string.sub(h, 1, 4), 16) % FAR_BUCKETS),
-    string.format('%d', tonumber(string.sub(h, 5, 12), 16))
+    string.format('%d', tonumber(string.sub(h, 5, 10), 16) % 8388608)
 end
+
+-- `n` (a whole number, 0 or more) in base 64, the digits '0' (48) to 'o' (111): printable, none
+-- a separator; at least `width` digits.
+local function far_digits(n, width)
+  local out = {}
+  repeat
+    out[#out + 1] = string.char(48 + n % 64)
+    n = math.floor(n / 64)
+  until n == 0
+  for _ = #out + 1, width do out[#out + 1] = '0' end
+  return string.reverse(table.concat(out))
+end
+
+-- The number `far_digits` wrote.
+local function far_number(s)
+  local n = 0
+  for i = 1, #s do n = n * 64 + string.byte(s, i) - 48 end
+  return n
+end
+
+-- An entry's numbers (after its id's \31): offset, max_attempts, age; see the layout above.
+local FAR_NUMBERS = '([0-o][0-o][0-o])([0-o][0-o])([0-o]+)'
 
 -- Whether this shard holds far tasks (read once per run).
 local far_there
@@ -71,9 +96,10 @@ local function far_add(key, due, max, created, payload, slot_ms)
     far_staged[member] = st
     far_order[#far_order + 1] = member
   end
-  if st.len >= FAR_SLOT_BYTES then return false end
-  local entry = '\30' .. id .. '\31' .. string.format('%d', due - start) .. '\31' .. max .. '\31'
-    .. created .. '\31' .. payload
+  local age = due - tonumber(created)
+  if st.len >= FAR_SLOT_BYTES or age < 0 or tonumber(max) >= 4096 then return false end
+  local entry = '\30' .. id .. '\31' .. far_digits(due - start, 3) .. far_digits(tonumber(max), 2)
+    .. far_digits(age, 1) .. '\31' .. payload
   st[#st + 1] = entry
   st.len = st.len + #entry
   local bucket, field = far_where(key)
@@ -110,10 +136,11 @@ local function far_unindex(key, slot_s)
   else redis.call('HSET', bucket, field, table.concat(rest, ' ')) end
 end
 
--- The live record of a far entry's fields.
-local function far_record(plugin, slot, off, max, created, payload)
-  return 's\t' .. string.format('%d', slot * 1000 + tonumber(off)) .. '\t0\t' .. max .. '\t'
-    .. created .. '\t\t' .. plugin .. '\t\t\t' .. payload
+-- The due time and live record of a far entry's fields (as written: see the layout above).
+local function far_record(plugin, slot, off, max, age, payload)
+  local due = slot * 1000 + far_number(off)
+  return due, string.format('s\t%d\t0\t%d\t%d\t\t', due, far_number(max), due - far_number(age))
+    .. plugin .. '\t\t\t' .. payload
 end
 
 -- Writes a task brought back from the far tier as a live scheduled one: its record and its due
@@ -143,12 +170,11 @@ local function far_find(key)
     local s = blob and string.find(blob, head, 1, true)
     if s then
       local e = string.find(blob, '\30', s + 1, true) or #blob + 1
-      local off, max, created, payload = string.match(string.sub(blob, s + #head, e - 1),
-        '^(%d+)\31(%d+)\31(%d+)\31(.*)$')
-      local slot = tonumber(slot_s)
-      return { member = member, slot_s = slot_s, blob = blob, s = s, e = e,
-        due = slot * 1000 + tonumber(off),
-        record = far_record(plugin, slot, off, max, created, payload) }
+      local off, max, age, payload = string.match(string.sub(blob, s + #head, e - 1),
+        '^' .. FAR_NUMBERS .. '\31(.*)$')
+      local due, record = far_record(plugin, tonumber(slot_s), off, max, age, payload)
+      return { member = member, slot_s = slot_s, blob = blob, s = s, e = e, due = due,
+        record = record }
     end
   end
   return nil
@@ -184,10 +210,10 @@ local function far_promote_slot(member)
   local records, dues, parked = {}, {}, {}
   local held = is_held(plugin, '')
   local moved, earliest = 0, nil
-  for id, off, max, created, payload in string.gmatch(blob, '\30([^\31]*)\31(%d+)\31(%d+)\31(%d+)\31([^\30]*)') do
+  for id, off, max, age, payload in string.gmatch(blob, '\30([^\31]*)\31' .. FAR_NUMBERS .. '\31([^\30]*)') do
     local key = plugin .. '\31' .. id
-    local due = slot * 1000 + tonumber(off)
-    push(records, key, far_record(plugin, slot, off, max, created, payload))
+    local due, record = far_record(plugin, slot, off, max, age, payload)
+    push(records, key, record)
     if held then push(parked, string.format('%d', due), key)
     else push(dues, string.format('%d', due), key) end
     far_unindex(key, slot_s)
