@@ -49,6 +49,7 @@ async fn write_with_the_release(base: &str) -> i64 {
              "payload": {"coupon_id": "c1", "user_id": "u1", "expires_at": far + 7_200_000}},
             {"plugin": "auto-feed", "id": "meal", "owner": "u1", "run_at": far + 1000,
              "payload": {"pet_id": "p1", "user_id": "u1"}},
+            {"plugin": "noop", "id": "plain-later", "run_at": far + 2000},
         ]),
     )
     .await;
@@ -148,7 +149,10 @@ async fn what_the_last_release_wrote_keeps_working() {
     old.kill();
     let upgraded_at = now_ms();
 
-    let new = RunnerProcess::start(&redis.url(), &FLAGS);
+    // this build with its far tier on: what the release wrote stays live
+    let mut flags = FLAGS.to_vec();
+    flags.extend(["--far-horizon", "10m"]);
+    let new = RunnerProcess::start(&redis.url(), &flags);
     let base = &new.url;
     // the task that was running is run again (its claim's lease ends) and finishes once
     wait_state(base, "running", "done", MINUTE).await;
@@ -174,6 +178,27 @@ async fn what_the_last_release_wrote_keeps_working() {
         (t["state"].as_str(), t["run_at"].as_i64()),
         (Some("scheduled"), Some(far + 5)),
         "{t}"
+    );
+    // a plain task the release wrote an hour ahead stays live; scheduled again, it goes far, and
+    // reads as before
+    let far_slots = |c: &mut redis::Connection| -> usize {
+        let k: Vec<String> = redis::cmd("KEYS").arg("*:tasks:f:*").query(c).unwrap();
+        k.len()
+    };
+    assert_eq!(far_slots(&mut c), 0, "{release}: nothing the release wrote moved far");
+    let t = call("GET", &format!("{base}/v1/tasks/plain-later"), None).await.1;
+    assert_eq!(t["run_at"].as_i64(), Some(far + 2000), "{release}: {t}");
+    post_tasks(
+        base,
+        json!({"plugin": "noop", "id": "plain-later", "run_at": far + 3000}),
+    )
+    .await;
+    assert_eq!(far_slots(&mut c), 1, "{release}: scheduled again, it went far");
+    let t = call("GET", &format!("{base}/v1/tasks/plain-later"), None).await.1;
+    assert_eq!(
+        (t["state"].as_str(), t["run_at"].as_i64()),
+        (Some("scheduled"), Some(far + 3000)),
+        "{release}: {t}"
     );
     let (s, b) = call("GET", &format!("{base}/v1/owners/u1/tasks"), None).await;
     assert_eq!(s, 200, "{b}");
