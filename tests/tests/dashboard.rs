@@ -1,8 +1,9 @@
 //! The dashboard in a real headless Chromium (Debian's `chromium` and `chromium-driver`, driven
 //! over WebDriver with fantoccini) against a real runner: the overview's numbers match the API;
-//! a task found by owner is cancelled; a dead letter is retried; a plugin is uploaded from the
-//! file picker; a token is asked for once. Each page is photographed into a temporary directory,
-//! and also into `$EGGTIMER_SCREENSHOTS` when set (how README's screenshots are made).
+//! a task found by owner is cancelled, and so is one of the far tier; a dead letter is retried; a
+//! plugin is uploaded from the file picker; a token is asked for once. Each page is photographed
+//! into a temporary directory, and also into `$EGGTIMER_SCREENSHOTS` when set (how README's
+//! screenshots are made).
 
 mod browser;
 
@@ -35,6 +36,9 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
             "300s",
             "--secrets-key-file",
             key.to_str().unwrap(),
+            // plain tasks 10 minutes ahead or more go far (owned ones stay live)
+            "--far-horizon",
+            "10m",
         ],
     );
     let base = runner.url.as_str();
@@ -151,8 +155,8 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         "only bob's: {alice}"
     );
 
-    // Tasks of one plugin due after 2,000 of another: the API reads `due` with the plugin as a
-    // filter, and on past the others until its page has them
+    // Tasks of one plugin due after 2,000 of another, all in the far tier: the API reads it with
+    // the plugin as a filter, and on past the others until its page has them
     let fillers: Vec<Value> = (0..2000)
         .map(|i| json!({"id": format!("filler-{i}"), "plugin": "noop", "run_at": now + 3_000_000}))
         .collect();
@@ -167,6 +171,14 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
         ]),
     )
     .await;
+    let far: Vec<String> = redis::cmd("KEYS")
+        .arg("*:tasks:f:*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(
+        far.iter().any(|k| k.contains("coupon-expiry")) && far.iter().any(|k| k.contains("noop")),
+        "the late tasks and the fillers are far: {far:?}"
+    );
     let (_, first) = call(
         "GET",
         &format!("{base}/v1/tasks?plugin=coupon-expiry&state=scheduled&limit=100"),
@@ -206,6 +218,20 @@ async fn the_dashboard_shows_the_api_numbers_and_acts_on_tasks_dead_letters_and_
     .await;
     let state = b.element("#find-state").await.prop("value").await.unwrap();
     assert_eq!(state.as_deref(), Some("scheduled"));
+    // a far task's detail, and its cancel from there, as any task's
+    b.click("#task-rows tr[data-id='late-1']").await;
+    b.text_until("#task-detail", "late-1's detail", |t| {
+        t.contains("late-1") && t.contains("coupon-expiry")
+    })
+    .await;
+    b.click("#act-cancel").await;
+    b.click("#act-cancel").await; // the second click confirms
+    eventually(T, "late-1 cancelled", || async {
+        let (s, _) = call("GET", &format!("{base}/v1/tasks/late-1"), None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    b.count_until("#task-rows tbody tr", 1).await;
 
     // Dead letters: retry one (it runs again: a new occurrence)
     let (_, before) = call("GET", &format!("{base}/v1/tasks/dead-0"), None).await;
