@@ -379,16 +379,19 @@ async fn behind_sentinel_a_runner_follows_a_failover_and_every_acknowledged_task
             "1",
             "--lease",
             "2s",
+            "--far-horizon",
+            "10s",
         ],
     );
-    // a client schedules reminders, 10 a request, due 2-12 s ahead, while the master dies;
-    // it notes when each acknowledged request was answered
+    // a client schedules reminders, 10 a request, due 2-12 s ahead (every other request 12-22 s:
+    // in the far tier), while the master dies; it notes when each acknowledged request was
+    // answered
     let client = {
         let url = r.url.clone();
         tokio::spawn(async move {
             let mut acknowledged = Vec::new();
             for batch in 0..80 {
-                let due = now_ms() + 2_000 + batch * 125;
+                let due = now_ms() + 2_000 + batch * 125 + (batch % 2) * 10_000;
                 let specs: Vec<Value> = (0..10)
                     .map(|i| {
                         json!({"plugin": "coupon-expiry", "id": format!("c{batch}-{i}"), "run_at": due,
@@ -406,6 +409,11 @@ async fn behind_sentinel_a_runner_follows_a_failover_and_every_acknowledged_task
         })
     };
     tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let far: Vec<String> = redis::cmd("KEYS")
+        .arg("*:tasks:f:*")
+        .query(&mut master.conn())
+        .unwrap();
+    assert!(!far.is_empty(), "the far tier holds the later reminders");
     master.kill();
     let killed = std::time::Instant::now();
     let new_master = eventually(T, "the Sentinels' failover", || async {
