@@ -185,16 +185,28 @@ async fn what_the_last_release_wrote_keeps_working() {
         let k: Vec<String> = redis::cmd("KEYS").arg("*:tasks:f:*").query(c).unwrap();
         k.len()
     };
-    assert_eq!(far_slots(&mut c), 0, "{release}: nothing the release wrote moved far");
-    let t = call("GET", &format!("{base}/v1/tasks/plain-later"), None).await.1;
+    assert_eq!(
+        far_slots(&mut c),
+        0,
+        "{release}: nothing the release wrote moved far"
+    );
+    let t = call("GET", &format!("{base}/v1/tasks/plain-later"), None)
+        .await
+        .1;
     assert_eq!(t["run_at"].as_i64(), Some(far + 2000), "{release}: {t}");
     post_tasks(
         base,
         json!({"plugin": "noop", "id": "plain-later", "run_at": far + 3000}),
     )
     .await;
-    assert_eq!(far_slots(&mut c), 1, "{release}: scheduled again, it went far");
-    let t = call("GET", &format!("{base}/v1/tasks/plain-later"), None).await.1;
+    assert_eq!(
+        far_slots(&mut c),
+        1,
+        "{release}: scheduled again, it went far"
+    );
+    let t = call("GET", &format!("{base}/v1/tasks/plain-later"), None)
+        .await
+        .1;
     assert_eq!(
         (t["state"].as_str(), t["run_at"].as_i64()),
         (Some("scheduled"), Some(far + 3000)),
