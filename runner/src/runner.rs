@@ -287,12 +287,17 @@ async fn sweep_outboxes(store: Store, shards: Arc<Shards>, mut stop: watch::Rece
     }
 }
 
+/// Compaction calls of a shard each time the promoter looks at it (512 KiB of slots each).
+const COMPACT_CALLS: usize = 8;
+
 /// Moves the far tasks of the shards this runner owns into the live tier, half a horizon before
 /// they fall due, once a second. A runner without a far tier moves every far task of its shards
 /// back (another runner's, or its own before a restart without one) when it comes to own a
 /// shard and once a minute after, so it costs an idle Redis next to nothing. Each call moves at
 /// most `PROMOTE_CHUNK` tasks and is called again while it moves that many. A runner killed
 /// between calls leaves the rest to the next owner of the shard: each call is one script.
+/// Then it compacts the far slots scripts wrote to (`Store::compact_far`), at most
+/// `COMPACT_CALLS` calls a shard each time.
 async fn promote_far(store: Store, shards: Arc<Shards>, mut stop: watch::Receiver<bool>) {
     let every = if store.far_horizon_ms() > 0 {
         Duration::from_secs(1)
@@ -324,6 +329,17 @@ async fn promote_far(store: Store, shards: Arc<Shards>, mut stop: watch::Receive
                             shard,
                             "moving far tasks into the live tier failed (will try again): {e:#}"
                         );
+                        break;
+                    }
+                }
+            }
+            // the slots written to since: each as long as its tasks again
+            for _ in 0..COMPACT_CALLS {
+                match store.compact_far(shard).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(shard, "compacting far slots failed (will try again): {e:#}");
                         break;
                     }
                 }

@@ -15,6 +15,8 @@ use eggtimer_base::limits::MAX_TIME_MS;
 /// 256 KiB of tasks).
 pub const PROMOTE_CHUNK: usize = 2000;
 
+/// Bytes of far slots one compaction call reads (then one slot more).
+const COMPACT_BYTES: usize = 512 << 10;
 /// The longest a far slot is (ms): a far task is due less than this long after its slot's start.
 const LONGEST_SLOT_MS: i64 = 60_000;
 /// Far slots one read of a `find` page takes, and the most reads a page makes past its cursor.
@@ -53,6 +55,19 @@ impl Store {
             .await
             .context("far_promote script")?;
         Ok(moved)
+    }
+
+    /// Compacts `shard`'s far slots that scripts appended to or took tasks out of since they
+    /// were last written whole (at most `COMPACT_BYTES` of slots a call, and one more): each
+    /// becomes as long as its tasks. Returns how many slots are still to compact.
+    pub async fn compact_far(&self, shard: u32) -> Result<u64> {
+        let mut inv = self.shard_script(&self.inner.scripts.far_compact, shard);
+        let left: u64 = inv
+            .arg(COMPACT_BYTES)
+            .invoke_async(&mut self.conn())
+            .await
+            .context("far_compact script")?;
+        Ok(left)
     }
 
     /// The records of `keys` (all of `shard`) that a read found no record of, read again in
@@ -267,9 +282,12 @@ fn far_number(digits: &str) -> Option<i64> {
     })
 }
 
-/// The tasks of a far slot's value (malformed ones left out).
+/// The tasks of a far slot's value (malformed ones left out). Each starts at a `\x1e`; one
+/// brought back into the live tier starts at a `\x1d` instead, its bytes kept until the slot is
+/// compacted, and is left out.
 fn far_entries(blob: &str) -> impl Iterator<Item = FarEntry<'_>> {
     blob.split('\x1e')
+        .filter_map(|e| e.split('\x1d').next())
         .filter(|e| !e.is_empty())
         .filter_map(|e| {
             let mut f = e.splitn(3, '\x1f');
@@ -292,7 +310,13 @@ mod tests {
     fn a_far_slots_value_reads_as_the_records_its_tasks_will_have() {
         // a: offset 250 (3*64 + 58: "03j"), 3 attempts ("03"), made 64 ms before its due
         // time ("10"); b: offset 0, 1 attempt, made 4095 ms before ("oo")
-        let blob = "\x1ea\x1f03j0310\x1f{\"n\":1}\x1eb\x1f00001oo\x1f{}";
+        // (and a task brought back, marked, before and between them)
+        let blob = concat!(
+            "\x1dz\x1f00001oo\x1f{}",
+            "\x1ea\x1f03j0310\x1f{\"n\":1}",
+            "\x1dy\x1f00001oo\x1f{}",
+            "\x1eb\x1f00001oo\x1f{}"
+        );
         let recs: Vec<TaskRecord> = far_entries(blob)
             .filter_map(|e| e.record("mail", 1_800_000_000))
             .collect();

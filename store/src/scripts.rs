@@ -130,6 +130,7 @@ scripts! {
     key_replace: "key_replace",
     event_budget: "event_budget",
     far_promote: "far_promote",
+    far_compact: "far_compact",
     far_get: "far_get",
 }
 

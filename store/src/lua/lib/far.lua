@@ -11,6 +11,8 @@
 --   tasks:fs (ZSET plugin \31 slot -> the slot's start (ms)): the slots that hold far tasks.
 --   tasks:f:<plugin>\31<slot> (STRING): the slot's tasks of the plugin, each
 --     \30 id \31 due-offset max_attempts age \31 payload
+--     or the same starting with \29 instead: a task brought back (`far_fetch`), its bytes kept
+--     until the slot is compacted (`far_compact`)
 --     (a slot is named by its start in seconds; the id without its plugin; the three numbers in
 --     base 64 (`far_digits`): the due time's offset in ms from the slot's start in 3 digits,
 --     max_attempts in 2, then the ms from the task's creation to its due time; a payload is JSON:
@@ -21,6 +23,11 @@
 --     where a key's task is. bucket and subhash are cut from the SHA1 of the key (FAR_BUCKETS
 --     buckets of a few hundred small entries each: Redis keeps a hash that small packed; a
 --     subhash of 23 bits and a slot's start are integers it packs in 5 and 6 bytes).
+--   tasks:fc (SET of plugin \31 slot): slots to compact. A script adds to a slot with APPEND
+--     and takes a task out by marking it (SETRANGE of one byte), so each call writes (and sends
+--     its replicas and the AOF) what it brings, not the slot; APPEND leaves spare room beside a
+--     value it grew (Redis's growth policy), and a marked task its bytes, until `far_compact`
+--     (the promoter's, every second) writes the slot again whole.
 
 local FAR_BUCKETS = 16384
 -- A slot's value grows to at most this many bytes; a task that would pass it stays live. (Every
@@ -29,24 +36,34 @@ local FAR_SLOT_BYTES = 262144
 
 local function far_slots_key() return K_TASKS .. ':fs' end
 local function far_list_key(member) return K_TASKS .. ':f:' .. member end
+local function far_compact_key() return K_TASKS .. ':fc' end
 
--- The index bucket's key and the field of `key`.
+-- The index bucket's key and the field of `key` (kept for the run: a schedule asks for a key's
+-- twice, to look for its far task and to add one).
+local far_wheres
+on_start[#on_start + 1] = function() far_wheres = {} end
 local function far_where(key)
-  local h = redis.sha1hex(key)
-  return K_TASKS .. ':fi:' .. (tonumber(string.sub(h, 1, 4), 16) % FAR_BUCKETS),
-    string.format('%d', tonumber(string.sub(h, 5, 10), 16) % 8388608)
+  local w = far_wheres[key]
+  if not w then
+    local h = redis.sha1hex(key)
+    w = { K_TASKS .. ':fi:' .. (tonumber(string.sub(h, 1, 4), 16) % FAR_BUCKETS),
+      string.format('%d', tonumber(string.sub(h, 5, 10), 16) % 8388608) }
+    far_wheres[key] = w
+  end
+  return w[1], w[2]
 end
 
 -- `n` (a whole number, 0 or more) in base 64, the digits '0' (48) to 'o' (111): printable, none
 -- a separator; at least `width` digits.
 local function far_digits(n, width)
-  local out = {}
-  repeat
-    out[#out + 1] = string.char(48 + n % 64)
+  local len, top = width, 64 ^ width
+  while n >= top do len, top = len + 1, top * 64 end
+  local d = {}
+  for i = len, 1, -1 do
+    d[i] = 48 + n % 64
     n = math.floor(n / 64)
-  until n == 0
-  for _ = #out + 1, width do out[#out + 1] = '0' end
-  return string.reverse(table.concat(out))
+  end
+  return string.char(unpack(d))
 end
 
 -- The number `far_digits` wrote.
@@ -78,7 +95,7 @@ local function far_eligible(due, owner, last, from)
 end
 
 -- What `far_add` staged this run for each slot (member -> its entries, its length with them,
--- its start), in the order first staged; `far_flush` writes them.
+-- its start, its length before), in the order first staged; `far_flush` writes them.
 local far_staged, far_order
 on_start[#on_start + 1] = function() far_staged, far_order = {}, {} end
 
@@ -92,7 +109,8 @@ local function far_add(key, due, max, created, payload, slot_ms)
   local member = plugin .. '\31' .. slot_s
   local st = far_staged[member]
   if not st then
-    st = { len = redis.call('STRLEN', far_list_key(member)), start = start }
+    local len = redis.call('STRLEN', far_list_key(member))
+    st = { len = len, was = len, start = start }
     far_staged[member] = st
     far_order[#far_order + 1] = member
   end
@@ -103,20 +121,21 @@ local function far_add(key, due, max, created, payload, slot_ms)
   st[#st + 1] = entry
   st.len = st.len + #entry
   local bucket, field = far_where(key)
-  local was = redis.call('HGET', bucket, field)
-  redis.call('HSET', bucket, field, was and (was .. ' ' .. slot_s) or slot_s)
+  if redis.call('HSETNX', bucket, field, slot_s) == 0 then
+    -- a key sharing the field has a far task too
+    redis.call('HSET', bucket, field, redis.call('HGET', bucket, field) .. ' ' .. slot_s)
+  end
   far_there = true
   return true
 end
 
--- Writes what `far_add` staged: each slot's value set whole, once per run. (A value grown by
--- APPEND keeps as much again spare, Redis's growth policy, which would cost a far task more
--- than its own bytes; a value SET is as long as it is.)
+-- Writes what `far_add` staged: one APPEND a slot per run; a slot that was there before is to
+-- be compacted (an APPEND to a new key makes a value as long as it is).
 local function far_flush()
   for _, member in ipairs(far_order) do
     local st = far_staged[member]
-    local lk = far_list_key(member)
-    redis.call('SET', lk, (redis.call('GET', lk) or '') .. table.concat(st))
+    redis.call('APPEND', far_list_key(member), table.concat(st))
+    if st.was > 0 then redis.call('SADD', far_compact_key(), member) end
     redis.call('ZADD', far_slots_key(), 'NX', string.format('%d', st.start), member)
   end
   far_staged, far_order = {}, {}
@@ -169,7 +188,7 @@ local function far_find(key)
     local blob = redis.call('GET', far_list_key(member))
     local s = blob and string.find(blob, head, 1, true)
     if s then
-      local e = string.find(blob, '\30', s + 1, true) or #blob + 1
+      local e = string.find(blob, '[\29\30]', s + 1) or #blob + 1
       local off, max, age, payload = string.match(string.sub(blob, s + #head, e - 1),
         '^' .. FAR_NUMBERS .. '\31(.*)$')
       local due, record = far_record(plugin, tonumber(slot_s), off, max, age, payload)
@@ -181,18 +200,13 @@ local function far_find(key)
 end
 
 -- Brings the far task stored under `key` into the live tier; returns whether there was one.
--- Bound: the key's index entry and the slot(s) it names (one GET and one SET of each).
+-- Its entry in the slot is marked (one byte written), the slot left to `far_compact`.
+-- Bound: the key's index entry and the slot(s) it names (a GET of each).
 local function far_fetch(key)
   local f = far_find(key)
   if not f then return false end
-  local lk = far_list_key(f.member)
-  local blob = string.sub(f.blob, 1, f.s - 1) .. string.sub(f.blob, f.e)
-  if blob == '' then
-    redis.call('DEL', lk)
-    redis.call('ZREM', far_slots_key(), f.member)
-  else
-    redis.call('SET', lk, blob)
-  end
+  redis.call('SETRANGE', far_list_key(f.member), f.s - 1, '\29')
+  redis.call('SADD', far_compact_key(), f.member)
   far_unindex(key, f.slot_s)
   far_live(key, f.record, f.due)
   return true
@@ -210,7 +224,7 @@ local function far_promote_slot(member)
   local records, dues, parked = {}, {}, {}
   local held = is_held(plugin, '')
   local moved, earliest = 0, nil
-  for id, off, max, age, payload in string.gmatch(blob, '\30([^\31]*)\31' .. FAR_NUMBERS .. '\31([^\30]*)') do
+  for id, off, max, age, payload in string.gmatch(blob, '\30([^\31]*)\31' .. FAR_NUMBERS .. '\31([^\29\30]*)') do
     local key = plugin .. '\31' .. id
     local due, record = far_record(plugin, slot, off, max, age, payload)
     push(records, key, record)
@@ -225,6 +239,7 @@ local function far_promote_slot(member)
   call_many('ZADD', K_PARKED, parked)
   redis.call('DEL', lk)
   redis.call('ZREM', far_slots_key(), member)
+  redis.call('SREM', far_compact_key(), member)
   return moved, earliest
 end
 
@@ -242,4 +257,28 @@ local function far_promote(upto, limit)
     if e and (not earliest or e < earliest) then earliest = e end
   end
   return moved, earliest
+end
+
+-- Writes slots of tasks:fc again with their tasks only (see the layout above), as long as they
+-- are; a slot left with none goes. Returns how many slots are still to compact.
+-- Bound: `budget` bytes of slots and one slot more (FAR_SLOT_BYTES).
+local function far_compact(budget)
+  local done = 0
+  while done < budget do
+    local member = redis.call('SPOP', far_compact_key())
+    if not member then break end
+    local lk = far_list_key(member)
+    local blob = redis.call('GET', lk)
+    if blob then
+      done = done + #blob
+      local kept = string.gsub(blob, '\29[^\29\30]*', '')
+      if kept == '' then
+        redis.call('DEL', lk)
+        redis.call('ZREM', far_slots_key(), member)
+      else
+        redis.call('SET', lk, kept)
+      end
+    end
+  end
+  return redis.call('SCARD', far_compact_key())
 end
