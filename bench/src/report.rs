@@ -259,16 +259,28 @@ pub struct W12 {
     pub workload: &'static str,
     pub far: usize,
     pub fill_s: f64,
+    /// Then the slots it appended to compacted (a runner's promoter does it each second).
+    pub compact_s: f64,
     pub scheduled_per_s: f64,
     pub bytes_per_far_task: f64,
     pub bytes_beyond_payload: f64,
+    /// Waited for Redis's AOF rewrite after the fill, before what follows.
+    pub aof_waited_s: f64,
     /// A cancel by id, one after another (µs each), of far tasks and of live ones.
     pub far_cancel_us_per_task: f64,
     pub live_cancel_us_per_task: f64,
+    /// Far tasks moved to due now one after another while a runner runs, and their lateness.
+    pub moved_now: usize,
+    pub moved_now_lateness_ms: Lateness,
+    /// An owner's tasks (a week ahead, live) shifted by a minute, and how long that took.
+    pub owner_shifted: usize,
+    pub owner_shift_ms: f64,
     /// Shard 0's far tasks moved into the live tier one promotion call after another.
     pub promoted_on_shard_0: usize,
     pub promoted_per_s: f64,
     pub w1_beside: W1,
+    /// W0 (`noop-plain`, through the API) with the far tier: its tasks, a day ahead, all far.
+    pub w0_far: W0,
     pub p99_ratio_vs_w1_alone: Option<f64>,
 }
 

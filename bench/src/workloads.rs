@@ -170,6 +170,27 @@ impl Bench {
         self.nodes.info(0, section, field).await
     }
 
+    /// Waits (up to 600 s) until Redis rewrites no AOF (a fill's writes start one); the
+    /// seconds waited.
+    pub(crate) async fn aof_quiet(&self) -> Result<f64> {
+        let t = Instant::now();
+        let quiet = until(
+            Duration::from_secs(600),
+            Duration::from_millis(100),
+            || async {
+                let info: String = redis::cmd("INFO")
+                    .arg("persistence")
+                    .query_async(&mut self.redis.clone())
+                    .await?;
+                let idle = |f| info_field(&info, f) == Some(0.0);
+                Ok(idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled"))
+            },
+        )
+        .await?;
+        anyhow::ensure!(quiet, "Redis still rewriting its AOF 600 s after the fill");
+        Ok(t.elapsed().as_secs_f64())
+    }
+
     /// CPU seconds Redis (every node together) has used so far.
     pub(crate) async fn redis_cpu(&self) -> Result<f64> {
         self.nodes.cpu_total().await
@@ -556,22 +577,7 @@ impl Bench {
         }
         let per_task = (after - before) / m as f64;
         let rewrites1 = self.info("persistence", "aof_rewrites").await?;
-        let t1 = Instant::now();
-        let quiet = until(
-            Duration::from_secs(600),
-            Duration::from_millis(100),
-            || async {
-                let info: String = redis::cmd("INFO")
-                    .arg("persistence")
-                    .query_async(&mut self.redis.clone())
-                    .await?;
-                let idle = |f| info_field(&info, f) == Some(0.0);
-                Ok(idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled"))
-            },
-        )
-        .await?;
-        anyhow::ensure!(quiet, "Redis still rewriting its AOF 600 s after the fill");
-        let waited = t1.elapsed().as_secs_f64();
+        let waited = self.aof_quiet().await?;
         let w1 = self.w1("W3-W1").await?;
         let ratio = w1_alone
             .map(|a| a.lateness_ms.p99)
