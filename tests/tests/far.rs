@@ -1,9 +1,9 @@
 //! The far tier: tasks due beyond `--far-horizon` are stored packed (no record, no due index
-//! entry), read by id and found as any task, cancelled, moved, run now and replaced as any task
-//! (each of those brings the task back first), moved into the live tier ahead of their due time by the
-//! shard's owner, and run once, never early. A runner killed -9 right after a promotion loses
-//! and doubles nothing; a runner without a far tier moves every far task back. A move racing a
-//! cancel ends as one order of the two.
+//! entry), read by id, dry-run and found as any task, cancelled, moved, run now and replaced as
+//! any task (each of those brings the task back first), moved into the live tier ahead of their
+//! due time by the shard's owner, and run once, never early. A runner killed -9 right after a
+//! promotion loses and doubles nothing; a runner without a far tier moves every far task back.
+//! A move racing a cancel ends as one order of the two.
 //! A real runner binary, a real redis-server, the `bench-record` plugin's own events.
 
 use std::collections::{HashMap, HashSet};
@@ -133,6 +133,10 @@ async fn far_tasks_are_read_found_cancelled_moved_run_now_and_replaced_and_run_o
     assert_eq!((s, &t["run_at"]), (200, &json!(first + 50)), "{t}");
     let (s, b) = call("DELETE", &format!("{}?plugin=noop", task("k5")), None).await;
     assert_eq!(s, 204, "{b}");
+    // a dry run of a far task runs its payload and leaves it far
+    let (s, r) = call("POST", &format!("{}/dry-run", task("k5")), Some(json!({}))).await;
+    assert_eq!((s, &r["outcome"]), (200, &json!({"done": true})), "{r}");
+    assert_eq!(live_records(&redis), 0, "a dry run brings nothing back");
 
     // found, page by page, soonest first, each once (with a live task of the plugin among them)
     post_tasks(
