@@ -315,7 +315,6 @@ async fn a_runner_killed_after_a_promotion_loses_and_doubles_nothing() {
         &[("EGGTIMER_FAILPOINT", "far-promoted")],
     );
     runners_holding_shards(&a.url, 1).await;
-    let b = RunnerProcess::start(&redis.url(), &common);
     // 2,500 tasks in one second (one far slot: a promotion call moves them all, a full chunk),
     // then 1,000 in each of the next three seconds
     let first = (now_ms() / 1000 + 16) * 1000;
@@ -340,6 +339,9 @@ async fn a_runner_killed_after_a_promotion_loses_and_doubles_nothing() {
         now_ms() < first,
         "the promoter died before the tasks fell due"
     );
+    // the next owner, started only now: a runner beside A from the start could take the shard
+    // whenever a loaded machine delays A's lease renewal, and promote without the failpoint
+    let b = RunnerProcess::start(&redis.url(), &common);
     each_once_on_time(&redis, &due, &HashSet::new(), Duration::from_secs(60)).await;
     assert_eq!(far_keys(&redis), Vec::<String>::new());
     drop(b);
