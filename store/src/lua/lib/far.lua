@@ -171,8 +171,8 @@ local function far_live(key, rec, due)
   else due_add({ string.format('%d', due), key }) end
 end
 
--- The far entry of `key`: its slot's member, the slot's value, where the entry starts and ends
--- in it (the end exclusive), and its fields; nil when the key has no far task.
+-- The far entry of `key`: its slot's member and start, where the entry starts in the slot's
+-- value, its due time and the record it will have; nil when the key has no far task.
 local function far_find(key)
   if #far_order > 0 then far_flush() end
   if not far_in_use() then return nil end
@@ -192,8 +192,7 @@ local function far_find(key)
       local off, max, age, payload = string.match(string.sub(blob, s + #head, e - 1),
         '^' .. FAR_NUMBERS .. '\31(.*)$')
       local due, record = far_record(plugin, tonumber(slot_s), off, max, age, payload)
-      return { member = member, slot_s = slot_s, blob = blob, s = s, e = e, due = due,
-        record = record }
+      return { member = member, slot_s = slot_s, s = s, due = due, record = record }
     end
   end
   return nil
